@@ -1,0 +1,29 @@
+# Leveret: `make run` starts the broker with its defaults, `make test` runs the whole suite.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test test-rabbitmq lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/leveret serve
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+# The integration tests against a real RabbitMQ (installs and starts one on its own ports; not part of CI).
+test-rabbitmq: $(STAMP)
+	bash tests/rabbitmq/run-against-rabbitmq.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check protocol broker storage tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache leveret-data

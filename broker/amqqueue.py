@@ -1,0 +1,135 @@
+"""The queue registry of a vhost (RabbitMQ's ``rabbit_amqqueue``): declare, look up and delete queues,
+with RabbitMQ's equivalence and exclusivity rules and its error texts."""
+
+from __future__ import annotations
+
+import base64
+import os
+from typing import TYPE_CHECKING, Any, Callable
+
+from broker.errors import AMQPError
+from broker.queue_process import QueueProcess
+from protocol.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED
+from storage.backing_queue import BackingQueue
+from storage.memory_queue import MemoryBackingQueue
+
+if TYPE_CHECKING:
+    from broker.reader import Reader
+    from broker.vhost import VHost
+
+# The queue arguments RabbitMQ compares on redeclare; others are stored but not compared.
+EQUIVALENCE_ARGS = ("x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key",
+                    "x-max-length", "x-max-length-bytes", "x-max-priority", "x-overflow", "x-queue-type",
+                    "x-single-active-consumer", "x-delivery-limit", "x-queue-mode")
+
+
+def server_generated_name(prefix: str = "amq.gen-") -> str:
+    return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _arg_value(arguments: dict[str, Any], key: str) -> Any:
+    value = arguments.get(key)
+    if key == "x-queue-type" and value in (None, "classic", b"classic"):
+        return None
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return value
+
+
+class QueueRegistry:
+    def __init__(self, vhost: "VHost", make_backing_queue: Callable[..., BackingQueue] | None = None) -> None:
+        self.vhost = vhost
+        self._queues: dict[str, QueueProcess] = {}
+        self._make_bq = make_backing_queue or (lambda **_: MemoryBackingQueue())
+
+    def __len__(self) -> int:
+        return len(self._queues)
+
+    def __iter__(self):
+        return iter(list(self._queues.values()))
+
+    def get(self, name: str) -> QueueProcess | None:
+        return self._queues.get(name)
+
+    def lookup(self, name: str, reader: "Reader | None" = None) -> QueueProcess:
+        """The queue, or 404; with ``reader``, 405 if another connection owns it exclusively."""
+        q = self._queues.get(name)
+        if q is None:
+            raise AMQPError(NOT_FOUND, f"no queue '{name}' in vhost '{self.vhost.name}'")
+        if reader is not None:
+            self.check_exclusive_access(q, reader)
+        return q
+
+    def check_exclusive_access(self, q: QueueProcess, reader: "Reader", strict: bool = False) -> None:
+        """405 unless ``reader`` may use the queue; ``strict`` (an exclusive redeclare) also refuses a
+        queue that is not exclusive, as the declaration's exclusive flag then does not match."""
+        if q.exclusive_owner is not reader and (q.exclusive_owner is not None or strict):
+            raise AMQPError(
+                RESOURCE_LOCKED,
+                f"cannot obtain exclusive access to locked queue '{q.name}' in vhost '{self.vhost.name}'. "
+                "It could be originally declared on another connection or the exclusive property value "
+                "does not match that of the original declaration.")
+
+    def declare(self, name: str, passive: bool, durable: bool, exclusive: bool, auto_delete: bool,
+                arguments: dict[str, Any], reader: "Reader", server_named: bool = False
+                ) -> tuple[QueueProcess, bool]:
+        """(queue, created). Applies RabbitMQ's checks in its order: reserved names, passive, equivalence."""
+        if passive:
+            return self.lookup(name, reader), False
+        if name.startswith("amq.") and not server_named:
+            raise AMQPError(ACCESS_REFUSED,
+                            f"queue name '{name}' contains reserved prefix 'amq.*'")
+        existing = self._queues.get(name)
+        if existing is not None:
+            self.check_exclusive_access(existing, reader, strict=exclusive)
+            self._assert_equivalence(existing, durable, exclusive, auto_delete, arguments)
+            return existing, False
+        if exclusive:
+            durable = False  # RabbitMQ ignores durable on exclusive queues
+        q = QueueProcess(self.vhost, name, durable, reader if exclusive else None, auto_delete, arguments,
+                         self._make_bq(name=name, durable=durable))
+        self._queues[name] = q
+        if exclusive:
+            reader.exclusive_queues.append(q)
+        return q, True
+
+    def _assert_equivalence(self, q: QueueProcess, durable: bool, exclusive: bool, auto_delete: bool,
+                            arguments: dict[str, Any]) -> None:
+        where = f"for queue '{q.name}' in vhost '{self.vhost.name}'"
+        if q.exclusive_owner is None and q.durable != durable:
+            raise AMQPError(PRECONDITION_FAILED, f"inequivalent arg 'durable' {where}: received "
+                            f"'{_fmt(durable)}' but current is '{_fmt(q.durable)}'")
+        if q.auto_delete != auto_delete:
+            raise AMQPError(PRECONDITION_FAILED, f"inequivalent arg 'auto_delete' {where}: received "
+                            f"'{_fmt(auto_delete)}' but current is '{_fmt(q.auto_delete)}'")
+        for key in EQUIVALENCE_ARGS:
+            new, old = _arg_value(arguments, key), _arg_value(q.arguments, key)
+            if new != old:
+                received = "none" if new is None else f"the value '{_fmt(arguments.get(key))}'"
+                current = "none" if old is None else f"the value '{_fmt(q.arguments.get(key))}'"
+                raise AMQPError(PRECONDITION_FAILED,
+                                f"inequivalent arg '{key}' {where}: received {received} but current is {current}")
+
+    def delete(self, q: QueueProcess, reason: str = "deleted") -> int:
+        """Remove the queue, its bindings and its consumers; returns the number of messages dropped."""
+        if self._queues.get(q.name) is not q:
+            return 0
+        del self._queues[q.name]
+        self.vhost.remove_bindings_to_queue(q.name)
+        if q.exclusive_owner is not None:
+            try:
+                q.exclusive_owner.exclusive_queues.remove(q)
+            except ValueError:
+                pass
+        return q.terminate()
+

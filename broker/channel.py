@@ -1,0 +1,567 @@
+"""One AMQP channel (RabbitMQ's ``rabbit_channel``): assembles publishes from method + header + body,
+routes them, tracks publisher-confirm numbers, mandatory returns, deliveries awaiting ack, prefetch and
+transactions, and answers the channel-level methods.
+
+The hot methods (basic.publish, its content, basic.ack/nack/reject) are decoded by the fast codec and
+handled without pamqp; everything else goes through :meth:`handle_method`'s table.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from typing import TYPE_CHECKING, Any, Callable
+
+from pamqp import commands as spec
+
+from broker import delegate
+from broker.errors import AMQPError
+from broker.exchange import EXCHANGE, QUEUE
+from broker.message import Message
+from broker.queue_consumers import Consumer
+from protocol import fastcodec
+from protocol.constants import (
+    ACCESS_REFUSED,
+    CLASS_BASIC,
+    COMMAND_INVALID,
+    FRAME_ERROR,
+    NO_ROUTE,
+    NOT_ALLOWED,
+    NOT_FOUND,
+    NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
+    UNEXPECTED_FRAME,
+)
+from protocol.fastcodec import PublishArgs
+from protocol.methods import method_frame
+from protocol.properties import with_properties
+
+if TYPE_CHECKING:
+    from broker.queue_process import QueueProcess
+    from broker.reader import Reader
+
+REPLY_TO = "amq.rabbitmq.reply-to"
+REPLY_TO_PREFIX = REPLY_TO + "."
+# Content-header flag bits that make the broker look at the properties of a publish.
+_FLAG_DELIVERY_MODE = 1 << 12
+_FLAG_REPLY_TO = 1 << 9
+_FLAG_USER_ID = 1 << 4
+
+
+def _random_tag(prefix: str) -> str:
+    return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+
+
+class _ReplyConsumer:
+    """The pseudo-consumer of ``amq.rabbitmq.reply-to`` on this channel (direct reply-to)."""
+
+    __slots__ = ("tag", "tag_raw", "key")
+
+    def __init__(self, tag: str, key: str) -> None:
+        self.tag = tag
+        raw = tag.encode()
+        self.tag_raw = bytes([len(raw)]) + raw
+        self.key = key
+
+
+class Channel:
+    def __init__(self, reader: "Reader", channel_id: int) -> None:
+        self.reader = reader
+        self.id = channel_id
+        self.vhost = reader.vhost
+        self.closing = False
+        # Content assembly: the publish being received.
+        self._publish: PublishArgs | None = None
+        self._header: bytes | None = None
+        self._body_size = 0
+        self._body_parts: list[bytes] = []
+        self._body_received = 0
+        # Deliveries awaiting ack: delivery tag → (queue, seq_id, consumer or None for basic.get).
+        self.next_delivery_tag = 1
+        self.unacked: dict[int, tuple["QueueProcess", int, Consumer | None]] = {}
+        self.consumer_unacked = 0
+        self.consumers: dict[str, Consumer] = {}
+        self.prefetch_count = 0  # for consumers created from now on (basic.qos global=false)
+        self.global_prefetch = 0  # shared by the channel's consumers (basic.qos global=true)
+        # Publisher confirms.
+        self.confirm = False
+        self.publish_seq = 0
+        self._confirm_acks: list[int] = []
+        self._confirm_nacks: list[int] = []
+        # Transactions: None, or the publishes and acks waiting for tx.commit.
+        self.tx: list[tuple[str, Any]] | None = None
+        self.last_queue: str | None = None
+        self.reply_consumer: _ReplyConsumer | None = None
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            spec.Basic.Qos: self._basic_qos,
+            spec.Basic.Consume: self._basic_consume,
+            spec.Basic.Cancel: self._basic_cancel,
+            spec.Basic.Get: self._basic_get,
+            spec.Basic.Recover: self._basic_recover,
+            spec.Basic.RecoverAsync: self._basic_recover,
+            spec.Exchange.Declare: self._exchange_declare,
+            spec.Exchange.Delete: self._exchange_delete,
+            spec.Exchange.Bind: self._exchange_bind,
+            spec.Exchange.Unbind: self._exchange_unbind,
+            spec.Queue.Declare: self._queue_declare,
+            spec.Queue.Bind: self._queue_bind,
+            spec.Queue.Unbind: self._queue_unbind,
+            spec.Queue.Purge: self._queue_purge,
+            spec.Queue.Delete: self._queue_delete,
+            spec.Confirm.Select: self._confirm_select,
+            spec.Tx.Select: self._tx_select,
+            spec.Tx.Commit: self._tx_commit,
+            spec.Tx.Rollback: self._tx_rollback,
+            spec.Channel.Flow: self._channel_flow,
+        }
+
+    # -- output ----------------------------------------------------------------------------------------
+    def send(self, cls: type, **values: Any) -> None:
+        self.reader.send(method_frame(self.id, cls, **values))
+
+    # -- content assembly --------------------------------------------------------------------------------
+    @property
+    def expecting_content(self) -> bool:
+        return self._publish is not None
+
+    def on_publish(self, args: bytes) -> None:
+        self._publish = fastcodec.decode_basic_publish(args)
+
+    def on_header(self, payload: bytes) -> None:
+        if self._publish is None or self._header is not None:
+            raise AMQPError(UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
+        body_size = fastcodec.decode_content_header(payload)
+        max_size = self.reader.settings.max_message_size
+        if body_size > max_size:
+            self._publish = None
+            raise AMQPError(PRECONDITION_FAILED,
+                            f"message size {body_size} is larger than configured max size {max_size}",
+                            CLASS_BASIC, 40)
+        self._header = payload
+        self._body_size = body_size
+        if body_size == 0:
+            self._content_complete(b"")
+
+    def on_body(self, payload: bytes) -> None:
+        if self._header is None:
+            raise AMQPError(UNEXPECTED_FRAME, "expected content header for class 60, got non content "
+                            "header frame instead")
+        received = self._body_received + len(payload)
+        if received > self._body_size:
+            raise AMQPError(FRAME_ERROR, f"body size {received} exceeds the {self._body_size} "
+                            "bytes the content header announced")
+        if received == self._body_size and not self._body_parts:
+            self._content_complete(payload)
+            return
+        self._body_parts.append(payload)
+        self._body_received = received
+        if received == self._body_size:
+            body = b"".join(self._body_parts)
+            self._content_complete(body)
+
+    def _content_complete(self, body: bytes) -> None:
+        args = self._publish
+        header = self._header
+        assert args is not None and header is not None
+        self._publish = None
+        self._header = None
+        self._body_parts = []
+        self._body_received = 0
+        msg = Message(args.exchange, args.routing_key, args.names_raw, header, body)
+        self.basic_publish(args, msg)
+
+    # -- publishing ------------------------------------------------------------------------------------
+    def basic_publish(self, args: PublishArgs, msg: Message) -> None:
+        if args.immediate:
+            raise AMQPError(NOT_IMPLEMENTED, "immediate=true", CLASS_BASIC, 40)
+        exchange = self.vhost.check_publishable(args.exchange)
+        flags = (msg.header[12] << 8) | msg.header[13] if len(msg.header) >= 14 else 0
+        persistent = False
+        if flags & (_FLAG_DELIVERY_MODE | _FLAG_REPLY_TO | _FLAG_USER_ID):
+            props = msg.props
+            persistent = props.delivery_mode == 2
+            if props.user_id is not None and props.user_id != self.reader.user.name \
+                    and "impersonator" not in self.reader.user.tags:
+                raise AMQPError(PRECONDITION_FAILED, f"user_id property set to '{props.user_id}' but "
+                                f"authenticated user was '{self.reader.user.name}'", CLASS_BASIC, 40)
+            if props.reply_to == REPLY_TO:
+                if self.reply_consumer is None:
+                    raise AMQPError(PRECONDITION_FAILED, "fast reply consumer does not exist", CLASS_BASIC, 40)
+                msg.replace_header(with_properties(msg.header,
+                                                   reply_to=REPLY_TO_PREFIX + self.reply_consumer.key))
+        if self.tx is not None:
+            self.tx.append(("publish", (exchange, args, msg, persistent)))
+            return
+        self._route(exchange, args, msg, persistent)
+
+    def _route(self, exchange: Any, args: PublishArgs, msg: Message, persistent: bool) -> None:
+        if self.confirm:
+            self.publish_seq += 1
+        if exchange.name == "" and msg.routing_key.startswith(REPLY_TO_PREFIX):
+            routed = self.reader.node.deliver_reply(msg)
+        else:
+            queues = self.vhost.route(exchange, msg)
+            routed = delegate.deliver(queues, msg, persistent) if queues else 0
+        if not routed and args.mandatory:
+            self.reader.send(fastcodec.encode_basic_return(self.id, NO_ROUTE, "NO_ROUTE", args.names_raw))
+            self.reader.send_content(self.id, msg.header, msg.body)
+        if self.confirm:
+            self._confirm_acks.append(self.publish_seq)
+            self.reader.confirms_pending(self)
+
+    def flush_confirms(self) -> None:
+        """Send the confirms of this tick: one ack with multiple=true when they form a run from the last."""
+        acks, nacks = self._confirm_acks, self._confirm_nacks
+        self._confirm_acks, self._confirm_nacks = [], []
+        send = self.reader.send
+        for tag in nacks:
+            send(fastcodec.encode_basic_nack(self.id, tag, False))
+        if not acks:
+            return
+        if len(acks) == 1:
+            send(fastcodec.encode_basic_ack(self.id, acks[0], False))
+        elif acks[-1] - acks[0] == len(acks) - 1 and not nacks:
+            send(fastcodec.encode_basic_ack(self.id, acks[-1], True))
+        else:
+            for tag in acks:
+                send(fastcodec.encode_basic_ack(self.id, tag, False))
+
+    # -- delivering ------------------------------------------------------------------------------------
+    def can_deliver(self) -> bool:
+        if self.closing or not self.reader.writable:
+            return False
+        return not self.global_prefetch or self.consumer_unacked < self.global_prefetch
+
+    def can_deliver_no_ack(self) -> bool:
+        return not self.closing and self.reader.writable
+
+    def deliver(self, consumer: Consumer, queue: "QueueProcess", seq_id: int, msg: Message,
+                redelivered: bool) -> None:
+        tag = self.next_delivery_tag
+        self.next_delivery_tag = tag + 1
+        if not consumer.no_ack:
+            self.unacked[tag] = (queue, seq_id, consumer)
+            consumer.unacked += 1
+            self.consumer_unacked += 1
+        reader = self.reader
+        reader.send(fastcodec.encode_basic_deliver(self.id, consumer.tag_raw, tag, redelivered, msg.names_raw))
+        reader.send_content(self.id, msg.header, msg.body)
+
+    def deliver_reply(self, msg: Message) -> None:
+        """A reply for this channel's direct reply-to consumer (no ack, no queue)."""
+        rc = self.reply_consumer
+        assert rc is not None
+        tag = self.next_delivery_tag
+        self.next_delivery_tag = tag + 1
+        self.reader.send(fastcodec.encode_basic_deliver(self.id, rc.tag_raw, tag, False, msg.names_raw))
+        self.reader.send_content(self.id, msg.header, msg.body)
+
+    def consumer_cancelled_by_queue(self, consumer: Consumer) -> None:
+        """The queue went away: forget the consumer and tell the client (consumer_cancel_notify)."""
+        if self.consumers.get(consumer.tag) is consumer:
+            del self.consumers[consumer.tag]
+            if not self.closing and self.reader.client_capability("consumer_cancel_notify"):
+                self.send(spec.Basic.Cancel, consumer_tag=consumer.tag, nowait=True)
+
+    # -- acknowledgements ------------------------------------------------------------------------------
+    def _collect(self, tag: int, multiple: bool) -> list[tuple[int, tuple["QueueProcess", int, Consumer | None]]]:
+        """Take the deliveries an ack/nack/reject names out of ``unacked``: (tag, delivery) pairs.
+        ``multiple`` with tag 0 means every outstanding delivery; an unknown tag is a 406."""
+        unacked = self.unacked
+        if multiple:
+            if tag == 0:
+                pairs = list(unacked.items())
+                unacked.clear()
+                return pairs
+            if tag not in unacked:
+                raise AMQPError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+            pairs = []
+            for t in list(unacked):
+                if t > tag:
+                    break
+                pairs.append((t, unacked.pop(t)))
+            return pairs
+        entry = unacked.pop(tag, None)
+        if entry is None:
+            raise AMQPError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+        return [(tag, entry)]
+
+    def _settle(self, pairs: list[tuple[int, tuple["QueueProcess", int, Consumer | None]]], action: str) -> None:
+        """Ack, requeue or discard collected deliveries, one call per queue, then let queues deliver more."""
+        by_queue: dict["QueueProcess", list[int]] = {}
+        for _tag, (queue, seq_id, consumer) in pairs:
+            if consumer is not None:
+                consumer.unacked -= 1
+                self.consumer_unacked -= 1
+            ids = by_queue.get(queue)
+            if ids is None:
+                by_queue[queue] = [seq_id]
+            else:
+                ids.append(seq_id)
+        for queue, seq_ids in by_queue.items():
+            if action == "ack":
+                queue.ack(seq_ids)
+            elif action == "requeue":
+                queue.requeue(seq_ids)
+            else:
+                queue.reject_discard(seq_ids)
+            queue.schedule_run()
+        if self.global_prefetch:
+            self._kick_consumer_queues()
+
+    def _kick_consumer_queues(self) -> None:
+        for consumer in list(self.consumers.values()):
+            consumer.queue.schedule_run()
+
+    def on_ack(self, tag: int, multiple: bool) -> None:
+        pairs = self._collect(tag, multiple)
+        if self.tx is not None:
+            self.tx.append(("ack", pairs))
+            return
+        self._settle(pairs, "ack")
+
+    def on_nack(self, tag: int, multiple: bool, requeue: bool) -> None:
+        pairs = self._collect(tag, multiple)
+        if self.tx is not None:
+            self.tx.append(("requeue" if requeue else "discard", pairs))
+            return
+        self._settle(pairs, "requeue" if requeue else "discard")
+
+    def on_reject(self, tag: int, requeue: bool) -> None:
+        self.on_nack(tag, False, requeue)
+
+    # -- other methods ---------------------------------------------------------------------------------
+    def handle_method(self, method: Any) -> None:
+        handler = self._handlers.get(type(method))
+        if handler is None:
+            raise AMQPError(COMMAND_INVALID, f"method {method.name} not allowed on a channel")
+        handler(method)
+
+    def _queue_name(self, name: str) -> str:
+        """RabbitMQ's shortcut: an empty queue name means the queue last declared on this channel."""
+        if name:
+            return name
+        if self.last_queue is None:
+            raise AMQPError(NOT_FOUND, "no previously declared queue")
+        return self.last_queue
+
+    def _basic_qos(self, m: spec.Basic.Qos) -> None:
+        if m.prefetch_size:
+            raise AMQPError(NOT_IMPLEMENTED, f"prefetch_size!=0 ({m.prefetch_size})")
+        if m.global_:
+            self.global_prefetch = m.prefetch_count
+            self._kick_consumer_queues()
+        else:
+            self.prefetch_count = m.prefetch_count
+        self.send(spec.Basic.QosOk)
+
+    def _basic_consume(self, m: spec.Basic.Consume) -> None:
+        if m.queue == REPLY_TO:
+            self._consume_reply_to(m)
+            return
+        queue = self.vhost.queues.lookup(self._queue_name(m.queue), self.reader)
+        tag = m.consumer_tag or _random_tag("amq.ctag-")
+        if tag in self.consumers or (self.reply_consumer is not None and self.reply_consumer.tag == tag):
+            raise AMQPError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        if queue.exclusive_consumer is not None or (m.exclusive and queue.consumers.count):
+            raise AMQPError(ACCESS_REFUSED, f"queue '{queue.name}' in vhost '{self.vhost.name}' in exclusive use")
+        args = dict(m.arguments or {})
+        priority = args.get("x-priority", 0)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise AMQPError(PRECONDITION_FAILED, f"invalid arg 'x-priority' for queue '{queue.name}' in "
+                            f"vhost '{self.vhost.name}': {priority!r} is not an integer")
+        consumer = Consumer(tag, self, queue, m.no_ack, self.prefetch_count, priority, m.exclusive, args)
+        self.consumers[tag] = consumer
+        if not m.nowait:
+            self.send(spec.Basic.ConsumeOk, consumer_tag=tag)
+        queue.add_consumer(consumer)
+
+    def _consume_reply_to(self, m: spec.Basic.Consume) -> None:
+        if not m.no_ack:
+            raise AMQPError(PRECONDITION_FAILED, "reply consumer cannot acknowledge")
+        if self.reply_consumer is not None:
+            raise AMQPError(PRECONDITION_FAILED, "reply consumer already set")
+        tag = m.consumer_tag or _random_tag("amq.ctag-")
+        if tag in self.consumers:
+            raise AMQPError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        self.reply_consumer = _ReplyConsumer(tag, self.reader.node.register_reply_channel(self))
+        if not m.nowait:
+            self.send(spec.Basic.ConsumeOk, consumer_tag=tag)
+
+    def _basic_cancel(self, m: spec.Basic.Cancel) -> None:
+        consumer = self.consumers.pop(m.consumer_tag, None)
+        if consumer is not None:
+            consumer.queue.remove_consumer(consumer)
+        elif self.reply_consumer is not None and self.reply_consumer.tag == m.consumer_tag:
+            self.reader.node.unregister_reply_channel(self.reply_consumer.key)
+            self.reply_consumer = None
+        if not m.nowait:
+            self.send(spec.Basic.CancelOk, consumer_tag=m.consumer_tag)
+
+    def _basic_get(self, m: spec.Basic.Get) -> None:
+        queue = self.vhost.queues.lookup(self._queue_name(m.queue), self.reader)
+        got = queue.basic_get(m.no_ack)
+        if got is None:
+            self.send(spec.Basic.GetEmpty)
+            return
+        seq_id, msg, redelivered, left = got
+        tag = self.next_delivery_tag
+        self.next_delivery_tag = tag + 1
+        if not m.no_ack:
+            self.unacked[tag] = (queue, seq_id, None)
+        self.reader.send(fastcodec.encode_basic_get_ok(self.id, tag, redelivered, msg.names_raw, left))
+        self.reader.send_content(self.id, msg.header, msg.body)
+
+    def _basic_recover(self, m: spec.Basic.Recover) -> None:
+        if not m.requeue:
+            raise AMQPError(NOT_IMPLEMENTED, "requeue=false")
+        pairs = list(self.unacked.items())
+        self.unacked.clear()
+        self._settle(pairs, "requeue")
+        if isinstance(m, spec.Basic.Recover):
+            self.send(spec.Basic.RecoverOk)
+
+    def _exchange_declare(self, m: spec.Exchange.Declare) -> None:
+        args = dict(m.arguments or {})
+        self.vhost.declare_exchange(m.exchange, m.exchange_type, m.passive, m.durable, m.auto_delete,
+                                    m.internal, args)
+        if not m.nowait:
+            self.send(spec.Exchange.DeclareOk)
+
+    def _exchange_delete(self, m: spec.Exchange.Delete) -> None:
+        self.vhost.delete_exchange(m.exchange, m.if_unused)
+        if not m.nowait:
+            self.send(spec.Exchange.DeleteOk)
+
+    def _exchange_bind(self, m: spec.Exchange.Bind) -> None:
+        self.vhost.bind(m.source, m.destination, EXCHANGE, m.routing_key, dict(m.arguments or {}))
+        if not m.nowait:
+            self.send(spec.Exchange.BindOk)
+
+    def _exchange_unbind(self, m: spec.Exchange.Unbind) -> None:
+        self.vhost.unbind(m.source, m.destination, EXCHANGE, m.routing_key, dict(m.arguments or {}))
+        if not m.nowait:
+            self.send(spec.Exchange.UnbindOk)
+
+    def _queue_declare(self, m: spec.Queue.Declare) -> None:
+        name = m.queue
+        server_named = False
+        if m.passive and name == REPLY_TO:
+            self.send(spec.Queue.DeclareOk, queue=name, message_count=0, consumer_count=1)
+            return
+        if not name and not m.passive:
+            name = _random_tag("amq.gen-")
+            server_named = True
+        elif not name:
+            name = self._queue_name(name)
+        queue, _created = self.vhost.queues.declare(name, m.passive, m.durable, m.exclusive, m.auto_delete,
+                                                     dict(m.arguments or {}), self.reader, server_named)
+        self.last_queue = queue.name
+        if not m.nowait:
+            self.send(spec.Queue.DeclareOk, queue=queue.name, message_count=queue.message_count(),
+                      consumer_count=queue.consumers.count)
+
+    def _queue_bind(self, m: spec.Queue.Bind) -> None:
+        name = self._queue_name(m.queue)
+        if m.exchange == "":
+            raise AMQPError(ACCESS_REFUSED, "operation not permitted on the default exchange")
+        self.vhost.queues.lookup(name, self.reader)
+        self.vhost.bind(m.exchange, name, QUEUE, m.routing_key, dict(m.arguments or {}))
+        if not m.nowait:
+            self.send(spec.Queue.BindOk)
+
+    def _queue_unbind(self, m: spec.Queue.Unbind) -> None:
+        name = self._queue_name(m.queue)
+        if m.exchange == "":
+            raise AMQPError(ACCESS_REFUSED, "operation not permitted on the default exchange")
+        queue = self.vhost.queues.get(name)
+        if queue is not None:
+            self.vhost.queues.check_exclusive_access(queue, self.reader)
+        self.vhost.unbind(m.exchange, name, QUEUE, m.routing_key, dict(m.arguments or {}))
+        self.send(spec.Queue.UnbindOk)
+
+    def _queue_purge(self, m: spec.Queue.Purge) -> None:
+        queue = self.vhost.queues.lookup(self._queue_name(m.queue), self.reader)
+        count = queue.purge()
+        if not m.nowait:
+            self.send(spec.Queue.PurgeOk, message_count=count)
+
+    def _queue_delete(self, m: spec.Queue.Delete) -> None:
+        name = self._queue_name(m.queue)
+        queue = self.vhost.queues.get(name)
+        count = 0
+        if queue is not None:
+            self.vhost.queues.check_exclusive_access(queue, self.reader)
+            where = f"queue '{name}' in vhost '{self.vhost.name}'"
+            if m.if_unused and queue.consumers.count:
+                raise AMQPError(PRECONDITION_FAILED, f"{where} in use")
+            if m.if_empty and queue.message_count():
+                raise AMQPError(PRECONDITION_FAILED, f"{where} not empty")
+            count = queue.message_count()
+            self.vhost.queues.delete(queue)
+        if not m.nowait:
+            self.send(spec.Queue.DeleteOk, message_count=count)
+
+    def _confirm_select(self, m: spec.Confirm.Select) -> None:
+        if self.tx is not None:
+            raise AMQPError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
+        self.confirm = True
+        if not m.nowait:
+            self.send(spec.Confirm.SelectOk)
+
+    def _tx_select(self, m: spec.Tx.Select) -> None:
+        if self.confirm:
+            raise AMQPError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
+        if self.tx is None:
+            self.tx = []
+        self.send(spec.Tx.SelectOk)
+
+    def _tx_commit(self, m: spec.Tx.Commit) -> None:
+        if self.tx is None:
+            raise AMQPError(PRECONDITION_FAILED, "channel is not transactional")
+        pending, self.tx = self.tx, []
+        for kind, item in pending:
+            if kind == "publish":
+                exchange, args, msg, persistent = item
+                if self.vhost.exchanges.get(exchange.name) is exchange or exchange.name == "":
+                    self._route(exchange, args, msg, persistent)
+            else:
+                self._settle(item, kind)
+        self.send(spec.Tx.CommitOk)
+
+    def _tx_rollback(self, m: spec.Tx.Rollback) -> None:
+        if self.tx is None:
+            raise AMQPError(PRECONDITION_FAILED, "channel is not transactional")
+        # Acks that are rolled back leave their deliveries unacked again (nothing is requeued).
+        restored = [pair for kind, item in self.tx if kind != "publish" for pair in item]
+        if restored:
+            self.unacked = dict(sorted([*self.unacked.items(), *restored]))
+        self.tx = []
+        self.send(spec.Tx.RollbackOk)
+
+    def _channel_flow(self, m: spec.Channel.Flow) -> None:
+        if not m.active:
+            raise AMQPError(NOT_IMPLEMENTED, "active=false")
+        self.send(spec.Channel.FlowOk, active=True)
+
+    # -- shutdown ----------------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Release everything the channel holds: consumers go, unacked deliveries are requeued."""
+        self.closing = True
+        for consumer in list(self.consumers.values()):
+            consumer.queue.remove_consumer(consumer)
+        self.consumers.clear()
+        if self.reply_consumer is not None:
+            self.reader.node.unregister_reply_channel(self.reply_consumer.key)
+            self.reply_consumer = None
+        if self.tx:
+            # Acks still waiting in an uncommitted transaction were never applied: requeue those too.
+            self.unacked.update(pair for kind, item in self.tx if kind != "publish" for pair in item)
+        pairs = list(self.unacked.items())
+        self.unacked.clear()
+        if pairs:
+            self._settle(pairs, "requeue")
+        self.tx = None
+        self._publish = None
+        self._header = None
+        self._body_parts = []

@@ -1,0 +1,37 @@
+"""AMQP errors as the broker raises them: the reply code decides whether the channel or the connection closes."""
+
+from __future__ import annotations
+
+from protocol.constants import REPLY_TEXTS, SOFT_ERRORS
+
+
+class AMQPError(Exception):
+    """An error to report to the client with ``channel.close`` (soft codes) or ``connection.close`` (hard).
+
+    ``text`` is RabbitMQ's wording without the ``CODE_NAME -`` prefix; :attr:`reply_text` adds it.
+    ``class_id``/``method_id`` name the failing method; the channel fills them in when left at 0.
+    """
+
+    def __init__(self, reply_code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
+        super().__init__(text)
+        self.reply_code = reply_code
+        self.text = text
+        self.class_id = class_id
+        self.method_id = method_id
+
+    @property
+    def is_soft(self) -> bool:
+        return self.reply_code in SOFT_ERRORS
+
+    @property
+    def reply_text(self) -> str:
+        full = f"{REPLY_TEXTS.get(self.reply_code, 'ERROR')} - {self.text}"
+        return full.encode()[:255].decode(errors="ignore")
+
+
+class ConnectionError_(AMQPError):
+    """An error that closes the connection even though its code would be soft (e.g. on channel 0)."""
+
+    @property
+    def is_soft(self) -> bool:
+        return False

@@ -1,0 +1,306 @@
+"""Exchanges and their routing: direct, fanout, topic (a trie) and headers.
+
+An exchange's ``route(msg, queues, exchanges)`` adds the names of the queues and exchanges its bindings
+select to two sets; following exchange-to-exchange bindings and alternate exchanges is the vhost's job,
+since it needs the other exchanges. Bindings are plain records; an exchange keeps them in whatever index
+makes its own routing fast.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from broker.message import Message
+
+QUEUE = "queue"
+EXCHANGE = "exchange"
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, bytearray):
+        return bytes(value)
+    return value
+
+
+class Binding:
+    """source exchange → destination (a queue or an exchange) with a routing key and arguments."""
+
+    __slots__ = ("source", "destination", "kind", "routing_key", "arguments", "key")
+
+    def __init__(self, source: str, destination: str, kind: str, routing_key: str,
+                 arguments: dict[str, Any] | None) -> None:
+        self.source = source
+        self.destination = destination
+        self.kind = kind
+        self.routing_key = routing_key
+        self.arguments = dict(arguments or {})
+        self.key = (kind, destination, routing_key, _freeze(self.arguments))
+
+
+class Exchange:
+    """The common part: identity, flags and the set of bindings whose source is this exchange."""
+
+    type_name = ""
+
+    def __init__(self, name: str, durable: bool = True, auto_delete: bool = False, internal: bool = False,
+                 arguments: dict[str, Any] | None = None) -> None:
+        self.name = name
+        self.durable = durable
+        self.auto_delete = auto_delete
+        self.internal = internal
+        self.arguments = dict(arguments or {})
+        self.bindings: dict[tuple, Binding] = {}
+
+    @property
+    def alternate_exchange(self) -> str | None:
+        ae = self.arguments.get("alternate-exchange")
+        return ae if isinstance(ae, str) and ae else None
+
+    def validate_binding(self, binding: Binding) -> str | None:
+        """An error text if this exchange cannot accept the binding's arguments, else None."""
+        return None
+
+    def add_binding(self, binding: Binding) -> bool:
+        if binding.key in self.bindings:
+            return False
+        self.bindings[binding.key] = binding
+        self._index_add(binding)
+        return True
+
+    def remove_binding(self, key: tuple) -> Binding | None:
+        binding = self.bindings.pop(key, None)
+        if binding is not None:
+            self._index_remove(binding)
+        return binding
+
+    def bindings_to(self, kind: str, destination: str) -> list[Binding]:
+        return [b for b in self.bindings.values() if b.kind == kind and b.destination == destination]
+
+    def _index_add(self, binding: Binding) -> None:
+        raise NotImplementedError
+
+    def _index_remove(self, binding: Binding) -> None:
+        raise NotImplementedError
+
+    def route(self, msg: Message, queues: set[str], exchanges: set[str]) -> None:
+        raise NotImplementedError
+
+
+def _add_to(index: dict[Any, tuple[set[str], set[str]]], slot: Any, binding: Binding) -> None:
+    entry = index.get(slot)
+    if entry is None:
+        entry = index[slot] = (set(), set())
+    (entry[0] if binding.kind == QUEUE else entry[1]).add(binding.destination)
+
+
+def _remove_from(index: dict[Any, tuple[set[str], set[str]]], slot: Any, binding: Binding,
+                 still_bound: Iterable[Binding]) -> None:
+    """Remove the binding's destination unless another binding with the same slot still selects it."""
+    entry = index.get(slot)
+    if entry is None:
+        return
+    for other in still_bound:
+        if other.kind == binding.kind and other.destination == binding.destination:
+            return
+    (entry[0] if binding.kind == QUEUE else entry[1]).discard(binding.destination)
+    if not entry[0] and not entry[1]:
+        del index[slot]
+
+
+class DirectExchange(Exchange):
+    type_name = "direct"
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._routes: dict[str, tuple[set[str], set[str]]] = {}
+
+    def _index_add(self, binding: Binding) -> None:
+        _add_to(self._routes, binding.routing_key, binding)
+
+    def _index_remove(self, binding: Binding) -> None:
+        same_key = (b for b in self.bindings.values() if b.routing_key == binding.routing_key)
+        _remove_from(self._routes, binding.routing_key, binding, same_key)
+
+    def route(self, msg: Message, queues: set[str], exchanges: set[str]) -> None:
+        entry = self._routes.get(msg.routing_key)
+        if entry is not None:
+            queues |= entry[0]
+            if entry[1]:
+                exchanges |= entry[1]
+
+
+class FanoutExchange(Exchange):
+    type_name = "fanout"
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._all: dict[None, tuple[set[str], set[str]]] = {}
+
+    def _index_add(self, binding: Binding) -> None:
+        _add_to(self._all, None, binding)
+
+    def _index_remove(self, binding: Binding) -> None:
+        _remove_from(self._all, None, binding, self.bindings.values())
+
+    def route(self, msg: Message, queues: set[str], exchanges: set[str]) -> None:
+        entry = self._all.get(None)
+        if entry is not None:
+            queues |= entry[0]
+            if entry[1]:
+                exchanges |= entry[1]
+
+
+class _TrieNode:
+    __slots__ = ("children", "bindings")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _TrieNode] = {}
+        self.bindings: set[Binding] = set()
+
+
+def _words(key: str) -> list[str]:
+    """The words of a topic key: '' has none (so only '#' and '' match it); '.' has two empty ones."""
+    return key.split(".") if key else []
+
+
+class TopicExchange(Exchange):
+    """A trie over the words of the binding keys, with ``*`` and ``#`` as ordinary edges.
+
+    Matching walks the trie once per routing key; a ``#`` edge may swallow any number of words, so the
+    walk remembers the (node, word position) pairs it has visited: without that memo a key like
+    ``#.#.#.#`` against a long routing key takes exponential time (RabbitMQ's topic trie has the same memo).
+    """
+
+    type_name = "topic"
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._root = _TrieNode()
+        self._cache: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
+
+    def _index_add(self, binding: Binding) -> None:
+        node = self._root
+        for word in _words(binding.routing_key):
+            node = node.children.setdefault(word, _TrieNode())
+        node.bindings.add(binding)
+        self._cache.clear()
+
+    def _index_remove(self, binding: Binding) -> None:
+        path = [self._root]
+        words = _words(binding.routing_key)
+        for word in words:
+            nxt = path[-1].children.get(word)
+            if nxt is None:
+                return
+            path.append(nxt)
+        path[-1].bindings.discard(binding)
+        for i in range(len(words) - 1, -1, -1):
+            node = path[i + 1]
+            if node.bindings or node.children:
+                break
+            del path[i].children[words[i]]
+        self._cache.clear()
+
+    def _match(self, routing_key: str) -> tuple[frozenset[str], frozenset[str]]:
+        words = _words(routing_key)
+        n = len(words)
+        found: set[Binding] = set()
+        seen: set[tuple[int, int]] = set()
+        stack = [(self._root, 0)]
+        while stack:
+            node, i = stack.pop()
+            key = (id(node), i)
+            if key in seen:
+                continue
+            seen.add(key)
+            children = node.children
+            if i == n:
+                found |= node.bindings
+            else:
+                child = children.get(words[i])
+                if child is not None:
+                    stack.append((child, i + 1))
+                star = children.get("*")
+                if star is not None:
+                    stack.append((star, i + 1))
+            hash_node = children.get("#")
+            if hash_node is not None:
+                for j in range(i, n + 1):
+                    stack.append((hash_node, j))
+        queues = frozenset(b.destination for b in found if b.kind == QUEUE)
+        exchanges = frozenset(b.destination for b in found if b.kind == EXCHANGE)
+        return queues, exchanges
+
+    def route(self, msg: Message, queues: set[str], exchanges: set[str]) -> None:
+        rk = msg.routing_key
+        hit = self._cache.get(rk)
+        if hit is None:
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            hit = self._cache[rk] = self._match(rk)
+        queues |= hit[0]
+        if hit[1]:
+            exchanges |= hit[1]
+
+
+_X_MATCH_MODES = ("all", "any", "all-with-x", "any-with-x")
+
+
+class HeadersExchange(Exchange):
+    """Matches the message's headers against each binding's arguments (``x-match`` all/any, and the
+    ``-with-x`` variants that also compare ``x-`` keys). A binding value of void matches presence only."""
+
+    type_name = "headers"
+
+    def validate_binding(self, binding: Binding) -> str | None:
+        mode = binding.arguments.get("x-match", "all")
+        if isinstance(mode, bytes):
+            mode = mode.decode(errors="replace")
+        if mode not in _X_MATCH_MODES:
+            return f"Invalid x-match field value {mode!r}; expected all, any, all-with-x, or any-with-x"
+        return None
+
+    def _index_add(self, binding: Binding) -> None:
+        pass
+
+    def _index_remove(self, binding: Binding) -> None:
+        pass
+
+    @staticmethod
+    def _matches(args: dict[str, Any], headers: dict[str, Any]) -> bool:
+        mode = args.get("x-match", "all")
+        if isinstance(mode, bytes):
+            mode = mode.decode(errors="replace")
+        with_x = mode.endswith("-with-x")
+        want_all = mode.startswith("all")
+        considered = 0
+        for k, v in args.items():
+            if k.startswith("x-") and (not with_x or k == "x-match"):
+                continue
+            considered += 1
+            ok = k in headers and (v is None or headers[k] == v)
+            if want_all and not ok:
+                return False
+            if not want_all and ok:
+                return True
+        return want_all
+
+    def route(self, msg: Message, queues: set[str], exchanges: set[str]) -> None:
+        if not self.bindings:
+            return
+        headers = msg.headers
+        for b in self.bindings.values():
+            if self._matches(b.arguments, headers):
+                (queues if b.kind == QUEUE else exchanges).add(b.destination)
+
+
+EXCHANGE_TYPES: dict[str, type[Exchange]] = {
+    "direct": DirectExchange,
+    "fanout": FanoutExchange,
+    "topic": TopicExchange,
+    "headers": HeadersExchange,
+}

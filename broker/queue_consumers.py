@@ -1,0 +1,90 @@
+"""A queue's consumers (RabbitMQ's ``rabbit_queue_consumers``): who may receive the next message.
+
+Consumers are grouped by priority (``x-priority``, default 0). The next delivery goes to the first consumer
+with room in the highest priority group that has one, and that consumer moves to the back of its group, so
+equal consumers take turns.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    from broker.channel import Channel
+    from broker.queue_process import QueueProcess
+
+
+class Consumer:
+    """One basic.consume: its channel, its queue, and the prefetch it was given (0 = no limit)."""
+
+    __slots__ = ("tag", "tag_raw", "channel", "queue", "no_ack", "prefetch", "unacked", "priority",
+                 "exclusive", "arguments")
+
+    def __init__(self, tag: str, channel: "Channel", queue: "QueueProcess", no_ack: bool, prefetch: int,
+                 priority: int, exclusive: bool, arguments: dict[str, Any]) -> None:
+        self.tag = tag
+        raw = tag.encode()
+        self.tag_raw = bytes([len(raw)]) + raw
+        self.channel = channel
+        self.queue = queue
+        self.no_ack = no_ack
+        self.prefetch = prefetch
+        self.unacked = 0
+        self.priority = priority
+        self.exclusive = exclusive
+        self.arguments = arguments
+
+    def has_room(self) -> bool:
+        if self.no_ack:
+            return self.channel.can_deliver_no_ack()
+        if self.prefetch and self.unacked >= self.prefetch:
+            return False
+        return self.channel.can_deliver()
+
+
+class ConsumerSet:
+    def __init__(self) -> None:
+        self._groups: dict[int, deque[Consumer]] = {}
+        self._priorities: list[int] = []  # descending
+        self.count = 0
+
+    def add(self, consumer: Consumer) -> None:
+        group = self._groups.get(consumer.priority)
+        if group is None:
+            group = self._groups[consumer.priority] = deque()
+            self._priorities = sorted(self._groups, reverse=True)
+        group.append(consumer)
+        self.count += 1
+
+    def remove(self, consumer: Consumer) -> bool:
+        group = self._groups.get(consumer.priority)
+        if group is None:
+            return False
+        try:
+            group.remove(consumer)
+        except ValueError:
+            return False
+        if not group:
+            del self._groups[consumer.priority]
+            self._priorities = sorted(self._groups, reverse=True)
+        self.count -= 1
+        return True
+
+    def next_with_room(self) -> Consumer | None:
+        """The consumer to deliver to next, rotated to the back of its group; None if all are full."""
+        for priority in self._priorities:
+            group = self._groups[priority]
+            for _ in range(len(group)):
+                consumer = group[0]
+                group.rotate(-1)
+                if consumer.has_room():
+                    return consumer
+        return None
+
+    def __iter__(self) -> Iterator[Consumer]:
+        for priority in list(self._priorities):
+            yield from list(self._groups[priority])
+
+    def __len__(self) -> int:
+        return self.count

@@ -1,0 +1,490 @@
+"""One client connection (RabbitMQ's ``rabbit_reader`` and ``rabbit_writer``): an asyncio.Protocol.
+
+Bytes in go through the sans-IO frame parser; the handshake (start, tune, open), heartbeats,
+connection.close and the channel table live here, and every other frame goes to its channel. Frames
+out are collected in a list and written once per event-loop tick (``_flush``), after each channel with
+pending publisher confirms has added them, so a burst of publishes costs one write and one confirm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import platform
+import time
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from pamqp import commands as spec
+
+from broker import PRODUCT, VERSION
+from broker.auth import User
+from broker.channel import Channel
+from broker.errors import AMQPError
+from protocol import fastcodec
+from protocol.constants import (
+    ACCESS_REFUSED,
+    CHANNEL_ERROR,
+    CLASS_CONNECTION,
+    COMMAND_INVALID,
+    CONNECTION_FORCED,
+    FRAME_BODY,
+    FRAME_HEADER,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    FRAME_MIN_SIZE,
+    IDX_BASIC_ACK,
+    IDX_BASIC_NACK,
+    IDX_BASIC_PUBLISH,
+    IDX_BASIC_REJECT,
+    NOT_ALLOWED,
+    PROTOCOL_HEADER,
+    UNEXPECTED_FRAME,
+)
+from protocol.frames import HEARTBEAT_FRAME, BadProtocolHeader, FrameError, FrameParser, encode_frame
+from protocol.methods import decode_method, method_frame, method_ids, method_index
+
+if TYPE_CHECKING:
+    from broker.node import Node
+    from broker.vhost import VHost
+
+log = structlog.get_logger("leveret.connection")
+
+CAPABILITIES = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "connection.blocked": True,
+    "consumer_priorities": True,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+    "direct_reply_to": True,
+}
+# Time to wait for connection.close-ok after we sent connection.close.
+CLOSE_OK_TIMEOUT = 3.0
+_ACCESS_REQUEST = (30 << 16) | 10
+_ACCESS_REQUEST_OK = b"\x00\x1e\x00\x0b\x00\x01"  # class 30, method 11, ticket 1
+
+
+def server_properties() -> dict[str, Any]:
+    return {
+        "product": PRODUCT,
+        "version": VERSION,
+        "platform": f"Python {platform.python_version()}",
+        "capabilities": dict(CAPABILITIES),
+        "cluster_name": f"leveret@{platform.node()}",
+        "copyright": "Copyright (c) the Leveret authors",
+        "information": "Licensed under the Apache License 2.0",
+    }
+
+
+class Reader(asyncio.Protocol):
+    # Connection states, in order.
+    HANDSHAKE, STARTING, TUNING, OPENING, RUNNING, CLOSING, CLOSED = range(7)
+
+    def __init__(self, node: "Node") -> None:
+        self.node = node
+        self.settings = node.settings
+        self.state = Reader.HANDSHAKE
+        self.parser = FrameParser(FRAME_MIN_SIZE)
+        self.transport: asyncio.Transport | None = None
+        self.peer: tuple[str, int] = ("", 0)
+        self.name = "?"
+        self.user: User = User("", "")
+        self.vhost: "VHost" = None  # type: ignore[assignment]
+        self.client_properties: dict[str, Any] = {}
+        self.channels: dict[int, Channel] = {}
+        self.closing_channels: set[int] = set()
+        self.exclusive_queues: list[Any] = []
+        self.frame_max = FRAME_MIN_SIZE
+        self.channel_max = 0
+        self.heartbeat = 0
+        self.writable = True
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._confirm_channels: list[Channel] = []
+        self._received_since_tick = True
+        self._sent_since_tick = False
+        self._missed_heartbeats = 0
+        self._timers: list[asyncio.TimerHandle] = []
+        self._loop = asyncio.get_event_loop()
+        self.connected_at = time.time()
+
+    # -- transport events ------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername") or ("", 0)
+        local = transport.get_extra_info("sockname") or ("", 0)
+        self.peer = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else (str(peer), 0)
+        self.name = f"{self.peer[0]}:{self.peer[1]} -> {local[0]}:{local[1]}"
+        transport.set_write_buffer_limits(high=1 << 20)
+        self.node.connections.add(self)
+        self._timers.append(self._loop.call_later(self.settings.handshake_timeout, self._handshake_timeout))
+        log.info("connection accepted", connection=self.name)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        was_open = self.state == Reader.RUNNING
+        self.state = Reader.CLOSED
+        for timer in self._timers:
+            timer.cancel()
+        self._cleanup()
+        self.node.connections.discard(self)
+        if was_open:
+            log.info("connection closed abruptly", connection=self.name, user=self.user.name,
+                     reason=str(exc) if exc else "client closed the socket")
+
+    def pause_writing(self) -> None:
+        self.writable = False
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        for ch in list(self.channels.values()):
+            for consumer in list(ch.consumers.values()):
+                consumer.queue.schedule_run()
+
+    def data_received(self, data: bytes) -> None:
+        if self.state >= Reader.CLOSED:
+            return
+        self._received_since_tick = True
+        try:
+            frames = self.parser.feed(data)
+        except BadProtocolHeader as exc:
+            self._refuse_protocol(exc)
+            return
+        except FrameError as exc:
+            self._frames(exc.frames, exc)
+            return
+        if self.state == Reader.HANDSHAKE and self.parser.header_received:
+            self._start()
+        self._frames(frames, None)
+
+    def _frames(self, frames: list, error: FrameError | None) -> None:
+        for frame_type, channel_id, payload in frames:
+            if self.state >= Reader.CLOSED:
+                return
+            try:
+                self._frame(frame_type, channel_id, payload)
+            except AMQPError as exc:
+                if not exc.class_id:
+                    exc.class_id, exc.method_id = self._failing_method(frame_type, channel_id, payload)
+                self._error(channel_id, exc)
+            except FrameError as exc:
+                self.close_connection(exc.reply_code, exc.text)
+            except Exception:
+                log.exception("internal error handling a frame", connection=self.name)
+                self.close_connection(541, "internal error")
+        if error is not None and self.state < Reader.CLOSING:
+            self.close_connection(error.reply_code, error.text)
+
+    def _failing_method(self, frame_type: int, channel_id: int, payload: bytes) -> tuple[int, int]:
+        """(class id, method id) that a close reports: the method itself, or basic.publish for content."""
+        if frame_type == FRAME_METHOD and len(payload) >= 4:
+            index = method_index(payload)
+            return index >> 16, index & 0xFFFF
+        if frame_type in (FRAME_HEADER, FRAME_BODY):
+            channel = self.channels.get(channel_id)
+            if channel is not None and channel.expecting_content:
+                return 60, 40
+        return 0, 0
+
+    # -- frame dispatch --------------------------------------------------------------------------------
+    def _frame(self, frame_type: int, channel_id: int, payload: bytes) -> None:
+        if self.state == Reader.CLOSING:
+            # After connection.close only close-ok (or the peer's own close) matters.
+            if frame_type == FRAME_METHOD and channel_id == 0:
+                index = method_index(payload)
+                if index == spec.Connection.CloseOk.index:
+                    self._close_transport()
+                elif index == spec.Connection.Close.index:
+                    self.send(method_frame(0, spec.Connection.CloseOk))
+                    self._close_transport()
+            return
+        if frame_type == FRAME_HEARTBEAT:
+            if channel_id != 0:
+                raise FrameError("heartbeat frame on a non-zero channel")
+            return
+        if channel_id == 0:
+            if frame_type != FRAME_METHOD:
+                raise AMQPError(UNEXPECTED_FRAME, "expected method frame on channel 0, got a content frame")
+            self._connection_method(payload)
+            return
+        if self.state != Reader.RUNNING:
+            raise AMQPError(CHANNEL_ERROR, "channel frame before connection.open completed")
+        channel = self.channels.get(channel_id)
+        if channel is None:
+            if channel_id in self.closing_channels:
+                self._closing_channel_frame(channel_id, frame_type, payload)
+                return
+            if frame_type == FRAME_METHOD and method_index(payload) == spec.Channel.Open.index:
+                self._open_channel(channel_id)
+                return
+            raise AMQPError(CHANNEL_ERROR, "expected 'channel.open'")
+        if frame_type == FRAME_METHOD:
+            index = method_index(payload)
+            if channel.expecting_content:
+                raise AMQPError(UNEXPECTED_FRAME, "expected content header for class 60, got non content "
+                                "header frame instead")
+            if index == IDX_BASIC_PUBLISH:
+                channel.on_publish(payload[4:])
+            elif index == IDX_BASIC_ACK:
+                channel.on_ack(*fastcodec.decode_ack(payload[4:]))
+            elif index == IDX_BASIC_NACK:
+                channel.on_nack(*fastcodec.decode_nack(payload[4:]))
+            elif index == IDX_BASIC_REJECT:
+                channel.on_reject(*fastcodec.decode_reject(payload[4:]))
+            else:
+                self._channel_method(channel, index, payload)
+        elif frame_type == FRAME_HEADER:
+            channel.on_header(payload)
+        elif frame_type == FRAME_BODY:
+            channel.on_body(payload)
+
+    def _channel_method(self, channel: Channel, index: int, payload: bytes) -> None:
+        if index == _ACCESS_REQUEST:
+            # access.request (class 30, deprecated): answered with request-ok, ticket 1, for old clients.
+            self.send(encode_frame(FRAME_METHOD, channel.id, _ACCESS_REQUEST_OK))
+            return
+        method = decode_method(payload)
+        if isinstance(method, spec.Channel.Close):
+            channel.shutdown()
+            del self.channels[channel.id]
+            self.send(method_frame(channel.id, spec.Channel.CloseOk))
+        elif isinstance(method, spec.Channel.CloseOk):
+            pass  # we never sent a close that this answers
+        elif isinstance(method, spec.Channel.Open):
+            raise AMQPError(CHANNEL_ERROR, "second 'channel.open' seen")
+        elif method.index >> 16 == CLASS_CONNECTION:
+            raise AMQPError(COMMAND_INVALID, f"{method.name} is only allowed on channel 0")
+        else:
+            channel.handle_method(method)
+
+    def _closing_channel_frame(self, channel_id: int, frame_type: int, payload: bytes) -> None:
+        """The server closed this channel and waits for close-ok; everything else on it is dropped."""
+        if frame_type != FRAME_METHOD:
+            return
+        index = method_index(payload)
+        if index == spec.Channel.CloseOk.index:
+            self.closing_channels.discard(channel_id)
+        elif index == spec.Channel.Close.index:
+            self.closing_channels.discard(channel_id)
+            self.send(method_frame(channel_id, spec.Channel.CloseOk))
+
+    def _open_channel(self, channel_id: int) -> None:
+        if self.channel_max and len(self.channels) >= self.channel_max:
+            raise AMQPError(NOT_ALLOWED, f"number of channels opened ({len(self.channels)}) has reached the "
+                            f"negotiated channel_max ({self.channel_max})", 20, 10)
+        self.channels[channel_id] = Channel(self, channel_id)
+        self.send(method_frame(channel_id, spec.Channel.OpenOk))
+
+    # -- connection class ------------------------------------------------------------------------------
+    def _connection_method(self, payload: bytes) -> None:
+        method = decode_method(payload)
+        state = self.state
+        if isinstance(method, spec.Connection.Close):
+            self.send(method_frame(0, spec.Connection.CloseOk))
+            log.info("connection closed", connection=self.name, user=self.user.name,
+                     reply_code=method.reply_code, reason=method.reply_text)
+            self._close_transport()
+        elif state == Reader.STARTING and isinstance(method, spec.Connection.StartOk):
+            self._start_ok(method)
+        elif state == Reader.TUNING and isinstance(method, spec.Connection.TuneOk):
+            self._tune_ok(method)
+        elif state == Reader.OPENING and isinstance(method, spec.Connection.Open):
+            self._open(method)
+        elif state == Reader.RUNNING and isinstance(method, spec.Connection.CloseOk):
+            self._close_transport()
+        elif state == Reader.RUNNING and isinstance(method, (spec.Connection.Blocked, spec.Connection.Unblocked)):
+            pass
+        elif method.index >> 16 != CLASS_CONNECTION:
+            raise AMQPError(COMMAND_INVALID, f"{method.name} is not allowed on channel 0",
+                            *method_ids(method))
+        else:
+            raise AMQPError(COMMAND_INVALID, f"{method.name} not expected in this state",
+                            *method_ids(method))
+
+    def _start(self) -> None:
+        self.state = Reader.STARTING
+        self.send(method_frame(0, spec.Connection.Start, version_major=0, version_minor=9,
+                               server_properties=server_properties(), mechanisms="AMQPLAIN PLAIN",
+                               locales="en_US"))
+
+    def _start_ok(self, m: spec.Connection.StartOk) -> None:
+        self.client_properties = dict(m.client_properties or {})
+        response = m.response.encode("latin-1") if isinstance(m.response, str) else bytes(m.response)
+        result = self.node.users.authenticate(m.mechanism, response, self.peer[0], self.settings.loopback_users)
+        if isinstance(result, str):
+            log.warning("authentication failed", connection=self.name, reason=result)
+            if self.client_capability("authentication_failure_close"):
+                self.close_connection(ACCESS_REFUSED, result, CLASS_CONNECTION, 11)
+            else:
+                self._close_transport()
+            return
+        self.user = result
+        self.state = Reader.TUNING
+        self.send(method_frame(0, spec.Connection.Tune, channel_max=self.settings.channel_max,
+                               frame_max=self.settings.frame_max, heartbeat=self.settings.heartbeat))
+
+    def _tune_ok(self, m: spec.Connection.TuneOk) -> None:
+        for field, minimum, client, server in (
+            ("frame_max", FRAME_MIN_SIZE, m.frame_max, self.settings.frame_max),
+            ("channel_max", 1, m.channel_max, self.settings.channel_max),
+        ):
+            if client and client < minimum:
+                self.close_connection(NOT_ALLOWED, f"{field}={client} < {minimum} min size", CLASS_CONNECTION, 31)
+                return
+            if server and (client == 0 or client > server):
+                self.close_connection(NOT_ALLOWED, f"negotiated {field} = {client} is higher than the maximum "
+                                      f"allowed value ({server})", CLASS_CONNECTION, 31)
+                return
+        self.frame_max = m.frame_max
+        self.parser.frame_max = m.frame_max
+        self.channel_max = m.channel_max
+        self.heartbeat = m.heartbeat
+        self.state = Reader.OPENING
+        if self.heartbeat:
+            self._schedule_heartbeat()
+
+    def _open(self, m: spec.Connection.Open) -> None:
+        vhost = self.node.vhosts.get(m.virtual_host)
+        if vhost is None:
+            self.close_connection(NOT_ALLOWED, f"vhost {m.virtual_host} not found", CLASS_CONNECTION, 40)
+            return
+        self.vhost = vhost
+        self.state = Reader.RUNNING
+        for timer in self._timers:
+            timer.cancel()
+        self._timers = [t for t in self._timers if not t.cancelled()]
+        if self.heartbeat:
+            self._schedule_heartbeat()
+        self.send(method_frame(0, spec.Connection.OpenOk))
+        log.info("connection opened", connection=self.name, user=self.user.name, vhost=vhost.name)
+
+    def client_capability(self, name: str) -> bool:
+        caps = self.client_properties.get("capabilities")
+        return bool(isinstance(caps, dict) and caps.get(name))
+
+    # -- heartbeats ------------------------------------------------------------------------------------
+    def _schedule_heartbeat(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        self._timers = [self._loop.call_later(self.heartbeat / 2, self._heartbeat_tick)]
+
+    def _heartbeat_tick(self) -> None:
+        """Every half interval: send a heartbeat if we sent nothing; count the halves the peer was silent.
+        Four silent halves are two missed heartbeats: the peer is dead (RabbitMQ's rule)."""
+        if self.state >= Reader.CLOSING:
+            return
+        if self._received_since_tick:
+            self._received_since_tick = False
+            self._missed_heartbeats = 0
+        else:
+            self._missed_heartbeats += 1
+            if self._missed_heartbeats >= 4:
+                log.warning("missed heartbeats from client, closing connection", connection=self.name,
+                            timeout=self.heartbeat)
+                self._close_transport()
+                return
+        if not self._sent_since_tick:
+            self.send(HEARTBEAT_FRAME)
+        self._sent_since_tick = False
+        self._timers = [self._loop.call_later(self.heartbeat / 2, self._heartbeat_tick)]
+
+    def _handshake_timeout(self) -> None:
+        if self.state < Reader.RUNNING:
+            log.warning("handshake timeout, closing", connection=self.name)
+            self._close_transport()
+
+    # -- errors and closing ----------------------------------------------------------------------------
+    def _refuse_protocol(self, exc: BadProtocolHeader) -> None:
+        reasons = {"http": "an HTTP request was sent to the AMQP port",
+                   "tls": "a TLS handshake was sent to the plain AMQP port",
+                   "amqp": f"unsupported AMQP protocol header {exc.received!r}",
+                   "garbage": f"not an AMQP protocol header: {exc.received!r}"}
+        log.warning("refused connection", connection=self.name, reason=reasons[exc.kind])
+        if self.transport is not None:
+            self.transport.write(PROTOCOL_HEADER)
+        self._close_transport()
+
+    def _error(self, channel_id: int, exc: AMQPError) -> None:
+        if exc.is_soft and channel_id != 0 and channel_id in self.channels:
+            channel = self.channels.pop(channel_id)
+            log.info("channel error", connection=self.name, channel=channel_id, reply_code=exc.reply_code,
+                     reason=exc.text)
+            channel.shutdown()
+            self.closing_channels.add(channel_id)
+            self.send(method_frame(channel_id, spec.Channel.Close, reply_code=exc.reply_code,
+                                   reply_text=exc.reply_text, class_id=exc.class_id, method_id=exc.method_id))
+        else:
+            self.close_connection(exc.reply_code, exc.text, exc.class_id, exc.method_id)
+
+    def close_connection(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
+        """Send connection.close and wait (briefly) for close-ok; only close-ok is read from now on."""
+        if self.state >= Reader.CLOSING:
+            return
+        err = AMQPError(code, text)
+        log.warning("closing connection with error", connection=self.name, reply_code=code, reason=text)
+        if self.state == Reader.HANDSHAKE:
+            self._close_transport()
+            return
+        self.state = Reader.CLOSING
+        self._cleanup()
+        self.send(method_frame(0, spec.Connection.Close, reply_code=code, reply_text=err.reply_text,
+                               class_id=class_id, method_id=method_id))
+        self._timers.append(self._loop.call_later(CLOSE_OK_TIMEOUT, self._close_transport))
+
+    def force_close(self, text: str = "closed via management") -> None:
+        self.close_connection(CONNECTION_FORCED, text)
+
+    def _cleanup(self) -> None:
+        """Release channels (requeueing their unacked messages) and delete the exclusive queues."""
+        for channel in list(self.channels.values()):
+            channel.shutdown()
+        self.channels.clear()
+        for q in list(self.exclusive_queues):
+            q.vhost.queues.delete(q, reason="exclusive owner closed")
+        self.exclusive_queues.clear()
+
+    def _close_transport(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self._flush()
+            self.transport.close()
+        if self.state < Reader.CLOSING:
+            self.state = Reader.CLOSING
+        self._cleanup()
+
+    # -- output ----------------------------------------------------------------------------------------
+    def send(self, data: bytes) -> None:
+        self._out.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def send_content(self, channel_id: int, header: bytes, body: bytes) -> None:
+        self._out.extend(fastcodec.encode_content(channel_id, header, body, self.frame_max))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def confirms_pending(self, channel: Channel) -> None:
+        self._confirm_channels.append(channel)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._confirm_channels:
+            channels = self._confirm_channels
+            self._confirm_channels = []
+            for ch in channels:
+                ch.flush_confirms()
+        out = self._out
+        if not out:
+            return
+        self._out = []
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        self._sent_since_tick = True
+        transport.write(b"".join(out))
+

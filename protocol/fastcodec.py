@@ -1,0 +1,177 @@
+"""Hand-written codec for the frames every message crosses: basic.publish, content header and body in;
+basic.deliver, basic.get-ok, basic.return, basic.ack / nack out; basic.ack / nack / reject in.
+
+pamqp decodes these correctly but slowly (~8 µs a frame, see STYLE.md); these functions do the same
+in well under 1 µs with precompiled structs, and are tested against pamqp. Short strings that only pass
+through (exchange and routing key of a publish) are kept as raw bytes, length octet included, so a
+delivery can reuse them without re-encoding.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from protocol.constants import (
+    BASIC_ACK,
+    BASIC_DELIVER,
+    BASIC_GET_EMPTY,
+    BASIC_GET_OK,
+    BASIC_NACK,
+    BASIC_RETURN,
+    CLASS_BASIC,
+    FRAME_BODY,
+    FRAME_HEADER,
+    FRAME_METHOD,
+    FRAME_OVERHEAD,
+)
+from protocol.frames import FrameError
+
+_U8 = struct.Struct(">B")
+_U16 = struct.Struct(">H")
+_U64 = struct.Struct(">Q")
+_FRAME_HEAD = struct.Struct(">BHI")
+_CONTENT_HEADER = struct.Struct(">HHQ")
+_METHOD_HEAD = struct.Struct(">BHIHH")  # frame head + class id + method id
+_TAG_BITS = struct.Struct(">QB")
+
+
+class PublishArgs:
+    """The arguments of one basic.publish; ``names_raw`` is exchange + routing key as two short strings."""
+
+    __slots__ = ("exchange", "routing_key", "mandatory", "immediate", "names_raw")
+
+    def __init__(self, exchange: str, routing_key: str, mandatory: bool, immediate: bool,
+                 names_raw: bytes) -> None:
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.mandatory = mandatory
+        self.immediate = immediate
+        self.names_raw = names_raw
+
+
+def decode_basic_publish(args: bytes) -> PublishArgs:
+    """``args`` is the method payload after class and method id: reserved short, exchange, routing key, bits."""
+    try:
+        n = args[2]
+        exchange = args[3 : 3 + n].decode()
+        p = 3 + n
+        m = args[p]
+        routing_key = args[p + 1 : p + 1 + m].decode()
+        q = p + 1 + m
+        bits = args[q]
+    except IndexError:
+        raise FrameError("basic.publish: truncated method frame") from None
+    except UnicodeDecodeError:
+        raise FrameError("basic.publish: short string is not UTF-8") from None
+    return PublishArgs(exchange, routing_key, bool(bits & 1), bool(bits & 2), args[2:q])
+
+
+def decode_ack(args: bytes) -> tuple[int, bool]:
+    """basic.ack → (delivery_tag, multiple)."""
+    try:
+        tag, bits = _TAG_BITS.unpack_from(args, 0)
+    except struct.error:
+        raise FrameError("basic.ack: truncated method frame") from None
+    return tag, bool(bits & 1)
+
+
+def decode_nack(args: bytes) -> tuple[int, bool, bool]:
+    """basic.nack → (delivery_tag, multiple, requeue)."""
+    try:
+        tag, bits = _TAG_BITS.unpack_from(args, 0)
+    except struct.error:
+        raise FrameError("basic.nack: truncated method frame") from None
+    return tag, bool(bits & 1), bool(bits & 2)
+
+
+def decode_reject(args: bytes) -> tuple[int, bool]:
+    """basic.reject → (delivery_tag, requeue)."""
+    try:
+        tag, bits = _TAG_BITS.unpack_from(args, 0)
+    except struct.error:
+        raise FrameError("basic.reject: truncated method frame") from None
+    return tag, bool(bits & 1)
+
+
+def decode_content_header(payload: bytes) -> int:
+    """Check a content header's class and return its body size. The properties stay raw in ``payload``."""
+    try:
+        class_id, _weight, body_size = _CONTENT_HEADER.unpack_from(payload, 0)
+    except struct.error:
+        raise FrameError("content header frame too short") from None
+    if class_id != CLASS_BASIC:
+        raise FrameError(f"content header for class {class_id}, expected {CLASS_BASIC}")
+    return body_size
+
+
+def shortstr(value: str | bytes) -> bytes:
+    """Encode an AMQP short string (length octet + bytes)."""
+    raw = value.encode() if isinstance(value, str) else value
+    if len(raw) > 255:
+        raise ValueError("short string longer than 255 bytes")
+    return _U8.pack(len(raw)) + raw
+
+
+def _method_frame(channel: int, method_id: int, args: bytes) -> bytes:
+    return (_METHOD_HEAD.pack(FRAME_METHOD, channel, len(args) + 4, CLASS_BASIC, method_id)
+            + args + b"\xce")
+
+
+def encode_basic_deliver(channel: int, consumer_tag_raw: bytes, delivery_tag: int, redelivered: bool,
+                         names_raw: bytes) -> bytes:
+    """basic.deliver; ``consumer_tag_raw`` and ``names_raw`` (exchange + routing key) are short strings."""
+    args = consumer_tag_raw + _U64.pack(delivery_tag) + (b"\x01" if redelivered else b"\x00") + names_raw
+    return _method_frame(channel, BASIC_DELIVER, args)
+
+
+def encode_basic_get_ok(channel: int, delivery_tag: int, redelivered: bool, names_raw: bytes,
+                        message_count: int) -> bytes:
+    args = (_U64.pack(delivery_tag) + (b"\x01" if redelivered else b"\x00") + names_raw
+            + message_count.to_bytes(4, "big"))
+    return _method_frame(channel, BASIC_GET_OK, args)
+
+
+def encode_basic_get_empty(channel: int) -> bytes:
+    return _method_frame(channel, BASIC_GET_EMPTY, b"\x00")
+
+
+def encode_basic_return(channel: int, reply_code: int, reply_text: str, names_raw: bytes) -> bytes:
+    args = _U16.pack(reply_code) + shortstr(reply_text) + names_raw
+    return _method_frame(channel, BASIC_RETURN, args)
+
+
+def encode_basic_ack(channel: int, delivery_tag: int, multiple: bool) -> bytes:
+    return _method_frame(channel, BASIC_ACK, _TAG_BITS.pack(delivery_tag, 1 if multiple else 0))
+
+
+def encode_basic_nack(channel: int, delivery_tag: int, multiple: bool, requeue: bool = False) -> bytes:
+    bits = (1 if multiple else 0) | (2 if requeue else 0)
+    return _method_frame(channel, BASIC_NACK, _TAG_BITS.pack(delivery_tag, bits))
+
+
+def encode_content(channel: int, header_payload: bytes, body: bytes, frame_max: int) -> list[bytes]:
+    """The content header frame (its payload as received, properties untouched) and the body frames,
+    each body frame at most ``frame_max`` bytes in all (0 = no limit)."""
+    head = _FRAME_HEAD.pack
+    out = [head(FRAME_HEADER, channel, len(header_payload)), header_payload, b"\xce"]
+    size = len(body)
+    if not size:
+        return out
+    chunk = frame_max - FRAME_OVERHEAD if frame_max else size
+    if size <= chunk:
+        out.append(head(FRAME_BODY, channel, size))
+        out.append(body)
+        out.append(b"\xce")
+        return out
+    view = memoryview(body)
+    for start in range(0, size, chunk):
+        piece = view[start : start + chunk]
+        out.append(head(FRAME_BODY, channel, len(piece)))
+        out.append(piece)
+        out.append(b"\xce")
+    return out
+
+
+def build_content_header(body_size: int, properties_raw: bytes) -> bytes:
+    """A content header payload for basic from already-encoded flags + property list."""
+    return _CONTENT_HEADER.pack(CLASS_BASIC, 0, body_size) + properties_raw

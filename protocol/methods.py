@@ -1,0 +1,87 @@
+"""Every method the fast codec does not handle, decoded and encoded by pamqp.
+
+These are the rare methods (handshake, declares, binds, qos, consume, tx, confirm.select, closes), where
+correctness matters and a few microseconds do not.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from typing import Any
+
+from pamqp import base, commands, encode
+
+from protocol.constants import FRAME_METHOD
+from protocol.frames import FrameError, encode_frame
+
+_INDEX = struct.Struct(">I")
+
+
+class UnknownMethod(FrameError):
+    """A method id the protocol does not define: 540 NOT_IMPLEMENTED? RabbitMQ answers 503 COMMAND_INVALID."""
+
+
+def method_index(payload: bytes) -> int:
+    """The class id << 16 | method id that opens a method frame's payload."""
+    if len(payload) < 4:
+        raise FrameError("method frame shorter than its class and method id")
+    return _INDEX.unpack_from(payload, 0)[0]
+
+
+def decode_method(payload: bytes) -> base.Frame:
+    """A method frame's payload → the pamqp method object."""
+    index = method_index(payload)
+    cls = commands.INDEX_MAPPING.get(index)
+    if cls is None:
+        raise UnknownMethod(f"unknown method class {index >> 16} method {index & 0xFFFF}", 503)
+    method = cls()
+    try:
+        method.unmarshal(payload[4:])
+    except Exception as exc:  # struct.error, ValueError, IndexError, UnicodeDecodeError from pamqp
+        raise FrameError(f"malformed {cls.name} method frame: {exc}") from None
+    return method
+
+
+_DEFAULTS: dict[str, Any] = {"bit": False, "octet": 0, "short": 0, "long": 0, "longlong": 0,
+                             "shortstr": "", "longstr": "", "table": {}, "timestamp": 0}
+
+
+def method_frame(channel: int, cls: type[base.Frame], **values: Any) -> bytes:
+    """Encode a method frame from its field values (missing ones take the type's zero value).
+
+    pamqp's constructors and ``marshal`` validate names against the client-side rules of the spec
+    (e.g. queue names limited to ``[a-zA-Z0-9-_.:]``), which RabbitMQ does not enforce and a server must
+    not impose on names its clients chose, so fields are encoded here with pamqp's primitives instead.
+    """
+    parts: list[bytes] = [_INDEX.pack(cls.index)]
+    bits = 0
+    nbits = 0
+    for name in cls.__slots__:
+        kind = cls.amqp_type(name)
+        value = values.get(name, _DEFAULTS.get(kind))
+        if kind == "bit":
+            if nbits == 8:
+                parts.append(bytes([bits]))
+                bits = nbits = 0
+            if value:
+                bits |= 1 << nbits
+            nbits += 1
+            continue
+        if nbits:
+            parts.append(bytes([bits]))
+            bits = nbits = 0
+        parts.append(encode.by_type(value, kind))
+    if nbits:
+        parts.append(bytes([bits]))
+    return encode_frame(FRAME_METHOD, channel, b"".join(parts))
+
+
+def encode_method(channel: int, method: base.Frame) -> bytes:
+    """A method frame for a pamqp method object, complete with frame header and end octet."""
+    return method_frame(channel, type(method), **{name: getattr(method, name) for name in method.__slots__})
+
+
+def method_ids(method: base.Frame) -> tuple[int, int]:
+    """(class id, method id) of a pamqp method, as a channel.close or connection.close reports them."""
+    return method.index >> 16, method.index & 0xFFFF

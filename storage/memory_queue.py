@@ -1,0 +1,117 @@
+"""A BackingQueue that keeps everything in memory: the stand-in until the variable queue takes over.
+
+Ready messages sit in a deque in seq_id order. Requeued messages always have seq_ids below the deque's
+head (anything fetched was taken from the front), so they wait in a heap that ``fetch`` empties first:
+that puts them back at their original place, as RabbitMQ does.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import Any, Iterable
+
+
+class MsgStatus:
+    """One message in the queue (the seed's msg_status, reduced to what memory needs)."""
+
+    __slots__ = ("seq_id", "msg", "size", "is_persistent", "is_delivered")
+
+    def __init__(self, seq_id: int, msg: Any, size: int, is_persistent: bool, is_delivered: bool) -> None:
+        self.seq_id = seq_id
+        self.msg = msg
+        self.size = size
+        self.is_persistent = is_persistent
+        self.is_delivered = is_delivered
+
+    def __lt__(self, other: "MsgStatus") -> bool:
+        return self.seq_id < other.seq_id
+
+
+class MemoryBackingQueue:
+    def __init__(self) -> None:
+        self._ready: deque[MsgStatus] = deque()
+        self._requeued: list[MsgStatus] = []
+        self._pending: dict[int, MsgStatus] = {}
+        self._next_seq_id = 0
+        self._ready_bytes = 0
+
+    def publish(self, msg: Any, size: int, persistent: bool) -> int:
+        seq_id = self._next_seq_id
+        self._next_seq_id = seq_id + 1
+        self._ready.append(MsgStatus(seq_id, msg, size, persistent, False))
+        self._ready_bytes += size
+        return seq_id
+
+    def publish_delivered(self, msg: Any, size: int, persistent: bool) -> int:
+        seq_id = self._next_seq_id
+        self._next_seq_id = seq_id + 1
+        self._pending[seq_id] = MsgStatus(seq_id, msg, size, persistent, True)
+        return seq_id
+
+    def fetch(self, ack_required: bool) -> tuple[int, Any, bool] | None:
+        if self._requeued:
+            status = heapq.heappop(self._requeued)
+        elif self._ready:
+            status = self._ready.popleft()
+        else:
+            return None
+        self._ready_bytes -= status.size
+        delivered = status.is_delivered
+        if ack_required:
+            status.is_delivered = True
+            self._pending[status.seq_id] = status
+        return status.seq_id, status.msg, delivered
+
+    def peek(self) -> Any | None:
+        """The message ``fetch`` would return next, left in place (for TTL checks at the head)."""
+        if self._requeued:
+            return self._requeued[0].msg
+        if self._ready:
+            return self._ready[0].msg
+        return None
+
+    def ack(self, seq_ids: Iterable[int]) -> list[Any]:
+        pending = self._pending
+        out = []
+        for seq_id in seq_ids:
+            status = pending.pop(seq_id, None)
+            if status is not None:
+                out.append(status.msg)
+        return out
+
+    def requeue(self, seq_ids: Iterable[int]) -> None:
+        pending = self._pending
+        for seq_id in seq_ids:
+            status = pending.pop(seq_id, None)
+            if status is not None:
+                status.is_delivered = True
+                heapq.heappush(self._requeued, status)
+                self._ready_bytes += status.size
+
+    def purge(self) -> int:
+        n = len(self._ready) + len(self._requeued)
+        self._ready.clear()
+        self._requeued.clear()
+        self._ready_bytes = 0
+        return n
+
+    def len(self) -> int:
+        return len(self._ready) + len(self._requeued)
+
+    def is_empty(self) -> bool:
+        return not self._ready and not self._requeued
+
+    def pending_ack_count(self) -> int:
+        return len(self._pending)
+
+    def ready_bytes(self) -> int:
+        return self._ready_bytes
+
+    def drain_confirmed(self) -> list[Any]:
+        return []
+
+    def delete_and_terminate(self) -> int:
+        n = self.purge() + len(self._pending)
+        self._pending.clear()
+        return n

@@ -1,0 +1,176 @@
+"""Shared fixtures: a real Leveret broker process on a free port, or a real RabbitMQ given by URL.
+
+Set ``LEVERET_TEST_AMQP_URL`` (for example ``amqp://guest:guest@127.0.0.1:5673/%2F``) to run the integration
+tests against another broker; tests marked ``leveret_only`` are then skipped, since they cover behaviour
+RabbitMQ does not have. Without it, one Leveret process is started for the session (``broker``), and tests
+that need their own process (custom settings, kill -9) use ``start_broker``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+EXTERNAL_URL = os.environ.get("LEVERET_TEST_AMQP_URL")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class BrokerProcess:
+    """A broker the tests talk to: where it listens and, for a Leveret we started, its process."""
+
+    host: str
+    port: int
+    user: str = "guest"
+    password: str = "guest"
+    vhost: str = "/"
+    process: subprocess.Popen | None = None
+    data_dir: Path | None = None
+    log_path: Path | None = None
+    extra_args: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        vhost = urllib.parse.quote(self.vhost, safe="")
+        return f"amqp://{self.user}:{self.password}@{self.host}:{self.port}/{vhost}"
+
+    @property
+    def is_leveret(self) -> bool:
+        return self.process is not None
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def pika_params(self, **kw):
+        import pika
+
+        return pika.ConnectionParameters(
+            host=self.host,
+            port=self.port,
+            virtual_host=self.vhost,
+            credentials=pika.PlainCredentials(self.user, self.password),
+            **kw,
+        )
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+    # -- lifecycle of a broker we started ---------------------------------------------------------------
+    def start(self, timeout: float = 20.0) -> None:
+        assert self.data_dir is not None and self.log_path is not None
+        cmd = [
+            sys.executable, "-m", "broker", "serve",
+            "--bind", self.host, "--port", str(self.port), "--data-dir", str(self.data_dir),
+            *self.extra_args,
+        ]
+        env = dict(os.environ, PYTHONUNBUFFERED="1", LEVERET_LOG_FORMAT="json")
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.process.returncode}:\n{self.log_text()}")
+            try:
+                with socket.create_connection((self.host, self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"broker did not listen on {self.port} within {timeout}s:\n{self.log_text()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def kill9(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+def _external_broker() -> BrokerProcess:
+    u = urllib.parse.urlparse(EXTERNAL_URL)
+    vhost = urllib.parse.unquote(u.path[1:]) if u.path and u.path != "/" else "/"
+    return BrokerProcess(host=u.hostname or "127.0.0.1", port=u.port or 5672,
+                         user=urllib.parse.unquote(u.username or "guest"),
+                         password=urllib.parse.unquote(u.password or "guest"), vhost=vhost)
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[BrokerProcess]:
+    """The broker shared by the session's integration tests. Tests must use names of their own."""
+    if EXTERNAL_URL:
+        yield _external_broker()
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="leveret-test-"))
+    b = BrokerProcess(host="127.0.0.1", port=free_port(), data_dir=tmp / "data", log_path=tmp / "broker.log")
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def start_broker(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
+    """Start a Leveret process of the test's own, with extra command-line arguments (Leveret only)."""
+    if EXTERNAL_URL:
+        pytest.skip("needs a Leveret process of its own")
+    started: list[BrokerProcess] = []
+
+    def start(*extra_args: str, data_dir: Path | None = None) -> BrokerProcess:
+        n = len(started)
+        b = BrokerProcess(host="127.0.0.1", port=free_port(), data_dir=data_dir or tmp_path / f"data{n}",
+                          log_path=tmp_path / f"broker{n}.log", extra_args=list(extra_args))
+        b.start()
+        started.append(b)
+        return b
+
+    yield start
+    for b in started:
+        b.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def uid(request) -> str:
+    """A name prefix unique to this test, so tests sharing a broker never see each other's objects."""
+    base = request.node.name.replace("[", "-").replace("]", "").replace("/", "-")[:60]
+    return f"t-{base}-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+
+
+def pytest_collection_modifyitems(config, items):
+    if not EXTERNAL_URL:
+        return
+    skip = pytest.mark.skip(reason="Leveret-only behaviour; the suite is pointed at another broker")
+    for item in items:
+        if "leveret_only" in item.keywords:
+            item.add_marker(skip)
