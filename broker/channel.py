@@ -24,7 +24,6 @@ from protocol.constants import (
     ACCESS_REFUSED,
     CLASS_BASIC,
     COMMAND_INVALID,
-    FRAME_ERROR,
     NO_ROUTE,
     NOT_ALLOWED,
     NOT_FOUND,
@@ -33,6 +32,7 @@ from protocol.constants import (
     UNEXPECTED_FRAME,
 )
 from protocol.fastcodec import PublishArgs
+from protocol.frames import FrameError
 from protocol.methods import method_frame
 from protocol.properties import with_properties
 
@@ -130,7 +130,10 @@ class Channel:
     def on_header(self, payload: bytes) -> None:
         if self._publish is None or self._header is not None:
             raise AMQPError(UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
-        body_size = fastcodec.decode_content_header(payload)
+        try:
+            body_size = fastcodec.decode_content_header(payload)
+        except FrameError as exc:
+            raise AMQPError(UNEXPECTED_FRAME, exc.text, CLASS_BASIC, 40) from None
         max_size = self.reader.settings.max_message_size
         if body_size > max_size:
             self._publish = None
@@ -148,8 +151,11 @@ class Channel:
                             "header frame instead")
         received = self._body_received + len(payload)
         if received > self._body_size:
-            raise AMQPError(FRAME_ERROR, f"body size {received} exceeds the {self._body_size} "
-                            "bytes the content header announced")
+            # More body than the header announced. RabbitMQ lets such a message never complete, and the
+            # next frame that is not a body frame is unexpected (505): do the same, keeping nothing.
+            self._body_parts = []
+            self._body_received = self._body_size + 1
+            return
         if received == self._body_size and not self._body_parts:
             self._content_complete(payload)
             return

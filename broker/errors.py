@@ -9,10 +9,12 @@ class AMQPError(Exception):
     """An error to report to the client with ``channel.close`` (soft codes) or ``connection.close`` (hard).
 
     ``text`` is RabbitMQ's wording without the ``CODE_NAME -`` prefix; :attr:`reply_text` adds it.
-    ``class_id``/``method_id`` name the failing method; the channel fills them in when left at 0.
+    ``class_id``/``method_id`` name the failing method; left as None, the reader fills in the method of
+    the frame being handled.
     """
 
-    def __init__(self, reply_code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
+    def __init__(self, reply_code: int, text: str, class_id: int | None = None, method_id: int | None = None
+                 ) -> None:
         super().__init__(text)
         self.reply_code = reply_code
         self.text = text

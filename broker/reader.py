@@ -165,11 +165,12 @@ class Reader(asyncio.Protocol):
             try:
                 self._frame(frame_type, channel_id, payload)
             except AMQPError as exc:
-                if not exc.class_id:
+                if exc.class_id is None:
                     exc.class_id, exc.method_id = self._failing_method(frame_type, channel_id, payload)
                 self._error(channel_id, exc)
             except FrameError as exc:
-                self.close_connection(exc.reply_code, exc.text)
+                self.close_connection(exc.reply_code, exc.text,
+                                      *self._failing_method(frame_type, channel_id, payload))
             except Exception:
                 log.exception("internal error handling a frame", connection=self.name)
                 self.close_connection(541, "internal error")
@@ -199,9 +200,17 @@ class Reader(asyncio.Protocol):
                     self.send(method_frame(0, spec.Connection.CloseOk))
                     self._close_transport()
             return
+        if self.state < Reader.TUNING:
+            # Before login nothing but start-ok is acceptable, and a client that has not logged in gets no
+            # explanation: the socket is closed (as RabbitMQ does).
+            if not (frame_type == FRAME_METHOD and channel_id == 0
+                    and method_index(payload) == spec.Connection.StartOk.index):
+                log.warning("unexpected frame before login, closing", connection=self.name)
+                self._close_transport()
+                return
         if frame_type == FRAME_HEARTBEAT:
             if channel_id != 0:
-                raise FrameError("heartbeat frame on a non-zero channel")
+                raise AMQPError(UNEXPECTED_FRAME, f"heartbeat frame on channel {channel_id}")
             return
         if channel_id == 0:
             if frame_type != FRAME_METHOD:
@@ -209,7 +218,7 @@ class Reader(asyncio.Protocol):
             self._connection_method(payload)
             return
         if self.state != Reader.RUNNING:
-            raise AMQPError(CHANNEL_ERROR, "channel frame before connection.open completed")
+            raise AMQPError(UNEXPECTED_FRAME, f"frame on channel {channel_id} before connection.open", 0, 0)
         channel = self.channels.get(channel_id)
         if channel is None:
             if channel_id in self.closing_channels:
@@ -222,8 +231,8 @@ class Reader(asyncio.Protocol):
         if frame_type == FRAME_METHOD:
             index = method_index(payload)
             if channel.expecting_content:
-                raise AMQPError(UNEXPECTED_FRAME, "expected content header for class 60, got non content "
-                                "header frame instead")
+                raise AMQPError(UNEXPECTED_FRAME, "expected content frame for basic.publish, got a method "
+                                "frame instead", 60, 40)
             if index == IDX_BASIC_PUBLISH:
                 channel.on_publish(payload[4:])
             elif index == IDX_BASIC_ACK:
@@ -266,7 +275,7 @@ class Reader(asyncio.Protocol):
         if index == spec.Channel.CloseOk.index:
             self.closing_channels.discard(channel_id)
         elif index == spec.Channel.Close.index:
-            self.closing_channels.discard(channel_id)
+            # Both sides closed at once: answer, but the number stays taken until our close is answered.
             self.send(method_frame(channel_id, spec.Channel.CloseOk))
 
     def _open_channel(self, channel_id: int) -> None:
@@ -295,11 +304,9 @@ class Reader(asyncio.Protocol):
             self._close_transport()
         elif state == Reader.RUNNING and isinstance(method, (spec.Connection.Blocked, spec.Connection.Unblocked)):
             pass
-        elif method.index >> 16 != CLASS_CONNECTION:
-            raise AMQPError(COMMAND_INVALID, f"{method.name} is not allowed on channel 0",
-                            *method_ids(method))
         else:
-            raise AMQPError(COMMAND_INVALID, f"{method.name} not expected in this state",
+            state_name = {Reader.TUNING: "tuning", Reader.OPENING: "opening"}.get(state, "running")
+            raise AMQPError(CHANNEL_ERROR, f"unexpected method in connection state {state_name}",
                             *method_ids(method))
 
     def _start(self) -> None:
@@ -413,9 +420,10 @@ class Reader(asyncio.Protocol):
             channel.shutdown()
             self.closing_channels.add(channel_id)
             self.send(method_frame(channel_id, spec.Channel.Close, reply_code=exc.reply_code,
-                                   reply_text=exc.reply_text, class_id=exc.class_id, method_id=exc.method_id))
+                                   reply_text=exc.reply_text, class_id=exc.class_id or 0,
+                                   method_id=exc.method_id or 0))
         else:
-            self.close_connection(exc.reply_code, exc.text, exc.class_id, exc.method_id)
+            self.close_connection(exc.reply_code, exc.text, exc.class_id or 0, exc.method_id or 0)
 
     def close_connection(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
         """Send connection.close and wait (briefly) for close-ok; only close-ok is read from now on."""

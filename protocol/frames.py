@@ -125,6 +125,8 @@ class FrameParser:
             if frame_max and size + FRAME_OVERHEAD > frame_max:
                 raise FrameError(
                     f"frame size {size + FRAME_OVERHEAD} larger than negotiated maximum {frame_max}")
+            if frame_type == FRAME_HEARTBEAT and size:
+                raise FrameError(f"heartbeat frame with a {size}-byte payload")
             stop = pos + 7 + size
             if stop >= end:
                 break

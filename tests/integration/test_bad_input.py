@@ -4,18 +4,33 @@ Every case was checked against RabbitMQ 3.10.8. For each one the test asserts th
 ``connection.close`` (hard error, channel 0) or a ``channel.close`` (soft error), the class/method ids RabbitMQ
 puts in the close, and then that the broker still serves a fresh client (``assert_broker_serves``).
 
-RabbitMQ 3.10 peculiarities these tests pin down (see the module's report for the full table):
+What RabbitMQ 3.10.8 does (hard = connection.close on channel 0; ids = class/method in the close):
 
-* a non-``AMQP`` prefix (HTTP request, TLS ClientHello) is answered like a wrong version: the 8 bytes
-  ``AMQP\\x00\\x00\\x09\\x01`` are written back and the socket is closed;
-* malformed or oversized frames are *fatal* frame errors: ``connection.close 501`` is sent and the socket is
-  closed about 3 s later whether or not the client answers ``close-ok``;
-* an unknown class or method id makes RabbitMQ 3.10 drop the socket without any ``connection.close``;
-  a broker that reports it instead must use 503 COMMAND_INVALID (what REFERENCE.md §4.7 lists);
-* an error before the connection is open (anything but ``start-ok`` after ``connection.start``) drops the
-  socket after about 3 s without a ``connection.close``;
-* a body longer than the header's ``body_size`` is not noticed at once: the message never completes, and the
-  next non-body frame on the channel gets ``505 UNEXPECTED_FRAME`` (class 60, method 40).
+=================================================  ======================================================
+wrong ``AMQP`` version header, HTTP, TLS hello     writes ``AMQP\\x00\\x00\\x09\\x01``, closes the socket
+``AMQP 1 1 0 9`` (0-9)                             accepted, connection.start 0-9
+garbage / bad frame-end / frame > frame_max        hard 501 FRAME_ERROR, ids 0/0; socket closed ~3 s later
+unknown frame type, heartbeat with payload         hard 501 FRAME_ERROR, ids 0/0; socket closed on close-ok
+method arguments cut short                         hard 501 FRAME_ERROR "cannot decode", ids of the method
+method on a channel never opened                   hard 504 "expected 'channel.open'", ids of the method
+second channel.open                                hard 504 "second 'channel.open' seen", 20/10
+channel method on channel 0                        hard 504 "unexpected method in connection state running"
+connection method on channel 1                     hard 503 COMMAND_INVALID, 10/50
+header/body with no publish, body on channel 0,    hard 505 UNEXPECTED_FRAME, ids 0/0
+heartbeat on channel 1
+publish then no header, header of another class,   hard 505 UNEXPECTED_FRAME, ids 60/40
+method before the body is complete
+body longer than body_size                         nothing at once; next non-body frame: 505, 60/40
+unknown class or method id                         socket closed at once, no connection.close
+basic.ack of an unknown tag                        soft 406 "unknown delivery tag N", 60/80
+frames on a channel waiting for close-ok           methods and whole messages dropped (channel.open → 504)
+before connection.open: queue.declare on ch 0      hard 504 "... in connection state opening", 50/10
+before connection.open: channel.open on ch 1       hard 505 UNEXPECTED_FRAME, 0/0
+anything but start-ok after connection.start       socket closed ~3 s later, no connection.close
+=================================================  ======================================================
+
+Where this differs from newer RabbitMQ as described in REFERENCE.md: 3.10 does not tell HTTP or TLS apart
+from a wrong version header, and it drops the socket on an unknown method instead of answering 503.
 """
 
 from __future__ import annotations
