@@ -1,0 +1,566 @@
+"""The hand-written fast codec and the raw property scanner, checked against pamqp on generated inputs."""
+
+from __future__ import annotations
+
+import datetime
+import struct
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from pamqp import commands
+from pamqp import frame as pframe
+from pamqp import header as pheader
+
+from protocol.constants import (
+    CLASS_BASIC,
+    FRAME_BODY,
+    FRAME_ERROR,
+    FRAME_HEADER,
+    FRAME_OVERHEAD,
+)
+from protocol.fastcodec import (
+    PublishArgs,
+    build_content_header,
+    decode_ack,
+    decode_basic_publish,
+    decode_content_header,
+    decode_nack,
+    decode_reject,
+    encode_basic_ack,
+    encode_basic_deliver,
+    encode_basic_get_empty,
+    encode_basic_get_ok,
+    encode_basic_nack,
+    encode_basic_return,
+    encode_content,
+    shortstr,
+)
+from protocol.frames import FrameError, FrameParser
+from protocol.properties import (
+    body_size_of,
+    decode_headers,
+    decode_properties,
+    scan_properties,
+    with_properties,
+)
+
+SETTINGS = settings(max_examples=200, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FEW = settings(SETTINGS, max_examples=60)
+
+# -- strategies --------------------------------------------------------------------------------------------
+
+_chars = st.characters(exclude_categories=("Cs",))
+
+
+def _cut_utf8(text: str, limit: int = 255) -> str:
+    return text.encode()[:limit].decode(errors="ignore")
+
+
+# Short strings: any text of 0..255 UTF-8 bytes, with the edges drawn often.
+short_text = st.one_of(
+    st.text(_chars, max_size=40),
+    st.text(_chars, max_size=255).map(_cut_utf8),
+    st.sampled_from(["", "x" * 255, "é" * 127 + "x", "€" * 85, "\U0001f407" * 63 + "abc", "a b\x00c",
+                     "amq.direct", "amq.rabbitmq.reply-to"]),
+)
+nonempty_short_text = short_text.filter(bool)
+channels = st.integers(0, 65535)
+# pamqp encodes 'longlong' signed, so it can only check delivery tags below 2**63.
+delivery_tags = st.integers(0, 2**63 - 1)
+
+
+def _field_values(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.one_of(
+        st.dictionaries(st.text(_chars, max_size=20), children, max_size=4),
+        st.lists(children, max_size=4),
+    )
+
+
+field_scalars = st.one_of(
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.integers(-300, 70000),
+    st.text(_chars, max_size=40),
+    st.none(),
+    st.binary(max_size=10).map(bytearray),
+)
+field_values = st.recursive(field_scalars, _field_values, max_leaves=12)
+header_tables = st.dictionaries(st.text(_chars, max_size=20), field_values, max_size=6)
+
+timestamps = st.integers(0, 2**32 - 1).map(
+    lambda s: datetime.datetime.fromtimestamp(s, tz=datetime.UTC))
+
+PROPERTY_STRATEGIES: dict[str, st.SearchStrategy[Any]] = {
+    "content_type": st.one_of(st.sampled_from(["application/json", "text/plain"]), nonempty_short_text),
+    "content_encoding": nonempty_short_text,
+    "headers": header_tables,
+    "delivery_mode": st.sampled_from([1, 2]),
+    "priority": st.integers(0, 9),
+    "correlation_id": nonempty_short_text,
+    "reply_to": st.one_of(st.just("amq.rabbitmq.reply-to"), nonempty_short_text),
+    "expiration": st.integers(0, 2**32 - 1).map(str),
+    "message_id": nonempty_short_text,
+    "timestamp": timestamps,
+    "message_type": nonempty_short_text,
+    "user_id": nonempty_short_text,
+    "app_id": nonempty_short_text,
+}
+PROPERTY_NAMES = list(PROPERTY_STRATEGIES)
+
+
+@st.composite
+def basic_properties(draw: st.DrawFn, min_present: int = 0) -> commands.Basic.Properties:
+    present = draw(st.sets(st.sampled_from(PROPERTY_NAMES), min_size=min_present))
+    values = {name: draw(PROPERTY_STRATEGIES[name]) for name in PROPERTY_NAMES if name in present}
+    return commands.Basic.Properties(**values)
+
+
+def _header_payload(props: commands.Basic.Properties, body_size: int = 0) -> bytes:
+    return build_content_header(body_size, props.marshal())
+
+
+def _method_payload(method: Any, channel: int = 1) -> bytes:
+    """pamqp's frame for ``method``, less frame header, class/method id and end octet."""
+    return pframe.marshal(method, channel)[11:-1]
+
+
+def _unmarshal_one(data: bytes) -> tuple[int, Any]:
+    consumed, channel, value = pframe.unmarshal(data)
+    assert consumed == len(data)
+    return channel, value
+
+
+class _UncheckedPublish(commands.Basic.Publish):
+    """Basic.Publish without pamqp's client-side name rules (ASCII subset, 127 chars), which a broker must
+    not apply: any short string is a valid exchange name or routing key on the wire."""
+
+    def validate(self) -> None:
+        pass
+
+
+# -- basic.publish -----------------------------------------------------------------------------------------
+
+@SETTINGS
+@given(exchange=short_text, routing_key=short_text, mandatory=st.booleans(), immediate=st.booleans(),
+       ticket=st.integers(0, 65535))
+def test_decode_basic_publish_matches_pamqp(exchange: str, routing_key: str, mandatory: bool,
+                                            immediate: bool, ticket: int) -> None:
+    method = _UncheckedPublish(ticket=ticket, exchange=exchange, routing_key=routing_key,
+                               mandatory=mandatory, immediate=immediate)
+    args = _method_payload(method)
+    # pamqp itself reads back what it wrote.
+    _, back = _unmarshal_one(pframe.marshal(method, 1))
+    assert (back.exchange, back.routing_key, back.mandatory, back.immediate) == \
+        (exchange, routing_key, mandatory, immediate)
+
+    got = decode_basic_publish(args)
+    assert isinstance(got, PublishArgs)
+    assert got.exchange == exchange
+    assert got.routing_key == routing_key
+    assert got.mandatory is mandatory
+    assert got.immediate is immediate
+    assert got.names_raw == shortstr(exchange) + shortstr(routing_key)
+    assert bytes(got.names_raw) == args[2:-1]
+
+
+@SETTINGS
+@given(exchange=short_text, routing_key=short_text, bits=st.integers(0, 3), data=st.data())
+def test_truncated_basic_publish_is_a_frame_error(exchange: str, routing_key: str, bits: int,
+                                                  data: st.DataObject) -> None:
+    args = b"\x00\x00" + shortstr(exchange) + shortstr(routing_key) + bytes([bits])
+    cut = data.draw(st.integers(0, len(args) - 1), label="cut")
+    with pytest.raises(FrameError) as info:
+        decode_basic_publish(args[:cut])
+    assert info.value.reply_code == FRAME_ERROR
+
+
+@pytest.mark.parametrize("args", [
+    b"\x00\x00\x02\xff\xfe\x00\x00",          # exchange not UTF-8
+    b"\x00\x00\x00\x03ab\xc3\x00",            # routing key ends inside a UTF-8 sequence
+])
+def test_basic_publish_with_non_utf8_names_is_a_frame_error(args: bytes) -> None:
+    with pytest.raises(FrameError):
+        decode_basic_publish(args)
+
+
+def test_basic_publish_ignores_higher_bits_and_trailing_bytes() -> None:
+    got = decode_basic_publish(b"\x00\x00\x01e\x01r\xfd" + b"junk")
+    assert (got.exchange, got.routing_key, got.mandatory, got.immediate) == ("e", "r", True, False)
+    assert got.names_raw == b"\x01e\x01r"
+
+
+# -- basic.ack / nack / reject in --------------------------------------------------------------------------
+
+@SETTINGS
+@given(tag=delivery_tags, multiple=st.booleans())
+def test_decode_ack_matches_pamqp(tag: int, multiple: bool) -> None:
+    assert decode_ack(_method_payload(commands.Basic.Ack(delivery_tag=tag, multiple=multiple))) == \
+        (tag, multiple)
+
+
+@SETTINGS
+@given(tag=delivery_tags, multiple=st.booleans(), requeue=st.booleans())
+def test_decode_nack_matches_pamqp(tag: int, multiple: bool, requeue: bool) -> None:
+    payload = _method_payload(commands.Basic.Nack(delivery_tag=tag, multiple=multiple, requeue=requeue))
+    assert decode_nack(payload) == (tag, multiple, requeue)
+
+
+@SETTINGS
+@given(tag=delivery_tags, requeue=st.booleans())
+def test_decode_reject_matches_pamqp(tag: int, requeue: bool) -> None:
+    assert decode_reject(_method_payload(commands.Basic.Reject(delivery_tag=tag, requeue=requeue))) == \
+        (tag, requeue)
+
+
+def test_delivery_tags_are_unsigned() -> None:
+    args = struct.pack(">QB", 2**64 - 1, 3)
+    assert decode_ack(args) == (2**64 - 1, True)
+    assert decode_nack(args) == (2**64 - 1, True, True)
+    assert decode_reject(args) == (2**64 - 1, True)
+
+
+@pytest.mark.parametrize("decode", [decode_ack, decode_nack, decode_reject])
+@pytest.mark.parametrize("length", range(9))
+def test_truncated_ack_nack_reject_is_a_frame_error(decode: Any, length: int) -> None:
+    with pytest.raises(FrameError) as info:
+        decode(struct.pack(">QB", 12345, 3)[:length])
+    assert info.value.reply_code == FRAME_ERROR
+
+
+# -- frames out, read back by pamqp ------------------------------------------------------------------------
+
+@SETTINGS
+@given(channel=channels, consumer_tag=short_text, tag=delivery_tags, redelivered=st.booleans(),
+       exchange=short_text, routing_key=short_text)
+def test_encode_basic_deliver(channel: int, consumer_tag: str, tag: int, redelivered: bool, exchange: str,
+                              routing_key: str) -> None:
+    data = encode_basic_deliver(channel, shortstr(consumer_tag), tag, redelivered,
+                                shortstr(exchange) + shortstr(routing_key))
+    got_channel, method = _unmarshal_one(data)
+    assert got_channel == channel
+    assert isinstance(method, commands.Basic.Deliver)
+    assert (method.consumer_tag, method.delivery_tag, method.redelivered, method.exchange,
+            method.routing_key) == (consumer_tag, tag, redelivered, exchange, routing_key)
+
+
+@SETTINGS
+@given(channel=channels, tag=delivery_tags, redelivered=st.booleans(), exchange=short_text,
+       routing_key=short_text, message_count=st.integers(0, 2**32 - 1))
+def test_encode_basic_get_ok(channel: int, tag: int, redelivered: bool, exchange: str, routing_key: str,
+                             message_count: int) -> None:
+    data = encode_basic_get_ok(channel, tag, redelivered, shortstr(exchange) + shortstr(routing_key),
+                               message_count)
+    got_channel, method = _unmarshal_one(data)
+    assert got_channel == channel
+    assert isinstance(method, commands.Basic.GetOk)
+    assert (method.delivery_tag, method.redelivered, method.exchange, method.routing_key,
+            method.message_count) == (tag, redelivered, exchange, routing_key, message_count)
+
+
+@pytest.mark.parametrize("channel", [0, 1, 65535])
+def test_encode_basic_get_empty(channel: int) -> None:
+    data = encode_basic_get_empty(channel)
+    got_channel, method = _unmarshal_one(data)
+    assert got_channel == channel
+    assert isinstance(method, commands.Basic.GetEmpty)
+    assert method.cluster_id == ""
+    assert data == pframe.marshal(commands.Basic.GetEmpty(), channel)
+
+
+@SETTINGS
+@given(channel=channels, reply_code=st.integers(0, 65535), reply_text=short_text, exchange=short_text,
+       routing_key=short_text)
+def test_encode_basic_return(channel: int, reply_code: int, reply_text: str, exchange: str,
+                             routing_key: str) -> None:
+    data = encode_basic_return(channel, reply_code, reply_text, shortstr(exchange) + shortstr(routing_key))
+    got_channel, method = _unmarshal_one(data)
+    assert got_channel == channel
+    assert isinstance(method, commands.Basic.Return)
+    assert (method.reply_code, method.reply_text, method.exchange, method.routing_key) == \
+        (reply_code, reply_text, exchange, routing_key)
+
+
+@SETTINGS
+@given(channel=channels, tag=delivery_tags, multiple=st.booleans())
+def test_encode_basic_ack(channel: int, tag: int, multiple: bool) -> None:
+    data = encode_basic_ack(channel, tag, multiple)
+    got_channel, method = _unmarshal_one(data)
+    assert got_channel == channel
+    assert isinstance(method, commands.Basic.Ack)
+    assert (method.delivery_tag, method.multiple) == (tag, multiple)
+    assert data == pframe.marshal(commands.Basic.Ack(delivery_tag=tag, multiple=multiple), channel)
+
+
+@SETTINGS
+@given(channel=channels, tag=delivery_tags, multiple=st.booleans(), requeue=st.booleans())
+def test_encode_basic_nack(channel: int, tag: int, multiple: bool, requeue: bool) -> None:
+    data = encode_basic_nack(channel, tag, multiple, requeue)
+    got_channel, method = _unmarshal_one(data)
+    assert got_channel == channel
+    assert isinstance(method, commands.Basic.Nack)
+    assert (method.delivery_tag, method.multiple, method.requeue) == (tag, multiple, requeue)
+    assert data == pframe.marshal(commands.Basic.Nack(delivery_tag=tag, multiple=multiple,
+                                                      requeue=requeue), channel)
+
+
+def test_encode_basic_nack_requeue_defaults_to_false() -> None:
+    assert encode_basic_nack(1, 5, True) == encode_basic_nack(1, 5, True, False)
+
+
+def test_shortstr() -> None:
+    assert shortstr("") == b"\x00"
+    assert shortstr("é") == b"\x02\xc3\xa9"
+    assert shortstr(b"raw") == b"\x03raw"
+    assert shortstr("x" * 255) == b"\xff" + b"x" * 255
+    with pytest.raises(ValueError):
+        shortstr("x" * 256)
+    with pytest.raises(ValueError):
+        shortstr("é" * 128)
+
+
+# -- content header and body -------------------------------------------------------------------------------
+
+def _frames_of(pieces: list[Any], frame_max: int) -> list[tuple[int, int, bytes]]:
+    data = b"".join(pieces)
+    parser = FrameParser(frame_max=frame_max, expect_header=False)
+    frames = parser.feed(data)
+    assert parser.buffered == 0
+    # Every frame, header and end octet included, fits in frame_max.
+    pos = 0
+    for _, _, payload in frames:
+        size = struct.unpack_from(">I", data, pos + 3)[0]
+        assert size == len(payload)
+        if frame_max:
+            assert 7 + size + 1 <= frame_max
+        pos += 7 + size + 1
+    assert pos == len(data)
+    return frames
+
+
+@SETTINGS
+@given(channel=channels, props=basic_properties(),
+       body=st.one_of(st.binary(max_size=2000),
+                      st.integers(0, 70000).map(lambda n: (bytes(range(256)) * 274)[:n])),
+       frame_max=st.one_of(st.just(0), st.integers(4096, 20000), st.sampled_from([4096, 8192, 131072])))
+def test_encode_content(channel: int, props: commands.Basic.Properties, body: bytes, frame_max: int) -> None:
+    header_payload = _header_payload(props, len(body))
+    assume(not frame_max or len(header_payload) + FRAME_OVERHEAD <= frame_max)
+    frames = _frames_of(encode_content(channel, header_payload, body, frame_max), frame_max)
+
+    assert frames[0] == (FRAME_HEADER, channel, header_payload)
+    bodies = frames[1:]
+    assert all(t == FRAME_BODY and c == channel for t, c, _ in bodies)
+    assert b"".join(p for _, _, p in bodies) == body
+    assert all(p for _, _, p in bodies)  # no empty body frame
+    chunk = frame_max - FRAME_OVERHEAD if frame_max else max(len(body), 1)
+    assert len(bodies) == -(-len(body) // chunk)
+    # Every body frame but the last is full.
+    assert all(len(p) == chunk for _, _, p in bodies[:-1])
+
+    # pamqp reads the header frame the same way.
+    data = b"".join(encode_content(channel, header_payload, body, frame_max))
+    consumed, got_channel, content_header = pframe.unmarshal(data)
+    assert got_channel == channel
+    assert isinstance(content_header, pheader.ContentHeader)
+    assert content_header.body_size == len(body)
+    assert consumed == 7 + len(header_payload) + 1
+
+
+@pytest.mark.parametrize("frame_max, size, frames", [
+    (4096, 0, 0), (4096, 1, 1), (4096, 4088, 1), (4096, 4089, 2), (4096, 8176, 2), (4096, 8177, 3),
+    (0, 10 * 1024 * 1024, 1),
+])
+def test_encode_content_boundaries(frame_max: int, size: int, frames: int) -> None:
+    body = b"b" * size
+    header_payload = build_content_header(size, b"\x00\x00")
+    got = _frames_of(encode_content(7, header_payload, body, frame_max), frame_max)
+    assert len(got) == 1 + frames
+    assert b"".join(p for _, _, p in got[1:]) == body
+
+
+# -- properties --------------------------------------------------------------------------------------------
+
+def _expected(props: commands.Basic.Properties, name: str) -> Any:
+    value = getattr(props, name)
+    return None if value == "" else value
+
+
+@SETTINGS
+@given(props=basic_properties(), body_size=st.integers(0, 2**64 - 1))
+def test_scan_properties_matches_pamqp(props: commands.Basic.Properties, body_size: int) -> None:
+    payload = _header_payload(props, body_size)
+    assert decode_content_header(payload) == body_size
+    assert body_size_of(payload) == body_size
+
+    scanned = scan_properties(payload)
+    assert scanned.delivery_mode == (props.delivery_mode or 0)
+    assert scanned.priority == (props.priority or 0)
+    assert scanned.expiration == _expected(props, "expiration")
+    assert scanned.reply_to == _expected(props, "reply_to")
+    assert scanned.user_id == _expected(props, "user_id")
+    if props.headers is None:
+        assert scanned.headers_span is None
+    else:
+        assert scanned.headers_span is not None
+    assert decode_headers(payload, scanned.headers_span) == (props.headers or {})
+
+    # pamqp's reading of the same payload agrees, and so does decode_properties.
+    content_header = pheader.ContentHeader()
+    content_header.unmarshal(payload)
+    assert content_header.body_size == body_size
+    assert content_header.properties.headers == props.headers
+    decoded = decode_properties(payload)
+    for name in PROPERTY_NAMES:
+        assert getattr(decoded, name) == _expected(props, name), name
+
+
+def test_scan_properties_without_properties() -> None:
+    scanned = scan_properties(build_content_header(5, b"\x00\x00"))
+    assert (scanned.delivery_mode, scanned.priority, scanned.expiration, scanned.reply_to, scanned.user_id,
+            scanned.headers_span) == (0, 0, None, None, None, None)
+    assert decode_headers(build_content_header(5, b"\x00\x00"), None) == {}
+
+
+def test_headers_span_locates_the_raw_table() -> None:
+    props = commands.Basic.Properties(content_type="text/plain", headers={"x-match": "all", "n": 1})
+    payload = _header_payload(props)
+    start, end = scan_properties(payload).headers_span
+    table = payload[start:end]
+    assert struct.unpack(">I", table[:4])[0] == len(table) - 4
+    assert start == 14 + 1 + len("text/plain")
+
+
+def test_decode_content_header_checks_class_and_length() -> None:
+    assert decode_content_header(struct.pack(">HHQ", CLASS_BASIC, 0, 42) + b"\x00\x00") == 42
+    with pytest.raises(FrameError):
+        decode_content_header(struct.pack(">HHQ", 50, 0, 42) + b"\x00\x00")
+    for n in range(12):
+        with pytest.raises(FrameError):
+            decode_content_header(struct.pack(">HHQ", CLASS_BASIC, 0, 42)[:n])
+
+
+@SETTINGS
+@given(props=basic_properties(min_present=1), data=st.data())
+def test_truncated_content_header_is_a_frame_error(props: commands.Basic.Properties,
+                                                   data: st.DataObject) -> None:
+    payload = _header_payload(props, 10)
+    cut = data.draw(st.integers(0, len(payload) - 1), label="cut")
+    with pytest.raises(FrameError) as info:
+        scan_properties(payload[:cut])
+    assert info.value.reply_code == FRAME_ERROR
+
+
+@pytest.mark.parametrize("props_raw", [
+    struct.pack(">H", 1 << 9) + b"\x02\xff\xfe",                      # reply_to not UTF-8
+    struct.pack(">H", 1 << 8) + b"\x01\x80",                          # expiration not UTF-8
+    struct.pack(">H", 1 << 4) + b"\x03ab\xe2",                        # user_id cut inside a character
+    struct.pack(">H", 1 << 13) + b"\xff\xff\xff\xff",                # headers table longer than the frame
+    struct.pack(">H", 1 << 6) + b"\x00" * 7,                          # timestamp short of a byte
+    struct.pack(">H", (1 << 12) | (1 << 11)) + b"\x02",               # priority missing
+])
+def test_malformed_properties_are_a_frame_error(props_raw: bytes) -> None:
+    with pytest.raises(FrameError):
+        scan_properties(build_content_header(0, props_raw))
+
+
+def test_malformed_headers_table_is_a_frame_error() -> None:
+    table = b"\x01k" + b"?" + b"\x00\x00"          # unknown field type '?'
+    payload = build_content_header(0, struct.pack(">H", 1 << 13) + struct.pack(">I", len(table)) + table)
+    span = scan_properties(payload).headers_span
+    with pytest.raises(FrameError):
+        decode_headers(payload, span)
+
+
+_REPLACEMENTS: dict[str, st.SearchStrategy[Any]] = {
+    name: st.one_of(st.none(), strategy) for name, strategy in PROPERTY_STRATEGIES.items()
+}
+
+
+@SETTINGS
+@given(props=basic_properties(), body_size=st.integers(0, 2**40), data=st.data())
+def test_with_properties_changes_one_property_and_keeps_the_rest(
+        props: commands.Basic.Properties, body_size: int, data: st.DataObject) -> None:
+    payload = _header_payload(props, body_size)
+    name = data.draw(st.sampled_from(PROPERTY_NAMES), label="property")
+    value = data.draw(_REPLACEMENTS[name], label="new value")
+
+    out = with_properties(payload, **{name: value})
+    assert decode_content_header(out) == body_size
+    assert out[:12] == payload[:12]
+    decoded = decode_properties(out)
+    for other in PROPERTY_NAMES:
+        want = value if other == name else _expected(props, other)
+        assert getattr(decoded, other) == (None if want == "" else want), other
+
+    scanned = scan_properties(out)
+    if name == "reply_to":
+        assert scanned.reply_to == (value or None)
+    else:
+        assert scanned.reply_to == _expected(props, "reply_to")
+    want_headers = value if name == "headers" else props.headers
+    assert decode_headers(out, scanned.headers_span) == (want_headers or {})
+
+
+def test_with_properties_direct_reply_to_rewrite() -> None:
+    props = commands.Basic.Properties(content_type="application/json", delivery_mode=2,
+                                      reply_to="amq.rabbitmq.reply-to", correlation_id="c1",
+                                      headers={"a": [1, "two", {"three": True}]})
+    payload = _header_payload(props, 99)
+    out = with_properties(payload, reply_to="amq.rabbitmq.reply-to.g1h2AA==.abc")
+    scanned = scan_properties(out)
+    assert scanned.reply_to == "amq.rabbitmq.reply-to.g1h2AA==.abc"
+    assert scanned.delivery_mode == 2
+    assert decode_headers(out, scanned.headers_span) == {"a": [1, "two", {"three": True}]}
+    assert decode_properties(out).correlation_id == "c1"
+    assert body_size_of(out) == 99
+
+
+def _headers_payload(table_body: bytes) -> bytes:
+    return build_content_header(3, struct.pack(">H", 1 << 13) + struct.pack(">I", len(table_body))
+                                + table_body)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: with_properties raises TypeError (not FrameError) when the headers table holds a long "
+    "string that is not UTF-8: pamqp decodes it to bytes and cannot re-encode bytes"
+))
+def test_with_properties_keeps_binary_long_string_header() -> None:
+    payload = _headers_payload(b"\x01k" + b"S" + struct.pack(">I", 2) + b"\xff\xfe")
+    assert decode_headers(payload, scan_properties(payload).headers_span) == {"k": b"\xff\xfe"}
+    out = with_properties(payload, reply_to="x")
+    assert decode_headers(out, scan_properties(out).headers_span) == {"k": b"\xff\xfe"}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: with_properties re-encodes a double ('d') header as a 32-bit float ('f') through pamqp, "
+    "changing its value"
+))
+def test_with_properties_keeps_double_header() -> None:
+    payload = _headers_payload(b"\x01d" + b"d" + struct.pack(">d", 0.1))
+    out = with_properties(payload, reply_to="x")
+    assert decode_headers(out, scan_properties(out).headers_span) == {"d": 0.1}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: with_properties divides a timestamp above 2**32 by 1000 (pamqp takes it for milliseconds) "
+    "and writes it back in seconds"
+))
+def test_with_properties_keeps_large_timestamp() -> None:
+    payload = build_content_header(3, struct.pack(">HQ", 1 << 6, 1_700_000_000_123))
+    out = with_properties(payload, reply_to="x")
+    assert out[-8:] == struct.pack(">Q", 1_700_000_000_123)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: decode_properties (and so with_properties) accepts a content header cut inside its last "
+    "short-string property: pamqp's decoder slices without checking length"
+))
+def test_decode_properties_refuses_truncated_header() -> None:
+    payload = build_content_header(1, commands.Basic.Properties(app_id="abcdef").marshal())
+    with pytest.raises(FrameError):
+        scan_properties(payload[:-2])          # the scanner sees it
+    with pytest.raises(FrameError):
+        decode_properties(payload[:-2])        # returns app_id "abcd"
