@@ -8,10 +8,12 @@ import os
 from typing import TYPE_CHECKING, Any, Callable
 
 from broker.errors import AMQPError
+from broker.queue_args import QueueSettings, effective_settings, validate_arguments
 from broker.queue_process import QueueProcess
 from protocol.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED
 from storage.backing_queue import BackingQueue
 from storage.memory_queue import MemoryBackingQueue
+from storage.priority_queue import PriorityBackingQueue
 
 if TYPE_CHECKING:
     from broker.reader import Reader
@@ -44,6 +46,10 @@ def _arg_value(arguments: dict[str, Any], key: str) -> Any:
     if isinstance(value, bytes):
         return value.decode(errors="replace")
     return value
+
+
+def _message_priority(msg: Any) -> int:
+    return msg.props.priority
 
 
 class QueueRegistry:
@@ -86,6 +92,7 @@ class QueueRegistry:
         """(queue, created). Applies RabbitMQ's checks in its order: reserved names, passive, equivalence."""
         if passive:
             return self.lookup(name, reader), False
+        validate_arguments(arguments, name, self.vhost.name)
         if name.startswith("amq.") and not server_named:
             raise AMQPError(ACCESS_REFUSED,
                             f"queue name '{name}' contains reserved prefix 'amq.*'")
@@ -93,15 +100,28 @@ class QueueRegistry:
         if existing is not None:
             self.check_exclusive_access(existing, reader, strict=exclusive)
             self._assert_equivalence(existing, durable, exclusive, auto_delete, arguments)
+            existing.reset_expiry_timer()  # a redeclare renews an x-expires lease
             return existing, False
         if exclusive:
             durable = False  # RabbitMQ ignores durable on exclusive queues
+        if arguments.get("x-queue-type") in ("quorum", b"quorum"):
+            where = f"queue '{name}' in vhost '{self.vhost.name}'"
+            if not durable or exclusive:
+                raise AMQPError(PRECONDITION_FAILED, f"invalid property '{'exclusive' if exclusive else 'non-durable'}'"
+                                f" for {where}")
+        settings = effective_settings(arguments, *self.vhost.policies_for_queue(name))
         q = QueueProcess(self.vhost, name, durable, reader if exclusive else None, auto_delete, arguments,
-                         self._make_bq(name=name, durable=durable))
+                         self._new_backing_queue(name, durable, settings), settings)
         self._queues[name] = q
         if exclusive:
             reader.exclusive_queues.append(q)
         return q, True
+
+    def _new_backing_queue(self, name: str, durable: bool, settings: QueueSettings) -> BackingQueue:
+        if settings.max_priority:
+            return PriorityBackingQueue(settings.max_priority, _message_priority,
+                                        lambda p: self._make_bq(name=name, durable=durable, priority=p))
+        return self._make_bq(name=name, durable=durable)
 
     def _assert_equivalence(self, q: QueueProcess, durable: bool, exclusive: bool, auto_delete: bool,
                             arguments: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import os
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from pamqp import commands as spec
@@ -43,9 +44,12 @@ if TYPE_CHECKING:
 REPLY_TO = "amq.rabbitmq.reply-to"
 REPLY_TO_PREFIX = REPLY_TO + "."
 # Content-header flag bits that make the broker look at the properties of a publish.
+_FLAG_HEADERS = 1 << 13
 _FLAG_DELIVERY_MODE = 1 << 12
 _FLAG_REPLY_TO = 1 << 9
+_FLAG_EXPIRATION = 1 << 8
 _FLAG_USER_ID = 1 << 4
+_FLAGS_TO_READ = _FLAG_HEADERS | _FLAG_DELIVERY_MODE | _FLAG_REPLY_TO | _FLAG_EXPIRATION | _FLAG_USER_ID
 
 
 def _random_tag(prefix: str) -> str:
@@ -173,7 +177,7 @@ class Channel:
         self._header = None
         self._body_parts = []
         self._body_received = 0
-        msg = Message(args.exchange, args.routing_key, args.names_raw, header, body)
+        msg = Message(args.exchange, args.routing_key, args.names_raw, header, body, time.time() * 1000.0)
         self.basic_publish(args, msg)
 
     # -- publishing ------------------------------------------------------------------------------------
@@ -183,36 +187,74 @@ class Channel:
         exchange = self.vhost.check_publishable(args.exchange)
         flags = (msg.header[12] << 8) | msg.header[13] if len(msg.header) >= 14 else 0
         persistent = False
-        if flags & (_FLAG_DELIVERY_MODE | _FLAG_REPLY_TO | _FLAG_USER_ID):
-            props = msg.props
-            persistent = props.delivery_mode == 2
-            if props.user_id is not None and props.user_id != self.reader.user.name \
-                    and "impersonator" not in self.reader.user.tags:
-                raise AMQPError(PRECONDITION_FAILED, f"user_id property set to '{props.user_id}' but "
-                                f"authenticated user was '{self.reader.user.name}'", CLASS_BASIC, 40)
-            if props.reply_to == REPLY_TO:
-                if self.reply_consumer is None:
-                    raise AMQPError(PRECONDITION_FAILED, "fast reply consumer does not exist", CLASS_BASIC, 40)
-                msg.replace_header(with_properties(msg.header,
-                                                   reply_to=REPLY_TO_PREFIX + self.reply_consumer.key))
+        if flags & _FLAGS_TO_READ:
+            persistent = self._read_properties(msg, flags)
         if self.tx is not None:
             self.tx.append(("publish", (exchange, args, msg, persistent)))
             return
         self._route(exchange, args, msg, persistent)
 
+    def _read_properties(self, msg: Message, flags: int) -> bool:
+        """Act on the properties that matter to the broker; returns whether the message is persistent."""
+        props = msg.props
+        if props.user_id is not None and props.user_id != self.reader.user.name \
+                and "impersonator" not in self.reader.user.tags:
+            raise AMQPError(PRECONDITION_FAILED, f"user_id property set to '{props.user_id}' but "
+                            f"authenticated user was '{self.reader.user.name}'", CLASS_BASIC, 40)
+        if props.expiration is not None:
+            try:
+                ttl = int(props.expiration)
+                if ttl < 0 or not props.expiration.isdigit():
+                    raise ValueError
+            except ValueError:
+                raise AMQPError(PRECONDITION_FAILED, f"invalid expiration '{props.expiration}'",
+                                CLASS_BASIC, 40) from None
+            msg.expiration_ms = ttl
+        if props.headers_span is not None:
+            start, end = props.headers_span
+            raw = msg.header[start:end]
+            if b"\x02CC" in raw or b"\x03BCC" in raw:
+                self._sender_selected(msg)
+        if props.reply_to == REPLY_TO:
+            if self.reply_consumer is None:
+                raise AMQPError(PRECONDITION_FAILED, "fast reply consumer does not exist", CLASS_BASIC, 40)
+            msg.replace_header(with_properties(msg.header,
+                                               reply_to=REPLY_TO_PREFIX + self.reply_consumer.key))
+        return props.delivery_mode == 2
+
+    @staticmethod
+    def _sender_selected(msg: Message) -> None:
+        """CC and BCC headers add routing keys; BCC is removed before anyone sees the message."""
+        headers = msg.headers
+        keys: list[str] = []
+        for name in ("CC", "BCC"):
+            value = headers.get(name)
+            if isinstance(value, (list, tuple)):
+                keys.extend(v.decode(errors="replace") if isinstance(v, (bytes, bytearray)) else str(v)
+                            for v in value)
+        if keys:
+            msg.extra_keys = keys
+        if "BCC" in headers:
+            extra = msg.extra_keys
+            msg.replace_header(with_properties(msg.header, headers_remove=["BCC"]))
+            msg.extra_keys = extra
+
     def _route(self, exchange: Any, args: PublishArgs, msg: Message, persistent: bool) -> None:
         if self.confirm:
             self.publish_seq += 1
+        accepted = True
         if exchange.name == "" and msg.routing_key.startswith(REPLY_TO_PREFIX):
             routed = self.reader.node.deliver_reply(msg)
         else:
             queues = self.vhost.route(exchange, msg)
-            routed = delegate.deliver(queues, msg, persistent) if queues else 0
+            routed = len(queues)
+            if queues:
+                accepted = delegate.deliver(queues, msg, persistent)
         if not routed and args.mandatory:
             self.reader.send(fastcodec.encode_basic_return(self.id, NO_ROUTE, "NO_ROUTE", args.names_raw))
             self.reader.send_content(self.id, msg.header, msg.body)
         if self.confirm:
-            self._confirm_acks.append(self.publish_seq)
+            (self._confirm_acks if accepted else self._confirm_nacks).append(self.publish_seq)
             self.reader.confirms_pending(self)
 
     def flush_confirms(self) -> None:

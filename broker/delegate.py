@@ -14,8 +14,12 @@ if TYPE_CHECKING:
     from broker.queue_process import QueueProcess
 
 
-def deliver(queues: list["QueueProcess"], msg: Message, persistent: bool) -> int:
-    """Give ``msg`` to each queue; returns how many queues accepted it."""
+def deliver(queues: list["QueueProcess"], msg: Message, persistent: bool) -> bool:
+    """Give ``msg`` to each queue (a persistent message stays persistent only in durable queues).
+    Returns False if any queue refused it (overflow reject-publish): its publisher is then nacked,
+    while the queues that took it keep their copy."""
+    accepted = True
     for q in queues:
-        q.deliver_or_enqueue(msg, persistent)
-    return len(queues)
+        if not q.deliver_or_enqueue(msg, persistent and q.durable):
+            accepted = False
+    return accepted

@@ -1,6 +1,6 @@
 """Exchanges and their routing: direct, fanout, topic (a trie) and headers.
 
-An exchange's ``route(msg, queues, exchanges)`` adds the names of the queues and exchanges its bindings
+An exchange's ``route(routing_key, msg, queues, exchanges)`` adds the names of the queues and exchanges its bindings
 select to two sets; following exchange-to-exchange bindings and alternate exchanges is the vhost's job,
 since it needs the other exchanges. Bindings are plain records; an exchange keeps them in whatever index
 makes its own routing fast.
@@ -86,7 +86,7 @@ class Exchange:
     def _index_remove(self, binding: Binding) -> None:
         raise NotImplementedError
 
-    def route(self, msg: Message, queues: set[str], exchanges: set[str]) -> None:
+    def route(self, routing_key: str, msg: Message, queues: set[str], exchanges: set[str]) -> None:
         raise NotImplementedError
 
 
@@ -125,8 +125,8 @@ class DirectExchange(Exchange):
         same_key = (b for b in self.bindings.values() if b.routing_key == binding.routing_key)
         _remove_from(self._routes, binding.routing_key, binding, same_key)
 
-    def route(self, msg: Message, queues: set[str], exchanges: set[str]) -> None:
-        entry = self._routes.get(msg.routing_key)
+    def route(self, routing_key: str, msg: Message, queues: set[str], exchanges: set[str]) -> None:
+        entry = self._routes.get(routing_key)
         if entry is not None:
             queues |= entry[0]
             if entry[1]:
@@ -146,7 +146,7 @@ class FanoutExchange(Exchange):
     def _index_remove(self, binding: Binding) -> None:
         _remove_from(self._all, None, binding, self.bindings.values())
 
-    def route(self, msg: Message, queues: set[str], exchanges: set[str]) -> None:
+    def route(self, routing_key: str, msg: Message, queues: set[str], exchanges: set[str]) -> None:
         entry = self._all.get(None)
         if entry is not None:
             queues |= entry[0]
@@ -235,8 +235,8 @@ class TopicExchange(Exchange):
         exchanges = frozenset(b.destination for b in found if b.kind == EXCHANGE)
         return queues, exchanges
 
-    def route(self, msg: Message, queues: set[str], exchanges: set[str]) -> None:
-        rk = msg.routing_key
+    def route(self, routing_key: str, msg: Message, queues: set[str], exchanges: set[str]) -> None:
+        rk = routing_key
         hit = self._cache.get(rk)
         if hit is None:
             if len(self._cache) > 4096:
@@ -289,7 +289,7 @@ class HeadersExchange(Exchange):
                 return True
         return want_all
 
-    def route(self, msg: Message, queues: set[str], exchanges: set[str]) -> None:
+    def route(self, routing_key: str, msg: Message, queues: set[str], exchanges: set[str]) -> None:
         if not self.bindings:
             return
         headers = msg.headers

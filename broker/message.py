@@ -11,9 +11,11 @@ class Message:
     """One published message. ``header`` is the content header payload as received (properties raw),
     ``names_raw`` the exchange and routing key as two short strings, reused verbatim in basic.deliver."""
 
-    __slots__ = ("exchange", "routing_key", "names_raw", "header", "body", "_props", "_headers")
+    __slots__ = ("exchange", "routing_key", "names_raw", "header", "body", "_props", "_headers",
+                 "published_at", "expiration_ms", "extra_keys")
 
-    def __init__(self, exchange: str, routing_key: str, names_raw: bytes, header: bytes, body: bytes) -> None:
+    def __init__(self, exchange: str, routing_key: str, names_raw: bytes, header: bytes, body: bytes,
+                 published_at: float = 0.0) -> None:
         self.exchange = exchange
         self.routing_key = routing_key
         self.names_raw = names_raw
@@ -21,6 +23,12 @@ class Message:
         self.body = body
         self._props: ScannedProperties | None = None
         self._headers: dict[str, Any] | None = None
+        # Wall-clock ms at publish: per-message and queue TTLs count from here (a requeue keeps it).
+        self.published_at = published_at
+        # The ``expiration`` property in ms, once the channel has parsed it (None: no per-message TTL).
+        self.expiration_ms: int | None = None
+        # CC/BCC routing keys (sender-selected distribution): routed to as well as ``routing_key``.
+        self.extra_keys: list[str] | None = None
 
     @property
     def props(self) -> ScannedProperties:
@@ -39,6 +47,12 @@ class Message:
     @property
     def size(self) -> int:
         return len(self.body)
+
+    def with_header(self, header: bytes) -> "Message":
+        """A copy carrying different properties (the body is shared, not copied)."""
+        m = Message(self.exchange, self.routing_key, self.names_raw, header, self.body, self.published_at)
+        m.expiration_ms = self.expiration_ms
+        return m
 
     def replace_header(self, header: bytes) -> None:
         self.header = header

@@ -2,7 +2,8 @@
 
 Consumers are grouped by priority (``x-priority``, default 0). The next delivery goes to the first consumer
 with room in the highest priority group that has one, and that consumer moves to the back of its group, so
-equal consumers take turns.
+equal consumers take turns. A single-active-consumer queue gives everything to the consumer that came
+first; when it goes, the next in order of arrival takes over.
 """
 
 from __future__ import annotations
@@ -44,12 +45,21 @@ class Consumer:
 
 
 class ConsumerSet:
-    def __init__(self) -> None:
+    def __init__(self, single_active: bool = False) -> None:
         self._groups: dict[int, deque[Consumer]] = {}
         self._priorities: list[int] = []  # descending
         self.count = 0
+        self.single_active = single_active
+        self._arrival: list[Consumer] = []  # in order of arrival, for single active consumer
+
+    @property
+    def active(self) -> Consumer | None:
+        """The single active consumer (None unless the queue has x-single-active-consumer)."""
+        return self._arrival[0] if self.single_active and self._arrival else None
 
     def add(self, consumer: Consumer) -> None:
+        if self.single_active:
+            self._arrival.append(consumer)
         group = self._groups.get(consumer.priority)
         if group is None:
             group = self._groups[consumer.priority] = deque()
@@ -58,6 +68,8 @@ class ConsumerSet:
         self.count += 1
 
     def remove(self, consumer: Consumer) -> bool:
+        if self.single_active and consumer in self._arrival:
+            self._arrival.remove(consumer)
         group = self._groups.get(consumer.priority)
         if group is None:
             return False
@@ -73,6 +85,9 @@ class ConsumerSet:
 
     def next_with_room(self) -> Consumer | None:
         """The consumer to deliver to next, rotated to the back of its group; None if all are full."""
+        if self.single_active:
+            active = self._arrival[0] if self._arrival else None
+            return active if active is not None and active.has_room() else None
         for priority in self._priorities:
             group = self._groups[priority]
             for _ in range(len(group)):

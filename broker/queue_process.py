@@ -1,18 +1,27 @@
 """The queue process: one object per queue, the queue's actor (RabbitMQ's ``rabbit_amqqueue_process``).
 
 It owns the queue's backing queue and consumers. Publishing calls :meth:`deliver_or_enqueue` directly
-(no task, no future); delivery is pull: :meth:`run_message_queue` hands ready messages to consumers with
-room until either runs out, yielding to the event loop after a budget so one busy queue cannot starve
-the rest, and is scheduled again when a consumer gains room or a message arrives.
+(no task, no future), which does the work in the order seed 003 gives: overflow check (reject-publish),
+``attempt_delivery`` to a waiting consumer, else the TTL-0 shortcut or ``publish`` into the backing queue
+followed by ``maybe_drop_head`` and ``drop_expired_msgs``. Delivery is pull: :meth:`run_message_queue`
+hands ready messages to consumers with room until either runs out, yielding to the loop after a budget so
+one busy queue cannot starve the rest.
+
+TTL is enforced at the head only, with one timer per queue (``ensure_ttl_timer``), as RabbitMQ does:
+an expired message behind a live one waits, but is never delivered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Any
 
+from broker import dead_letter
 from broker.message import Message
+from broker.queue_args import QueueSettings
 from broker.queue_consumers import Consumer, ConsumerSet
+from protocol.properties import with_properties
 from storage.backing_queue import BackingQueue
 
 if TYPE_CHECKING:
@@ -23,10 +32,15 @@ if TYPE_CHECKING:
 DELIVERY_BUDGET = 256
 
 
+def now_ms() -> float:
+    return time.time() * 1000.0
+
+
 class QueueStats:
     """Plain-integer counters (seed 004's per-queue statistics), read by metrics at scrape time."""
 
-    __slots__ = ("published", "delivered", "acked", "redelivered", "get", "publishers")
+    __slots__ = ("published", "delivered", "acked", "redelivered", "get", "dead_lettered", "expired",
+                 "dropped", "rejected_publishes")
 
     def __init__(self) -> None:
         self.published = 0
@@ -34,12 +48,16 @@ class QueueStats:
         self.acked = 0
         self.redelivered = 0
         self.get = 0
-        self.publishers = 0
+        self.dead_lettered = 0
+        self.expired = 0
+        self.dropped = 0
+        self.rejected_publishes = 0
 
 
 class QueueProcess:
     def __init__(self, vhost: "VHost", name: str, durable: bool, exclusive_owner: "Reader | None",
-                 auto_delete: bool, arguments: dict[str, Any], bq: BackingQueue) -> None:
+                 auto_delete: bool, arguments: dict[str, Any], bq: BackingQueue,
+                 settings: QueueSettings) -> None:
         self.vhost = vhost
         self.name = name
         self.durable = durable
@@ -47,20 +65,68 @@ class QueueProcess:
         self.auto_delete = auto_delete
         self.arguments = arguments
         self.bq = bq
-        self.consumers = ConsumerSet()
+        self.settings = settings
+        self.consumers = ConsumerSet(single_active=settings.single_active_consumer)
         self.exclusive_consumer: Consumer | None = None
         self.has_had_consumers = False
         self.deleted = False
         self.stats = QueueStats()
+        self.publishers = 0
         self._run_scheduled = False
         self._loop = asyncio.get_event_loop()
+        self._ttl_possible = settings.message_ttl is not None
+        self._ttl_timer: asyncio.TimerHandle | None = None
+        self._ttl_timer_at = 0.0
+        self._expiry_timer: asyncio.TimerHandle | None = None
+        # Returns so far, by seq_id, for queues with a delivery limit (and quorum queues).
+        self._delivery_counts: dict[int, int] | None = (
+            {} if settings.delivery_limit is not None or settings.queue_type == "quorum" else None)
+        self.reset_expiry_timer()
+
+    # -- settings that can change (policies) ---------------------------------------------------------------
+    def apply_settings(self, settings: QueueSettings) -> None:
+        """A policy changed: take the new limits at once (TTL, length, expiry, delivery limit)."""
+        settings.max_priority = self.settings.max_priority
+        settings.single_active_consumer = self.settings.single_active_consumer
+        settings.queue_type = self.settings.queue_type
+        self.settings = settings
+        if settings.message_ttl is not None:
+            self._ttl_possible = True
+        if self._delivery_counts is None and settings.delivery_limit is not None:
+            self._delivery_counts = {}
+        self.reset_expiry_timer()
+        self.maybe_drop_head()
+        self.drop_expired_msgs()
 
     # -- publishing ------------------------------------------------------------------------------------
-    def deliver_or_enqueue(self, msg: Message, persistent: bool) -> None:
-        """Hand a routed message to a waiting consumer, or enqueue it (seed 003's order of work)."""
+    def deliver_or_enqueue(self, msg: Message, persistent: bool) -> bool:
+        """Hand a routed message to a waiting consumer, or enqueue it (seed 003's order of work).
+        Returns False when the queue refuses it (overflow reject-publish): the publisher gets a nack."""
         self.stats.published += 1
-        if not self.attempt_delivery(msg, persistent):
-            self.bq.publish(msg, len(msg.body), persistent)
+        settings = self.settings
+        if settings.overflow != "drop-head" and self._will_overflow(msg):
+            self.stats.rejected_publishes += 1
+            if settings.overflow == "reject-publish-dlx":
+                self.dead_letter_msgs([msg], dead_letter.MAXLEN)
+            return False
+        if self.attempt_delivery(msg, persistent):
+            return True
+        if msg.expiration_ms is not None:
+            self._ttl_possible = True
+        if self._ttl_possible:
+            expires_at = self._expires_at(msg)
+            if expires_at is not None and expires_at <= now_ms():
+                # Nobody could take it now and it may not wait: "deliver now or expire".
+                self.stats.expired += 1
+                if settings.dlx is not None:
+                    self.dead_letter_msgs([msg], dead_letter.EXPIRED)
+                return True
+        self.bq.publish(msg, len(msg.body), persistent)
+        if settings.max_length is not None or settings.max_length_bytes is not None:
+            self.maybe_drop_head()
+        if self._ttl_possible:
+            self.drop_expired_msgs()
+        return True
 
     def attempt_delivery(self, msg: Message, persistent: bool) -> bool:
         """Deliver straight to a consumer when nothing is queued ahead of the message."""
@@ -76,6 +142,124 @@ class QueueProcess:
         self.stats.delivered += 1
         consumer.channel.deliver(consumer, self, seq_id, msg, False)
         return True
+
+    def _will_overflow(self, msg: Message) -> bool:
+        s = self.settings
+        if s.max_length is not None and self.bq.len() >= s.max_length:
+            return True
+        return s.max_length_bytes is not None and self.bq.ready_bytes() + len(msg.body) > s.max_length_bytes
+
+    def maybe_drop_head(self) -> None:
+        """drop-head overflow: drop (or dead-letter, reason maxlen) the oldest ready messages."""
+        s = self.settings
+        if s.overflow != "drop-head" or (s.max_length is None and s.max_length_bytes is None):
+            return
+        bq = self.bq
+        dropped: list[Message] = []
+        while (s.max_length is not None and bq.len() > s.max_length) or \
+                (s.max_length_bytes is not None and bq.ready_bytes() > s.max_length_bytes):
+            got = bq.fetch(False)
+            if got is None:
+                break
+            self._forget(got[0])
+            dropped.append(got[1])
+        if dropped:
+            self.stats.dropped += len(dropped)
+            self.dead_letter_msgs(dropped, dead_letter.MAXLEN)
+
+    # -- TTL -------------------------------------------------------------------------------------------
+    def _expires_at(self, msg: Message) -> float | None:
+        ttl = self.settings.message_ttl
+        mttl = msg.expiration_ms
+        if mttl is not None and (ttl is None or mttl < ttl):
+            ttl = mttl
+        return None if ttl is None else msg.published_at + ttl
+
+    def drop_expired_msgs(self) -> None:
+        """Drop (or dead-letter) expired messages at the head; arm the timer for the next head."""
+        if not self._ttl_possible or self.deleted:
+            return
+        bq = self.bq
+        now = now_ms()
+        expired: list[Message] = []
+        next_expiry = None
+        while True:
+            head = bq.peek()  # type: ignore[attr-defined]
+            if head is None:
+                break
+            expires_at = self._expires_at(head)
+            if expires_at is None:
+                break
+            if expires_at > now:
+                next_expiry = expires_at
+                break
+            got = bq.fetch(False)
+            if got is None:
+                break
+            self._forget(got[0])
+            expired.append(got[1])
+        if expired:
+            self.stats.expired += len(expired)
+            self.dead_letter_msgs(expired, dead_letter.EXPIRED)
+        if next_expiry is not None:
+            self.ensure_ttl_timer(next_expiry)
+
+    def ensure_ttl_timer(self, at_ms: float) -> None:
+        if self._ttl_timer is not None:
+            if self._ttl_timer_at <= at_ms:
+                return
+            self._ttl_timer.cancel()
+        self._ttl_timer_at = at_ms
+        delay = max(0.0, (at_ms - now_ms()) / 1000.0) + 0.001
+        self._ttl_timer = self._loop.call_later(delay, self._ttl_timer_fired)
+
+    def _ttl_timer_fired(self) -> None:
+        self._ttl_timer = None
+        self.drop_expired_msgs()
+
+    # -- queue expiry (x-expires) ------------------------------------------------------------------------
+    def reset_expiry_timer(self) -> None:
+        """Renew the lease of an x-expires queue: on declare, consume, basic.get and policy change."""
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
+        expires = self.settings.expires
+        if expires is not None and not self.deleted:
+            self._expiry_timer = self._loop.call_later(expires / 1000.0, self._expiry_timer_fired)
+
+    def _expiry_timer_fired(self) -> None:
+        self._expiry_timer = None
+        if self.deleted:
+            return
+        if self.consumers.count:
+            self.reset_expiry_timer()  # in use: look again one period later
+            return
+        # An expired queue is deleted with its messages; they are not dead-lettered (RabbitMQ's rule).
+        self.vhost.queues.delete(self, reason="expired")
+
+    # -- dead-lettering ----------------------------------------------------------------------------------
+    def dead_letter_msgs(self, msgs: list[Message], reason: str) -> None:
+        """Republish to the dead-letter exchange, if there is one (at most once, as classic queues do)."""
+        dlx_name = self.settings.dlx
+        if dlx_name is None or not msgs:
+            return
+        vhost = self.vhost
+        exchange = vhost.default_exchange if dlx_name == "" else vhost.exchanges.get(dlx_name)
+        if exchange is None:
+            return
+        now = now_ms()
+        for msg in msgs:
+            dead = dead_letter.make_dead_letter(msg, self.name, reason, dlx_name, self.settings.dlrk, now)
+            queues = vhost.route(exchange, dead)
+            if not queues:
+                continue
+            if reason != dead_letter.REJECTED:
+                deaths = dead_letter.deaths_of(dead)
+                queues = [q for q in queues if not dead_letter.is_cycle(q.name, deaths)]
+            persistent = dead.props.delivery_mode == 2
+            self.stats.dead_lettered += 1
+            for q in queues:
+                q.deliver_or_enqueue(dead, persistent and q.durable)
 
     # -- delivering --------------------------------------------------------------------------------------
     def schedule_run(self) -> None:
@@ -96,6 +280,10 @@ class QueueProcess:
             consumer = consumers.next_with_room()
             if consumer is None:
                 return
+            if self._ttl_possible:
+                self.drop_expired_msgs()
+                if bq.is_empty():
+                    return
             fetched = bq.fetch(not consumer.no_ack)
             if fetched is None:
                 return
@@ -103,13 +291,27 @@ class QueueProcess:
             stats.delivered += 1
             if redelivered:
                 stats.redelivered += 1
-            consumer.channel.deliver(consumer, self, -1 if consumer.no_ack else seq_id, msg, redelivered)
+                if self._delivery_counts is not None:
+                    msg = self._with_delivery_count(seq_id, msg)
+            if consumer.no_ack:
+                self._forget(seq_id)
+                seq_id = -1
+            consumer.channel.deliver(consumer, self, seq_id, msg, redelivered)
             budget -= 1
         if not budget and not bq.is_empty():
             self.schedule_run()
 
+    def _with_delivery_count(self, seq_id: int, msg: Message) -> Message:
+        count = self._delivery_counts.get(seq_id) if self._delivery_counts is not None else None
+        if not count:
+            return msg
+        return msg.with_header(with_properties(msg.header, headers_set={"x-delivery-count": count}))
+
     def basic_get(self, no_ack: bool) -> tuple[int, Message, bool, int] | None:
         """Take one message for basic.get: (seq_id, message, redelivered, ready messages left)."""
+        self.reset_expiry_timer()
+        if self._ttl_possible:
+            self.drop_expired_msgs()
         fetched = self.bq.fetch(not no_ack)
         if fetched is None:
             return None
@@ -117,25 +319,58 @@ class QueueProcess:
         self.stats.get += 1
         if redelivered:
             self.stats.redelivered += 1
+            if self._delivery_counts is not None:
+                msg = self._with_delivery_count(seq_id, msg)
+        if no_ack:
+            self._forget(seq_id)
         return seq_id, msg, redelivered, self.bq.len()
 
     # -- acknowledgements --------------------------------------------------------------------------------
+    def _forget(self, seq_id: int) -> None:
+        if self._delivery_counts:
+            self._delivery_counts.pop(seq_id, None)
+
     def ack(self, seq_ids: list[int]) -> None:
         if self.deleted:
             return
+        if self._delivery_counts:
+            for seq_id in seq_ids:
+                self._delivery_counts.pop(seq_id, None)
         self.stats.acked += len(self.bq.ack(seq_ids))
 
     def requeue(self, seq_ids: list[int]) -> None:
+        """Back to their original places, marked redelivered; over the delivery limit they die instead."""
         if self.deleted:
             return
+        counts = self._delivery_counts
+        if counts is not None:
+            limit = self.settings.delivery_limit
+            over = []
+            for seq_id in seq_ids:
+                n = counts.get(seq_id, 0) + 1
+                counts[seq_id] = n
+                if limit is not None and n > limit:
+                    over.append(seq_id)
+            if over:
+                for seq_id in over:
+                    counts.pop(seq_id, None)
+                self.dead_letter_msgs(self.bq.ack(over), dead_letter.DELIVERY_LIMIT)
+                dead = set(over)
+                seq_ids = [s for s in seq_ids if s not in dead]
         self.bq.requeue(seq_ids)
+        if self._ttl_possible:
+            self.drop_expired_msgs()
         self.schedule_run()
 
     def reject_discard(self, seq_ids: list[int]) -> None:
-        """basic.reject / nack with requeue=false: the messages are dropped (dead-lettering comes later)."""
+        """basic.reject / nack with requeue=false: dead-letter (reason rejected) or drop."""
         if self.deleted:
             return
-        self.bq.ack(seq_ids)
+        if self._delivery_counts:
+            for seq_id in seq_ids:
+                self._delivery_counts.pop(seq_id, None)
+        msgs = self.bq.ack(seq_ids)
+        self.dead_letter_msgs(msgs, dead_letter.REJECTED)
 
     # -- consumers -----------------------------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
@@ -143,6 +378,7 @@ class QueueProcess:
         if consumer.exclusive:
             self.exclusive_consumer = consumer
         self.has_had_consumers = True
+        self.reset_expiry_timer()
         self.schedule_run()
 
     def remove_consumer(self, consumer: Consumer) -> None:
@@ -152,6 +388,9 @@ class QueueProcess:
             self.exclusive_consumer = None
         if self.auto_delete and not self.consumers.count and self.has_had_consumers and not self.deleted:
             self.vhost.queues.delete(self, reason="auto_delete")
+            return
+        self.reset_expiry_timer()
+        self.schedule_run()
 
     # -- queue-wide operations -------------------------------------------------------------------------------
     def message_count(self) -> int:
@@ -163,6 +402,9 @@ class QueueProcess:
     def terminate(self) -> int:
         """The queue is being deleted: cancel consumers (notifying their clients) and drop the messages."""
         self.deleted = True
+        for timer in (self._ttl_timer, self._expiry_timer):
+            if timer is not None:
+                timer.cancel()
         for consumer in list(self.consumers):
             self.consumers.remove(consumer)
             consumer.channel.consumer_cancelled_by_queue(consumer)

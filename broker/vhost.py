@@ -13,6 +13,8 @@ from broker.amqqueue import QueueRegistry
 from broker.errors import AMQPError
 from broker.exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Binding, Exchange
 from broker.message import Message
+from broker.policy import Policy, best_match
+from broker.queue_args import effective_settings
 from protocol.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED
 
 if TYPE_CHECKING:
@@ -35,8 +37,30 @@ class VHost:
         self.queues = QueueRegistry(self)
         # The default exchange is not in ``exchanges``: it cannot be declared, bound or deleted.
         self.default_exchange: Exchange = EXCHANGE_TYPES["direct"]("", durable=True)
+        self.policies: dict[str, Policy] = {}
+        self.operator_policies: dict[str, Policy] = {}
         for ex_name, ex_type in STANDARD_EXCHANGES:
             self.exchanges[ex_name] = EXCHANGE_TYPES[ex_type](ex_name, durable=True)
+
+    # -- policies ----------------------------------------------------------------------------------------
+    def policies_for_queue(self, name: str, queue_type: str = "classic") -> tuple[Policy | None, Policy | None]:
+        return best_match(self.policies, name, queue_type), best_match(self.operator_policies, name, queue_type)
+
+    def set_policy(self, policy: Policy, operator: bool = False) -> None:
+        (self.operator_policies if operator else self.policies)[policy.name] = policy
+        self.apply_policies()
+
+    def clear_policy(self, name: str, operator: bool = False) -> bool:
+        removed = (self.operator_policies if operator else self.policies).pop(name, None) is not None
+        if removed:
+            self.apply_policies()
+        return removed
+
+    def apply_policies(self) -> None:
+        """Policies changed: every queue takes its (possibly new) effective settings at once."""
+        for q in self.queues:
+            q.apply_settings(effective_settings(q.arguments, *self.policies_for_queue(q.name,
+                                                                                      q.settings.queue_type)))
 
     # -- exchanges --------------------------------------------------------------------------------------
     def lookup_exchange(self, name: str) -> Exchange:
@@ -142,15 +166,21 @@ class VHost:
     def route(self, exchange: Exchange, msg: Message) -> list["QueueProcess"]:
         """The queues a message published to ``exchange`` reaches (each once)."""
         if exchange.name == "":
-            q = self.queues.get(msg.routing_key)
-            return [q] if q is not None else []
+            if msg.extra_keys is None:
+                q = self.queues.get(msg.routing_key)
+                return [q] if q is not None else []
+            get = self.queues.get
+            names = {msg.routing_key, *msg.extra_keys}
+            return [q for q in map(get, names) if q is not None]
         queue_names: set[str] = set()
         more: set[str] = set()
-        exchange.route(msg, queue_names, more)
+        keys = (msg.routing_key,) if msg.extra_keys is None else (msg.routing_key, *msg.extra_keys)
+        for key in keys:
+            exchange.route(key, msg, queue_names, more)
         ae = exchange.alternate_exchange
-        if more or (ae and not queue_names):
-            if ae and not queue_names and not more:
-                more.add(ae)
+        if ae and not queue_names and not more:
+            more.add(ae)
+        if more:
             visited = {exchange.name}
             while more:
                 name = more.pop()
@@ -162,7 +192,8 @@ class VHost:
                     continue
                 found_q: set[str] = set()
                 found_x: set[str] = set()
-                ex.route(msg, found_q, found_x)
+                for key in keys:
+                    ex.route(key, msg, found_q, found_x)
                 if not found_q and not found_x and ex.alternate_exchange:
                     found_x.add(ex.alternate_exchange)
                 queue_names |= found_q

@@ -1,0 +1,93 @@
+"""Dead-lettering (RabbitMQ's ``rabbit_dead_letter``): the message a queue republishes to its dead-letter
+exchange, with the ``x-death`` history RabbitMQ 3.13+ writes, and the cycle rule.
+
+``x-death`` is a list of tables, newest first, one per {queue, reason}; a repeat death for the same pair
+increments ``count`` and moves that entry to the front, keeping the ``time``, ``exchange`` and
+``routing-keys`` of the first death. ``x-first-death-*`` are set once, ``x-last-death-*`` every time.
+The message's ``expiration`` is removed (kept as ``original-expiration``); ``BCC`` is always removed, and
+``CC`` too when a dead-letter routing key replaces the original keys.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Any
+
+from broker.message import Message
+from protocol.fastcodec import shortstr
+from protocol.properties import build_content_header, decode_properties
+
+REJECTED, EXPIRED, MAXLEN, DELIVERY_LIMIT = "rejected", "expired", "maxlen", "delivery_limit"
+
+
+def _text_list(value: Any) -> list[str]:
+    if not isinstance(value, (list, tuple)):
+        return []
+    return [v.decode(errors="replace") if isinstance(v, (bytes, bytearray)) else str(v) for v in value]
+
+
+def _text(value: Any) -> Any:
+    return value.decode(errors="replace") if isinstance(value, (bytes, bytearray)) else value
+
+
+def make_dead_letter(msg: Message, queue: str, reason: str, dlx: str, dlrk: str | None,
+                     now: float | None = None) -> Message:
+    """The message to publish to ``dlx`` after ``msg`` died in ``queue`` for ``reason`` (``now`` in ms)."""
+    props = decode_properties(msg.header)
+    headers: dict[str, Any] = dict(props.headers or {})
+    cc = _text_list(headers.get("CC"))
+    headers.pop("BCC", None)
+    death_keys = [msg.routing_key, *cc]
+    stamp = datetime.datetime.fromtimestamp(int((now if now is not None else time.time() * 1000) / 1000),
+                                            tz=datetime.timezone.utc).replace(tzinfo=None)
+    deaths = [dict(d) for d in headers.get("x-death") or [] if isinstance(d, dict)]
+    for i, death in enumerate(deaths):
+        if _text(death.get("queue")) == queue and _text(death.get("reason")) == reason:
+            death["count"] = int(death.get("count", 1)) + 1
+            deaths.insert(0, deaths.pop(i))
+            break
+    else:
+        entry: dict[str, Any] = {"count": 1, "reason": reason, "queue": queue, "time": stamp,
+                                 "exchange": msg.exchange, "routing-keys": death_keys}
+        if props.expiration:
+            entry["original-expiration"] = props.expiration
+        deaths.insert(0, entry)
+    headers["x-death"] = deaths
+    if "x-first-death-queue" not in headers:
+        headers["x-first-death-queue"] = queue
+        headers["x-first-death-reason"] = reason
+        headers["x-first-death-exchange"] = msg.exchange
+    headers["x-last-death-queue"] = queue
+    headers["x-last-death-reason"] = reason
+    headers["x-last-death-exchange"] = msg.exchange
+    if dlrk is not None:
+        headers.pop("CC", None)
+        routing_key = dlrk
+    else:
+        routing_key = msg.routing_key
+    props.headers = headers
+    props.expiration = None
+    header = build_content_header(len(msg.body), props.marshal())
+    out = Message(dlx, routing_key, shortstr(dlx) + shortstr(routing_key), header, msg.body,
+                  now if now is not None else time.time() * 1000)
+    if dlrk is None and cc:
+        out.extra_keys = cc
+    return out
+
+
+def deaths_of(msg: Message) -> list[tuple[str, str]]:
+    """(queue, reason) of each x-death entry, newest first."""
+    return [(_text(d.get("queue")), _text(d.get("reason")))
+            for d in msg.headers.get("x-death") or [] if isinstance(d, dict)]
+
+
+def is_cycle(target_queue: str, deaths: list[tuple[str, str]]) -> bool:
+    """A dead-lettered message that would reach a queue it already died in is dropped, unless one of the
+    deaths since (and including) that one was a rejection: a client kept it alive on purpose."""
+    for queue, reason in deaths:
+        if reason == REJECTED:
+            return False
+        if queue == target_queue:
+            return True
+    return False

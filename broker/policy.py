@@ -1,0 +1,54 @@
+"""Policies and operator policies (RabbitMQ's ``rabbit_policy``): a regex over object names, what kinds of
+object they apply to, a priority, and a definition of keys such as ``message-ttl`` or ``max-length``.
+
+One policy applies per object: the matching one with the highest priority (ties: the name that sorts
+last, as RabbitMQ's sort does). Client arguments beat policy values; operator policy values beat both,
+the lower number winning (see broker/queue_args.py).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+APPLY_TO = ("queues", "classic_queues", "quorum_queues", "streams", "exchanges", "all")
+
+
+@dataclass
+class Policy:
+    name: str
+    pattern: str
+    definition: dict[str, Any]
+    priority: int = 0
+    apply_to: str = "all"
+    vhost: str = "/"
+    _regex: re.Pattern = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.apply_to not in APPLY_TO:
+            raise ValueError(f"'{self.apply_to}' is not a valid apply-to value; expected one of "
+                             f"{', '.join(APPLY_TO)}")
+        try:
+            self._regex = re.compile(self.pattern)
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression '{self.pattern}': {exc}") from None
+
+    def applies_to_queue(self, name: str, queue_type: str = "classic") -> bool:
+        if self.apply_to not in ("queues", "all", f"{queue_type}_queues"):
+            return False
+        return self._regex.search(name) is not None
+
+    def applies_to_exchange(self, name: str) -> bool:
+        return self.apply_to in ("exchanges", "all") and self._regex.search(name) is not None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"vhost": self.vhost, "name": self.name, "pattern": self.pattern, "apply-to": self.apply_to,
+                "definition": self.definition, "priority": self.priority}
+
+
+def best_match(policies: dict[str, Policy], queue_name: str, queue_type: str = "classic") -> Policy | None:
+    matching = [p for p in policies.values() if p.applies_to_queue(queue_name, queue_type)]
+    if not matching:
+        return None
+    return max(matching, key=lambda p: (p.priority, p.name))

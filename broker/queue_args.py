@@ -1,0 +1,156 @@
+"""Queue arguments and policies → the settings a queue process acts on.
+
+A queue's effective settings come from three places, with RabbitMQ's precedence: the client's ``x-``
+arguments beat the policy that matches the queue; an operator policy beats both for the numeric limits it
+sets, the lower number winning. Argument values are checked at declare with RabbitMQ's error texts (406).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from broker.errors import AMQPError
+from protocol.constants import PRECONDITION_FAILED
+
+OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
+QUEUE_TYPES = ("classic", "quorum")
+# Policy keys for queues: (policy key, argument, may an operator policy set it).
+POLICY_KEYS = (
+    ("message-ttl", "x-message-ttl", True),
+    ("expires", "x-expires", True),
+    ("max-length", "x-max-length", True),
+    ("max-length-bytes", "x-max-length-bytes", True),
+    ("overflow", "x-overflow", False),
+    ("dead-letter-exchange", "x-dead-letter-exchange", False),
+    ("dead-letter-routing-key", "x-dead-letter-routing-key", False),
+    ("delivery-limit", "x-delivery-limit", True),
+    ("consumer-timeout", "x-consumer-timeout", False),
+    ("queue-mode", "x-queue-mode", False),
+)
+
+
+def _integer(minimum: int, maximum: int | None = None) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"{{unacceptable_type,{type(value).__name__}}}"
+        if value < minimum:
+            return "{value_zero," + str(value) + "}" if value == 0 else "{value_negative," + str(value) + "}"
+        if maximum is not None and value > maximum:
+            return "{value_too_large," + str(value) + "," + str(maximum) + "}"
+        return None
+    return check
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        v = value.decode() if isinstance(value, bytes) else value
+        if v not in choices:
+            return f"{{unacceptable_value,{v!r}}}; expected one of {', '.join(choices)}"
+        return None
+    return check
+
+
+def _string(value: Any) -> str | None:
+    return None if isinstance(value, (str, bytes)) else f"{{unacceptable_type,{type(value).__name__}}}"
+
+
+def _boolean(value: Any) -> str | None:
+    return None if isinstance(value, bool) else f"{{unacceptable_type,{type(value).__name__}}}"
+
+
+ARGUMENT_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "x-message-ttl": _integer(0),
+    "x-expires": _integer(1),
+    "x-max-length": _integer(0),
+    "x-max-length-bytes": _integer(0),
+    "x-max-priority": _integer(0, 255),
+    "x-overflow": _one_of(OVERFLOW_MODES),
+    "x-dead-letter-exchange": _string,
+    "x-dead-letter-routing-key": _string,
+    "x-single-active-consumer": _boolean,
+    "x-queue-type": _one_of(QUEUE_TYPES),
+    "x-queue-mode": _one_of(("default", "lazy")),
+    "x-delivery-limit": _integer(0),
+    "x-consumer-timeout": _integer(0),
+}
+
+
+def validate_arguments(arguments: dict[str, Any], queue: str, vhost: str) -> None:
+    """406 for an argument Leveret implements whose value RabbitMQ would refuse."""
+    for key, check in ARGUMENT_CHECKS.items():
+        if key in arguments:
+            problem = check(arguments[key])
+            if problem:
+                raise AMQPError(PRECONDITION_FAILED,
+                                f"invalid arg '{key}' for queue '{queue}' in vhost '{vhost}': {problem}")
+    if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
+        raise AMQPError(PRECONDITION_FAILED, "invalid arg 'x-dead-letter-routing-key' for queue "
+                        f"'{queue}' in vhost '{vhost}': Key x-dead-letter-routing-key should be specified "
+                        "together with x-dead-letter-exchange")
+
+
+def _text(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class QueueSettings:
+    """What the queue process enforces. ``None`` means unset (no limit, no TTL, ...)."""
+
+    __slots__ = ("message_ttl", "expires", "max_length", "max_length_bytes", "overflow", "dlx", "dlrk",
+                 "delivery_limit", "max_priority", "single_active_consumer", "consumer_timeout",
+                 "queue_type", "policy", "operator_policy")
+
+    def __init__(self) -> None:
+        self.message_ttl: int | None = None
+        self.expires: int | None = None
+        self.max_length: int | None = None
+        self.max_length_bytes: int | None = None
+        self.overflow = "drop-head"
+        self.dlx: str | None = None
+        self.dlrk: str | None = None
+        self.delivery_limit: int | None = None
+        self.max_priority: int | None = None
+        self.single_active_consumer = False
+        self.consumer_timeout: int | None = None
+        self.queue_type = "classic"
+        self.policy: str | None = None
+        self.operator_policy: str | None = None
+
+    @property
+    def has_limits(self) -> bool:
+        return self.max_length is not None or self.max_length_bytes is not None
+
+
+def effective_settings(arguments: dict[str, Any], policy: Any = None, operator_policy: Any = None
+                       ) -> QueueSettings:
+    """Merge arguments, policy and operator policy (each policy: an object with ``name`` and
+    ``definition``) into the settings, with RabbitMQ's precedence."""
+    values: dict[str, Any] = {}
+    if policy is not None:
+        for key, arg, _op in POLICY_KEYS:
+            if key in policy.definition:
+                values[arg] = policy.definition[key]
+    for key, value in arguments.items():
+        values[key] = value
+    if operator_policy is not None:
+        for key, arg, allowed in POLICY_KEYS:
+            if allowed and key in operator_policy.definition:
+                op_value = operator_policy.definition[key]
+                current = values.get(arg)
+                values[arg] = op_value if not isinstance(current, int) else min(current, op_value)
+    s = QueueSettings()
+    s.message_ttl = values.get("x-message-ttl")
+    s.expires = values.get("x-expires")
+    s.max_length = values.get("x-max-length")
+    s.max_length_bytes = values.get("x-max-length-bytes")
+    s.overflow = _text(values.get("x-overflow", "drop-head"))
+    s.dlx = _text(values.get("x-dead-letter-exchange"))
+    s.dlrk = _text(values.get("x-dead-letter-routing-key"))
+    s.delivery_limit = values.get("x-delivery-limit")
+    s.max_priority = arguments.get("x-max-priority") or None  # never from a policy
+    s.single_active_consumer = bool(arguments.get("x-single-active-consumer", False))
+    s.consumer_timeout = values.get("x-consumer-timeout")
+    s.queue_type = _text(arguments.get("x-queue-type", "classic"))
+    s.policy = getattr(policy, "name", None)
+    s.operator_policy = getattr(operator_policy, "name", None)
+    return s
