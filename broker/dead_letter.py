@@ -16,7 +16,7 @@ from typing import Any
 
 from broker.message import Message
 from protocol.fastcodec import shortstr
-from protocol.properties import build_content_header, decode_properties
+from protocol.properties import with_properties
 
 REJECTED, EXPIRED, MAXLEN, DELIVERY_LIMIT = "rejected", "expired", "maxlen", "delivery_limit"
 
@@ -34,10 +34,9 @@ def _text(value: Any) -> Any:
 def make_dead_letter(msg: Message, queue: str, reason: str, dlx: str, dlrk: str | None,
                      now: float | None = None) -> Message:
     """The message to publish to ``dlx`` after ``msg`` died in ``queue`` for ``reason`` (``now`` in ms)."""
-    props = decode_properties(msg.header)
-    headers: dict[str, Any] = dict(props.headers or {})
+    props = msg.props
+    headers = msg.headers
     cc = _text_list(headers.get("CC"))
-    headers.pop("BCC", None)
     death_keys = [msg.routing_key, *cc]
     stamp = datetime.datetime.fromtimestamp(int((now if now is not None else time.time() * 1000) / 1000),
                                             tz=datetime.timezone.utc).replace(tzinfo=None)
@@ -53,22 +52,22 @@ def make_dead_letter(msg: Message, queue: str, reason: str, dlx: str, dlrk: str 
         if props.expiration:
             entry["original-expiration"] = props.expiration
         deaths.insert(0, entry)
-    headers["x-death"] = deaths
+    changes: dict[str, Any] = {"x-death": deaths}
     if "x-first-death-queue" not in headers:
-        headers["x-first-death-queue"] = queue
-        headers["x-first-death-reason"] = reason
-        headers["x-first-death-exchange"] = msg.exchange
-    headers["x-last-death-queue"] = queue
-    headers["x-last-death-reason"] = reason
-    headers["x-last-death-exchange"] = msg.exchange
+        changes["x-first-death-queue"] = queue
+        changes["x-first-death-reason"] = reason
+        changes["x-first-death-exchange"] = msg.exchange
+    changes["x-last-death-queue"] = queue
+    changes["x-last-death-reason"] = reason
+    changes["x-last-death-exchange"] = msg.exchange
+    removed = ["BCC"]
     if dlrk is not None:
-        headers.pop("CC", None)
+        removed.append("CC")
         routing_key = dlrk
     else:
         routing_key = msg.routing_key
-    props.headers = headers
-    props.expiration = None
-    header = build_content_header(len(msg.body), props.marshal())
+    # Only the headers and the expiration change; every other property keeps its exact bytes.
+    header = with_properties(msg.header, headers_set=changes, headers_remove=removed, expiration=None)
     out = Message(dlx, routing_key, shortstr(dlx) + shortstr(routing_key), header, msg.body,
                   now if now is not None else time.time() * 1000)
     if dlrk is None and cc:

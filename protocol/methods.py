@@ -10,12 +10,14 @@ import struct
 
 from typing import Any
 
-from pamqp import base, commands, encode
+from pamqp import base, commands, decode, encode
 
 from protocol.constants import FRAME_METHOD
 from protocol.frames import FrameError, encode_frame
+from protocol.properties import check_field_table
 
 _INDEX = struct.Struct(">I")
+_FIXED_SIZES = {"octet": 1, "short": 2, "long": 4, "longlong": 8, "timestamp": 8}
 
 
 class UnknownMethod(FrameError):
@@ -35,11 +37,59 @@ def decode_method(payload: bytes) -> base.Frame:
     cls = commands.INDEX_MAPPING.get(index)
     if cls is None:
         raise UnknownMethod(f"unknown method class {index >> 16} method {index & 0xFFFF}", 503)
-    method = cls()
     try:
-        method.unmarshal(payload[4:])
-    except Exception as exc:  # struct.error, ValueError, IndexError, UnicodeDecodeError from pamqp
+        return _unmarshal(cls, payload, 4)
+    except Exception as exc:  # FrameError from the checks, ValueError, UnicodeDecodeError from pamqp
         raise FrameError(f"malformed {cls.name} method frame: {exc}") from None
+
+
+def _unmarshal(cls: type[base.Frame], data: bytes, pos: int) -> base.Frame:
+    """pamqp's ``Frame.unmarshal`` with every length checked against the bytes there are.
+
+    pamqp's string and table decoders slice without checking, so a payload cut inside its last string
+    decoded to a shorter string. Bits pack as pamqp (and the spec) have it: consecutive bit fields share
+    octets, low bit first, a new octet after eight and after the last bit of a run. Bytes after the last
+    field are ignored.
+    """
+    method = cls()
+    size = len(data)
+    bit = 0  # position of the next bit in the octet at ``pos``; 0 when not inside a run of bits
+    for name in cls.__slots__:
+        kind = cls.amqp_type(name)
+        if kind == "bit":
+            if bit == 8:
+                pos += 1
+                bit = 0
+            if pos >= size:
+                raise FrameError(f"cut before its {name} bit")
+            setattr(method, name, decode.by_type(data[pos : pos + 1], "bit", bit)[1])
+            bit += 1
+            continue
+        if bit:
+            pos += 1
+            bit = 0
+        length = _FIXED_SIZES.get(kind)
+        if length is None:
+            if kind == "shortstr":
+                if pos >= size:
+                    raise FrameError(f"cut before its {name} field")
+                length = 1 + data[pos]
+            elif kind == "longstr" or kind == "table":
+                if pos + 4 > size:
+                    raise FrameError(f"cut inside the length of its {name} field")
+                length = 4 + _INDEX.unpack_from(data, pos)[0]
+            else:
+                raise FrameError(f"field {name} has unsupported type {kind}")
+        end = pos + length
+        if end > size:
+            raise FrameError(f"cut inside its {name} field")
+        if kind == "table":
+            check_field_table(data, pos, end)
+        consumed, value = decode.by_type(data[pos:end], kind)
+        if consumed != length:
+            raise FrameError(f"field {name} decoded to {consumed} bytes, not {length}")
+        setattr(method, name, value)
+        pos = end
     return method
 
 

@@ -3,25 +3,41 @@
 A content header payload is ``class_id(2) weight(2) body_size(8) flags(2) property list``. The broker
 routes and delivers most messages without looking at the property list at all; when it needs a few
 fields (persistence, expiry, priority, reply-to, user-id, headers for a headers exchange) it calls
-:func:`scan_properties`, which walks the list skipping what it does not need. Rewriting a property
-(direct reply-to, dead-lettering) goes through pamqp, off the hot path.
+:func:`scan_properties`, which walks the list skipping what it does not need. Rewriting properties
+(direct reply-to, dead-lettering) goes through :func:`with_properties`, which splices raw bytes: the
+properties and header entries it is not asked to change are copied byte for byte, never decoded and
+re-encoded (a round trip through pamqp turns doubles into floats, millisecond timestamps into seconds,
+binary long strings into errors and cuts long keys).
 """
 
 from __future__ import annotations
 
+import calendar
+import datetime
+import decimal as _decimal
 import struct
+import time
+from collections.abc import Iterable
 from typing import Any
 
-from pamqp import commands, decode
+from pamqp import commands, decode, encode
 
 from protocol.fastcodec import build_content_header
 from protocol.frames import FrameError
 
+__all__ = [
+    "ScannedProperties", "body_size_of", "build_content_header", "check_field_table", "decode_headers",
+    "decode_properties", "encode_field_value", "field_table_entries", "scan_properties", "with_properties",
+]
+
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_DOUBLE = struct.Struct(">d")
 _PROPS_OFFSET = 14  # class, weight, body size, flags
 
 # Flag bit → (name, kind) in wire order. Kinds: s = short string, t = table, o = octet, q = timestamp.
+# Names are pamqp's ``Basic.Properties`` attribute names (the ``type`` property is ``message_type``).
 _FIELDS = (
     (1 << 15, "content_type", "s"),
     (1 << 14, "content_encoding", "s"),
@@ -33,11 +49,12 @@ _FIELDS = (
     (1 << 8, "expiration", "s"),
     (1 << 7, "message_id", "s"),
     (1 << 6, "timestamp", "q"),
-    (1 << 5, "type", "s"),
+    (1 << 5, "message_type", "s"),
     (1 << 4, "user_id", "s"),
     (1 << 3, "app_id", "s"),
     (1 << 2, "cluster_id", "s"),
 )
+_KINDS = {name: kind for _, name, kind in _FIELDS}
 
 
 class ScannedProperties:
@@ -86,22 +103,207 @@ def scan_properties(header_payload: bytes) -> ScannedProperties:
     return out
 
 
+# -- field tables, raw ---------------------------------------------------------------------------------------
+
+# Field value type octet → size of the value after it, for the fixed-size types (RabbitMQ's reading of the
+# 0-9-1 table types: 's' is a signed 16-bit integer, not a short string; 'x' is a byte array).
+_FIXED_SIZES = {ord(t): n for t, n in (("t", 1), ("b", 1), ("B", 1), ("s", 2), ("u", 2), ("U", 2),
+                                        ("I", 4), ("i", 4), ("f", 4), ("L", 8), ("l", 8), ("d", 8),
+                                        ("T", 8), ("D", 5), ("V", 0))}
+_LONG_STRING, _BYTE_ARRAY, _ARRAY, _TABLE = ord("S"), ord("x"), ord("A"), ord("F")
+_MAX_DEPTH = 100  # nested tables/arrays; deeper is refused rather than risking a RecursionError
+
+
+def _value_end(buf: bytes, pos: int, end: int, depth: int) -> int:
+    """End of the field value (type octet + value) at ``pos``, which must lie within ``end``."""
+    if pos >= end:
+        raise FrameError("field value runs past its table")
+    kind = buf[pos]
+    pos += 1
+    size = _FIXED_SIZES.get(kind)
+    if size is not None:
+        pos += size
+    elif kind == _LONG_STRING or kind == _BYTE_ARRAY or kind == _ARRAY or kind == _TABLE:
+        if pos + 4 > end:
+            raise FrameError("field value length runs past its table")
+        inner = pos + 4
+        pos = inner + _U32.unpack_from(buf, pos)[0]
+        if pos > end:
+            raise FrameError("field value runs past its table")
+        if kind == _ARRAY or kind == _TABLE:
+            if depth >= _MAX_DEPTH:
+                raise FrameError("field tables nested too deeply")
+            if kind == _TABLE:
+                _entries(buf, inner, pos, depth + 1, None)
+            else:
+                while inner < pos:
+                    inner = _value_end(buf, inner, pos, depth + 1)
+    else:
+        raise FrameError(f"unknown field value type {bytes([kind])!r}")
+    if pos > end:
+        raise FrameError("field value runs past its table")
+    return pos
+
+
+def _entries(buf: bytes, pos: int, end: int, depth: int,
+             out: list[tuple[bytes, int, int]] | None) -> None:
+    """Walk the entries of a table body ``buf[pos:end]``; append (key, start, end) of each to ``out``."""
+    while pos < end:
+        start = pos
+        key_end = pos + 1 + buf[pos]
+        if key_end > end:
+            raise FrameError("field table key runs past its table")
+        pos = _value_end(buf, key_end, end, depth)
+        if out is not None:
+            out.append((buf[start + 1 : key_end], start, pos))
+
+
+def field_table_entries(buf: bytes, start: int = 0, end: int | None = None) -> list[tuple[bytes, int, int]]:
+    """The entries of the field table (4-byte length included) that fills ``buf[start:end]``.
+
+    Each entry is ``(raw key, entry start, entry end)``; ``buf[entry start:entry end]`` is the whole entry
+    (short-string key, type octet, value), ready to be copied into another table. Every value is checked
+    down to nested tables and arrays; anything malformed or cut raises :class:`FrameError`.
+    """
+    end = len(buf) if end is None else end
+    if start + 4 > end or start + 4 + _U32.unpack_from(buf, start)[0] != end:
+        raise FrameError("field table length does not match its bytes")
+    out: list[tuple[bytes, int, int]] = []
+    _entries(buf, start + 4, end, 0, out)
+    return out
+
+
+def check_field_table(buf: bytes, start: int = 0, end: int | None = None) -> None:
+    """Raise :class:`FrameError` unless ``buf[start:end]`` is exactly one well-formed field table."""
+    end = len(buf) if end is None else end
+    if start + 4 > end or start + 4 + _U32.unpack_from(buf, start)[0] != end:
+        raise FrameError("field table length does not match its bytes")
+    _entries(buf, start + 4, end, 0, None)
+
+
+def _shortstr_bytes(value: str | bytes, what: str) -> bytes:
+    raw = value.encode() if isinstance(value, str) else bytes(value)
+    if len(raw) > 255:
+        raise ValueError(f"{what} is {len(raw)} bytes, a short string holds at most 255")
+    return bytes([len(raw)]) + raw
+
+
+def _timestamp_seconds(value: Any) -> int:
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
+            value = value.replace(tzinfo=datetime.UTC)  # naive: UTC, as pamqp takes it
+        seconds = int(value.timestamp())
+    elif isinstance(value, time.struct_time):
+        seconds = calendar.timegm(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        seconds = value
+    else:
+        raise TypeError(f"timestamp must be a datetime, struct_time or int seconds, not {type(value)}")
+    if not 0 <= seconds < 2**64:
+        raise ValueError(f"timestamp {seconds} out of range")
+    return seconds
+
+
+def _table_body(entries: Iterable[tuple[Any, Any]]) -> bytes:
+    return b"".join(_shortstr_bytes(key, "field table key") + encode_field_value(value)
+                    for key, value in entries)
+
+
+def _long(raw: bytes) -> bytes:
+    return _U32.pack(len(raw)) + raw
+
+
+def encode_field_value(value: Any) -> bytes:
+    """One field value, type octet first, as RabbitMQ reads it.
+
+    pamqp's encoders, except where they lose information: floats are written as doubles ('d', pamqp
+    writes 32-bit 'f'), ``bytes`` as a long string ('S', pamqp refuses them), keys of nested tables are
+    not cut at 128 bytes, and timestamps are unsigned 64-bit seconds.
+    """
+    if isinstance(value, bool):
+        return b"t" + encode.boolean(value)
+    if isinstance(value, int):
+        return encode.table_integer(value)
+    if isinstance(value, float):
+        return b"d" + _DOUBLE.pack(value)
+    if isinstance(value, str):
+        return b"S" + _long(value.encode())
+    if isinstance(value, bytes):
+        return b"S" + _long(value)
+    if isinstance(value, (bytearray, memoryview)):
+        return b"x" + _long(bytes(value))
+    if isinstance(value, _decimal.Decimal):
+        return b"D" + encode.decimal(value)
+    if isinstance(value, (datetime.datetime, time.struct_time)):
+        return b"T" + _U64.pack(_timestamp_seconds(value))
+    if isinstance(value, dict):
+        return b"F" + _long(_table_body(value.items()))
+    if isinstance(value, (list, tuple)):
+        return b"A" + _long(b"".join(encode_field_value(v) for v in value))
+    if value is None:
+        return b"V"
+    raise TypeError(f"cannot encode {type(value).__name__} in a field table: {value!r}")
+
+
+# -- the property list ---------------------------------------------------------------------------------------
+
+def _property_spans(header_payload: bytes) -> tuple[int, dict[str, tuple[int, int]]]:
+    """(flags, name → (start, end)) of each present property, every length checked against the payload.
+
+    The headers table is checked entry by entry, down to nested values. Bytes after the last property
+    are ignored (as pamqp and :func:`scan_properties` ignore them).
+    """
+    size = len(header_payload)
+    if size < _PROPS_OFFSET:
+        raise FrameError("content header shorter than its property flags")
+    flags = _U16.unpack_from(header_payload, 12)[0]
+    spans: dict[str, tuple[int, int]] = {}
+    pos = _PROPS_OFFSET
+    for bit, name, kind in _FIELDS:
+        if not flags & bit:
+            continue
+        if kind == "s":
+            if pos >= size:
+                raise FrameError(f"content header cut before its {name} property")
+            end = pos + 1 + header_payload[pos]
+        elif kind == "o":
+            end = pos + 1
+        elif kind == "t":
+            if pos + 4 > size:
+                raise FrameError("content header cut inside its headers table length")
+            end = pos + 4 + _U32.unpack_from(header_payload, pos)[0]
+        else:
+            end = pos + 8
+        if end > size:
+            raise FrameError(f"content header cut inside its {name} property")
+        if kind == "t":
+            check_field_table(header_payload, pos, end)
+        spans[name] = (pos, end)
+        pos = end
+    return flags, spans
+
+
 def decode_headers(header_payload: bytes, span: tuple[int, int] | None) -> dict[str, Any]:
     """The headers table located by :func:`scan_properties`, decoded (empty if absent)."""
     if span is None:
         return {}
     try:
+        check_field_table(header_payload, span[0], span[1])
         return decode.field_table(header_payload[span[0] : span[1]])[1]
+    except FrameError:
+        raise
     except Exception:  # pamqp raises a variety of errors on malformed tables
         raise FrameError("malformed headers table in content header") from None
 
 
 def decode_properties(header_payload: bytes) -> commands.Basic.Properties:
-    """Every property, decoded by pamqp (off the hot path)."""
+    """Every property, decoded by pamqp (off the hot path); a cut or malformed list raises FrameError."""
     props = commands.Basic.Properties()
     try:
-        flags = _U16.unpack_from(header_payload, 12)[0]
+        flags, _spans = _property_spans(header_payload)
         props.unmarshal(flags, header_payload[_PROPS_OFFSET:])
+    except FrameError:
+        raise
     except Exception:
         raise FrameError("malformed content header properties") from None
     return props
@@ -111,9 +313,101 @@ def body_size_of(header_payload: bytes) -> int:
     return struct.unpack_from(">Q", header_payload, 4)[0]
 
 
-def with_properties(header_payload: bytes, **changes: Any) -> bytes:
-    """A new content header payload with some properties replaced (``None`` removes one)."""
-    props = decode_properties(header_payload)
-    for name, value in changes.items():
-        setattr(props, name, value)
-    return build_content_header(body_size_of(header_payload), props.marshal())
+def _encode_property(name: str, kind: str, value: Any) -> bytes:
+    if kind == "s":
+        return _shortstr_bytes(value, name)
+    if kind == "o":
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255:
+            raise ValueError(f"{name} must be an integer 0..255, not {value!r}")
+        return bytes([value])
+    if kind == "q":
+        return _U64.pack(_timestamp_seconds(value))
+    if not isinstance(value, dict):
+        raise TypeError(f"headers must be a dict, not {type(value).__name__}")
+    return _long(_table_body(value.items()))
+
+
+def _key_bytes(key: str | bytes) -> bytes:
+    return key.encode() if isinstance(key, str) else bytes(key)
+
+
+def with_properties(header_payload: bytes, *, headers_set: dict[str, Any] | None = None,
+                    headers_remove: Iterable[str] = (), **changes: Any) -> bytes:
+    """A new content header payload with some properties changed; the rest is copied byte for byte.
+
+    ``changes`` maps property names (pamqp's: ``content_type``, ``content_encoding``, ``headers``,
+    ``delivery_mode``, ``priority``, ``correlation_id``, ``reply_to``, ``expiration``, ``message_id``,
+    ``timestamp``, ``message_type``, ``user_id``, ``app_id``, ``cluster_id``) to a new value, or to
+    ``None`` (or ``""``, as pamqp has it) to remove the property. Short strings take ``str`` or ``bytes``;
+    ``timestamp`` a datetime (naive = UTC) or int seconds, written as an unsigned 64-bit integer;
+    ``headers`` a dict, replacing the whole table (``{}`` writes an empty table).
+
+    ``headers_set`` / ``headers_remove`` edit the headers table entry by entry (applied after a
+    ``headers`` replacement, if both are given): entries they do not name are copied raw; an entry set
+    replaces the first entry with that key in place (later duplicates are dropped) or is appended; a key
+    in both is set. Values are encoded by :func:`encode_field_value`. If editing leaves the table empty,
+    the headers property is dropped.
+
+    Class, weight and body size are kept; flag bits 0-1 (continuation, reserved) and bytes after the
+    property list are dropped. A malformed or cut header raises :class:`FrameError`; a value that
+    cannot be encoded raises TypeError or ValueError.
+    """
+    for name in changes:
+        if name not in _KINDS:
+            raise TypeError(f"with_properties() got an unknown property {name!r}")
+    _flags, spans = _property_spans(header_payload)
+    removed = {_key_bytes(k) for k in headers_remove}
+    edits = {_key_bytes(k): v for k, v in (headers_set or {}).items()}
+    edit_headers = bool(removed or edits)
+
+    out_flags = 0
+    parts: list[bytes] = []
+    for bit, name, kind in _FIELDS:
+        if name == "headers" and edit_headers:
+            raw: bytes | None = _edited_headers(header_payload, spans.get("headers"), changes, edits, removed)
+        elif name in changes:
+            value = changes[name]
+            raw = None if value is None or (isinstance(value, (str, bytes)) and not value) \
+                else _encode_property(name, kind, value)
+        elif name in spans:
+            start, end = spans[name]
+            raw = header_payload[start:end]
+        else:
+            raw = None
+        if raw is not None:
+            out_flags |= bit
+            parts.append(raw)
+    return header_payload[:12] + _U16.pack(out_flags) + b"".join(parts)
+
+
+def _edited_headers(header_payload: bytes, span: tuple[int, int] | None, changes: dict[str, Any],
+                    edits: dict[bytes, Any], removed: set[bytes]) -> bytes | None:
+    """The headers table after ``changes['headers']`` (if any), ``edits`` and ``removed``; None if empty."""
+    if "headers" in changes:
+        base = changes["headers"]
+        if base is None:
+            table, start, end = b"", 0, 0
+        else:
+            table = _encode_property("headers", "t", base)
+            start, end = 0, len(table)
+    elif span is not None:
+        table, (start, end) = header_payload, span
+    else:
+        table, start, end = b"", 0, 0
+    entries = field_table_entries(table, start, end) if end else []
+
+    body: list[bytes] = []
+    done: set[bytes] = set()
+    for key, entry_start, entry_end in entries:
+        if key in edits:
+            if key not in done:
+                done.add(key)
+                body.append(_shortstr_bytes(key, "field table key") + encode_field_value(edits[key]))
+        elif key not in removed:
+            body.append(table[entry_start:entry_end])
+    for key, value in edits.items():
+        if key not in done:
+            body.append(_shortstr_bytes(key, "field table key") + encode_field_value(value))
+    if not body:
+        return None
+    return _long(b"".join(body))

@@ -40,8 +40,11 @@ from protocol.fastcodec import (
 from protocol.frames import FrameError, FrameParser
 from protocol.properties import (
     body_size_of,
+    check_field_table,
     decode_headers,
     decode_properties,
+    encode_field_value,
+    field_table_entries,
     scan_properties,
     with_properties,
 )
@@ -523,10 +526,6 @@ def _headers_payload(table_body: bytes) -> bytes:
                                 + table_body)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: with_properties raises TypeError (not FrameError) when the headers table holds a long "
-    "string that is not UTF-8: pamqp decodes it to bytes and cannot re-encode bytes"
-))
 def test_with_properties_keeps_binary_long_string_header() -> None:
     payload = _headers_payload(b"\x01k" + b"S" + struct.pack(">I", 2) + b"\xff\xfe")
     assert decode_headers(payload, scan_properties(payload).headers_span) == {"k": b"\xff\xfe"}
@@ -534,33 +533,255 @@ def test_with_properties_keeps_binary_long_string_header() -> None:
     assert decode_headers(out, scan_properties(out).headers_span) == {"k": b"\xff\xfe"}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: with_properties re-encodes a double ('d') header as a 32-bit float ('f') through pamqp, "
-    "changing its value"
-))
 def test_with_properties_keeps_double_header() -> None:
     payload = _headers_payload(b"\x01d" + b"d" + struct.pack(">d", 0.1))
     out = with_properties(payload, reply_to="x")
     assert decode_headers(out, scan_properties(out).headers_span) == {"d": 0.1}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: with_properties divides a timestamp above 2**32 by 1000 (pamqp takes it for milliseconds) "
-    "and writes it back in seconds"
-))
 def test_with_properties_keeps_large_timestamp() -> None:
     payload = build_content_header(3, struct.pack(">HQ", 1 << 6, 1_700_000_000_123))
     out = with_properties(payload, reply_to="x")
     assert out[-8:] == struct.pack(">Q", 1_700_000_000_123)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: decode_properties (and so with_properties) accepts a content header cut inside its last "
-    "short-string property: pamqp's decoder slices without checking length"
-))
 def test_decode_properties_refuses_truncated_header() -> None:
     payload = build_content_header(1, commands.Basic.Properties(app_id="abcdef").marshal())
     with pytest.raises(FrameError):
         scan_properties(payload[:-2])          # the scanner sees it
     with pytest.raises(FrameError):
         decode_properties(payload[:-2])        # returns app_id "abcd"
+
+
+# -- with_properties splices raw bytes ---------------------------------------------------------------------
+
+def _entry(key: bytes, value_raw: bytes) -> bytes:
+    return bytes([len(key)]) + key + value_raw
+
+
+_LONG_KEY = b"k" * 200
+# Entries pamqp cannot round-trip: binary long string, double, big timestamp, key over 128 bytes, 'U',
+# a nested table holding a 16-bit 'U' and a byte array, decimal, void, unsigned 64-bit-looking 'L'.
+_TRICKY_ENTRIES = [
+    _entry(b"bin", b"S" + struct.pack(">I", 3) + b"\xff\x00\xfe"),
+    _entry(b"dbl", b"d" + struct.pack(">d", 0.1)),
+    _entry(b"ts", b"T" + struct.pack(">Q", 1_700_000_000_123)),
+    _entry(_LONG_KEY, b"t\x01"),
+    _entry(b"U", b"U" + struct.pack(">h", -2)),
+    _entry(b"nested", b"F" + struct.pack(">I", 13) + _entry(b"u", b"U\x00\x07") + _entry(b"x", b"x\x00\x00\x00\x01\x80")),
+    _entry(b"dec", b"D\x02" + struct.pack(">I", 314)),
+    _entry(b"void", b"V"),
+    _entry(b"arr", b"A" + struct.pack(">I", 6) + b"f" + struct.pack(">f", 1.5) + b"V"),
+    _entry(b"big", b"L" + struct.pack(">q", -(2**63))),
+]
+
+
+def _tricky_payload(**extra: bytes) -> bytes:
+    table = b"".join(_TRICKY_ENTRIES)
+    flags = (1 << 13) | (1 << 9) | (1 << 6)
+    props = (struct.pack(">H", flags) + struct.pack(">I", len(table)) + table + b"\x05reply"
+             + struct.pack(">Q", 2**63 + 5))
+    return build_content_header(77, props)
+
+
+def _raw_entries(payload: bytes) -> dict[bytes, bytes]:
+    span = scan_properties(payload).headers_span
+    assert span is not None
+    return {key: payload[start:end] for key, start, end in field_table_entries(payload, *span)}
+
+
+def test_field_table_entries_split_every_type() -> None:
+    payload = _tricky_payload()
+    entries = list(_raw_entries(payload).values())
+    assert entries == _TRICKY_ENTRIES
+
+
+def test_with_properties_untouched_properties_and_entries_are_byte_identical() -> None:
+    payload = _tricky_payload()
+    assert with_properties(payload) == payload
+    out = with_properties(payload, reply_to="amq.rabbitmq.reply-to.abc")
+    assert out == payload.replace(b"\x05reply", b"\x19amq.rabbitmq.reply-to.abc")
+    out = with_properties(payload, headers_set={"new": 2.5, "bin": b"\x01\x02"}, headers_remove=["dbl"])
+    raw = _raw_entries(out)
+    assert list(raw) == [b"bin", b"ts", _LONG_KEY, b"U", b"nested", b"dec", b"void", b"arr", b"big", b"new"]
+    assert raw[b"bin"] == _entry(b"bin", b"S\x00\x00\x00\x02\x01\x02")          # replaced in place
+    assert raw[b"new"] == _entry(b"new", b"d" + struct.pack(">d", 2.5))          # a double, not 'f'
+    for entry in _TRICKY_ENTRIES[2:]:
+        assert entry in raw.values()
+    assert out.endswith(b"\x05reply" + struct.pack(">Q", 2**63 + 5))            # timestamp untouched
+    assert out[:12] == payload[:12]
+
+
+def test_with_properties_header_edits_decode_like_pamqp() -> None:
+    props = commands.Basic.Properties(content_type="text/plain", headers={"a": 1, "b": [1, "x"], "c": "y"},
+                                      priority=3)
+    payload = _header_payload(props, 5)
+    out = with_properties(payload, headers_set={"d": {"e": None}, "a": "one"}, headers_remove=["c", "zz"])
+    decoded = decode_properties(out)
+    assert decoded.headers == {"a": "one", "b": [1, "x"], "d": {"e": None}}
+    assert (decoded.content_type, decoded.priority) == ("text/plain", 3)
+
+
+def test_with_properties_set_wins_over_remove_and_drops_duplicates() -> None:
+    payload = _headers_payload(_entry(b"k", b"b\x01") + _entry(b"j", b"b\x02") + _entry(b"k", b"b\x03"))
+    out = with_properties(payload, headers_set={"k": 9}, headers_remove=["k"])
+    assert list(_raw_entries(out).items()) == [(b"k", _entry(b"k", b"b\x09")), (b"j", _entry(b"j", b"b\x02"))]
+    out = with_properties(payload, headers_remove=["k"])
+    assert decode_headers(out, scan_properties(out).headers_span) == {"j": 2}
+
+
+def test_with_properties_long_new_key_is_not_cut() -> None:
+    key = "é" * 100                                   # 200 bytes: pamqp would cut it to 128
+    out = with_properties(_header_payload(commands.Basic.Properties()), headers_set={key: 1})
+    assert decode_headers(out, scan_properties(out).headers_span) == {key: 1}
+    with pytest.raises(ValueError):
+        with_properties(out, headers_set={"x" * 256: 1})
+
+
+def test_with_properties_drops_headers_left_empty() -> None:
+    props = commands.Basic.Properties(headers={"only": 1}, delivery_mode=2, app_id="app")
+    payload = _header_payload(props, 1)
+    out = with_properties(payload, headers_remove=["only"])
+    assert out == _header_payload(commands.Basic.Properties(delivery_mode=2, app_id="app"), 1)
+    assert scan_properties(out).headers_span is None
+    # a whole-table replacement keeps pamqp's meaning: {} is an empty table, None removes it
+    assert scan_properties(with_properties(payload, headers={})).headers_span is not None
+    assert scan_properties(with_properties(payload, headers=None)).headers_span is None
+    # headers= and entry edits combine: the edits apply to the new table
+    out = with_properties(payload, headers={"a": 1, "b": 2}, headers_set={"c": 3}, headers_remove=["a"])
+    assert decode_headers(out, scan_properties(out).headers_span) == {"b": 2, "c": 3}
+
+
+@pytest.mark.parametrize("name", PROPERTY_NAMES)
+def test_with_properties_removes_a_property(name: str) -> None:
+    values = {
+        "content_type": "a", "content_encoding": "b", "headers": {"h": 1}, "delivery_mode": 2,
+        "priority": 1, "correlation_id": "c", "reply_to": "d", "expiration": "60000", "message_id": "e",
+        "timestamp": datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC), "message_type": "f",
+        "user_id": "g", "app_id": "h"}
+    payload = _header_payload(commands.Basic.Properties(**values), 12)
+    out = with_properties(payload, **{name: None})
+    want = commands.Basic.Properties(**{n: v for n, v in values.items() if n != name})
+    assert out == _header_payload(want, 12)
+
+
+def test_with_properties_cluster_id() -> None:
+    # pamqp refuses to build a non-empty cluster-id (deprecated); it still travels, raw
+    payload = build_content_header(0, struct.pack(">H", 1 << 2) + b"\x03abc")
+    assert with_properties(payload, app_id="x") == build_content_header(
+        0, struct.pack(">H", (1 << 3) | (1 << 2)) + b"\x01x\x03abc")
+    assert with_properties(payload, cluster_id=None) == build_content_header(0, b"\x00\x00")
+    assert with_properties(payload, cluster_id="de")[-3:] == b"\x02de"
+
+
+def test_with_properties_encodes_timestamps_as_unsigned_seconds() -> None:
+    payload = _header_payload(commands.Basic.Properties(), 0)
+    assert with_properties(payload, timestamp=2**64 - 1)[-8:] == b"\xff" * 8
+    naive = datetime.datetime(2024, 5, 6, 7, 8, 9)
+    out = with_properties(payload, timestamp=naive)
+    assert out[-8:] == struct.pack(">Q", int(naive.replace(tzinfo=datetime.UTC).timestamp()))
+    with pytest.raises(ValueError):
+        with_properties(payload, timestamp=-1)
+
+
+def test_with_properties_refuses_bad_arguments() -> None:
+    payload = _header_payload(commands.Basic.Properties(), 0)
+    with pytest.raises(TypeError):
+        with_properties(payload, type="t")                # pamqp's name is message_type
+    with pytest.raises(ValueError):
+        with_properties(payload, reply_to="x" * 256)
+    with pytest.raises(ValueError):
+        with_properties(payload, priority=256)
+    with pytest.raises(TypeError):
+        with_properties(payload, headers_set={"k": object()})
+
+
+@pytest.mark.parametrize("props_raw", [
+    struct.pack(">H", 1 << 13) + struct.pack(">I", 5) + _entry(b"k", b"S\x00\x00\x00\x09") + b"abcdefgh",
+    struct.pack(">H", 1 << 13) + struct.pack(">I", 4) + _entry(b"k", b"l\x00"),
+    struct.pack(">H", 1 << 13) + struct.pack(">I", 3) + _entry(b"k", b"?"),
+    struct.pack(">H", 1 << 13) + struct.pack(">I", 3) + b"\x05abc",
+    struct.pack(">H", 1 << 13) + struct.pack(">I", 9) + _entry(b"k", b"A\x00\x00\x00\x02S\x00"),
+    struct.pack(">H", 1 << 6) + b"\x00" * 7,
+    struct.pack(">H", 1 << 3) + b"\x06abcd",
+    struct.pack(">H", 1 << 3),
+    b"\x00",
+])
+def test_malformed_properties_are_a_frame_error_everywhere(props_raw: bytes) -> None:
+    payload = build_content_header(0, props_raw)
+    with pytest.raises(FrameError):
+        decode_properties(payload)
+    with pytest.raises(FrameError):
+        with_properties(payload, reply_to="x")
+    with pytest.raises(FrameError):
+        with_properties(payload, headers_set={"k": 1})
+
+
+def test_decode_headers_refuses_an_entry_running_past_its_table() -> None:
+    payload = _headers_payload(_entry(b"k", b"S\x00\x00\x00\x09") + b"ab")
+    with pytest.raises(FrameError):
+        decode_headers(payload, scan_properties(payload).headers_span)
+
+
+@SETTINGS
+@given(props=basic_properties(min_present=1), data=st.data())
+def test_with_properties_refuses_any_truncation(props: commands.Basic.Properties, data: st.DataObject) -> None:
+    payload = _header_payload(props, 10)
+    cut = data.draw(st.integers(0, len(payload) - 1), label="cut")
+    with pytest.raises(FrameError):
+        decode_properties(payload[:cut])
+    with pytest.raises(FrameError):
+        with_properties(payload[:cut], reply_to="r")
+
+
+@SETTINGS
+@given(table=header_tables)
+def test_field_table_splitter_matches_pamqp(table: dict[str, Any]) -> None:
+    from pamqp import decode as pdecode
+    from pamqp import encode as pencode
+
+    raw = pencode.field_table(table)
+    check_field_table(raw)
+    entries = field_table_entries(raw)
+    assert [key.decode() for key, _, _ in entries] == list(pdecode.field_table(raw)[1])
+    assert b"".join(raw[s:e] for _, s, e in entries) == raw[4:]
+    for key, start, end in entries:
+        assert pdecode.field_table(struct.pack(">I", end - start) + raw[start:end])[1] == {key.decode(): table[key.decode()]}
+    # our encoder agrees with pamqp wherever pamqp is exact (no floats, no bytes, keys within 128 bytes),
+    # except that nested tables keep their order where pamqp sorts their keys
+    for value in table.values():
+        raw_value = encode_field_value(value)
+        assert pdecode.embedded_value(raw_value) == (len(raw_value), value)
+        if not isinstance(value, (dict, list)):
+            assert raw_value == pencode.encode_table_value(value)
+
+
+@SETTINGS
+@given(props=basic_properties(), new=header_tables, data=st.data())
+def test_with_properties_header_edits_match_pamqp(props: commands.Basic.Properties, new: dict[str, Any],
+                                                  data: st.DataObject) -> None:
+    payload = _header_payload(props, 3)
+    old = props.headers or {}
+    remove = data.draw(st.lists(st.one_of(st.sampled_from(sorted(old) or ["-"]), st.text(_chars, max_size=5)),
+                                max_size=4), label="remove")
+    out = with_properties(payload, headers_set=new, headers_remove=remove)
+
+    want = {k: v for k, v in old.items() if k not in remove}
+    want.update(new)
+    decoded = decode_properties(out)
+    if not new and not remove:
+        assert out == payload                       # nothing to edit: even an empty table stays
+        return
+    assert decoded.headers == (want or None)
+    for other in PROPERTY_NAMES:
+        if other != "headers":
+            assert getattr(decoded, other) == _expected(props, other), other
+    if want:
+        raw = _raw_entries(out)
+        before = _raw_entries(payload) if old else {}
+        for key, entry in before.items():
+            if key.decode() not in remove and key.decode() not in new:
+                assert raw[key] == entry
+    # the same change done by pamqp on the decoded properties
+    props.headers = want or None
+    assert decode_properties(out) == decode_properties(_header_payload(props, 3))

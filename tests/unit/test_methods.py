@@ -325,10 +325,6 @@ def test_truncated_method_is_a_frame_error(method: base.Frame) -> None:
     assert checked >= min(len(payload), 4)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: decode_method accepts a payload cut inside the string that ends it (pamqp's "
-    "shortstr/longstr decoders slice without checking the length)"
-))
 def test_truncated_trailing_string_is_a_frame_error() -> None:
     failures = []
     for method in CLIENT_METHODS + SAMPLE_METHODS:
@@ -344,9 +340,6 @@ def test_truncated_trailing_string_is_a_frame_error() -> None:
     assert failures == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: decode_method accepts channel.open whose out-of-band short string claims 5 bytes and has 2"
-))
 def test_truncated_channel_open_minimal() -> None:
     with pytest.raises(FrameError):
         decode_method(b"\x00\x14\x00\x0a\x05ab")
@@ -387,3 +380,46 @@ def test_unknown_method_is_command_invalid(index: int) -> None:
         decode_method(payload)
     assert info.value.reply_code == COMMAND_INVALID == 503
     assert isinstance(info.value, FrameError)
+
+
+# -- the length-checked unmarshal --------------------------------------------------------------------------
+
+@SETTINGS
+@given(bits=st.lists(st.booleans(), min_size=9, max_size=9), tail=st.integers(0, 65535))
+def test_more_than_eight_bits_decode_like_pamqp(bits: list[bool], tail: int) -> None:
+    from protocol.methods import _unmarshal
+
+    values = {f"b{i}": bit for i, bit in enumerate(bits)}
+    body = method_frame(2, _NineBits, tail=tail, **values)[11:-1]
+    ours = _unmarshal(_NineBits, body, 0)
+    theirs = _NineBits()
+    theirs.unmarshal(body)
+    assert {n: getattr(ours, n) for n in _NineBits.__slots__} == \
+        {n: getattr(theirs, n) for n in _NineBits.__slots__} == {**values, "tail": tail}
+    for cut in range(len(body)):
+        with pytest.raises(FrameError):
+            _unmarshal(_NineBits, body[:cut], 0)
+
+
+@pytest.mark.parametrize("table", [
+    b"\x01kS\x00\x00\x00\x09abc",                     # long string runs past the table's end
+    b"\x01kF\x00\x00\x00\x04\x01jS\x00",              # nested table entry cut
+    b"\x01kA\x00\x00\x00\x02S\x00",                   # array element cut
+    b"\x01kl\x00\x00",                                 # 64-bit integer cut
+    b"\x05k",                                          # key runs past the table's end
+    b"\x01k",                                          # key without a value
+    b"\x01k\x00",                                      # type 0 is not a field type
+])
+def test_method_with_table_entry_past_its_table_is_a_frame_error(table: bytes) -> None:
+    payload = (struct.pack(">I", C.Queue.Declare.index) + b"\x00\x00\x01q\x00"
+               + struct.pack(">I", len(table)) + table + b"\x00" * 16)  # trailing bytes don't help
+    with pytest.raises(FrameError) as info:
+        decode_method(payload)
+    assert info.value.reply_code == FRAME_ERROR
+
+
+def test_method_keeps_trailing_bytes_tolerance_with_strings() -> None:
+    method = decode_method(b"\x00\x14\x00\x0a\x02ab" + b"junk")
+    assert isinstance(method, C.Channel.Open) and method.out_of_band == "ab"
+    with pytest.raises(FrameError):
+        decode_method(b"\x00\x14\x00\x0a")              # channel.open without its short string
