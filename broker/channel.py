@@ -96,6 +96,10 @@ class Channel:
         self.tx: list[tuple[str, Any]] | None = None
         self.last_queue: str | None = None
         self.reply_consumer: _ReplyConsumer | None = None
+        # Consumer acknowledgement timeout: delivery tag → (deadline in loop time, timeout ms), only for
+        # consumers of queues with a timeout; checked by one timer per channel.
+        self._ack_deadlines: dict[int, tuple[float, int]] = {}
+        self._ack_timer: Any = None
         self._handlers: dict[type, Callable[[Any], None]] = {
             spec.Basic.Qos: self._basic_qos,
             spec.Basic.Consume: self._basic_consume,
@@ -291,9 +295,41 @@ class Channel:
             self.unacked[tag] = (queue, seq_id, consumer)
             consumer.unacked += 1
             self.consumer_unacked += 1
+            timeout = queue.settings.consumer_timeout or self.reader.settings.consumer_timeout
+            if timeout:
+                self._watch_ack(tag, timeout)
         reader = self.reader
         reader.send(fastcodec.encode_basic_deliver(self.id, consumer.tag_raw, tag, redelivered, msg.names_raw))
         reader.send_content(self.id, msg.header, msg.body)
+
+    def _watch_ack(self, tag: int, timeout_ms: int) -> None:
+        loop = self.reader._loop
+        self._ack_deadlines[tag] = (loop.time() + timeout_ms / 1000.0, timeout_ms)
+        if self._ack_timer is None:
+            self._ack_timer = loop.call_later(min(timeout_ms / 1000.0, 1.0), self._check_ack_timeouts)
+
+    def _check_ack_timeouts(self) -> None:
+        """Close the channel (406) if a delivery has waited for its ack longer than the consumer timeout,
+        as RabbitMQ does; its unacked messages are requeued by the close."""
+        self._ack_timer = None
+        if self.closing:
+            return
+        deadlines = self._ack_deadlines
+        for tag in [t for t in deadlines if t not in self.unacked]:
+            del deadlines[tag]
+        if not deadlines:
+            return
+        loop = self.reader._loop
+        now = loop.time()
+        for deadline, timeout in deadlines.values():
+            if deadline <= now:
+                self.reader.channel_error(self.id, AMQPError(
+                    PRECONDITION_FAILED, f"delivery acknowledgement on channel {self.id} timed out. Timeout "
+                    f"value used: {timeout} ms. This timeout value can be configured, see consumers doc "
+                    "guide to learn more", 0, 0))
+                return
+        soonest = min(d for d, _ in deadlines.values())
+        self._ack_timer = loop.call_later(max(0.01, min(soonest - now, 1.0)), self._check_ack_timeouts)
 
     def deliver_reply(self, msg: Message) -> None:
         """A reply for this channel's direct reply-to consumer (no ack, no queue)."""
@@ -610,6 +646,10 @@ class Channel:
         if pairs:
             self._settle(pairs, "requeue")
         self.tx = None
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+        self._ack_deadlines.clear()
         self._publish = None
         self._header = None
         self._body_parts = []

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from broker.alarms import AlarmState
 from broker.auth import UserStore
 from broker.config import Settings
 from broker.message import Message
@@ -29,6 +30,8 @@ class Node:
         self.users.add(settings.default_user, settings.default_pass, ["administrator"])
         self.vhosts: dict[str, VHost] = {settings.default_vhost: VHost(settings.default_vhost)}
         self.connections: set[Reader] = set()
+        # Memory and disk alarms (broker/alarms.py); the monitor that raises them starts with the node.
+        self.alarms = AlarmState()
         self._reply_channels: dict[str, "Channel"] = {}
         self._server: asyncio.base_events.Server | None = None
 

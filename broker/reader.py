@@ -100,6 +100,10 @@ class Reader(asyncio.Protocol):
         self.channel_max = 0
         self.heartbeat = 0
         self.writable = True
+        # Why the socket is not being read: "alarm" (memory/disk), or queues that withhold credit.
+        self._pause_reasons: set[object] = set()
+        self.has_published = False
+        self.blocked_by_alarm = False
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._confirm_channels: list[Channel] = []
@@ -234,6 +238,8 @@ class Reader(asyncio.Protocol):
                 raise AMQPError(UNEXPECTED_FRAME, "expected content frame for basic.publish, got a method "
                                 "frame instead", 60, 40)
             if index == IDX_BASIC_PUBLISH:
+                if not self.has_published:
+                    self._first_publish()
                 channel.on_publish(payload[4:])
             elif index == IDX_BASIC_ACK:
                 channel.on_ack(*fastcodec.decode_ack(payload[4:]))
@@ -284,6 +290,61 @@ class Reader(asyncio.Protocol):
                             f"negotiated channel_max ({self.channel_max})", 20, 10)
         self.channels[channel_id] = Channel(self, channel_id)
         self.send(method_frame(channel_id, spec.Channel.OpenOk))
+
+    # -- flow control: alarms and credit ---------------------------------------------------------------
+    def _first_publish(self) -> None:
+        """A connection becomes a publisher: if an alarm is on, it is blocked from now on."""
+        self.has_published = True
+        alarms = self.node.alarms
+        if alarms.active:
+            self.block_for_alarm(alarms.reason())
+
+    def block_for_alarm(self, reason: str) -> None:
+        if self.blocked_by_alarm or self.state >= Reader.CLOSING:
+            return
+        self.blocked_by_alarm = True
+        self.node.alarms.blocked.add(self)
+        if self.client_capability("connection.blocked"):
+            self.send(method_frame(0, spec.Connection.Blocked, reason=reason))
+        self.pause_for("alarm")
+        log.info("connection blocked", connection=self.name, reason=reason)
+
+    def unblock_after_alarm(self) -> None:
+        if not self.blocked_by_alarm:
+            return
+        self.blocked_by_alarm = False
+        if self.state < Reader.CLOSING and self.client_capability("connection.blocked"):
+            self.send(method_frame(0, spec.Connection.Unblocked))
+        self.resume_for("alarm")
+        log.info("connection unblocked", connection=self.name)
+
+    def pause_for(self, reason: object) -> None:
+        """Stop reading the socket until every reason given here has been withdrawn (credit flow)."""
+        if not self._pause_reasons and self.transport is not None:
+            try:
+                self.transport.pause_reading()
+            except (RuntimeError, AttributeError):
+                pass
+        self._pause_reasons.add(reason)
+
+    def resume_for(self, reason: object) -> None:
+        if reason not in self._pause_reasons:
+            return
+        self._pause_reasons.discard(reason)
+        if not self._pause_reasons and self.transport is not None and not self.transport.is_closing():
+            try:
+                self.transport.resume_reading()
+            except (RuntimeError, AttributeError):
+                pass
+
+    @property
+    def flow_state(self) -> str:
+        """RabbitMQ's connection states as the management API shows them."""
+        if self.blocked_by_alarm:
+            return "blocked"
+        if self._pause_reasons:
+            return "flow"
+        return "running"
 
     # -- connection class ------------------------------------------------------------------------------
     def _connection_method(self, payload: bytes) -> None:
@@ -412,6 +473,10 @@ class Reader(asyncio.Protocol):
             self.transport.write(PROTOCOL_HEADER)
         self._close_transport()
 
+    def channel_error(self, channel_id: int, exc: AMQPError) -> None:
+        """An error found outside frame handling (a timer): reported like one found in a frame."""
+        self._error(channel_id, exc)
+
     def _error(self, channel_id: int, exc: AMQPError) -> None:
         if exc.is_soft and channel_id != 0 and channel_id in self.channels:
             channel = self.channels.pop(channel_id)
@@ -445,6 +510,7 @@ class Reader(asyncio.Protocol):
 
     def _cleanup(self) -> None:
         """Release channels (requeueing their unacked messages) and delete the exclusive queues."""
+        self.node.alarms.blocked.discard(self)
         for channel in list(self.channels.values()):
             channel.shutdown()
         self.channels.clear()

@@ -1,0 +1,123 @@
+"""Memory and disk alarms (RabbitMQ's ``rabbit_alarm``, ``vm_memory_monitor``, ``rabbit_disk_monitor``).
+
+A monitor samples the process's resident memory and the free disk space of the data directory about once a
+second. When memory goes above ``vm_memory_high_watermark`` (relative to RAM, or absolute) or free disk
+below ``disk_free_limit``, an alarm is raised: every connection that publishes is blocked (it is sent
+``connection.blocked`` if it supports it, and its socket is no longer read), while connections that only
+consume go on. When all alarms have cleared, blocked connections get ``connection.unblocked`` and are read
+again. The monitor also hands the memory budget to whoever wants it (the queues' RAM targets).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import structlog
+
+if TYPE_CHECKING:
+    from broker.reader import Reader
+
+log = structlog.get_logger("leveret.alarms")
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def resident_memory() -> int:
+    """This process's resident set size in bytes (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def total_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+class AlarmState:
+    """Which alarms are raised, and the connections they hold back."""
+
+    def __init__(self) -> None:
+        self.raised: set[str] = set()
+        self.blocked: set["Reader"] = set()
+        self.listeners: list[Callable[[set[str]], None]] = []
+
+    @property
+    def active(self) -> bool:
+        return bool(self.raised)
+
+    def reason(self) -> str:
+        return " & ".join(sorted(f"low on {kind}" for kind in self.raised))
+
+    def raise_alarm(self, kind: str, connections: set["Reader"]) -> None:
+        if kind in self.raised:
+            return
+        self.raised.add(kind)
+        log.warning("resource alarm raised", alarm=kind)
+        for reader in list(connections):
+            if reader.has_published:
+                reader.block_for_alarm(self.reason())
+        self._notify()
+
+    def clear_alarm(self, kind: str) -> None:
+        if kind not in self.raised:
+            return
+        self.raised.discard(kind)
+        log.info("resource alarm cleared", alarm=kind)
+        if not self.raised:
+            for reader in list(self.blocked):
+                reader.unblock_after_alarm()
+            self.blocked.clear()
+        self._notify()
+
+    def _notify(self) -> None:
+        for listener in self.listeners:
+            listener(set(self.raised))
+
+
+class ResourceMonitor:
+    """Samples memory and disk on a timer and raises or clears the alarms."""
+
+    def __init__(self, alarms: AlarmState, connections: set["Reader"], data_dir: Path,
+                 memory_limit: int, disk_free_limit: int, interval: float = 1.0) -> None:
+        self.alarms = alarms
+        self.connections = connections
+        self.data_dir = data_dir
+        self.memory_limit = memory_limit
+        self.disk_free_limit = disk_free_limit
+        self.interval = interval
+        self.memory_used = 0
+        self.disk_free = 0
+        self._handle: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        self.check()
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def check(self) -> None:
+        self.memory_used = resident_memory()
+        if self.memory_limit and self.memory_used > self.memory_limit:
+            self.alarms.raise_alarm("memory", self.connections)
+        else:
+            self.alarms.clear_alarm("memory")
+        try:
+            self.disk_free = shutil.disk_usage(self.data_dir).free
+        except OSError:
+            self.disk_free = 1 << 62
+        if self.disk_free < self.disk_free_limit:
+            self.alarms.raise_alarm("disk", self.connections)
+        else:
+            self.alarms.clear_alarm("disk")
+        self._handle = asyncio.get_event_loop().call_later(self.interval, self.check)
