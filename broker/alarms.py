@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -47,7 +48,7 @@ class AlarmState:
 
     def __init__(self) -> None:
         self.raised: set[str] = set()
-        self.blocked: set["Reader"] = set()
+        self.blocked: set[Reader] = set()
         self.listeners: list[Callable[[set[str]], None]] = []
 
     @property
@@ -57,7 +58,7 @@ class AlarmState:
     def reason(self) -> str:
         return " & ".join(sorted(f"low on {kind}" for kind in self.raised))
 
-    def raise_alarm(self, kind: str, connections: set["Reader"]) -> None:
+    def raise_alarm(self, kind: str, connections: set[Reader]) -> None:
         if kind in self.raised:
             return
         self.raised.add(kind)
@@ -86,7 +87,7 @@ class AlarmState:
 class ResourceMonitor:
     """Samples memory and disk on a timer and raises or clears the alarms."""
 
-    def __init__(self, alarms: AlarmState, connections: set["Reader"], data_dir: Path,
+    def __init__(self, alarms: AlarmState, connections: set[Reader], data_dir: Path,
                  memory_limit: int, disk_free_limit: int, interval: float = 1.0) -> None:
         self.alarms = alarms
         self.connections = connections

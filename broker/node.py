@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from broker.alarms import AlarmState
+from broker.alarms import AlarmState, ResourceMonitor, total_memory
 from broker.auth import UserStore
 from broker.config import Settings
 from broker.message import Message
@@ -31,7 +31,8 @@ class Node:
         self.vhosts: dict[str, VHost] = {settings.default_vhost: VHost(settings.default_vhost)}
         self.connections: set[Reader] = set()
         # Memory and disk alarms (broker/alarms.py); the monitor that raises them starts with the node.
-        self.alarms = AlarmState()
+        self.alarm_state = AlarmState()
+        self.resource_monitor: ResourceMonitor | None = None
         self._reply_channels: dict[str, "Channel"] = {}
         self._server: asyncio.base_events.Server | None = None
 
@@ -53,7 +54,17 @@ class Node:
         return 1
 
     # -- lifecycle -------------------------------------------------------------------------------------------
+    def start_resource_monitor(self) -> None:
+        """Memory limit: the absolute watermark if set, else the relative one times the machine's RAM."""
+        s = self.settings
+        limit = s.vm_memory_high_watermark_absolute or int(s.vm_memory_high_watermark_relative * total_memory())
+        s.data_dir.mkdir(parents=True, exist_ok=True)
+        self.resource_monitor = ResourceMonitor(self.alarm_state, self.connections, s.data_dir, limit,
+                                                s.disk_free_limit_absolute)
+        self.resource_monitor.start()
+
     async def start(self) -> None:
+        self.start_resource_monitor()
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: Reader(self), self.settings.bind, self.settings.port,
                                                 reuse_address=True, backlog=1024)

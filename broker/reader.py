@@ -82,7 +82,7 @@ class Reader(asyncio.Protocol):
     # Connection states, in order.
     HANDSHAKE, STARTING, TUNING, OPENING, RUNNING, CLOSING, CLOSED = range(7)
 
-    def __init__(self, node: "Node") -> None:
+    def __init__(self, node: Node) -> None:
         self.node = node
         self.settings = node.settings
         self.state = Reader.HANDSHAKE
@@ -91,7 +91,7 @@ class Reader(asyncio.Protocol):
         self.peer: tuple[str, int] = ("", 0)
         self.name = "?"
         self.user: User = User("", "")
-        self.vhost: "VHost" = None  # type: ignore[assignment]
+        self.vhost: VHost = None  # type: ignore[assignment]
         self.client_properties: dict[str, Any] = {}
         self.channels: dict[int, Channel] = {}
         self.closing_channels: set[int] = set()
@@ -295,7 +295,7 @@ class Reader(asyncio.Protocol):
     def _first_publish(self) -> None:
         """A connection becomes a publisher: if an alarm is on, it is blocked from now on."""
         self.has_published = True
-        alarms = self.node.alarms
+        alarms = self.node.alarm_state
         if alarms.active:
             self.block_for_alarm(alarms.reason())
 
@@ -303,7 +303,7 @@ class Reader(asyncio.Protocol):
         if self.blocked_by_alarm or self.state >= Reader.CLOSING:
             return
         self.blocked_by_alarm = True
-        self.node.alarms.blocked.add(self)
+        self.node.alarm_state.blocked.add(self)
         if self.client_capability("connection.blocked"):
             self.send(method_frame(0, spec.Connection.Blocked, reason=reason))
         self.pause_for("alarm")
@@ -510,7 +510,7 @@ class Reader(asyncio.Protocol):
 
     def _cleanup(self) -> None:
         """Release channels (requeueing their unacked messages) and delete the exclusive queues."""
-        self.node.alarms.blocked.discard(self)
+        self.node.alarm_state.blocked.discard(self)
         for channel in list(self.channels.values()):
             channel.shutdown()
         self.channels.clear()
@@ -522,8 +522,7 @@ class Reader(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self._flush()
             self.transport.close()
-        if self.state < Reader.CLOSING:
-            self.state = Reader.CLOSING
+        self.state = max(self.state, Reader.CLOSING)
         self._cleanup()
 
     # -- output ----------------------------------------------------------------------------------------
