@@ -3,33 +3,63 @@
 Modelled on RabbitMQ's ``rabbit_backing_queue`` behaviour. A queue's messages are identified by ``seq_id``,
 an integer the backing queue assigns in publish order; a message is *ready* (waiting in the queue) or
 *pending ack* (fetched, not yet acked). Every implementation runs the conformance suite in
-``tests/unit/test_backing_queue_conformance.py``.
+``tests/unit/storage/test_backing_queue_conformance.py``.
+
+Messages are opaque: the owner passes the message (bytes, or any object when the implementation was
+given an encode/decode pair), its ``size`` (body bytes, for ``ready_bytes`` and the decision to embed
+it in the index), whether it is ``persistent`` (delivery_mode 2; it is kept across restarts only if the
+queue is durable too), an optional ``expiry`` (absolute, in the owner's clock units, e.g. ms; stored,
+never interpreted), an optional ``confirm`` id (opaque) and an optional ``msg_id`` (an int from
+``storage.msg_store.new_msg_id``, the same for every queue one message is routed to, so the message
+store keeps one copy).
 
 Contracts:
 - ``publish`` appends a ready message and returns its seq_id, larger than every seq_id given before.
 - ``publish_delivered`` records a message that went straight to a consumer without being enqueued
-  (RabbitMQ's attempt_delivery on an empty queue): it is pending ack at once.
+  (RabbitMQ's attempt_delivery on an empty queue): it is pending ack at once, marked delivered.
 - ``fetch`` takes the ready message with the lowest seq_id. With ``ack_required`` it stays pending ack
   until ``ack`` or ``requeue``; without, it is gone. It returns ``(seq_id, msg, is_delivered)``, where
   is_delivered says the message may have been delivered before (the client's redelivered flag).
-- ``ack`` forgets pending-ack messages; ``requeue`` puts them back among the ready messages at the places
-  their seq_ids give (ahead of newer messages), marked delivered. Unknown seq_ids are ignored by both.
+- ``ack`` forgets pending-ack messages and returns them; ``requeue`` puts them back among the ready
+  messages at the places their seq_ids give (ahead of newer messages), marked delivered. Unknown seq_ids
+  are ignored by both.
 - ``purge`` drops every ready message (pending acks stay) and returns how many it dropped.
 - ``len`` counts ready messages; ``pending_ack_count`` counts the rest; ``ready_bytes`` sums ready sizes.
-- ``drain_confirmed`` returns the opaque confirm ids of persistent messages that reached disk since the
-  last call (an in-memory store confirms nothing asynchronously and returns an empty list).
-- ``delete_and_terminate`` drops everything, ready and pending ack, and releases any storage.
+- Confirms: every ``confirm`` id given to ``publish`` / ``publish_delivered`` comes back exactly once
+  from ``drain_confirmed``. If the message needs no fsync (not persistent, or the queue not durable) it
+  is returned by the very next ``drain_confirmed``; otherwise only after the fsync covering the
+  message's writes has completed. When confirms become ready that way (asynchronously) the
+  implementation calls ``on_confirm()`` (an attribute the owner sets) on the event loop thread; the
+  owner then calls ``drain_confirmed``. The owner should also call ``drain_confirmed`` at the end of each
+  burst of publishes, for the immediate ones. (An owner may instead confirm transient messages itself
+  and pass ``confirm`` only when it must wait for the disk.) Confirms still pending when the queue is
+  deleted are released by ``delete_and_terminate``.
+- TTL works at the head only: ``head_expiry`` is the head's stored expiry; ``dropwhile(pred)`` drops
+  head messages while ``pred(expiry)`` is true and returns ``(dropped, new head's expiry)``;
+  ``fetchwhile(pred)`` instead fetches them with ack required (for dead-lettering). ``peek`` returns
+  the head message without taking it.
+- Memory: ``set_ram_budget(bytes | None)`` bounds the RAM the queue's ready messages use (None: no
+  bound), paging to disk where the implementation can; ``needs_timeout()`` is True while that work is
+  unfinished, and the owner then calls ``timeout()`` soon (each call does a bounded step).
+- ``delete_and_terminate`` drops everything, ready and pending ack, releases any storage and returns how
+  many messages it dropped. ``close`` is a clean shutdown: a durable queue's persistent messages (ready
+  and pending ack) come back on the next start, the pending ones as ready and delivered.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 
 class BackingQueue(Protocol):
-    def publish(self, msg: Any, size: int, persistent: bool) -> int: ...
+    on_confirm: Callable[[], None] | None
 
-    def publish_delivered(self, msg: Any, size: int, persistent: bool) -> int: ...
+    def publish(self, msg: Any, size: int, persistent: bool, expiry: int | None = None,
+                confirm: Any = None, msg_id: int | None = None) -> int: ...
+
+    def publish_delivered(self, msg: Any, size: int, persistent: bool, expiry: int | None = None,
+                          confirm: Any = None, msg_id: int | None = None) -> int: ...
 
     def fetch(self, ack_required: bool) -> tuple[int, Any, bool] | None: ...
 
@@ -49,4 +79,20 @@ class BackingQueue(Protocol):
 
     def drain_confirmed(self) -> list[Any]: ...
 
+    def head_expiry(self) -> int | None: ...
+
+    def peek(self) -> Any | None: ...
+
+    def dropwhile(self, pred: Callable[[int | None], bool]) -> tuple[int, int | None]: ...
+
+    def fetchwhile(self, pred: Callable[[int | None], bool]) -> list[tuple[int, Any, bool]]: ...
+
+    def set_ram_budget(self, max_bytes: int | None) -> None: ...
+
+    def needs_timeout(self) -> bool: ...
+
+    def timeout(self) -> None: ...
+
     def delete_and_terminate(self) -> int: ...
+
+    def close(self) -> None: ...

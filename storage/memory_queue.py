@@ -1,30 +1,35 @@
-"""A BackingQueue that keeps everything in memory: the stand-in until the variable queue takes over.
+"""A BackingQueue that keeps everything in memory: for non-durable use where paging is not wanted, and
+the reference the conformance suite holds the variable queue to.
 
 Ready messages sit in a deque in seq_id order. Requeued messages always have seq_ids below the deque's
 head (anything fetched was taken from the front), so they wait in a heap that ``fetch`` empties first:
-that puts them back at their original place, as RabbitMQ does.
+that puts them back at their original place, as RabbitMQ does. Nothing reaches disk, so every confirm
+is ready at once and nothing survives ``close``.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import Any, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 
 class MsgStatus:
     """One message in the queue (the seed's msg_status, reduced to what memory needs)."""
 
-    __slots__ = ("seq_id", "msg", "size", "is_persistent", "is_delivered")
+    __slots__ = ("expiry", "is_delivered", "is_persistent", "msg", "seq_id", "size")
 
-    def __init__(self, seq_id: int, msg: Any, size: int, is_persistent: bool, is_delivered: bool) -> None:
+    def __init__(self, seq_id: int, msg: Any, size: int, is_persistent: bool, is_delivered: bool,
+                 expiry: int | None = None) -> None:
         self.seq_id = seq_id
         self.msg = msg
         self.size = size
         self.is_persistent = is_persistent
         self.is_delivered = is_delivered
+        self.expiry = expiry
 
-    def __lt__(self, other: "MsgStatus") -> bool:
+    def __lt__(self, other: MsgStatus) -> bool:
         return self.seq_id < other.seq_id
 
 
@@ -35,21 +40,36 @@ class MemoryBackingQueue:
         self._pending: dict[int, MsgStatus] = {}
         self._next_seq_id = 0
         self._ready_bytes = 0
+        self._confirmed: list[Any] = []
+        self.on_confirm: Callable[[], None] | None = None  # never called: nothing is confirmed late
 
-    def publish(self, msg: Any, size: int, persistent: bool) -> int:
+    def publish(self, msg: Any, size: int, persistent: bool, expiry: int | None = None,
+                confirm: Any = None, msg_id: int | None = None) -> int:
         seq_id = self._next_seq_id
         self._next_seq_id = seq_id + 1
-        self._ready.append(MsgStatus(seq_id, msg, size, persistent, False))
+        self._ready.append(MsgStatus(seq_id, msg, size, persistent, False, expiry))
         self._ready_bytes += size
+        if confirm is not None:
+            self._confirmed.append(confirm)
         return seq_id
 
-    def publish_delivered(self, msg: Any, size: int, persistent: bool) -> int:
+    def publish_delivered(self, msg: Any, size: int, persistent: bool, expiry: int | None = None,
+                          confirm: Any = None, msg_id: int | None = None) -> int:
         seq_id = self._next_seq_id
         self._next_seq_id = seq_id + 1
-        self._pending[seq_id] = MsgStatus(seq_id, msg, size, persistent, True)
+        self._pending[seq_id] = MsgStatus(seq_id, msg, size, persistent, True, expiry)
+        if confirm is not None:
+            self._confirmed.append(confirm)
         return seq_id
 
-    def fetch(self, ack_required: bool) -> tuple[int, Any, bool] | None:
+    def _head(self) -> MsgStatus | None:
+        if self._requeued:
+            return self._requeued[0]
+        if self._ready:
+            return self._ready[0]
+        return None
+
+    def _take(self) -> MsgStatus | None:
         if self._requeued:
             status = heapq.heappop(self._requeued)
         elif self._ready:
@@ -57,6 +77,12 @@ class MemoryBackingQueue:
         else:
             return None
         self._ready_bytes -= status.size
+        return status
+
+    def fetch(self, ack_required: bool) -> tuple[int, Any, bool] | None:
+        status = self._take()
+        if status is None:
+            return None
         delivered = status.is_delivered
         if ack_required:
             status.is_delivered = True
@@ -65,11 +91,29 @@ class MemoryBackingQueue:
 
     def peek(self) -> Any | None:
         """The message ``fetch`` would return next, left in place (for TTL checks at the head)."""
-        if self._requeued:
-            return self._requeued[0].msg
-        if self._ready:
-            return self._ready[0].msg
-        return None
+        status = self._head()
+        return None if status is None else status.msg
+
+    def head_expiry(self) -> int | None:
+        status = self._head()
+        return None if status is None else status.expiry
+
+    def dropwhile(self, pred: Callable[[int | None], bool]) -> tuple[int, int | None]:
+        n = 0
+        while True:
+            status = self._head()
+            if status is None or not pred(status.expiry):
+                return n, None if status is None else status.expiry
+            self._take()
+            n += 1
+
+    def fetchwhile(self, pred: Callable[[int | None], bool]) -> list[tuple[int, Any, bool]]:
+        out = []
+        while True:
+            status = self._head()
+            if status is None or not pred(status.expiry):
+                return out
+            out.append(self.fetch(True))  # type: ignore[arg-type]
 
     def ack(self, seq_ids: Iterable[int]) -> list[Any]:
         pending = self._pending
@@ -109,9 +153,24 @@ class MemoryBackingQueue:
         return self._ready_bytes
 
     def drain_confirmed(self) -> list[Any]:
-        return []
+        out = self._confirmed
+        if out:
+            self._confirmed = []
+        return out
+
+    def set_ram_budget(self, max_bytes: int | None) -> None:
+        """Nothing to page to: the budget is ignored."""
+
+    def needs_timeout(self) -> bool:
+        return False
+
+    def timeout(self) -> None:
+        pass
 
     def delete_and_terminate(self) -> int:
         n = self.purge() + len(self._pending)
         self._pending.clear()
         return n
+
+    def close(self) -> None:
+        self.delete_and_terminate()

@@ -1,0 +1,303 @@
+"""The queue index (RabbitMQ's ``rabbit_queue_index``): where a queue's message positions live on disk.
+
+One directory per queue holding segment files ``<n:08d>.idx``; segment n covers seq_ids
+``[n * SEGMENT_ENTRIES, (n + 1) * SEGMENT_ENTRIES)``. Each file is a log of framed records (see
+:mod:`storage.segment`) of three kinds, little-endian:
+
+    publish  PUB = <B Q Q Q B Q q>  kind=1, seq_id, msg id low, msg id high, flags, size, expiry (-1: none),
+             followed by the message bytes when the message is embedded (flag 2)
+    deliver  EVT = <B Q>            kind=2, seq_id
+    ack      EVT = <B Q>            kind=3, seq_id
+
+flags: 1 persistent, 2 embedded, 4 delivered (publish_delivered writes one record instead of two).
+Messages smaller than ``queue_index_embed_msgs_below`` are embedded: one write, no store entry.
+
+A segment file is deleted when every publish written to it has been acked, so a drained queue leaves
+nothing behind. The index is also the paging area of non-durable queues (``durable=False``: no fsync,
+emptied on open). Durable queues' transient messages are written here only when paged out; their
+entries are dead after a restart, which recovery skips (``transient_floor``).
+
+A clean :meth:`close` leaves ``clean.terms`` (the owner's counters plus the per-segment counts), which
+lets the next start skip reading the segments; without it :meth:`scan_all` reads them all.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+
+from storage.segment import (
+    AppendFile,
+    CorruptRecord,
+    fsync_dir,
+    read_framed_file,
+    scan,
+    write_file_atomically,
+)
+from storage.syncer import Syncer
+
+log = logging.getLogger("leveret.storage")
+
+SEGMENT_ENTRIES = 4096
+PUB = struct.Struct("<BQQQBQq")
+EVT = struct.Struct("<BQ")
+PUB_SIZE = PUB.size
+assert PUB_SIZE == 42 and EVT.size == 9
+K_PUB, K_DEL, K_ACK = 1, 2, 3
+F_PERSISTENT, F_EMBEDDED, F_DELIVERED = 1, 2, 4
+M64 = (1 << 64) - 1
+SUFFIX = ".idx"
+TERMS = "clean.terms"
+# Segment files kept open at once; others are closed (and reopened on demand).
+MAX_OPEN = 16
+
+
+class IndexEntry:
+    """An unacked publish read back from a segment. ``body_pos`` is the offset of an embedded body in its
+    segment file (-1 if the message is in the store)."""
+
+    __slots__ = ("body_pos", "delivered", "expiry", "msg_id", "persistent", "seq_id", "size")
+
+    def __init__(self, seq_id: int, msg_id: int | None, persistent: bool, delivered: bool, size: int,
+                 expiry: int | None, body_pos: int) -> None:
+        self.seq_id = seq_id
+        self.msg_id = msg_id
+        self.persistent = persistent
+        self.delivered = delivered
+        self.size = size
+        self.expiry = expiry
+        self.body_pos = body_pos
+
+
+def segment_of(seq_id: int) -> int:
+    return seq_id // SEGMENT_ENTRIES
+
+
+def next_segment_boundary(seq_id: int) -> int:
+    return (seq_id // SEGMENT_ENTRIES + 1) * SEGMENT_ENTRIES
+
+
+class QueueIndex:
+    def __init__(self, directory: str, syncer: Syncer | None, durable: bool) -> None:
+        self.directory = directory
+        self.durable = durable
+        self._syncer = syncer if durable else None
+        self._files: dict[int, AppendFile] = {}
+        self._unacked: dict[int, int] = {}  # per segment: publishes written and not yet acked
+        self._transient: dict[int, int] = {}  # per segment: how many of those are transient
+        if not durable and os.path.isdir(directory):
+            shutil.rmtree(directory)
+        os.makedirs(directory, exist_ok=True)
+
+    # -- writing (loop thread) -------------------------------------------------------------------------
+    def publish(self, seq_id: int, msg_id: int | None, persistent: bool, delivered: bool, size: int,
+                expiry: int | None, body: bytes | None) -> int:
+        """Record a message at ``seq_id``; returns where an embedded body starts (-1 if not embedded)."""
+        seg = seq_id // SEGMENT_ENTRIES
+        f = self._files.get(seg) or self._open(seg)
+        mid = msg_id or 0
+        flags = (F_PERSISTENT if persistent else 0) | (F_DELIVERED if delivered else 0)
+        self._unacked[seg] = self._unacked.get(seg, 0) + 1
+        if not persistent:
+            self._transient[seg] = self._transient.get(seg, 0) + 1
+        if body is None:
+            f.append(PUB.pack(K_PUB, seq_id, mid & M64, mid >> 64, flags, size,
+                              -1 if expiry is None else expiry))
+            return -1
+        head = PUB.pack(K_PUB, seq_id, mid & M64, mid >> 64, flags | F_EMBEDDED, size,
+                        -1 if expiry is None else expiry)
+        return f.append2(head, body) + PUB_SIZE
+
+    def deliver(self, seq_id: int) -> None:
+        seg = seq_id // SEGMENT_ENTRIES
+        (self._files.get(seg) or self._open(seg)).append(EVT.pack(K_DEL, seq_id))
+
+    def ack(self, seq_id: int, persistent: bool = True) -> None:
+        """``persistent`` must be the flag the entry was published with (it keeps the counts right)."""
+        seg = seq_id // SEGMENT_ENTRIES
+        if not persistent:
+            self._transient[seg] = self._transient.get(seg, 0) - 1
+        left = self._unacked.get(seg, 0) - 1
+        if left <= 0:
+            self._unacked.pop(seg, None)
+            self._transient.pop(seg, None)
+            self._delete_segment(seg)  # everything in it is acked: no need to even write this ack
+            return
+        self._unacked[seg] = left
+        (self._files.get(seg) or self._open(seg)).append(EVT.pack(K_ACK, seq_id))
+
+    # -- reading -------------------------------------------------------------------------------------------
+    def read_segment(self, seg: int, lo: int, hi: int, transient_floor: int = 0) -> list[IndexEntry]:
+        """Unacked publishes with ``lo <= seq_id < hi`` in segment ``seg``, by seq_id. Transient entries
+        below ``transient_floor`` (written before the last restart) are dead and left out."""
+        data = self._read(seg)
+        if not data:
+            return []
+        entries, _, _ = self._parse(data, self._path(seg))
+        out = [e for e in entries.values()
+               if lo <= e.seq_id < hi and (e.persistent or e.seq_id >= transient_floor)]
+        out.sort(key=_seq_key)
+        return out
+
+    def read_body(self, seq_id: int, body_pos: int, size_hint: int) -> bytes | None:
+        """An embedded message's bytes (checked against its record's CRC); None if damaged.
+        ``size_hint`` is the message's size; its encoded form is usually a little longer."""
+        seg = seq_id // SEGMENT_ENTRIES
+        f = self._files.get(seg) or self._open(seg)
+        try:
+            payload = f.read_payload_hint(body_pos - PUB_SIZE, PUB_SIZE + size_hint + 512)
+        except CorruptRecord as e:
+            log.error("storage: message %d in %s unreadable: %s", seq_id, self.directory, e)
+            return None
+        return payload[PUB_SIZE:]
+
+    def _read(self, seg: int) -> bytes:
+        f = self._files.get(seg)
+        if f is not None:
+            return f.read_all()
+        try:
+            with open(self._path(seg), "rb") as fh:
+                return fh.read()
+        except FileNotFoundError:
+            return b""
+
+    @staticmethod
+    def _parse(data: bytes, name: str) -> tuple[dict[int, IndexEntry], int, int]:
+        """Replay a segment's records: ``(unacked publishes by seq_id with their delivered flags, the
+        highest seq_id any record names, where the valid data ends)``."""
+        records, good_end, _ = scan(data, name)
+        entries: dict[int, IndexEntry] = {}
+        delivered: set[int] = set()
+        top = -1
+        for _, start, n in records:
+            kind = data[start]
+            if n >= EVT.size:
+                seq_id = EVT.unpack_from(data, start)[1]
+                top = max(top, seq_id)
+            if kind == K_PUB and n >= PUB_SIZE:
+                _, seq_id, lo, hi, flags, size, expiry = PUB.unpack_from(data, start)
+                mid = (hi << 64) | lo
+                entries[seq_id] = IndexEntry(seq_id, mid or None, bool(flags & F_PERSISTENT),
+                                             bool(flags & F_DELIVERED) or seq_id in delivered, size,
+                                             None if expiry < 0 else expiry,
+                                             start + PUB_SIZE if flags & F_EMBEDDED else -1)
+            elif kind == K_DEL and n == EVT.size:
+                seq_id = EVT.unpack_from(data, start)[1]
+                e = entries.get(seq_id)
+                if e is not None:
+                    e.delivered = True
+                else:
+                    delivered.add(seq_id)
+            elif kind == K_ACK and n == EVT.size:
+                entries.pop(EVT.unpack_from(data, start)[1], None)
+        return entries, top, good_end
+
+    # -- files -------------------------------------------------------------------------------------------
+    def _path(self, seg: int) -> str:
+        return os.path.join(self.directory, f"{seg:08d}{SUFFIX}")
+
+    def _open(self, seg: int) -> AppendFile:
+        if len(self._files) >= MAX_OPEN:
+            victim = min(self._files)  # the oldest segment: the head's, written least from now on
+            self._files.pop(victim).close()
+        path = self._path(seg)
+        if os.path.exists(path):
+            f = AppendFile.open_existing(path, self._syncer, os.path.getsize(path))
+        else:
+            f = AppendFile.create(path, self._syncer)
+        self._files[seg] = f
+        return f
+
+    def _delete_segment(self, seg: int) -> None:
+        f = self._files.pop(seg, None)
+        if f is not None:
+            f.close()
+        try:
+            os.unlink(self._path(seg))
+        except FileNotFoundError:
+            pass
+
+    def segment_numbers(self) -> list[int]:
+        return sorted(int(n[:-len(SUFFIX)]) for n in os.listdir(self.directory) if n.endswith(SUFFIX))
+
+    def disk_bytes(self) -> int:
+        total = 0
+        for n in os.listdir(self.directory):
+            total += os.path.getsize(os.path.join(self.directory, n))
+        for f in self._files.values():
+            total += len(f.buf)
+        return total
+
+    # -- recovery ----------------------------------------------------------------------------------------
+    def recover_terms(self) -> dict[str, Any] | None:
+        """The terms a clean close left (then deleted, so a crash from now on is a dirty start), or None."""
+        path = os.path.join(self.directory, TERMS)
+        raw = read_framed_file(path)
+        if os.path.exists(path):
+            os.unlink(path)
+            if self.durable:
+                fsync_dir(self.directory)
+        if raw is None:
+            return None
+        try:
+            terms = msgpack.unpackb(raw, strict_map_key=False)
+            self._unacked = {int(k): v for k, v in terms.pop("unacked").items()}
+        except Exception:  # noqa: BLE001 - doubt means a full scan
+            log.warning("storage: unreadable terms in %s; scanning", self.directory)
+            return None
+        for seg in self.segment_numbers():
+            if seg not in self._unacked:  # held only transient (now dead) or acked entries
+                os.unlink(self._path(seg))
+        return terms
+
+    def scan_all(self) -> Iterator[tuple[int, int, list[IndexEntry]]]:
+        """Dirty recovery: for each segment, ``(segment, highest seq_id seen, unacked persistent entries)``.
+        Torn tails are cut; the per-segment counts are rebuilt from what survives (the caller acks any
+        entry it cannot use)."""
+        self._unacked = {}
+        self._transient = {}
+        for seg in self.segment_numbers():
+            path = self._path(seg)
+            with open(path, "rb") as fh:
+                data = fh.read()
+            entries, top, good_end = self._parse(data, path)
+            AppendFile.open_existing(path, None, good_end).close()  # cut a torn tail, if any
+            live = sorted((e for e in entries.values() if e.persistent), key=_seq_key)
+            if live:
+                self._unacked[seg] = len(live)
+            else:
+                os.unlink(path)
+            yield seg, top, live
+
+    # -- shutdown -----------------------------------------------------------------------------------------
+    def close(self, terms: dict[str, Any] | None) -> None:
+        """Close the files; with ``terms`` (a durable queue's clean shutdown, after the caller synced)
+        write them with the per-segment counts so the next start need not scan."""
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+        if terms is not None and self.durable:
+            # After a restart only the persistent entries count: transient ones are dead then.
+            transient = self._transient
+            persistent = {seg: n - transient.get(seg, 0) for seg, n in self._unacked.items()}
+            terms = dict(terms, unacked={seg: n for seg, n in persistent.items() if n > 0})
+            write_file_atomically(os.path.join(self.directory, TERMS), msgpack.packb(terms))
+
+    def delete(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+        self._unacked.clear()
+        self._transient.clear()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _seq_key(e: IndexEntry) -> int:
+    return e.seq_id
+

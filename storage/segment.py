@@ -1,0 +1,274 @@
+"""Append-only files of framed records: the on-disk unit of the message store and of the queue index.
+
+Every record, little-endian::
+
+    offset 0   u32  MAGIC (0x5445564C, b"LVET")  lets a scan find the next record after damage
+    offset 4   u32  n, the payload length
+    offset 8   u32  CRC32 of the payload
+    offset 12  n    payload
+
+A record is valid when its magic, a length that fits the file and its CRC all check. Scanning a file
+(``scan``) yields the valid records in order. After an invalid one it searches for the next magic whose
+record validates: if there is one, the bytes between were corruption in the middle of the file, which
+is logged and skipped; if there is none, the file ends in a torn write, which the caller cuts off
+(``AppendFile.open_existing`` truncates it) so that new records follow the last good one.
+
+``AppendFile`` buffers appends in memory (one ``os.write`` per burst or per ``FLUSH_AT`` bytes, not per
+record); a :class:`storage.syncer.Syncer`, when given, learns that the file is dirty and fsyncs it with
+the rest of the burst in its own thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+from zlib import crc32
+
+if TYPE_CHECKING:
+    from storage.syncer import Syncer
+
+log = logging.getLogger("leveret.storage")
+
+MAGIC = 0x5445564C
+MAGIC_BYTES = struct.pack("<I", MAGIC)
+HEADER = struct.Struct("<III")
+assert HEADER.size == 12
+HEADER_SIZE = HEADER.size
+# Appends are written to the kernel once this much is buffered, even inside a burst (bounds memory).
+FLUSH_AT = 1 << 20
+
+
+class CorruptRecord(Exception):
+    """A record read by position failed its checks (a bad disk, or a file changed under us)."""
+
+
+def frame(payload: bytes) -> bytes:
+    """One record as bytes (tests and small files; appends avoid the copy)."""
+    return HEADER.pack(MAGIC, len(payload), crc32(payload)) + payload
+
+
+def _valid_at(data: bytes | memoryview, pos: int, end: int) -> int:
+    """The payload length of a valid record at ``pos``, or -1."""
+    if pos + HEADER_SIZE > end:
+        return -1
+    magic, n, crc = HEADER.unpack_from(data, pos)
+    if magic != MAGIC or pos + HEADER_SIZE + n > end:
+        return -1
+    start = pos + HEADER_SIZE
+    if crc32(data[start:start + n]) != crc:
+        return -1
+    return n
+
+
+def scan(data: bytes, name: str = "") -> tuple[list[tuple[int, int, int]], int, int]:
+    """Validate every record of a file's bytes.
+
+    Returns ``(records, good_end, skipped)``: ``records`` lists ``(record offset, payload offset,
+    payload length)`` of each valid record in order; ``good_end`` is where the last valid record ends
+    (anything after it is a torn tail); ``skipped`` counts bytes of corruption skipped in the middle.
+    """
+    view = memoryview(data)
+    end = len(data)
+    pos = 0
+    records: list[tuple[int, int, int]] = []
+    good_end = 0
+    skipped = 0
+    while pos < end:
+        n = _valid_at(view, pos, end)
+        if n >= 0:
+            records.append((pos, pos + HEADER_SIZE, n))
+            pos += HEADER_SIZE + n
+            good_end = pos
+            continue
+        # Damage at pos: find the next record that validates, if any.
+        probe = pos + 1
+        while True:
+            probe = data.find(MAGIC_BYTES, probe)
+            if probe < 0 or _valid_at(view, probe, end) >= 0:
+                break
+            probe += 1
+        if probe < 0:
+            break  # torn tail: nothing valid follows
+        log.error("storage: skipped %d corrupt bytes at offset %d of %s", probe - pos, pos, name or "a file")
+        skipped += probe - pos
+        pos = probe
+    return records, good_end, skipped
+
+
+class AppendFile:
+    """One segment file open for appending and for positional reads.
+
+    ``written`` is how much of it the kernel has, ``synced`` how much is known to be on disk (fsynced;
+    kept by the syncer), ``size`` what it will hold once the buffer is written.
+    """
+
+    __slots__ = ("buf", "dirty", "fd", "new", "path", "synced", "syncer", "written")
+
+    def __init__(self, path: str, syncer: Syncer | None, fd: int, size: int, new: bool) -> None:
+        self.path = path
+        self.fd = fd
+        self.buf = bytearray()
+        self.written = size
+        self.synced = size if not new else 0
+        self.syncer = syncer
+        self.dirty = False
+        self.new = new  # the directory entry still needs an fsync
+
+    @classmethod
+    def create(cls, path: str, syncer: Syncer | None) -> AppendFile:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        return cls(path, syncer, fd, 0, True)
+
+    @classmethod
+    def open_existing(cls, path: str, syncer: Syncer | None, good_end: int) -> AppendFile:
+        """Reopen a scanned file for appending, first cutting any torn tail after ``good_end``."""
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+        size = os.fstat(fd).st_size
+        if size > good_end:
+            log.warning("storage: cut a torn tail of %d bytes from %s", size - good_end, path)
+            os.ftruncate(fd, good_end)
+            size = good_end
+        return cls(path, syncer, fd, size, False)
+
+    @property
+    def size(self) -> int:
+        return self.written + len(self.buf)
+
+    @property
+    def closed(self) -> bool:
+        return self.fd < 0
+
+    def append(self, payload: bytes) -> int:
+        """Buffer one record; returns the offset of its payload in the file."""
+        buf = self.buf
+        off = self.written + len(buf) + HEADER_SIZE
+        buf += HEADER.pack(MAGIC, len(payload), crc32(payload))
+        buf += payload
+        if not self.dirty and self.syncer is not None:
+            self.dirty = True
+            self.syncer.mark(self)
+        if len(buf) >= FLUSH_AT:
+            self.write_out()
+        return off
+
+    def append2(self, head: bytes, body: bytes) -> int:
+        """Buffer one record whose payload is ``head + body``, without joining them."""
+        buf = self.buf
+        off = self.written + len(buf) + HEADER_SIZE
+        buf += HEADER.pack(MAGIC, len(head) + len(body), crc32(body, crc32(head)))
+        buf += head
+        buf += body
+        if not self.dirty and self.syncer is not None:
+            self.dirty = True
+            self.syncer.mark(self)
+        if len(buf) >= FLUSH_AT:
+            self.write_out()
+        return off
+
+    def write_out(self) -> None:
+        """Hand the buffer to the kernel (page cache); durability is the syncer's business."""
+        buf = self.buf
+        if not buf or self.fd < 0:
+            return
+        view = memoryview(buf)
+        done = 0
+        try:
+            while done < len(buf):
+                done += os.write(self.fd, view[done:])
+        finally:
+            view.release()
+        self.written += done
+        del buf[:]
+
+    def pread(self, offset: int, n: int) -> bytes:
+        if offset + n > self.written:
+            self.write_out()
+        return os.pread(self.fd, n, offset)
+
+    def read_payload(self, offset: int, n: int) -> bytes:
+        """The payload of ``n`` bytes at ``offset``, checked against its record header."""
+        data = self.pread(offset - HEADER_SIZE, n + HEADER_SIZE)
+        if len(data) != n + HEADER_SIZE:
+            raise CorruptRecord(f"short read at {offset} in {self.path}")
+        magic, length, crc = HEADER.unpack_from(data, 0)
+        if magic != MAGIC or length != n or crc32(memoryview(data)[HEADER_SIZE:]) != crc:
+            raise CorruptRecord(f"bad record at {offset} in {self.path}")
+        return data[HEADER_SIZE:]
+
+    def read_payload_hint(self, offset: int, hint: int) -> bytes:
+        """The payload at ``offset`` whose length is only guessed (``hint``): one pread when the guess
+        is big enough, two otherwise. Checked like :meth:`read_payload`."""
+        data = self.pread(offset - HEADER_SIZE, HEADER_SIZE + hint)
+        if len(data) < HEADER_SIZE:
+            raise CorruptRecord(f"short read at {offset} in {self.path}")
+        magic, n, crc = HEADER.unpack_from(data, 0)
+        if magic != MAGIC:
+            raise CorruptRecord(f"bad record at {offset} in {self.path}")
+        if n > hint:
+            data = self.pread(offset - HEADER_SIZE, HEADER_SIZE + n)
+        payload = data[HEADER_SIZE:HEADER_SIZE + n]
+        if len(payload) != n or crc32(payload) != crc:
+            raise CorruptRecord(f"bad record at {offset} in {self.path}")
+        return payload
+
+    def read_all(self) -> bytes:
+        self.write_out()
+        return os.pread(self.fd, self.written, 0) if self.written else b""
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self.write_out()
+            os.close(self.fd)
+            self.fd = -1
+
+    def abandon(self) -> None:
+        """Release the descriptor without writing the buffer (what a crash does; tests)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __del__(self) -> None:
+        self.abandon()
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file_atomically(path: str, payload: bytes) -> None:
+    """Write one framed record to ``path`` via a temporary file, fsync, rename, fsync the directory."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, frame(payload))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path) or ".")
+
+
+def read_framed_file(path: str) -> bytes | None:
+    """The payload of a file written by ``write_file_atomically``, or None if missing or invalid."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    if _valid_at(data, 0, len(data)) != len(data) - HEADER_SIZE:
+        log.warning("storage: ignoring invalid %s", path)
+        return None
+    return data[HEADER_SIZE:]
+
+
+def iter_payloads(data: bytes, records: list[tuple[int, int, int]]) -> Iterator[memoryview]:
+    view = memoryview(data)
+    for _, start, n in records:
+        yield view[start:start + n]

@@ -1,0 +1,257 @@
+"""The BackingQueue contracts (storage/backing_queue.py), run against every implementation.
+
+Variants: the in-memory queue; the variable queue non-durable and durable; and both again with a RAM
+target of zero, so that every message goes through the paging paths (betas, delta) as well.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from storage.backing_queue import BackingQueue
+from storage.memory_queue import MemoryBackingQueue
+from storage.node_storage import NodeStorage
+
+
+class Subject:
+    def __init__(self, bq: BackingQueue, settle: Callable[[], None], durable: bool) -> None:
+        self.bq = bq
+        self.settle = settle  # end of a burst: the group-commit flush
+        self.durable = durable
+
+
+def _memory(tmp_path: Path) -> Subject:
+    return Subject(MemoryBackingQueue(), lambda: None, False)
+
+
+def _variable(durable: bool, paging: bool) -> Callable[[Path], Subject]:
+    def make(tmp_path: Path) -> Subject:
+        ns = NodeStorage(str(tmp_path / "node"))
+        vq = ns.open_queue("/", "q", durable)
+        ns.finish_recovery()
+        if paging:  # every message paged out as far as it goes: betas, then delta
+            vq.beta_floor = 1
+            vq.set_ram_target(0)
+        return Subject(vq, ns.syncer.flush, durable)
+    return make
+
+
+VARIANTS = {
+    "memory": _memory,
+    "variable": _variable(False, False),
+    "variable-durable": _variable(True, False),
+    "variable-paging": _variable(False, True),
+    "variable-durable-paging": _variable(True, True),
+}
+
+
+@pytest.fixture(params=list(VARIANTS))
+def subject(request, tmp_path: Path) -> Subject:
+    return VARIANTS[request.param](tmp_path)
+
+
+def msg(i: int, size: int = 10) -> bytes:
+    return (b"m%d-" % i).ljust(size, b".")
+
+
+def drain(bq: BackingQueue, ack_required: bool = False) -> list[tuple[int, Any, bool]]:
+    out = []
+    while True:
+        f = bq.fetch(ack_required)
+        if f is None:
+            return out
+        out.append(f)
+
+
+def test_publish_assigns_increasing_seq_ids_and_fetch_is_fifo(subject: Subject) -> None:
+    bq = subject.bq
+    seqs = [bq.publish(msg(i), 10, i % 2 == 0) for i in range(50)]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 50
+    assert bq.len() == 50 and not bq.is_empty() and bq.ready_bytes() == 500
+    got = drain(bq)
+    assert [m for _, m, _ in got] == [msg(i) for i in range(50)]
+    assert [s for s, _, _ in got] == seqs
+    assert all(not d for _, _, d in got)
+    assert bq.len() == 0 and bq.is_empty() and bq.ready_bytes() == 0 and bq.fetch(True) is None
+
+
+def test_large_and_small_messages_round_trip(subject: Subject) -> None:
+    bq = subject.bq
+    sizes = [0, 1, 100, 4095, 4096, 5000, 70000]
+    for i, size in enumerate(sizes):
+        bq.publish(msg(i, size), size, True)
+    assert [m for _, m, _ in drain(bq)] == [msg(i, size) for i, size in enumerate(sizes)]
+
+
+def test_ack_required_fetch_stays_pending_until_ack(subject: Subject) -> None:
+    bq = subject.bq
+    for i in range(5):
+        bq.publish(msg(i), 10, True)
+    fetched = [bq.fetch(True) for _ in range(3)]
+    assert bq.len() == 2 and bq.pending_ack_count() == 3
+    acked = bq.ack([fetched[0][0], fetched[2][0], 12345])
+    assert acked == [msg(0), msg(2)]
+    assert bq.pending_ack_count() == 1
+    assert bq.ack([fetched[0][0]]) == []  # already acked: ignored
+
+
+def test_requeue_restores_original_position_marked_delivered(subject: Subject) -> None:
+    bq = subject.bq
+    for i in range(10):
+        bq.publish(msg(i), 10, i % 3 == 0)
+    f = [bq.fetch(True) for _ in range(6)]
+    bq.publish(msg(10), 10, True)
+    bq.requeue([f[4][0], f[1][0]])
+    bq.requeue([f[3][0], 999])
+    assert bq.len() == 4 + 3 + 1 and bq.pending_ack_count() == 3
+    got = drain(bq, ack_required=True)
+    assert [m for _, m, _ in got] == [msg(i) for i in (1, 3, 4, 6, 7, 8, 9, 10)]
+    assert [d for _, _, d in got] == [True, True, True, False, False, False, False, False]
+    bq.requeue([s for s, _, _ in got] + [f[0][0]])
+    got = drain(bq)
+    assert [m for _, m, _ in got] == [msg(i) for i in (0, 1, 3, 4, 6, 7, 8, 9, 10)]
+    assert all(d for _, _, d in got)
+
+
+def test_publish_delivered_is_pending_at_once(subject: Subject) -> None:
+    bq = subject.bq
+    seq = bq.publish_delivered(msg(0), 10, True)
+    assert bq.len() == 0 and bq.is_empty() and bq.pending_ack_count() == 1
+    later = bq.publish(msg(1), 10, True)
+    assert later > seq
+    bq.requeue([seq])
+    got = drain(bq)
+    assert [(m, d) for _, m, d in got] == [(msg(0), True), (msg(1), False)]
+
+
+def test_purge_drops_ready_keeps_pending(subject: Subject) -> None:
+    bq = subject.bq
+    for i in range(20):
+        bq.publish(msg(i), 10, i % 2 == 0)
+    pending = [bq.fetch(True) for _ in range(5)]
+    assert bq.purge() == 15
+    assert bq.len() == 0 and bq.ready_bytes() == 0 and bq.pending_ack_count() == 5
+    bq.publish(msg(20), 10, True)
+    bq.requeue([p[0] for p in pending])
+    assert [m for _, m, _ in drain(bq)] == [msg(i) for i in (0, 1, 2, 3, 4, 20)]
+
+
+def test_delete_and_terminate_counts_everything(subject: Subject) -> None:
+    bq = subject.bq
+    for i in range(12):
+        bq.publish(msg(i), 10, True, confirm=i)
+    bq.fetch(True)
+    bq.fetch(True)
+    assert bq.delete_and_terminate() == 12
+    subject.settle()
+    assert sorted(bq.drain_confirmed()) == list(range(12))
+
+
+def test_confirms_come_back_exactly_once(subject: Subject) -> None:
+    bq = subject.bq
+    for i in range(10):
+        bq.publish(msg(i), 10, i % 2 == 0, confirm=("c", i))
+    bq.publish_delivered(msg(10), 10, True, confirm=("c", 10))
+    early = bq.drain_confirmed()
+    if subject.durable:  # only the transient ones are confirmed before the fsync
+        assert sorted(early) == [("c", i) for i in (1, 3, 5, 7, 9)]
+    subject.settle()
+    late = bq.drain_confirmed()
+    assert sorted(early + late) == [("c", i) for i in range(11)]
+    subject.settle()
+    assert bq.drain_confirmed() == []
+
+
+def test_ttl_at_the_head(subject: Subject) -> None:
+    bq = subject.bq
+    for i, expiry in enumerate([100, 100, 200, None, 50]):
+        bq.publish(msg(i), 10, True, expiry=expiry)
+    assert bq.head_expiry() == 100
+    assert bq.peek() == msg(0) and bq.len() == 5
+    assert bq.dropwhile(lambda e: e is not None and e <= 100) == (2, 200)
+    fetched = bq.fetchwhile(lambda e: e is not None and e <= 300)
+    assert [m for _, m, _ in fetched] == [msg(2)] and bq.pending_ack_count() == 1
+    assert bq.head_expiry() is None and bq.peek() == msg(3)
+    assert bq.dropwhile(lambda e: True) == (2, None)
+    assert bq.is_empty() and bq.head_expiry() is None and bq.peek() is None
+
+
+def test_ram_budget_interface(subject: Subject) -> None:
+    bq = subject.bq
+    for i in range(100):
+        bq.publish(msg(i, 1000), 1000, False)
+    bq.set_ram_budget(10_000)
+    while bq.needs_timeout():
+        bq.timeout()
+    bq.set_ram_budget(None)
+    assert [m for _, m, _ in drain(bq)] == [msg(i, 1000) for i in range(100)]
+
+
+class Model:
+    """The contracts in a dozen lines: a sorted list of ready seq_ids and a dict of pending ones."""
+
+    def __init__(self) -> None:
+        self.ready: list[tuple[int, bytes, bool]] = []
+        self.pending: dict[int, tuple[int, bytes, bool]] = {}
+
+    def publish(self, seq: int, m: bytes) -> None:
+        self.ready.append((seq, m, False))
+
+    def fetch(self, ack: bool) -> tuple[int, bytes, bool] | None:
+        if not self.ready:
+            return None
+        item = self.ready.pop(0)
+        if ack:
+            self.pending[item[0]] = (item[0], item[1], True)
+        return item
+
+    def requeue(self, seqs: list[int]) -> None:
+        for s in seqs:
+            if s in self.pending:
+                self.ready.append(self.pending.pop(s))
+        self.ready.sort()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_operations_match_the_model(subject: Subject, seed: int) -> None:
+    rnd = random.Random(seed)
+    bq, model = subject.bq, Model()
+    n = 0
+    for _ in range(1500):
+        op = rnd.random()
+        if op < 0.4:
+            size = rnd.choice([5, 50, 5000])
+            m = msg(n, size)
+            n += 1
+            model.publish(bq.publish(m, size, rnd.random() < 0.5), m)
+        elif op < 0.7:
+            ack = rnd.random() < 0.7
+            assert bq.fetch(ack) == model.fetch(ack)
+        elif op < 0.8 and model.pending:
+            seqs = rnd.sample(sorted(model.pending), k=min(len(model.pending), rnd.randint(1, 4)))
+            bq.ack(seqs)
+            for s in seqs:
+                del model.pending[s]
+        elif op < 0.9 and model.pending:
+            seqs = rnd.sample(sorted(model.pending), k=min(len(model.pending), rnd.randint(1, 4)))
+            bq.requeue(seqs)
+            model.requeue(seqs)
+        elif op < 0.92:
+            assert bq.purge() == len(model.ready)
+            model.ready.clear()
+        elif op < 0.95:
+            bq.set_ram_budget(rnd.choice([0, 2000, 50_000, None]))
+        assert bq.len() == len(model.ready)
+        assert bq.pending_ack_count() == len(model.pending)
+        assert bq.ready_bytes() == sum(len(m) for _, m, _ in model.ready)
+        check = getattr(bq, "check_invariants", None)
+        if check is not None and rnd.random() < 0.05:
+            check()
+    bq.requeue(list(model.pending))
+    model.requeue(list(model.pending))
+    assert drain(bq) == [(s, m, d) for s, m, d in model.ready]
