@@ -1,54 +1,98 @@
-"""The ``leveret`` command: ``leveret serve [--config FILE] [--bind ADDR] [--port N] [--data-dir DIR]``."""
+"""The ``leveret`` command.
+
+``leveret serve [--config FILE] [--bind ADDR] [--port N] [--data-dir DIR] [--management-port N]
+[--prometheus-port N] [--log-level L] [--load-definitions FILE] [--set KEY=VALUE ...]`` runs the broker;
+``leveret ctl VERB ...`` operates a running one over its HTTP API (see broker/ctl.py).
+
+Settings come from built-in defaults < the config file < ``LEVERET_…`` environment variables < these flags.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import sys
-from pathlib import Path
 
-from broker.config import ConfigError, Settings, load_env, load_file
+from broker.config import ConfigError, Settings, load_settings
 from broker.logs import configure_logging
+
+# Command-line flag → configuration key (so a flag is validated exactly as the same key in a file).
+_FLAG_KEYS = {
+    "port": "listeners.tcp.default",
+    "data_dir": "leveret.data_dir",
+    "management_port": "management.tcp.port",
+    "prometheus_port": "prometheus.tcp.port",
+    "log_level": "log.console.level",
+    "load_definitions": "load_definitions",
+}
+
+
+def build_settings(args: argparse.Namespace) -> Settings:
+    overrides: list[tuple[str, str]] = []
+    for item in args.set or []:
+        if "=" not in item:
+            raise ConfigError(f"command line: --set expects KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        overrides.append((key.strip(), value))
+    for attr, key in _FLAG_KEYS.items():
+        value = getattr(args, attr, None)
+        if value is not None:
+            overrides.append((key, str(value)))
+    settings = load_settings(args.config, overrides)
+    if args.bind:
+        settings.bind = args.bind
+    return settings
 
 
 def _serve(args: argparse.Namespace) -> int:
-    settings = Settings()
     try:
-        if args.config:
-            load_file(settings, Path(args.config))
-        load_env(settings)
+        settings = build_settings(args)
     except ConfigError as exc:
         print(f"leveret: {exc}", file=sys.stderr)
         return 2
-    if args.bind:
-        settings.bind = args.bind
-    if args.port is not None:
-        settings.port = args.port
-    if args.data_dir:
-        settings.data_dir = Path(args.data_dir)
-    configure_logging(settings.log_level, settings.log_format)
-    from broker.node import Node
+    configure_logging(settings.log_level, settings.log_format, console=settings.log_console,
+                      file=settings.log_file, file_level=settings.log_file_level)
+    from broker.node import Node, StartupError
 
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; plain asyncio still works
         uvloop = None
     node = Node(settings)
-    if uvloop is not None:
-        uvloop.run(node.run_until_signalled())
-    else:
-        asyncio.run(node.run_until_signalled())
+    try:
+        if uvloop is not None:
+            uvloop.run(node.run_until_signalled())
+        else:
+            asyncio.run(node.run_until_signalled())
+    except StartupError as exc:
+        print(f"leveret: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "ctl":
+        from broker import ctl
+
+        return ctl.run(argv[1:])
     parser = argparse.ArgumentParser(prog="leveret", description="Leveret, an AMQP 0-9-1 message broker")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the broker")
-    serve.add_argument("--config", help="configuration file in rabbitmq.conf format")
+    serve.add_argument("--config", help="configuration file in rabbitmq.conf format "
+                       "(default: $LEVERET_CONFIG_FILE, else none)")
     serve.add_argument("--bind", help="address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="AMQP port (default 5672)")
+    serve.add_argument("--port", help="AMQP port (default 5672)")
     serve.add_argument("--data-dir", help="data directory (default ./leveret-data)")
+    serve.add_argument("--management-port", help="HTTP API port (default 15672; 0 turns it off)")
+    serve.add_argument("--prometheus-port", help="Prometheus port (default 15692; 0 turns it off)")
+    serve.add_argument("--log-level", help="debug, info, warning, error, critical or none")
+    serve.add_argument("--load-definitions", help="definitions file (RabbitMQ JSON) to import at start")
+    serve.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="any configuration key, as in the config file (repeatable)")
     serve.set_defaults(func=_serve)
+    from broker import ctl
+
+    ctl.add_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)

@@ -1,19 +1,24 @@
-"""The node: the broker's shared state (settings, users, vhosts, connections) and its listeners."""
+"""The node: the broker's shared state (settings, users, vhosts, connections, counters) and its listeners
+(AMQP, the HTTP API, Prometheus), start-up (definitions) and graceful shutdown."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import os
+import platform
 import signal
-from typing import TYPE_CHECKING
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from broker.alarms import AlarmState, ResourceMonitor, total_memory
-from broker.auth import UserStore
+from broker.auth import User, UserStore
 from broker.config import Settings
 from broker.message import Message
+from broker.metrics import GlobalCounters
 from broker.reader import Reader
 from broker.vhost import VHost
 
@@ -22,22 +27,112 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("leveret.node")
 
+# The RabbitMQ version the HTTP API reports as ``rabbitmq_version``, for tools that switch on it.
+RABBITMQ_COMPAT_VERSION = "3.13.7"
+SHUTDOWN_REASON = "broker forced connection closure with reason 'shutdown'"
+
+
+class StartupError(Exception):
+    """Start-up cannot go on (a port taken, a definitions file that does not load): one line for stderr."""
+
+
+def init_vhost_metadata(vh: VHost, description: str = "", tags: list[str] | None = None,
+                        default_queue_type: str = "classic") -> VHost:
+    """The operator-facing attributes of a vhost, kept on the VHost object (set only where missing)."""
+    for attr, value in (("description", description), ("tags", list(tags or [])),
+                        ("default_queue_type", default_queue_type), ("policies", {}),
+                        ("operator_policies", {}), ("parameters", {}), ("limits", {})):
+        if not hasattr(vh, attr):
+            setattr(vh, attr, value)
+    return vh
+
 
 class Node:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.name = f"leveret@{platform.node()}"
+        self.cluster_name = settings.cluster_name or self.name
+        self.rabbitmq_version = RABBITMQ_COMPAT_VERSION
+        self.started_at = time.time()
+        self.counters = GlobalCounters()
+        # Resource alarms in effect ("memory", "disk"); the monitors add and remove them.
+        self.active_alarms: set[str] = set()
         self.users = UserStore()
-        self.users.add(settings.default_user, settings.default_pass, ["administrator"])
-        self.vhosts: dict[str, VHost] = {settings.default_vhost: VHost(settings.default_vhost)}
+        self.users.add(settings.default_user, settings.default_pass, list(settings.default_user_tags))
+        self.vhosts: dict[str, VHost] = {}
+        self.add_vhost(settings.default_vhost)
+        perms = settings.default_permissions
+        self.users.set_permissions(settings.default_user, settings.default_vhost, perms["configure"],
+                                   perms["write"], perms["read"])
+        self.global_parameters: dict[str, Any] = {}
         self.connections: set[Reader] = set()
         # Memory and disk alarms (broker/alarms.py); the monitor that raises them starts with the node.
         self.alarm_state = AlarmState()
         self.resource_monitor: ResourceMonitor | None = None
-        self._reply_channels: dict[str, "Channel"] = {}
+        self._reply_channels: dict[str, Channel] = {}
         self._server: asyncio.base_events.Server | None = None
+        self._http_runners: list[Any] = []
+        self.listeners: list[dict[str, Any]] = []
+        # Called (and awaited if they return an awaitable) at shutdown, after connections are closed:
+        # the place for stores to flush, sync and write their clean-shutdown marker.
+        self.shutdown_hooks: list[Callable[[], Awaitable[None] | None]] = []
+        self.stopping = False
+        self._loading_metadata = False
+
+    # -- vhosts, users, permissions (the HTTP API, ctl and definitions go through these) ----------------------
+    def add_vhost(self, name: str, description: str = "", tags: list[str] | None = None,
+                  default_queue_type: str = "classic") -> VHost:
+        """Create a vhost (idempotent; an existing vhost gets the new description and tags)."""
+        vh = self.vhosts.get(name)
+        if vh is None:
+            vh = self.vhosts[name] = init_vhost_metadata(VHost(name), description, tags, default_queue_type)
+            log.info("vhost created", vhost=name)
+        else:
+            init_vhost_metadata(vh)
+            vh.description = description or vh.description
+            if tags is not None:
+                vh.tags = list(tags)
+        return vh
+
+    def delete_vhost(self, name: str) -> bool:
+        """Close the vhost's connections (320), delete its queues and every permission in it."""
+        vh = self.vhosts.pop(name, None)
+        if vh is None:
+            return False
+        for conn in list(self.connections):
+            if conn.vhost is vh:
+                conn.force_close(f"vhost '{name}' is deleted")
+        for q in list(vh.queues):
+            vh.queues.delete(q, reason="vhost deleted")
+        self.users.forget_vhost(name)
+        log.info("vhost deleted", vhost=name)
+        return True
+
+    def vhost_access_error(self, user: User, vhost_name: str) -> str | None:
+        """For connection.open: None if ``user`` may use the vhost, else RabbitMQ's refusal text (send it
+        with 530 NOT_ALLOWED). A vhost that does not exist is reported as RabbitMQ does."""
+        if vhost_name not in self.vhosts:
+            return f"vhost {vhost_name} not found"
+        if vhost_name in user.permissions:
+            return None
+        return f"access to vhost '{vhost_name}' refused for user '{user.name}'"
+
+    def alarms(self) -> set[str]:
+        return set(self.alarm_state.raised)
+
+    def metadata_changed(self) -> None:
+        """Users, vhosts, permissions, policies or parameters changed: write them to the data directory."""
+        if self._loading_metadata:
+            return
+        from broker import definitions
+
+        try:
+            definitions.save_metadata(self)
+        except OSError as exc:
+            log.error("cannot save node metadata", reason=str(exc), data_dir=str(self.settings.data_dir))
 
     # -- direct reply-to: amq.rabbitmq.reply-to.<key> names one channel's reply consumer ---------------------
-    def register_reply_channel(self, channel: "Channel") -> str:
+    def register_reply_channel(self, channel: Channel) -> str:
         key = base64.urlsafe_b64encode(os.urandom(18)).decode()
         self._reply_channels[key] = channel
         return key
@@ -65,28 +160,102 @@ class Node:
 
     async def start(self) -> None:
         self.start_resource_monitor()
+        from broker import definitions
+
+        self._loading_metadata = True
+        try:
+            if definitions.load_metadata(self):
+                log.info("node metadata recovered", users=len(self.users.users), vhosts=len(self.vhosts))
+        except definitions.DefinitionsError as exc:
+            raise StartupError(f"node metadata in {self.settings.data_dir}: {exc}") from None
+        finally:
+            self._loading_metadata = False
+        if self.settings.load_definitions is not None:
+            try:
+                definitions.load_file(self, self.settings.load_definitions)
+            except definitions.DefinitionsError as exc:
+                raise StartupError(f"load_definitions {self.settings.load_definitions}: {exc}") from None
+            log.info("definitions loaded", file=str(self.settings.load_definitions))
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: Reader(self), self.settings.bind, self.settings.port,
-                                                reuse_address=True, backlog=1024)
+        try:
+            self._server = await loop.create_server(lambda: Reader(self), self.settings.bind, self.settings.port,
+                                                    reuse_address=True, backlog=1024)
+        except OSError as exc:
+            raise StartupError(f"cannot listen for AMQP on {self.settings.bind}:{self.settings.port}: "
+                               f"{exc.strerror or exc}") from None
+        self.listeners.append({"protocol": "amqp", "ip_address": self.settings.bind, "port": self.settings.port})
         log.info("listening", protocol="amqp", address=self.settings.bind, port=self.settings.port)
+        await self._start_http()
+
+    async def _start_http(self) -> None:
+        """The HTTP API and Prometheus listeners. A port that is taken is logged as an error and skipped:
+        the broker keeps serving AMQP (several brokers on one host, as in the test suite)."""
+        from aiohttp import web
+
+        from broker import metrics
+        from broker.management.app import make_app
+
+        s = self.settings
+        for protocol, port, bind, make in (("http", s.management_port, s.management_bind, make_app),
+                                           ("http/prometheus", s.prometheus_port, s.prometheus_bind,
+                                            metrics.make_app)):
+            if not port:
+                continue
+            address = bind or s.bind
+            runner = web.AppRunner(make(self), access_log=None, handle_signals=False)
+            await runner.setup()
+            site = web.TCPSite(runner, address, port, reuse_address=True)
+            try:
+                await site.start()
+            except OSError as exc:
+                await runner.cleanup()
+                log.error("listener failed", protocol=protocol, address=address, port=port,
+                          reason=exc.strerror or str(exc))
+                continue
+            self._http_runners.append(runner)
+            self.listeners.append({"protocol": protocol, "ip_address": address, "port": port})
+            log.info("listening", protocol=protocol, address=address, port=port)
 
     async def stop(self) -> None:
+        """Graceful shutdown: stop accepting, close every connection with 320 CONNECTION_FORCED, wait for
+        them (at most ``leveret.shutdown_timeout``), run the shutdown hooks, close the HTTP listeners."""
+        self.stopping = True
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
-            conn.force_close("broker shutdown")
-        await asyncio.sleep(0.1)
+            conn.force_close(SHUTDOWN_REASON)
+        deadline = time.monotonic() + self.settings.shutdown_timeout
+        while self.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.transport.close()
+        for hook in self.shutdown_hooks:
+            try:
+                result = hook()
+                if result is not None:
+                    await result
+            except Exception:
+                log.exception("shutdown hook failed")
+        for runner in self._http_runners:
+            await runner.cleanup()
+        self._http_runners.clear()
         log.info("stopped")
 
     async def run_until_signalled(self) -> None:
         await self.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_signal(signame: str) -> None:
+            if stop.is_set():
+                log.warning("second signal, exiting at once", signal=signame)
+                os._exit(1)
+            log.info("signal received, shutting down", signal=signame)
+            stop.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig.name)
         await stop.wait()
         log.info("shutting down")
         await self.stop()

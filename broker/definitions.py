@@ -1,0 +1,281 @@
+"""Definitions: the broker's schema as RabbitMQ's JSON (``GET/POST /api/definitions``, ``leveret ctl
+export_definitions / import_definitions``, ``load_definitions`` at boot).
+
+The format is RabbitMQ's: ``rabbit_version``, ``rabbitmq_version``, ``product_name``, ``product_version``,
+``users`` (with ``password_hash`` and ``hashing_algorithm``, so users keep their passwords), ``vhosts``,
+``permissions``, ``topic_permissions``, ``parameters``, ``global_parameters``, ``policies``, ``queues``,
+``exchanges``, ``bindings``. A file exported from RabbitMQ 3.x imports unchanged (``tags`` as a list or as a
+comma-separated string). A per-vhost export carries only queues, exchanges, bindings, policies and
+parameters, without ``vhost`` fields, and imports into the vhost it is posted to.
+
+The node's own metadata (users, vhosts, permissions, policies, parameters) is kept in
+``<data_dir>/metadata.json`` in the same format, written whenever it changes and read at start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from broker import PRODUCT, VERSION
+from broker.auth import HASHING_ALGORITHMS, SHA256, hash_password, valid_password_hash
+from broker.errors import AMQPError
+from broker.exchange import EXCHANGE, QUEUE
+
+if TYPE_CHECKING:
+    from broker.node import Node
+    from broker.vhost import VHost
+
+METADATA_FILE = "metadata.json"
+
+
+class DefinitionsError(Exception):
+    pass
+
+
+def _json_safe(value: Any) -> Any:
+    from broker.management.common import json_safe
+
+    return json_safe(value)
+
+
+def _header(node: Node) -> dict[str, Any]:
+    return {"rabbit_version": node.rabbitmq_version, "rabbitmq_version": node.rabbitmq_version,
+            "product_name": PRODUCT, "product_version": VERSION}
+
+
+def _vhost_objects(vh: VHost, with_vhost: bool) -> dict[str, list[dict[str, Any]]]:
+    v = {"vhost": vh.name} if with_vhost else {}
+    queues = [{"name": q.name, **v, "durable": q.durable, "auto_delete": q.auto_delete,
+               "arguments": _json_safe(q.arguments)}
+              for q in sorted(vh.queues, key=lambda q: q.name) if q.exclusive_owner is None]
+    exchanges = [{"name": ex.name, **v, "type": ex.type_name, "durable": ex.durable,
+                  "auto_delete": ex.auto_delete, "internal": ex.internal, "arguments": _json_safe(ex.arguments)}
+                 for ex in sorted(vh.exchanges.values(), key=lambda e: e.name) if not ex.name.startswith("amq.")]
+    exclusive = {q.name for q in vh.queues if q.exclusive_owner is not None}
+    bindings = [{"source": b.source, **v, "destination": b.destination,
+                 "destination_type": "queue" if b.kind == QUEUE else "exchange", "routing_key": b.routing_key,
+                 "arguments": _json_safe(b.arguments)}
+                for b in sorted(vh.bindings(), key=lambda b: (b.source, b.kind, b.destination, b.routing_key))
+                if not (b.kind == QUEUE and b.destination in exclusive)]
+    policies = [{**v, "name": name, "pattern": p.pattern, "apply-to": p.apply_to, "definition": p.definition,
+                 "priority": p.priority} for name, p in sorted(vh.policies.items())]
+    parameters = [{**v, "component": c, "name": n, "value": value}
+                  for (c, n), value in sorted(getattr(vh, "parameters", {}).items())]
+    return {"parameters": parameters, "policies": policies, "queues": queues, "exchanges": exchanges,
+            "bindings": bindings}
+
+
+def export(node: Node, vhost: str | None = None, schema: bool = True) -> dict[str, Any]:
+    """The node's definitions (all vhosts), or one vhost's. ``schema=False`` leaves out queues,
+    exchanges and bindings (the node's metadata file)."""
+    if vhost is not None:
+        out = _header(node)
+        out.update(_vhost_objects(node.vhosts[vhost], with_vhost=False))
+        return out
+    users = sorted(node.users.users.values(), key=lambda u: u.name)
+    out = _header(node)
+    out["users"] = [{"name": u.name, "password_hash": u.password_hash, "hashing_algorithm": u.hashing_algorithm,
+                     "tags": list(u.tags), "limits": {}} for u in users]
+    out["vhosts"] = []
+    for name in sorted(node.vhosts):
+        vh = node.vhosts[name]
+        description, tags = getattr(vh, "description", ""), list(getattr(vh, "tags", []))
+        dqt = getattr(vh, "default_queue_type", "classic")
+        out["vhosts"].append({"name": name, "description": description, "tags": tags,
+                              "default_queue_type": dqt,
+                              "metadata": {"description": description, "tags": tags, "default_queue_type": dqt}})
+    out["permissions"] = [{"user": u.name, "vhost": v, **u.permissions[v].as_dict()}
+                          for u in users for v in sorted(u.permissions)]
+    out["topic_permissions"] = [{"user": u.name, "vhost": v, "exchange": x, "write": w, "read": r}
+                                for u in users for v in sorted(u.topic_permissions)
+                                for x, (w, r) in sorted(u.topic_permissions[v].items())]
+    collected: dict[str, list[dict[str, Any]]] = {"parameters": [], "policies": [], "queues": [],
+                                                  "exchanges": [], "bindings": []}
+    for name in sorted(node.vhosts):
+        for key, rows in _vhost_objects(node.vhosts[name], with_vhost=True).items():
+            collected[key].extend(rows)
+    out["parameters"] = collected["parameters"]
+    out["global_parameters"] = [{"name": n, "value": v} for n, v in sorted(node.global_parameters.items())]
+    out["policies"] = collected["policies"]
+    if schema:
+        out["queues"] = collected["queues"]
+        out["exchanges"] = collected["exchanges"]
+        out["bindings"] = collected["bindings"]
+    else:
+        out["operator_policies"] = [p.as_json() for vn in sorted(node.vhosts)
+                                    for _n, p in sorted(node.vhosts[vn].operator_policies.items())]
+    return out
+
+
+# -- import ---------------------------------------------------------------------------------------------------------
+
+def _tags(value: Any) -> list[str]:
+    if value is None or value == "":
+        return []
+    if isinstance(value, str):
+        return [t.strip() for t in value.split(",") if t.strip()]
+    if isinstance(value, list):
+        return [str(t) for t in value]
+    raise DefinitionsError(f"tags must be a list or a comma-separated string, got {value!r}")
+
+
+def _bool(item: dict[str, Any], key: str, default: bool) -> bool:
+    value = item.get(key, default)
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if not isinstance(value, bool):
+        raise DefinitionsError(f"'{key}' must be true or false in {item!r}")
+    return value
+
+
+def _str(item: dict[str, Any], key: str, what: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise DefinitionsError(f"{what} without a string '{key}': {item!r}")
+    return value
+
+
+def _list(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    value = data.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise DefinitionsError(f"'{key}' must be a list of objects")
+    return value
+
+
+def import_definitions(node: Node, data: Any, vhost: str | None = None) -> None:
+    """Create or update everything ``data`` defines (``vhost``: a per-vhost file, into that vhost).
+    Raises DefinitionsError naming the first item that cannot be imported."""
+    if not isinstance(data, dict):
+        raise DefinitionsError("definitions must be a JSON object")
+    if vhost is not None and vhost not in node.vhosts:
+        raise DefinitionsError(f"vhost '{vhost}' does not exist")
+    from broker.management.policies import make_policy
+
+    def vhost_of(item: dict[str, Any]) -> VHost:
+        name = vhost if vhost is not None else item.get("vhost", node.settings.default_vhost)
+        vh = node.vhosts.get(name)
+        if vh is None:
+            raise DefinitionsError(f"vhost '{name}' of {item!r} does not exist")
+        return vh
+
+    if vhost is None:
+        for u in _list(data, "users"):
+            name = _str(u, "name", "user")
+            algorithm = u.get("hashing_algorithm") or SHA256
+            if algorithm not in HASHING_ALGORITHMS:
+                raise DefinitionsError(f"user '{name}': unknown hashing_algorithm '{algorithm}'")
+            if "password" in u and "password_hash" not in u:
+                password_hash, algorithm = hash_password(str(u["password"])), SHA256
+            else:
+                password_hash = u.get("password_hash", "")
+                if not isinstance(password_hash, str) or not valid_password_hash(password_hash):
+                    raise DefinitionsError(f"user '{name}': password_hash is not a base64 salted hash")
+            node.users.put(name, password_hash, _tags(u.get("tags")), algorithm)
+        for v in _list(data, "vhosts"):
+            name = _str(v, "name", "vhost")
+            meta = v.get("metadata") if isinstance(v.get("metadata"), dict) else {}
+            description = v.get("description", meta.get("description", "")) or ""
+            tags = _tags(v.get("tags", meta.get("tags")))
+            dqt = v.get("default_queue_type", meta.get("default_queue_type")) or "classic"
+            node.add_vhost(name, str(description), tags, str(dqt))
+        for p in _list(data, "permissions"):
+            user, vh_name = _str(p, "user", "permission"), _str(p, "vhost", "permission")
+            if user not in node.users.users:
+                raise DefinitionsError(f"permission for unknown user '{user}'")
+            if vh_name not in node.vhosts:
+                raise DefinitionsError(f"permission in unknown vhost '{vh_name}'")
+            try:
+                node.users.set_permissions(user, vh_name, str(p.get("configure", "")), str(p.get("write", "")),
+                                           str(p.get("read", "")))
+            except re.error as exc:
+                raise DefinitionsError(f"permission of '{user}' in '{vh_name}': bad regex: {exc}") from None
+        for tp in _list(data, "topic_permissions"):
+            user = node.users.users.get(_str(tp, "user", "topic permission"))
+            if user is None:
+                raise DefinitionsError(f"topic permission for unknown user '{tp.get('user')}'")
+            user.topic_permissions.setdefault(_str(tp, "vhost", "topic permission"), {})[
+                str(tp.get("exchange", ""))] = (str(tp.get("write", "")), str(tp.get("read", "")))
+        for gp in _list(data, "global_parameters"):
+            node.global_parameters[_str(gp, "name", "global parameter")] = gp.get("value")
+    for p in _list(data, "parameters"):
+        vh = vhost_of(p)
+        vh.parameters[(_str(p, "component", "parameter"), _str(p, "name", "parameter"))] = p.get("value")
+    for key in ("policies", "operator_policies"):
+        for p in _list(data, key):
+            vh = vhost_of(p)
+            try:
+                policy = make_policy(vh.name, _str(p, "name", "policy"), p, operator=key == "operator_policies")
+            except ValueError as exc:
+                raise DefinitionsError(f"policy '{p.get('name')}': {exc}") from None
+            vh.set_policy(policy, operator=key == "operator_policies")
+    try:
+        for x in _list(data, "exchanges"):
+            name = _str(x, "name", "exchange")
+            if name.startswith("amq.") or name == "":
+                continue
+            args = x.get("arguments") or {}
+            vhost_of(x).declare_exchange(name, _str(x, "type", "exchange"), False, _bool(x, "durable", True),
+                                         _bool(x, "auto_delete", False), _bool(x, "internal", False), args)
+        for q in _list(data, "queues"):
+            vhost_of(q).queues.declare(_str(q, "name", "queue"), False, _bool(q, "durable", True), False,
+                                       _bool(q, "auto_delete", False), q.get("arguments") or {}, None)
+        for b in _list(data, "bindings"):
+            vh = vhost_of(b)
+            kind = QUEUE if b.get("destination_type", "queue") == "queue" else EXCHANGE
+            destination = _str(b, "destination", "binding")
+            if kind == QUEUE and vh.queues.get(destination) is None:
+                raise DefinitionsError(f"binding to unknown queue '{destination}' in vhost '{vh.name}'")
+            vh.bind(_str(b, "source", "binding"), destination, kind, str(b.get("routing_key", "")),
+                    b.get("arguments") or {})
+    except AMQPError as exc:
+        raise DefinitionsError(exc.text) from None
+    node.metadata_changed()
+
+
+def load_file(node: Node, path: Path) -> None:
+    """``load_definitions``: a file, or a directory whose ``*.json`` files are imported in name order."""
+    files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+    for f in files:
+        try:
+            data = json.loads(f.read_text())
+        except OSError as exc:
+            raise DefinitionsError(f"cannot read {f}: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise DefinitionsError(f"{f} is not valid JSON: {exc}") from None
+        import_definitions(node, data)
+
+
+# -- the node's metadata file ----------------------------------------------------------------------------------
+
+def save_metadata(node: Node) -> None:
+    """Write users, vhosts, permissions, policies and parameters to ``<data_dir>/metadata.json`` atomically."""
+    directory = Path(node.settings.data_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / METADATA_FILE
+    tmp = target.with_suffix(".json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(export(node, schema=False), f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
+
+
+def load_metadata(node: Node) -> bool:
+    """At start: if the node has a metadata file, its users and vhosts replace the defaults. False if none."""
+    path = Path(node.settings.data_dir) / METADATA_FILE
+    if not path.exists():
+        return False
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DefinitionsError(f"cannot read {path}: {exc}") from None
+    node.users.users.clear()
+    keep = {v.get("name") for v in _list(data, "vhosts")}
+    for name in [n for n in node.vhosts if n not in keep]:
+        del node.vhosts[name]
+    import_definitions(node, data)
+    return True

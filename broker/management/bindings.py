@@ -1,0 +1,128 @@
+"""``/api/bindings``: list (all, per vhost, between two objects), create (POST, answered with the new
+binding's ``properties_key`` in ``Location``), get and delete one by its properties key. Binding goes through
+``vhost.bind`` / ``vhost.unbind`` with queue.bind's and exchange.bind's permission checks."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from broker import permissions
+from broker.exchange import QUEUE
+from broker.management.common import (
+    bad_request,
+    body_of,
+    not_found,
+    respond,
+    respond_list,
+    user_of,
+    vhost_for,
+    vhost_for_write,
+    visible_vhosts,
+)
+from broker.management.objects import (
+    binding_info,
+    default_binding_info,
+    kind_of,
+    lookup_exchange,
+    properties_key,
+    vhost_bindings,
+)
+
+if TYPE_CHECKING:
+    from broker.vhost import VHost
+
+
+async def list_bindings(request: web.Request) -> web.Response:
+    vhs = [vhost_for(request)] if "vhost" in request.match_info else visible_vhosts(request)
+    return respond_list(request, (b for vh in vhs for b in vhost_bindings(vh)))
+
+
+def _endpoints(request: web.Request, vh: VHost) -> tuple[str, str, str]:
+    """(source, destination, kind) from the path; 404 if either end does not exist."""
+    source = request.match_info["source"]
+    destination = request.match_info["destination"]
+    kind = kind_of(request.match_info["dtype"])
+    if source == "amq.default":
+        source = ""
+    if lookup_exchange(vh, source) is None:
+        raise not_found()
+    if kind == QUEUE:
+        if vh.queues.get(destination) is None:
+            raise not_found()
+    elif lookup_exchange(vh, destination) is None:
+        raise not_found()
+    return source, destination, kind
+
+
+def _between(vh: VHost, source: str, destination: str, kind: str) -> list[Any]:
+    ex = lookup_exchange(vh, source)
+    if ex is None:
+        return []
+    return [b for b in ex.bindings.values() if b.kind == kind and b.destination == destination]
+
+
+async def list_between(request: web.Request) -> web.Response:
+    vh = vhost_for(request)
+    source, destination, kind = _endpoints(request, vh)
+    if source == "":
+        rows = [default_binding_info(vh, destination)] if kind == QUEUE else []
+    else:
+        rows = [binding_info(vh, b) for b in _between(vh, source, destination, kind)]
+    return respond_list(request, rows)
+
+
+async def create_binding(request: web.Request) -> web.Response:
+    vh = vhost_for_write(request)
+    source, destination, kind = _endpoints(request, vh)
+    body = await body_of(request)
+    routing_key = body.get("routing_key", "")
+    arguments = body.get("arguments") or {}
+    if not isinstance(routing_key, str) or not isinstance(arguments, dict):
+        raise bad_request("routing_key must be a string and arguments an object")
+    user = user_of(request)
+    if kind == QUEUE:
+        permissions.queue_bind(user, vh.name, destination, source)
+    else:
+        permissions.exchange_bind(user, vh.name, destination, source)
+    vh.bind(source, destination, kind, routing_key, arguments)
+    key = properties_key(routing_key, arguments)
+    return web.Response(status=201, headers={"Location": key})
+
+
+def _find(request: web.Request, vh: VHost) -> Any:
+    source, destination, kind = _endpoints(request, vh)
+    props = request.match_info["props"]
+    for b in _between(vh, source, destination, kind):
+        if properties_key(b.routing_key, b.arguments) == props:
+            return b
+    raise not_found()
+
+
+async def get_binding(request: web.Request) -> web.Response:
+    vh = vhost_for(request)
+    return respond(binding_info(vh, _find(request, vh)))
+
+
+async def delete_binding(request: web.Request) -> web.Response:
+    vh = vhost_for_write(request)
+    b = _find(request, vh)
+    user = user_of(request)
+    if b.kind == QUEUE:
+        permissions.queue_bind(user, vh.name, b.destination, b.source)
+    else:
+        permissions.exchange_bind(user, vh.name, b.destination, b.source)
+    vh.unbind(b.source, b.destination, b.kind, b.routing_key, b.arguments)
+    return web.Response(status=204)
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    between = "/api/bindings/{vhost}/e/{source}/{dtype:q|e}/{destination}"
+    router.add_get("/api/bindings", list_bindings)
+    router.add_get("/api/bindings/{vhost}", list_bindings)
+    router.add_get(between, list_between)
+    router.add_post(between, create_binding)
+    router.add_get(between + "/{props}", get_binding)
+    router.add_delete(between + "/{props}", delete_binding)
+

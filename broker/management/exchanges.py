@@ -1,0 +1,211 @@
+"""``/api/exchanges``: list, get, declare (PUT), delete, the bindings an exchange is source or destination
+of, and ``POST .../publish``. Declaring and deleting go through the vhost, as exchange.declare does; the
+default exchange is ``amq.default`` in paths and ``""`` in bodies, as in RabbitMQ."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from pamqp import commands as spec
+
+from broker import delegate, permissions
+from broker.errors import AMQPError
+from broker.exchange import EXCHANGE
+from broker.management.common import (
+    as_bool,
+    bad_request,
+    body_of,
+    node_of,
+    not_found,
+    respond,
+    respond_list,
+    user_of,
+    vhost_for,
+    vhost_for_write,
+    visible_vhosts,
+)
+from broker.management.objects import (
+    all_exchanges,
+    binding_info,
+    default_binding_info,
+    exchange_info,
+    lookup_exchange,
+)
+from broker.message import Message
+from protocol.fastcodec import build_content_header, shortstr
+
+if TYPE_CHECKING:
+    from broker.node import Node
+    from broker.vhost import VHost
+
+_PROPERTY_NAMES = {"content_type", "content_encoding", "headers", "delivery_mode", "priority", "correlation_id",
+                   "reply_to", "expiration", "message_id", "timestamp", "type", "user_id", "app_id",
+                   "cluster_id"}
+_INT_PROPERTIES = {"delivery_mode", "priority", "timestamp"}
+REPLY_TO_PREFIX = "amq.rabbitmq.reply-to."
+
+
+def encode_properties(props: dict[str, Any], body_size: int) -> bytes:
+    """A content header from the API's ``properties`` object (RabbitMQ's names; ``type`` is message_type)."""
+    unknown = set(props) - _PROPERTY_NAMES
+    if unknown:
+        raise bad_request(f"unknown message properties: {', '.join(sorted(unknown))}")
+    values: dict[str, Any] = {}
+    for name, value in props.items():
+        if value is None:
+            continue
+        if name in _INT_PROPERTIES:
+            try:
+                value = int(value)
+            except (TypeError, ValueError):
+                raise bad_request(f"property {name} must be an integer") from None
+            if name == "timestamp":
+                value = datetime.datetime.fromtimestamp(value, datetime.UTC)
+        elif name == "headers":
+            if not isinstance(value, dict):
+                raise bad_request("property headers must be an object")
+        elif not isinstance(value, str):
+            value = str(value)
+        values["message_type" if name == "type" else name] = value
+    try:
+        raw = spec.Basic.Properties(**values).marshal()
+    except Exception as exc:
+        raise bad_request(f"invalid message properties: {exc}") from None
+    return build_content_header(body_size, raw)
+
+
+def publish_message(node: Node, vh: VHost, exchange_name: str, routing_key: str, body: bytes,
+                    properties: dict[str, Any]) -> bool:
+    """Route one message as basic.publish does (vhost.route, then the delegate); True if it reached a queue."""
+    exchange = vh.check_publishable(exchange_name)
+    header = encode_properties(properties, len(body))
+    try:
+        names_raw = shortstr(exchange_name) + shortstr(routing_key)
+    except ValueError:
+        raise bad_request("exchange name and routing key must be at most 255 bytes") from None
+    msg = Message(exchange_name, routing_key, names_raw, header, body)
+    persistent = str(properties.get("delivery_mode", "")) == "2"
+    counters = node.counters
+    counters.messages_received += 1
+    if exchange_name == "" and routing_key.startswith(REPLY_TO_PREFIX):
+        routed = node.deliver_reply(msg)
+    else:
+        queues = vh.route(exchange, msg)
+        routed = delegate.deliver(queues, msg, persistent) if queues else 0
+    if routed:
+        counters.messages_routed += 1
+    else:
+        counters.messages_unroutable_dropped += 1
+    return bool(routed)
+
+
+async def list_exchanges(request: web.Request) -> web.Response:
+    node = node_of(request)
+    vhs = [vhost_for(request)] if "vhost" in request.match_info else visible_vhosts(request)
+    return respond_list(request, (exchange_info(node, vh, ex) for vh in vhs for ex in all_exchanges(vh)))
+
+
+def _lookup(request: web.Request, vh: VHost) -> Any:
+    ex = lookup_exchange(vh, request.match_info["name"])
+    if ex is None:
+        raise not_found()
+    return ex
+
+
+async def get_exchange(request: web.Request) -> web.Response:
+    vh = vhost_for(request)
+    return respond(exchange_info(node_of(request), vh, _lookup(request, vh)))
+
+
+async def put_exchange(request: web.Request) -> web.Response:
+    vh = vhost_for_write(request)
+    name = request.match_info["name"]
+    body = await body_of(request)
+    type_name = body.get("type")
+    if not isinstance(type_name, str) or not type_name:
+        raise bad_request("type is required (direct, fanout, topic or headers)")
+    arguments = body.get("arguments") or {}
+    if not isinstance(arguments, dict):
+        raise bad_request("arguments must be an object")
+    if name == "amq.default":
+        name = ""
+    permissions.exchange_declare(user_of(request), vh.name, name, arguments, passive=False)
+    _ex, created = vh.declare_exchange(name, type_name, False, as_bool(body.get("durable"), True),
+                                       as_bool(body.get("auto_delete")), as_bool(body.get("internal")),
+                                       arguments)
+    return web.Response(status=201 if created else 204)
+
+
+async def delete_exchange(request: web.Request) -> web.Response:
+    vh = vhost_for_write(request)
+    name = request.match_info["name"]
+    if name == "amq.default":
+        name = ""
+    if name and name not in vh.exchanges:
+        raise not_found()
+    permissions.exchange_delete(user_of(request), vh.name, name)
+    vh.delete_exchange(name, request.query.get("if-unused") == "true")
+    return web.Response(status=204)
+
+
+async def exchange_bindings(request: web.Request) -> web.Response:
+    vh = vhost_for(request)
+    ex = _lookup(request, vh)
+    if request.match_info["direction"] == "source":
+        if ex.name == "":
+            rows = [default_binding_info(vh, q.name) for q in vh.queues]
+        else:
+            rows = [binding_info(vh, b) for b in ex.bindings.values()]
+    else:
+        rows = [binding_info(vh, b) for b in vh.bindings() if b.kind == EXCHANGE and b.destination == ex.name]
+    return respond_list(request, rows)
+
+
+async def publish(request: web.Request) -> web.Response:
+    vh = vhost_for_write(request)
+    name = request.match_info["name"]
+    if name == "amq.default":
+        name = ""
+    body = await body_of(request)
+    routing_key = body.get("routing_key", "")
+    payload = body.get("payload", "")
+    encoding = body.get("payload_encoding", "string")
+    properties = body.get("properties") or {}
+    if not isinstance(routing_key, str) or not isinstance(payload, str) or not isinstance(properties, dict):
+        raise bad_request("routing_key and payload must be strings, properties an object")
+    if encoding == "string":
+        data = payload.encode()
+    elif encoding == "base64":
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except binascii.Error:
+            raise bad_request("payload is not valid base64") from None
+    else:
+        raise bad_request("payload_encoding must be string or base64")
+    node = node_of(request)
+    if len(data) > node.settings.max_message_size:
+        raise bad_request(f"message size {len(data)} is larger than configured max size "
+                          f"{node.settings.max_message_size}")
+    user = user_of(request)
+    permissions.basic_publish(user, vh.name, name)
+    user_id = properties.get("user_id")
+    if user_id is not None and user_id != user.name and "impersonator" not in user.tags:
+        raise AMQPError(406, f"user_id property set to '{user_id}' but authenticated user was '{user.name}'")
+    if name and lookup_exchange(vh, name) is None:
+        raise not_found()
+    return respond({"routed": publish_message(node, vh, name, routing_key, data, properties)})
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/api/exchanges", list_exchanges)
+    router.add_get("/api/exchanges/{vhost}", list_exchanges)
+    router.add_get("/api/exchanges/{vhost}/{name}", get_exchange)
+    router.add_put("/api/exchanges/{vhost}/{name}", put_exchange)
+    router.add_delete("/api/exchanges/{vhost}/{name}", delete_exchange)
+    router.add_get("/api/exchanges/{vhost}/{name}/bindings/{direction:source|destination}", exchange_bindings)
+    router.add_post("/api/exchanges/{vhost}/{name}/publish", publish)
+

@@ -1,0 +1,92 @@
+"""Health checks (``/api/health/checks/...``) and ``/api/aliveness-test/{vhost}``, with RabbitMQ's
+answers: 200 ``{"status":"ok"}``, or 503 ``{"status":"failed","reason":...}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from broker.management.common import node_of, respond, vhost_for_write
+from broker.management.exchanges import publish_message
+
+ALIVENESS_QUEUE = "aliveness-test"
+# Protocol names RabbitMQ accepts in protocol-listener checks → Leveret's listener protocol.
+PROTOCOLS = {"amqp": "amqp", "amqp091": "amqp", "amqp0-9-1": "amqp", "http": "http", "management": "http",
+             "prometheus": "http/prometheus", "http/prometheus": "http/prometheus"}
+
+
+def ok() -> web.Response:
+    return respond({"status": "ok"})
+
+
+def failed(reason: str, **extra: Any) -> web.Response:
+    return respond({"status": "failed", "reason": reason, **extra}, status=503)
+
+
+async def alarms(request: web.Request) -> web.Response:
+    node = node_of(request)
+    active = sorted(node.alarms())
+    if active:
+        resource = {"memory": "memory", "disk": "disk"}
+        return failed("There are alarms in effect in the cluster",
+                      alarms=[{"node": node.name, "resource": resource.get(a, a)} for a in active])
+    return ok()
+
+
+async def virtual_hosts(request: web.Request) -> web.Response:
+    return ok()  # every vhost of a single node runs as long as the node does
+
+
+async def port_listener(request: web.Request) -> web.Response:
+    node = node_of(request)
+    try:
+        port = int(request.match_info["port"])
+    except ValueError:
+        return respond({"status": "failed", "reason": "port must be an integer"}, status=400)
+    ports = [entry["port"] for entry in node.listeners]
+    if port in ports:
+        return ok()
+    return failed(f"No active listener on port {port}", missing=port, ports=ports)
+
+
+async def protocol_listener(request: web.Request) -> web.Response:
+    node = node_of(request)
+    name = request.match_info["protocol"].lower()
+    protocols = [entry["protocol"] for entry in node.listeners]
+    if PROTOCOLS.get(name) in protocols:
+        return ok()
+    return failed(f"No active listener for protocol {name}", missing=name, protocols=protocols)
+
+
+async def in_service(request: web.Request) -> web.Response:
+    node = node_of(request)
+    if node.stopping:
+        return failed("the node is shutting down")
+    return ok()
+
+
+async def aliveness_test(request: web.Request) -> web.Response:
+    """Declare ``aliveness-test``, publish a message to it through the default exchange and get it back."""
+    vh = vhost_for_write(request)
+    queue, _created = vh.queues.declare(ALIVENESS_QUEUE, False, False, False, False, {}, None)
+    queue.purge()
+    routed = publish_message(node_of(request), vh, "", ALIVENESS_QUEUE, b"test_message", {})
+    got = queue.basic_get(True) if routed else None
+    if got is None or got[1].body != b"test_message":
+        return failed("aliveness test message was not routed back")
+    return ok()
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/api/health/checks/alarms", alarms)
+    router.add_get("/api/health/checks/local-alarms", alarms)
+    router.add_get("/api/health/checks/virtual-hosts", virtual_hosts)
+    router.add_get("/api/health/checks/port-listener/{port}", port_listener)
+    router.add_get("/api/health/checks/protocol-listener/{protocol}", protocol_listener)
+    router.add_get("/api/health/checks/node-is-quorum-critical", virtual_hosts)
+    router.add_get("/api/health/checks/node-is-mirror-sync-critical", virtual_hosts)
+    router.add_get("/api/health/checks/certificate-expiration/{within}/{unit}", virtual_hosts)
+    router.add_get("/api/health/checks/is-in-service", in_service)
+    router.add_get("/api/health/checks/ready-to-serve-clients", in_service)
+    router.add_get("/api/aliveness-test/{vhost}", aliveness_test)

@@ -1,0 +1,190 @@
+"""``/api/overview``, ``/api/nodes``, ``/api/whoami``, ``/api/cluster-name`` and the small endpoints the
+RabbitMQ UI and tools ask for (``/api/auth``, ``/api/extensions``, ``/api/feature-flags``)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import time
+from typing import Any
+
+from aiohttp import web
+
+from broker import PRODUCT, VERSION
+from broker.exchange import EXCHANGE_TYPES
+from broker.management.common import (
+    bad_request,
+    body_of,
+    node_of,
+    not_found,
+    require_admin,
+    respond,
+    sees_all,
+    user_of,
+    visible_vhosts,
+)
+from broker.management.objects import (
+    EXCHANGE_TYPE_DESCRIPTIONS,
+    global_message_counts,
+    iter_channels,
+    iter_consumers,
+    with_details,
+)
+from broker.metrics import _memory_limit, disk_free, open_fds, queue_figures, resident_memory
+
+
+def _listeners(node: Any) -> list[dict[str, Any]]:
+    return [{"node": node.name, "protocol": entry["protocol"], "ip_address": entry["ip_address"],
+             "port": entry["port"], "socket_opts": {}} for entry in node.listeners]
+
+
+async def get_overview(request: web.Request) -> web.Response:
+    node = node_of(request)
+    sampler = request.app["sampler"]
+    vhs = visible_vhosts(request)
+    user = user_of(request)
+    all_visible = sees_all(user)
+    ready = unacked = n_queues = 0
+    for vh in vhs:
+        for q in vh.queues:
+            r, u = queue_figures(q)[:2]
+            ready += r
+            unacked += u
+            n_queues += 1
+    names = {vh.name for vh in vhs}
+    conns = [c for c in node.connections if all_visible or getattr(c.user, "name", None) == user.name]
+    channels = [1 for conn, _ in iter_channels(node) if conn in conns]
+    consumers = [1 for conn, _, _ in iter_consumers(node) if conn in conns]
+    queue_totals: dict[str, Any] = {}
+    for name, value in (("messages", ready + unacked), ("messages_ready", ready),
+                        ("messages_unacknowledged", unacked)):
+        queue_totals[name] = value
+        queue_totals[name + "_details"] = {"rate": 0.0}
+    return respond({
+        "management_version": VERSION,
+        "rates_mode": "basic",
+        "sample_retention_policies": {"global": [600, 3600, 28800, 86400], "basic": [600, 3600],
+                                      "detailed": [600]},
+        "exchange_types": [{"name": t, "description": EXCHANGE_TYPE_DESCRIPTIONS.get(t, ""), "enabled": True}
+                           for t in sorted(EXCHANGE_TYPES)],
+        "product_version": VERSION,
+        "product_name": PRODUCT,
+        "rabbitmq_version": node.rabbitmq_version,
+        "cluster_name": node.cluster_name,
+        "erlang_version": "none",
+        "erlang_full_version": f"none (Leveret on Python {platform.python_version()})",
+        "release_series_support_status": "supported",
+        "disable_stats": False,
+        "is_op_policy_updating_enabled": True,
+        "enable_queue_totals": True,
+        "message_stats": with_details(global_message_counts(node), sampler, "global"),
+        "churn_rates": {},
+        "queue_totals": queue_totals,
+        "object_totals": {
+            "channels": len(channels),
+            "connections": len(conns),
+            "consumers": len(consumers),
+            "exchanges": sum(len(vh.exchanges) + 1 for vh in vhs),
+            "queues": n_queues,
+        },
+        "statistics_db_event_queue": 0,
+        "node": node.name,
+        "listeners": _listeners(node),
+        "contexts": [{"node": node.name, "description": "RabbitMQ Management", "path": "/",
+                      "port": str(node.settings.management_port)}],
+        "vhosts": sorted(names),
+    })
+
+
+def node_info(node: Any) -> dict[str, Any]:
+    s = node.settings
+    mem = resident_memory()
+    mem_limit = _memory_limit(s)
+    disk = disk_free(s.data_dir)
+    fd_soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    alarms = node.alarms()
+    return {
+        "name": node.name,
+        "type": "disc",
+        "running": True,
+        "being_drained": False,
+        "os_pid": str(os.getpid()),
+        "uptime": int((time.time() - node.started_at) * 1000),
+        "mem_used": mem,
+        "mem_limit": mem_limit,
+        "mem_alarm": "memory" in alarms,
+        "disk_free": disk,
+        "disk_free_limit": s.disk_free_limit_absolute,
+        "disk_free_alarm": "disk" in alarms,
+        "fd_used": open_fds(),
+        "fd_total": fd_soft,
+        "sockets_used": len(node.connections),
+        "sockets_total": fd_soft,
+        "proc_used": 1,
+        "proc_total": 1,
+        "run_queue": 0,
+        "processors": os.cpu_count() or 1,
+        "rates_mode": "basic",
+        "net_ticktime": 60,
+        "partitions": [],
+        "applications": [{"name": "leveret", "description": "Leveret AMQP 0-9-1 broker", "version": VERSION}],
+        "enabled_plugins": ["rabbitmq_management", "rabbitmq_prometheus"],
+        "config_files": [],
+        "log_files": [str(s.log_file)] if s.log_file else ["<stderr>"],
+        "db_dir": str(s.data_dir),
+        "exchange_types": [{"name": t, "enabled": True} for t in sorted(EXCHANGE_TYPES)],
+        "auth_mechanisms": [{"name": "PLAIN", "enabled": True}, {"name": "AMQPLAIN", "enabled": True}],
+        "listeners": _listeners(node),
+    }
+
+
+async def get_nodes(request: web.Request) -> web.Response:
+    return respond([node_info(node_of(request))])
+
+
+async def get_node(request: web.Request) -> web.Response:
+    node = node_of(request)
+    if request.match_info["node"] != node.name:
+        raise not_found()
+    return respond(node_info(node))
+
+
+async def get_whoami(request: web.Request) -> web.Response:
+    user = user_of(request)
+    return respond({"name": user.name, "tags": list(user.tags), "is_internal_user": True})
+
+
+async def get_cluster_name(request: web.Request) -> web.Response:
+    return respond({"name": node_of(request).cluster_name})
+
+
+async def put_cluster_name(request: web.Request) -> web.Response:
+    require_admin(request)
+    body = await body_of(request)
+    name = body.get("name")
+    if not isinstance(name, str) or not name:
+        raise bad_request("name must be a non-empty string")
+    node_of(request).cluster_name = name
+    return web.Response(status=204)
+
+
+async def get_auth(request: web.Request) -> web.Response:
+    return respond({"oauth_enabled": False})
+
+
+async def get_empty_list(request: web.Request) -> web.Response:
+    return respond([])
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/api/overview", get_overview)
+    router.add_get("/api/nodes", get_nodes)
+    router.add_get("/api/nodes/{node}", get_node)
+    router.add_get("/api/whoami", get_whoami)
+    router.add_get("/api/cluster-name", get_cluster_name)
+    router.add_put("/api/cluster-name", put_cluster_name)
+    router.add_get("/api/auth", get_auth)
+    router.add_get("/api/extensions", get_empty_list)
+    router.add_get("/api/feature-flags", get_empty_list)
+    router.add_get("/api/deprecated-features", get_empty_list)

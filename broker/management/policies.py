@@ -1,0 +1,217 @@
+"""``/api/policies``, ``/api/operator-policies``, ``/api/parameters`` and ``/api/global-parameters``.
+
+Policies are broker.policy.Policy objects set through ``vhost.set_policy`` / ``vhost.clear_policy``, which
+apply them to the vhost's queues at once (broker/policy.py, broker/queue_args.py)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from aiohttp import web
+
+from broker.management.common import (
+    POLICY_TAGS,
+    bad_request,
+    body_of,
+    node_of,
+    not_found,
+    require_admin,
+    require_tags,
+    respond,
+    respond_list,
+    vhost_for,
+    visible_vhosts,
+)
+from broker.policy import Policy
+
+APPLY_TO = ("all", "queues", "exchanges", "classic_queues", "quorum_queues", "streams")
+
+
+def policy_info(vhost: str, name: str, policy: Policy) -> dict[str, Any]:
+    return {**policy.as_json(), "vhost": vhost, "name": name}
+
+
+def make_policy(vhost: str, name: str, body: dict[str, Any], operator: bool = False) -> Policy:
+    p = validate_policy(body, operator)
+    return Policy(name, p["pattern"], p["definition"], p["priority"], p["apply-to"], vhost)
+
+
+def validate_policy(body: dict[str, Any], operator: bool = False) -> dict[str, Any]:
+    """A policy body checked as RabbitMQ checks it; raises ValueError with the reason."""
+    pattern = body.get("pattern")
+    if not isinstance(pattern, str):
+        raise ValueError("pattern must be a string (a regular expression)")
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"invalid pattern: {exc}") from None
+    definition = body.get("definition")
+    if not isinstance(definition, dict) or not definition:
+        raise ValueError("definition must be a non-empty object")
+    priority = body.get("priority", 0)
+    if isinstance(priority, str) and priority.lstrip("-").isdigit():
+        priority = int(priority)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError("priority must be an integer")
+    apply_to = body.get("apply-to", "queues" if operator else "all")
+    if apply_to not in APPLY_TO:
+        raise ValueError(f"apply-to must be one of {', '.join(APPLY_TO)}")
+    return {"pattern": pattern, "definition": definition, "priority": priority, "apply-to": apply_to}
+
+
+def _store(request: web.Request) -> str:
+    return "operator_policies" if "operator-policies" in request.path else "policies"
+
+
+def _can_see(request: web.Request) -> None:
+    if "operator-policies" in request.path:
+        require_admin(request)
+
+
+async def list_policies(request: web.Request) -> web.Response:
+    _can_see(request)
+    store = _store(request)
+    vhs = [vhost_for(request)] if "vhost" in request.match_info else visible_vhosts(request)
+    return respond_list(request, (policy_info(vh.name, name, p) for vh in sorted(vhs, key=lambda v: v.name)
+                                  for name, p in sorted(getattr(vh, store).items())))
+
+
+async def get_policy(request: web.Request) -> web.Response:
+    _can_see(request)
+    vh = vhost_for(request)
+    policy = getattr(vh, _store(request)).get(request.match_info["name"])
+    if policy is None:
+        raise not_found()
+    return respond(policy_info(vh.name, request.match_info["name"], policy))
+
+
+async def put_policy(request: web.Request) -> web.Response:
+    operator = _store(request) == "operator_policies"
+    if operator:
+        require_admin(request)
+    else:
+        require_tags(request, POLICY_TAGS, "policymaker")
+    vh = vhost_for(request)
+    body = await body_of(request)
+    name = request.match_info["name"]
+    try:
+        policy = make_policy(vh.name, name, body, operator)
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+    existed = name in getattr(vh, _store(request))
+    vh.set_policy(policy, operator)
+    node_of(request).metadata_changed()
+    return web.Response(status=204 if existed else 201)
+
+
+async def delete_policy(request: web.Request) -> web.Response:
+    if _store(request) == "operator_policies":
+        require_admin(request)
+    else:
+        require_tags(request, POLICY_TAGS, "policymaker")
+    vh = vhost_for(request)
+    if not vh.clear_policy(request.match_info["name"], _store(request) == "operator_policies"):
+        raise not_found()
+    node_of(request).metadata_changed()
+    return web.Response(status=204)
+
+
+# -- runtime parameters (stored and exported: shovels, federation upstreams, ...) -------------------------------
+
+def parameter_info(vhost: str, component: str, name: str, value: Any) -> dict[str, Any]:
+    return {"vhost": vhost, "component": component, "name": name, "value": value}
+
+
+async def list_parameters(request: web.Request) -> web.Response:
+    component = request.match_info.get("component")
+    vhs = [vhost_for(request)] if "vhost" in request.match_info else visible_vhosts(request)
+    return respond_list(request, (parameter_info(vh.name, c, n, v) for vh in vhs
+                                  for (c, n), v in sorted(vh.parameters.items())
+                                  if component is None or c == component))
+
+
+async def get_parameter(request: web.Request) -> web.Response:
+    vh = vhost_for(request)
+    key = (request.match_info["component"], request.match_info["name"])
+    if key not in vh.parameters:
+        raise not_found()
+    return respond(parameter_info(vh.name, *key, vh.parameters[key]))
+
+
+async def put_parameter(request: web.Request) -> web.Response:
+    require_tags(request, POLICY_TAGS, "policymaker")
+    vh = vhost_for(request)
+    body = await body_of(request)
+    if "value" not in body:
+        raise bad_request("value is required")
+    key = (request.match_info["component"], request.match_info["name"])
+    existed = key in vh.parameters
+    vh.parameters[key] = body["value"]
+    node_of(request).metadata_changed()
+    return web.Response(status=204 if existed else 201)
+
+
+async def delete_parameter(request: web.Request) -> web.Response:
+    require_tags(request, POLICY_TAGS, "policymaker")
+    vh = vhost_for(request)
+    if vh.parameters.pop((request.match_info["component"], request.match_info["name"]), None) is None:
+        raise not_found()
+    node_of(request).metadata_changed()
+    return web.Response(status=204)
+
+
+async def list_global_parameters(request: web.Request) -> web.Response:
+    require_admin(request)
+    params = node_of(request).global_parameters
+    return respond_list(request, ({"name": n, "value": v} for n, v in sorted(params.items())))
+
+
+async def get_global_parameter(request: web.Request) -> web.Response:
+    require_admin(request)
+    params = node_of(request).global_parameters
+    name = request.match_info["name"]
+    if name not in params:
+        raise not_found()
+    return respond({"name": name, "value": params[name]})
+
+
+async def put_global_parameter(request: web.Request) -> web.Response:
+    require_admin(request)
+    node = node_of(request)
+    body = await body_of(request)
+    if "value" not in body:
+        raise bad_request("value is required")
+    name = request.match_info["name"]
+    existed = name in node.global_parameters
+    node.global_parameters[name] = body["value"]
+    node.metadata_changed()
+    return web.Response(status=204 if existed else 201)
+
+
+async def delete_global_parameter(request: web.Request) -> web.Response:
+    require_admin(request)
+    node = node_of(request)
+    if node.global_parameters.pop(request.match_info["name"], None) is None:
+        raise not_found()
+    node.metadata_changed()
+    return web.Response(status=204)
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    for base in ("/api/policies", "/api/operator-policies"):
+        router.add_get(base, list_policies)
+        router.add_get(base + "/{vhost}", list_policies)
+        router.add_get(base + "/{vhost}/{name}", get_policy)
+        router.add_put(base + "/{vhost}/{name}", put_policy)
+        router.add_delete(base + "/{vhost}/{name}", delete_policy)
+    router.add_get("/api/parameters", list_parameters)
+    router.add_get("/api/parameters/{component}", list_parameters)
+    router.add_get("/api/parameters/{component}/{vhost}", list_parameters)
+    router.add_get("/api/parameters/{component}/{vhost}/{name}", get_parameter)
+    router.add_put("/api/parameters/{component}/{vhost}/{name}", put_parameter)
+    router.add_delete("/api/parameters/{component}/{vhost}/{name}", delete_parameter)
+    router.add_get("/api/global-parameters", list_global_parameters)
+    router.add_get("/api/global-parameters/{name}", get_global_parameter)
+    router.add_put("/api/global-parameters/{name}", put_global_parameter)
+    router.add_delete("/api/global-parameters/{name}", delete_global_parameter)

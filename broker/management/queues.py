@@ -1,0 +1,178 @@
+"""``/api/queues``: list, get, declare (PUT), delete, the queue's bindings, purge (``DELETE .../contents``)
+and ``POST .../get`` with RabbitMQ's ack modes. Everything goes through the vhost's queue registry and the
+queue process, as the AMQP methods do."""
+
+from __future__ import annotations
+
+import base64
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from broker import permissions
+from broker.exchange import QUEUE
+from broker.management.common import (
+    as_bool,
+    bad_request,
+    body_of,
+    json_safe,
+    node_of,
+    not_found,
+    respond,
+    respond_list,
+    user_of,
+    vhost_for,
+    vhost_for_write,
+    visible_vhosts,
+)
+from broker.management.objects import binding_info, default_binding_info, queue_info
+from protocol.properties import decode_properties
+
+if TYPE_CHECKING:
+    from broker.vhost import VHost
+
+ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
+_PROPERTY_NAMES = (("content_type", "content_type"), ("content_encoding", "content_encoding"),
+                   ("headers", "headers"), ("delivery_mode", "delivery_mode"), ("priority", "priority"),
+                   ("correlation_id", "correlation_id"), ("reply_to", "reply_to"), ("expiration", "expiration"),
+                   ("message_id", "message_id"), ("timestamp", "timestamp"), ("message_type", "type"),
+                   ("user_id", "user_id"), ("app_id", "app_id"), ("cluster_id", "cluster_id"))
+
+
+def properties_json(header: bytes) -> dict[str, Any]:
+    props = decode_properties(header)
+    out: dict[str, Any] = {}
+    for attr, name in _PROPERTY_NAMES:
+        value = getattr(props, attr, None)
+        if value is not None and not (name == "cluster_id" and value == ""):
+            out[name] = json_safe(value)
+    return out
+
+
+async def list_queues(request: web.Request) -> web.Response:
+    node = node_of(request)
+    sampler = request.app["sampler"]
+    vhs = [vhost_for(request)] if "vhost" in request.match_info else visible_vhosts(request)
+    return respond_list(request, (queue_info(node, q, sampler) for vh in vhs
+                                  for q in sorted(vh.queues, key=lambda q: q.name)))
+
+
+def _queue(request: web.Request, vh: VHost) -> Any:
+    q = vh.queues.get(request.match_info["name"])
+    if q is None:
+        raise not_found()
+    return q
+
+
+async def get_queue(request: web.Request) -> web.Response:
+    vh = vhost_for(request)
+    return respond(queue_info(node_of(request), _queue(request, vh), request.app["sampler"]))
+
+
+async def put_queue(request: web.Request) -> web.Response:
+    vh = vhost_for_write(request)
+    name = request.match_info["name"]
+    body = await body_of(request)
+    arguments = body.get("arguments") or {}
+    if not isinstance(arguments, dict):
+        raise bad_request("arguments must be an object")
+    permissions.queue_declare(user_of(request), vh.name, name, arguments, passive=False)
+    _q, created = vh.queues.declare(name, False, as_bool(body.get("durable"), True), False,
+                                    as_bool(body.get("auto_delete")), arguments, None)
+    return web.Response(status=201 if created else 204)
+
+
+async def delete_queue(request: web.Request) -> web.Response:
+    vh = vhost_for_write(request)
+    q = _queue(request, vh)
+    permissions.queue_delete(user_of(request), vh.name, q.name)
+    where = f"queue '{q.name}' in vhost '{vh.name}'"
+    if request.query.get("if-unused") == "true" and q.consumers.count:
+        raise bad_request(f"{where} in use")
+    if request.query.get("if-empty") == "true" and q.message_count():
+        raise bad_request(f"{where} not empty")
+    vh.queues.delete(q)
+    return web.Response(status=204)
+
+
+async def purge_queue(request: web.Request) -> web.Response:
+    vh = vhost_for_write(request)
+    q = _queue(request, vh)
+    permissions.queue_purge(user_of(request), vh.name, q.name)
+    q.purge()
+    return web.Response(status=204)
+
+
+async def queue_bindings(request: web.Request) -> web.Response:
+    vh = vhost_for(request)
+    q = _queue(request, vh)
+    rows = [default_binding_info(vh, q.name)]
+    rows += [binding_info(vh, b) for b in vh.bindings() if b.kind == QUEUE and b.destination == q.name]
+    return respond_list(request, rows)
+
+
+async def get_messages(request: web.Request) -> web.Response:
+    vh = vhost_for_write(request)
+    q = _queue(request, vh)
+    body = await body_of(request)
+    ackmode = body.get("ackmode", "ack_requeue_true")
+    if ackmode not in ACKMODES:
+        raise bad_request(f"ackmode must be one of {', '.join(ACKMODES)}")
+    encoding = body.get("encoding", "auto")
+    if encoding not in ("auto", "base64"):
+        raise bad_request("encoding must be auto or base64")
+    try:
+        count = int(body.get("count", 1))
+        truncate = int(body["truncate"]) if body.get("truncate") not in (None, "") else None
+    except (TypeError, ValueError):
+        raise bad_request("count and truncate must be integers") from None
+    permissions.basic_get(user_of(request), vh.name, q.name)
+    counters = node_of(request).counters
+    out: list[dict[str, Any]] = []
+    taken: list[int] = []
+    for _ in range(max(0, count)):
+        got = q.basic_get(False)
+        if got is None:
+            if not out:
+                counters.messages_get_empty += 1
+            break
+        seq_id, msg, redelivered, left = got
+        taken.append(seq_id)
+        counters.messages_delivered += 1
+        counters.messages_delivered_get_manual_ack += 1
+        if redelivered:
+            counters.messages_redelivered += 1
+        payload = msg.body if truncate is None else msg.body[:truncate]
+        if encoding == "auto":
+            try:
+                text, payload_encoding = payload.decode(), "string"
+            except UnicodeDecodeError:
+                text, payload_encoding = base64.b64encode(payload).decode(), "base64"
+        else:
+            text, payload_encoding = base64.b64encode(payload).decode(), "base64"
+        out.append({"payload_bytes": len(msg.body), "redelivered": redelivered, "exchange": msg.exchange,
+                    "routing_key": msg.routing_key, "message_count": left,
+                    "properties": properties_json(msg.header), "payload": text,
+                    "payload_encoding": payload_encoding})
+    # Settle after taking them all, so that requeued messages are not fetched twice.
+    if taken:
+        if ackmode.endswith("requeue_true"):
+            q.requeue(taken)
+        elif ackmode == "ack_requeue_false":
+            q.ack(taken)
+            counters.messages_acknowledged += len(taken)
+        else:
+            q.reject_discard(taken)
+    return respond(out)
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/api/queues", list_queues)
+    router.add_get("/api/queues/detailed", list_queues)
+    router.add_get("/api/queues/{vhost}", list_queues)
+    router.add_get("/api/queues/{vhost}/{name}", get_queue)
+    router.add_put("/api/queues/{vhost}/{name}", put_queue)
+    router.add_delete("/api/queues/{vhost}/{name}", delete_queue)
+    router.add_delete("/api/queues/{vhost}/{name}/contents", purge_queue)
+    router.add_get("/api/queues/{vhost}/{name}/bindings", queue_bindings)
+    router.add_post("/api/queues/{vhost}/{name}/get", get_messages)

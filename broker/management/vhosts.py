@@ -1,0 +1,75 @@
+"""``/api/vhosts``: list, get, create or update (PUT), delete, and a vhost's permissions."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from broker.management.common import (
+    as_tags,
+    bad_request,
+    body_of,
+    node_of,
+    not_found,
+    require_admin,
+    respond,
+    respond_list,
+    vhost_for,
+    visible_vhosts,
+)
+from broker.management.objects import permission_info, vhost_info
+
+QUEUE_TYPES = ("classic", "quorum", "stream")
+
+
+async def list_vhosts(request: web.Request) -> web.Response:
+    node = node_of(request)
+    return respond_list(request, (vhost_info(node, vh) for vh in sorted(visible_vhosts(request),
+                                                                        key=lambda v: v.name)))
+
+
+async def get_vhost(request: web.Request) -> web.Response:
+    return respond(vhost_info(node_of(request), vhost_for(request)))
+
+
+async def put_vhost(request: web.Request) -> web.Response:
+    require_admin(request)
+    node = node_of(request)
+    name = request.match_info["vhost"]
+    if not name:
+        raise bad_request("vhost name must not be empty")
+    body = await body_of(request)
+    description = body.get("description", "")
+    if not isinstance(description, str):
+        raise bad_request("description must be a string")
+    dqt = body.get("default_queue_type", "classic")
+    if dqt not in QUEUE_TYPES:
+        raise bad_request(f"default_queue_type must be one of {', '.join(QUEUE_TYPES)}")
+    existed = name in node.vhosts
+    node.add_vhost(name, description, as_tags(body.get("tags")) if "tags" in body else None, dqt)
+    node.metadata_changed()
+    return web.Response(status=204 if existed else 201)
+
+
+async def delete_vhost(request: web.Request) -> web.Response:
+    require_admin(request)
+    node = node_of(request)
+    if not node.delete_vhost(request.match_info["vhost"]):
+        raise not_found()
+    node.metadata_changed()
+    return web.Response(status=204)
+
+
+async def vhost_permissions(request: web.Request) -> web.Response:
+    require_admin(request)
+    vh = vhost_for(request)
+    node = node_of(request)
+    return respond_list(request, (permission_info(u, vh.name) for u in node.users.users.values()
+                                  if vh.name in u.permissions))
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/api/vhosts", list_vhosts)
+    router.add_get("/api/vhosts/{vhost}", get_vhost)
+    router.add_put("/api/vhosts/{vhost}", put_vhost)
+    router.add_delete("/api/vhosts/{vhost}", delete_vhost)
+    router.add_get("/api/vhosts/{vhost}/permissions", vhost_permissions)

@@ -1,0 +1,340 @@
+"""Prometheus metrics under the names of RabbitMQ's ``rabbitmq_prometheus`` plugin, so its stock Grafana
+dashboards and alerts work, plus Leveret's own under ``leveret_``.
+
+The hot path only adds to plain integers (``node.counters``, ``QueueProcess.stats``); this collector reads
+them when Prometheus scrapes. Nothing here runs per message.
+
+Endpoints (port ``prometheus.tcp.port``, default 15692): ``/metrics`` sums queue, channel and connection
+figures per node as RabbitMQ does by default; ``/metrics/per-object`` gives one series per queue
+(labels ``vhost``, ``queue``).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import shutil
+import time
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from broker import PRODUCT, VERSION
+
+if TYPE_CHECKING:
+    from broker.node import Node
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PROTOCOL = "amqp091"
+
+
+class GlobalCounters:
+    """Node-wide counters of RabbitMQ's ``rabbit_global_counters`` (and a few of ``rabbit_core_metrics``).
+
+    Plain integers: the message path adds to them (``node.counters.messages_received += 1``) and the
+    collector reads them at scrape time. Each maps to ``rabbitmq_global_<name>_total`` or the metric named
+    in :data:`COUNTER_METRICS`.
+    """
+
+    __slots__ = (
+        # messages (rabbitmq_global_*_total{protocol="amqp091"})
+        "messages_received", "messages_received_confirm", "messages_routed", "messages_unroutable_dropped",
+        "messages_unroutable_returned", "messages_confirmed", "messages_delivered",
+        "messages_delivered_consume_manual_ack", "messages_delivered_consume_auto_ack",
+        "messages_delivered_get_manual_ack", "messages_delivered_get_auto_ack", "messages_get_empty",
+        "messages_redelivered", "messages_acknowledged", "messages_dead_lettered_expired",
+        "messages_dead_lettered_rejected", "messages_dead_lettered_maxlen",
+        # objects (rabbitmq_*_total)
+        "connections_opened", "connections_closed", "channels_opened", "channels_closed",
+        "queues_declared", "queues_created", "queues_deleted",
+        # authentication (rabbitmq_auth_attempts_*_total)
+        "auth_attempts", "auth_attempts_succeeded", "auth_attempts_failed",
+    )
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+# counter attribute → (metric name without _total, help)
+GLOBAL_MESSAGE_METRICS = {
+    "messages_received": "Total number of messages received from publishers",
+    "messages_received_confirm": "Total number of messages received from publishers expecting confirmations",
+    "messages_routed": "Total number of messages routed to queues",
+    "messages_unroutable_dropped": "Total number of messages published as non-mandatory into an exchange "
+                                   "and dropped as unroutable",
+    "messages_unroutable_returned": "Total number of messages published as mandatory into an exchange and "
+                                    "returned to the publisher as unroutable",
+    "messages_confirmed": "Total number of messages confirmed to publishers",
+    "messages_delivered": "Total number of messages delivered to consumers",
+    "messages_delivered_consume_manual_ack": "Total number of messages delivered to consumers using "
+                                             "basic.consume with manual acknowledgment",
+    "messages_delivered_consume_auto_ack": "Total number of messages delivered to consumers using "
+                                           "basic.consume with automatic acknowledgment",
+    "messages_delivered_get_manual_ack": "Total number of messages delivered to consumers using basic.get "
+                                         "with manual acknowledgment",
+    "messages_delivered_get_auto_ack": "Total number of messages delivered to consumers using basic.get "
+                                       "with automatic acknowledgment",
+    "messages_get_empty": "Total number of times basic.get operations fetched no message",
+    "messages_redelivered": "Total number of messages redelivered to consumers",
+    "messages_acknowledged": "Total number of messages acknowledged by consumers",
+}
+OBJECT_COUNTER_METRICS = {
+    "connections_opened": ("rabbitmq_connections_opened_total", "Total number of connections opened"),
+    "connections_closed": ("rabbitmq_connections_closed_total",
+                           "Total number of connections closed or terminated"),
+    "channels_opened": ("rabbitmq_channels_opened_total", "Total number of channels opened"),
+    "channels_closed": ("rabbitmq_channels_closed_total", "Total number of channels closed"),
+    "queues_declared": ("rabbitmq_queues_declared_total", "Total number of queues declared"),
+    "queues_created": ("rabbitmq_queues_created_total", "Total number of queues created"),
+    "queues_deleted": ("rabbitmq_queues_deleted_total", "Total number of queues deleted"),
+    "auth_attempts": ("rabbitmq_auth_attempts_total", "Total number of authentication attempts"),
+    "auth_attempts_succeeded": ("rabbitmq_auth_attempts_succeeded_total",
+                                "Total number of successful authentication attempts"),
+    "auth_attempts_failed": ("rabbitmq_auth_attempts_failed_total",
+                             "Total number of failed authentication attempts"),
+}
+# Per-queue figures: (metric, help, kind, how to read it from a QueueProcess)
+QUEUE_GAUGES = (
+    ("rabbitmq_queue_messages_ready", "Messages ready to be delivered to consumers"),
+    ("rabbitmq_queue_messages_unacked", "Messages delivered to consumers but not yet acknowledged"),
+    ("rabbitmq_queue_messages", "Sum of ready and unacknowledged messages - total queue depth"),
+    ("rabbitmq_queue_messages_ready_bytes", "Size in bytes of ready messages"),
+    ("rabbitmq_queue_messages_bytes", "Size in bytes of ready and unacknowledged messages"),
+    ("rabbitmq_queue_consumers", "Consumers on a queue"),
+)
+QUEUE_COUNTERS = (
+    ("rabbitmq_queue_messages_published_total", "Total number of messages published to queues", "published"),
+    ("rabbitmq_queue_messages_delivered_total", "Total number of messages delivered to consumers",
+     "delivered"),
+    ("rabbitmq_queue_messages_redelivered_total", "Total number of messages redelivered to consumers",
+     "redelivered"),
+    ("rabbitmq_queue_messages_acked_total", "Total number of messages acknowledged by consumers", "acked"),
+    ("rabbitmq_queue_get_total", "Total number of messages fetched with basic.get", "get"),
+)
+
+
+def queue_figures(q: Any) -> tuple[int, int, int, int, int, int]:
+    """(ready, unacked, total, ready_bytes, bytes, consumers) of one queue process."""
+    bq = q.bq
+    ready = bq.len()
+    unacked = bq.pending_ack_count()
+    try:
+        ready_bytes = bq.ready_bytes()
+    except Exception:
+        ready_bytes = 0
+    unacked_bytes = 0
+    ub = getattr(bq, "unacked_bytes", None)
+    if callable(ub):
+        unacked_bytes = ub()
+    return ready, unacked, ready + unacked, ready_bytes, ready_bytes + unacked_bytes, q.consumers.count
+
+
+def _memory_limit(settings: Any) -> int:
+    if settings.vm_memory_high_watermark_absolute:
+        return int(settings.vm_memory_high_watermark_absolute)
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 0
+    return int(total * settings.vm_memory_high_watermark_relative)
+
+
+def resident_memory() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def open_fds() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
+
+
+def disk_free(path: Any) -> int:
+    p = os.fspath(path)
+    while p and not os.path.exists(p):
+        parent = os.path.dirname(os.path.abspath(p))
+        if parent == p:
+            break
+        p = parent
+    try:
+        return shutil.disk_usage(p or ".").free
+    except OSError:
+        return 0
+
+
+def node_name() -> str:
+    return f"leveret@{platform.node()}"
+
+
+class RabbitCollector:
+    """A prometheus-client collector: builds every family from the node's state at scrape time."""
+
+    def __init__(self, node: Node, per_object: bool) -> None:
+        self.node = node
+        self.per_object = per_object
+
+    def collect(self) -> Iterator[Metric]:
+        node = self.node
+        settings = node.settings
+        yield from self._node_info()
+        # -- objects ------------------------------------------------------------------------------------------
+        connections = list(node.connections)
+        channels = [ch for c in connections for ch in list(getattr(c, "channels", {}).values())]
+        queues = [q for vh in list(node.vhosts.values()) for q in vh.queues]
+        consumers = sum(len(getattr(ch, "consumers", {})) for ch in channels)
+        yield _gauge("rabbitmq_connections", "Connections currently open", len(connections))
+        yield _gauge("rabbitmq_channels", "Channels currently open", len(channels))
+        yield _gauge("rabbitmq_consumers", "Consumers currently connected", consumers)
+        yield _gauge("rabbitmq_queues", "Queues available", len(queues))
+        yield _gauge("rabbitmq_global_consumers", "Current number of consumers", consumers,
+                     {"protocol": PROTOCOL})
+        yield _gauge("rabbitmq_global_publishers", "Current number of publishers",
+                     sum(1 for ch in channels if getattr(ch, "publish_seq", 0) or getattr(ch, "published", 0)),
+                     {"protocol": PROTOCOL})
+        counters = node.counters
+        for attr, (name, help_) in OBJECT_COUNTER_METRICS.items():
+            yield _counter(name[: -len("_total")], help_, getattr(counters, attr))
+        for attr, help_ in GLOBAL_MESSAGE_METRICS.items():
+            yield _counter(f"rabbitmq_global_{attr}", help_, getattr(counters, attr), {"protocol": PROTOCOL})
+        for reason in ("expired", "rejected", "maxlen"):
+            yield _counter("rabbitmq_global_messages_dead_lettered_" + reason,
+                           f"Total number of messages dead-lettered due to {reason}",
+                           getattr(counters, f"messages_dead_lettered_{reason}"),
+                           {"queue_type": "rabbit_classic_queue", "dead_letter_strategy": "at_most_once"})
+        # -- channels (aggregated) ----------------------------------------------------------------------------
+        yield _gauge("rabbitmq_channel_messages_unacked",
+                     "Delivered but not yet acknowledged messages",
+                     sum(len(getattr(ch, "unacked", ())) for ch in channels))
+        yield _gauge("rabbitmq_channel_prefetch", "Total limit of unacknowledged messages for all consumers "
+                     "on a channel", sum(getattr(ch, "global_prefetch", 0) for ch in channels))
+        # -- queues ---------------------------------------------------------------------------------------
+        yield from self._queues(queues)
+        # -- resources --------------------------------------------------------------------------------------
+        mem = resident_memory()
+        mem_limit = _memory_limit(settings)
+        disk = disk_free(settings.data_dir)
+        disk_limit = settings.disk_free_limit_absolute
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        yield _gauge("rabbitmq_process_resident_memory_bytes", "Memory used in bytes", mem)
+        yield _gauge("rabbitmq_resident_memory_limit_bytes", "Memory high watermark in bytes", mem_limit)
+        yield _gauge("rabbitmq_disk_space_available_bytes", "Disk space available in bytes", disk)
+        yield _gauge("rabbitmq_disk_space_available_limit_bytes", "Free disk space low watermark in bytes",
+                     disk_limit)
+        yield _gauge("rabbitmq_process_open_fds", "Open file descriptors", open_fds())
+        yield _gauge("rabbitmq_process_max_fds", "Open file descriptors limit", soft)
+        alarms = node.alarms()
+        yield _gauge("rabbitmq_alarms_memory_used_watermark",
+                     "is 1 if VM memory watermark threshold is in effect", int("memory" in alarms))
+        yield _gauge("rabbitmq_alarms_free_disk_space_watermark",
+                     "is 1 if free disk space watermark threshold is in effect", int("disk" in alarms))
+        yield _gauge("rabbitmq_alarms_file_descriptor_limit",
+                     "is 1 if file descriptor limit is in effect", 0)
+        # -- Leveret's own -----------------------------------------------------------------------------------
+        yield _gauge("leveret_uptime_seconds", "Seconds since the broker started",
+                     time.time() - node.started_at)
+        yield _gauge("leveret_vhosts", "Virtual hosts", len(node.vhosts))
+        yield _gauge("leveret_users", "Users", len(node.users.users))
+        yield _gauge("leveret_exchanges", "Exchanges (all vhosts, without the default exchange)",
+                     sum(len(vh.exchanges) for vh in node.vhosts.values()))
+        yield _gauge("leveret_bindings", "Bindings (all vhosts)",
+                     sum(len(vh.bindings()) for vh in node.vhosts.values()))
+        paged = [getattr(q.bq, "paged_out_count", None) for q in queues]
+        yield _gauge("leveret_queue_messages_paged_out", "Messages whose body is on disk only (delta)",
+                     sum(p() for p in paged if callable(p)))
+
+    def _node_info(self) -> Iterable[Metric]:
+        node = self.node
+        identity = GaugeMetricFamily("rabbitmq_identity_info", "RabbitMQ node & cluster identity info",
+                                     labels=["rabbitmq_node", "rabbitmq_cluster", "rabbitmq_cluster_permanent_id"])
+        identity.add_metric([node.name, node.cluster_name, node.cluster_name], 1)
+        yield identity
+        build = GaugeMetricFamily("rabbitmq_build_info", "RabbitMQ & Erlang/OTP version info",
+                                  labels=["rabbitmq_version", "prometheus_plugin_version",
+                                          "prometheus_client_version", "erlang_version", "product",
+                                          "product_version", "python_version"])
+        build.add_metric([node.rabbitmq_version, VERSION, _prometheus_client_version(), "none", PRODUCT,
+                          VERSION, platform.python_version()], 1)
+        yield build
+
+    def _queues(self, queues: list[Any]) -> Iterable[Metric]:
+        labels = ["vhost", "queue"] if self.per_object else []
+        gauges = [GaugeMetricFamily(name, help_, labels=labels) for name, help_ in QUEUE_GAUGES]
+        counters = [CounterMetricFamily(name[: -len("_total")], help_, labels=labels)
+                    for name, help_, _attr in QUEUE_COUNTERS]
+        sums = [0] * len(gauges)
+        csums = [0] * len(counters)
+        for q in queues:
+            figures = queue_figures(q)
+            stats = q.stats
+            cvalues = [getattr(stats, attr, 0) for _n, _h, attr in QUEUE_COUNTERS]
+            if self.per_object:
+                lv = [q.vhost.name, q.name]
+                for g, v in zip(gauges, figures):
+                    g.add_metric(lv, v)
+                for c, v in zip(counters, cvalues):
+                    c.add_metric(lv, v)
+            else:
+                sums = [a + b for a, b in zip(sums, figures)]
+                csums = [a + b for a, b in zip(csums, cvalues)]
+        if not self.per_object:
+            for g, v in zip(gauges, sums):
+                g.add_metric([], v)
+            for c, v in zip(counters, csums):
+                c.add_metric([], v)
+        yield from gauges
+        yield from counters
+
+
+def _prometheus_client_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("prometheus-client")
+    except Exception:
+        return "unknown"
+
+
+def _gauge(name: str, help_: str, value: float, labels: dict[str, str] | None = None) -> Metric:
+    g = GaugeMetricFamily(name, help_, labels=list(labels or {}))
+    g.add_metric(list((labels or {}).values()), value)
+    return g
+
+
+def _counter(name: str, help_: str, value: float, labels: dict[str, str] | None = None) -> Metric:
+    c = CounterMetricFamily(name, help_, labels=list(labels or {}))
+    c.add_metric(list((labels or {}).values()), value)
+    return c
+
+
+def render(node: Node, per_object: bool) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RabbitCollector(node, per_object))
+    return generate_latest(registry)
+
+
+def make_app(node: Node) -> Any:
+    from aiohttp import web
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=render(node, per_object=False), headers={"Content-Type": CONTENT_TYPE})
+
+    async def per_object(request: web.Request) -> web.Response:
+        return web.Response(body=render(node, per_object=True), headers={"Content-Type": CONTENT_TYPE})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/metrics/per-object", per_object)
+    app.router.add_get("/metrics/detailed", per_object)
+    return app
