@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import base64
 import os
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from broker.errors import AMQPError
 from broker.queue_args import QueueSettings, effective_settings, validate_arguments
@@ -53,7 +54,7 @@ def _message_priority(msg: Any) -> int:
 
 
 class QueueRegistry:
-    def __init__(self, vhost: "VHost", make_backing_queue: Callable[..., BackingQueue] | None = None) -> None:
+    def __init__(self, vhost: VHost, make_backing_queue: Callable[..., BackingQueue] | None = None) -> None:
         self.vhost = vhost
         self._queues: dict[str, QueueProcess] = {}
         self._make_bq = make_backing_queue or (lambda **_: MemoryBackingQueue())
@@ -67,7 +68,7 @@ class QueueRegistry:
     def get(self, name: str) -> QueueProcess | None:
         return self._queues.get(name)
 
-    def lookup(self, name: str, reader: "Reader | None" = None) -> QueueProcess:
+    def lookup(self, name: str, reader: Reader | None = None) -> QueueProcess:
         """The queue, or 404; with ``reader``, 405 if another connection owns it exclusively."""
         q = self._queues.get(name)
         if q is None:
@@ -76,7 +77,7 @@ class QueueRegistry:
             self.check_exclusive_access(q, reader)
         return q
 
-    def check_exclusive_access(self, q: QueueProcess, reader: "Reader", strict: bool = False) -> None:
+    def check_exclusive_access(self, q: QueueProcess, reader: Reader, strict: bool = False) -> None:
         """405 unless ``reader`` may use the queue; ``strict`` (an exclusive redeclare) also refuses a
         queue that is not exclusive, as the declaration's exclusive flag then does not match."""
         if q.exclusive_owner is not reader and (q.exclusive_owner is not None or strict):
@@ -87,11 +88,13 @@ class QueueRegistry:
                 "does not match that of the original declaration.")
 
     def declare(self, name: str, passive: bool, durable: bool, exclusive: bool, auto_delete: bool,
-                arguments: dict[str, Any], reader: "Reader", server_named: bool = False
+                arguments: dict[str, Any], reader: Reader, server_named: bool = False
                 ) -> tuple[QueueProcess, bool]:
         """(queue, created). Applies RabbitMQ's checks in its order: reserved names, passive, equivalence."""
         if passive:
-            return self.lookup(name, reader), False
+            q = self.lookup(name, reader)
+            q.reset_expiry_timer()  # a passive declare renews an x-expires lease too
+            return q, False
         validate_arguments(arguments, name, self.vhost.name)
         if name.startswith("amq.") and not server_named:
             raise AMQPError(ACCESS_REFUSED,
@@ -102,13 +105,14 @@ class QueueRegistry:
             self._assert_equivalence(existing, durable, exclusive, auto_delete, arguments)
             existing.reset_expiry_timer()  # a redeclare renews an x-expires lease
             return existing, False
-        if exclusive:
-            durable = False  # RabbitMQ ignores durable on exclusive queues
         if arguments.get("x-queue-type") in ("quorum", b"quorum"):
             where = f"queue '{name}' in vhost '{self.vhost.name}'"
-            if not durable or exclusive:
-                raise AMQPError(PRECONDITION_FAILED, f"invalid property '{'exclusive' if exclusive else 'non-durable'}'"
-                                f" for {where}")
+            problem = "non-durable" if not durable else "exclusive-owner" if exclusive else \
+                "auto-delete" if auto_delete else None
+            if problem:
+                raise AMQPError(PRECONDITION_FAILED, f"invalid property '{problem}' for {where}")
+        if exclusive:
+            durable = False  # RabbitMQ ignores durable on exclusive queues
         settings = effective_settings(arguments, *self.vhost.policies_for_queue(name))
         q = QueueProcess(self.vhost, name, durable, reader if exclusive else None, auto_delete, arguments,
                          self._new_backing_queue(name, durable, settings), settings)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import base64
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as spec
 
@@ -59,7 +60,7 @@ def _random_tag(prefix: str) -> str:
 class _ReplyConsumer:
     """The pseudo-consumer of ``amq.rabbitmq.reply-to`` on this channel (direct reply-to)."""
 
-    __slots__ = ("tag", "tag_raw", "key")
+    __slots__ = ("key", "tag", "tag_raw")
 
     def __init__(self, tag: str, key: str) -> None:
         self.tag = tag
@@ -69,7 +70,7 @@ class _ReplyConsumer:
 
 
 class Channel:
-    def __init__(self, reader: "Reader", channel_id: int) -> None:
+    def __init__(self, reader: Reader, channel_id: int) -> None:
         self.reader = reader
         self.id = channel_id
         self.vhost = reader.vhost
@@ -82,7 +83,7 @@ class Channel:
         self._body_received = 0
         # Deliveries awaiting ack: delivery tag → (queue, seq_id, consumer or None for basic.get).
         self.next_delivery_tag = 1
-        self.unacked: dict[int, tuple["QueueProcess", int, Consumer | None]] = {}
+        self.unacked: dict[int, tuple[QueueProcess, int, Consumer | None]] = {}
         self.consumer_unacked = 0
         self.consumers: dict[str, Consumer] = {}
         self.prefetch_count = 0  # for consumers created from now on (basic.qos global=false)
@@ -287,7 +288,7 @@ class Channel:
     def can_deliver_no_ack(self) -> bool:
         return not self.closing and self.reader.writable
 
-    def deliver(self, consumer: Consumer, queue: "QueueProcess", seq_id: int, msg: Message,
+    def deliver(self, consumer: Consumer, queue: QueueProcess, seq_id: int, msg: Message,
                 redelivered: bool) -> None:
         tag = self.next_delivery_tag
         self.next_delivery_tag = tag + 1
@@ -348,7 +349,7 @@ class Channel:
                 self.send(spec.Basic.Cancel, consumer_tag=consumer.tag, nowait=True)
 
     # -- acknowledgements ------------------------------------------------------------------------------
-    def _collect(self, tag: int, multiple: bool) -> list[tuple[int, tuple["QueueProcess", int, Consumer | None]]]:
+    def _collect(self, tag: int, multiple: bool) -> list[tuple[int, tuple[QueueProcess, int, Consumer | None]]]:
         """Take the deliveries an ack/nack/reject names out of ``unacked``: (tag, delivery) pairs.
         ``multiple`` with tag 0 means every outstanding delivery; an unknown tag is a 406."""
         unacked = self.unacked
@@ -370,9 +371,9 @@ class Channel:
             raise AMQPError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
         return [(tag, entry)]
 
-    def _settle(self, pairs: list[tuple[int, tuple["QueueProcess", int, Consumer | None]]], action: str) -> None:
+    def _settle(self, pairs: list[tuple[int, tuple[QueueProcess, int, Consumer | None]]], action: str) -> None:
         """Ack, requeue or discard collected deliveries, one call per queue, then let queues deliver more."""
-        by_queue: dict["QueueProcess", list[int]] = {}
+        by_queue: dict[QueueProcess, list[int]] = {}
         for _tag, (queue, seq_id, consumer) in pairs:
             if consumer is not None:
                 consumer.unacked -= 1
@@ -447,7 +448,8 @@ class Channel:
         tag = m.consumer_tag or _random_tag("amq.ctag-")
         if tag in self.consumers or (self.reply_consumer is not None and self.reply_consumer.tag == tag):
             raise AMQPError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
-        if queue.exclusive_consumer is not None or (m.exclusive and queue.consumers.count):
+        if queue.exclusive_consumer is not None or (m.exclusive and (queue.consumers.count
+                                                                     or queue.settings.single_active_consumer)):
             raise AMQPError(ACCESS_REFUSED, f"queue '{queue.name}' in vhost '{self.vhost.name}' in exclusive use")
         args = dict(m.arguments or {})
         priority = args.get("x-priority", 0)

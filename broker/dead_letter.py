@@ -16,7 +16,7 @@ from typing import Any
 
 from broker.message import Message
 from protocol.fastcodec import shortstr
-from protocol.properties import with_properties
+from protocol.properties import Long, with_properties
 
 REJECTED, EXPIRED, MAXLEN, DELIVERY_LIMIT = "rejected", "expired", "maxlen", "delivery_limit"
 
@@ -39,15 +39,17 @@ def make_dead_letter(msg: Message, queue: str, reason: str, dlx: str, dlrk: str 
     cc = _text_list(headers.get("CC"))
     death_keys = [msg.routing_key, *cc]
     stamp = datetime.datetime.fromtimestamp(int((now if now is not None else time.time() * 1000) / 1000),
-                                            tz=datetime.timezone.utc).replace(tzinfo=None)
+                                            tz=datetime.UTC).replace(tzinfo=None)
     deaths = [dict(d) for d in headers.get("x-death") or [] if isinstance(d, dict)]
+    for death in deaths:
+        death["count"] = Long(int(death.get("count", 1)))  # decoded as int: written back as a long
     for i, death in enumerate(deaths):
         if _text(death.get("queue")) == queue and _text(death.get("reason")) == reason:
-            death["count"] = int(death.get("count", 1)) + 1
+            death["count"] = Long(int(death.get("count", 1)) + 1)
             deaths.insert(0, deaths.pop(i))
             break
     else:
-        entry: dict[str, Any] = {"count": 1, "reason": reason, "queue": queue, "time": stamp,
+        entry: dict[str, Any] = {"count": Long(1), "reason": reason, "queue": queue, "time": stamp,
                                  "exchange": msg.exchange, "routing-keys": death_keys}
         if props.expiration:
             entry["original-expiration"] = props.expiration

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from broker.queue_process import QueueProcess
 
 
-def deliver(queues: list["QueueProcess"], msg: Message, persistent: bool) -> bool:
+def deliver(queues: list[QueueProcess], msg: Message, persistent: bool) -> bool:
     """Give ``msg`` to each queue (a persistent message stays persistent only in durable queues).
     Returns False if any queue refused it (overflow reject-publish): its publisher is then nacked,
     while the queues that took it keep their copy."""

@@ -8,7 +8,8 @@ makes its own routing fast.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from broker.message import Message
 
@@ -29,7 +30,7 @@ def _freeze(value: Any) -> Any:
 class Binding:
     """source exchange → destination (a queue or an exchange) with a routing key and arguments."""
 
-    __slots__ = ("source", "destination", "kind", "routing_key", "arguments", "key")
+    __slots__ = ("arguments", "destination", "key", "kind", "routing_key", "source")
 
     def __init__(self, source: str, destination: str, kind: str, routing_key: str,
                  arguments: dict[str, Any] | None) -> None:
@@ -155,7 +156,7 @@ class FanoutExchange(Exchange):
 
 
 class _TrieNode:
-    __slots__ = ("children", "bindings")
+    __slots__ = ("bindings", "children")
 
     def __init__(self) -> None:
         self.children: dict[str, _TrieNode] = {}

@@ -11,8 +11,18 @@ class Message:
     """One published message. ``header`` is the content header payload as received (properties raw),
     ``names_raw`` the exchange and routing key as two short strings, reused verbatim in basic.deliver."""
 
-    __slots__ = ("exchange", "routing_key", "names_raw", "header", "body", "_props", "_headers",
-                 "published_at", "expiration_ms", "extra_keys")
+    __slots__ = (
+        "_headers",
+        "_props",
+        "body",
+        "exchange",
+        "expiration_ms",
+        "extra_keys",
+        "header",
+        "names_raw",
+        "published_at",
+        "routing_key",
+    )
 
     def __init__(self, exchange: str, routing_key: str, names_raw: bytes, header: bytes, body: bytes,
                  published_at: float = 0.0) -> None:
@@ -48,7 +58,7 @@ class Message:
     def size(self) -> int:
         return len(self.body)
 
-    def with_header(self, header: bytes) -> "Message":
+    def with_header(self, header: bytes) -> Message:
         """A copy carrying different properties (the body is shared, not copied)."""
         m = Message(self.exchange, self.routing_key, self.names_raw, header, self.body, self.published_at)
         m.expiration_ms = self.expiration_ms

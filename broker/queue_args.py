@@ -7,7 +7,8 @@ sets, the lower number winning. Argument values are checked at declare with Rabb
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from broker.errors import AMQPError
 from protocol.constants import PRECONDITION_FAILED
@@ -96,9 +97,22 @@ def _text(value: Any) -> Any:
 class QueueSettings:
     """What the queue process enforces. ``None`` means unset (no limit, no TTL, ...)."""
 
-    __slots__ = ("message_ttl", "expires", "max_length", "max_length_bytes", "overflow", "dlx", "dlrk",
-                 "delivery_limit", "max_priority", "single_active_consumer", "consumer_timeout",
-                 "queue_type", "policy", "operator_policy")
+    __slots__ = (
+        "consumer_timeout",
+        "delivery_limit",
+        "dlrk",
+        "dlx",
+        "expires",
+        "max_length",
+        "max_length_bytes",
+        "max_priority",
+        "message_ttl",
+        "operator_policy",
+        "overflow",
+        "policy",
+        "queue_type",
+        "single_active_consumer",
+    )
 
     def __init__(self) -> None:
         self.message_ttl: int | None = None

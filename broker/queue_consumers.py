@@ -9,7 +9,8 @@ first; when it goes, the next in order of arrival takes over.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from broker.channel import Channel
@@ -19,10 +20,20 @@ if TYPE_CHECKING:
 class Consumer:
     """One basic.consume: its channel, its queue, and the prefetch it was given (0 = no limit)."""
 
-    __slots__ = ("tag", "tag_raw", "channel", "queue", "no_ack", "prefetch", "unacked", "priority",
-                 "exclusive", "arguments")
+    __slots__ = (
+        "arguments",
+        "channel",
+        "exclusive",
+        "no_ack",
+        "prefetch",
+        "priority",
+        "queue",
+        "tag",
+        "tag_raw",
+        "unacked",
+    )
 
-    def __init__(self, tag: str, channel: "Channel", queue: "QueueProcess", no_ack: bool, prefetch: int,
+    def __init__(self, tag: str, channel: Channel, queue: QueueProcess, no_ack: bool, prefetch: int,
                  priority: int, exclusive: bool, arguments: dict[str, Any]) -> None:
         self.tag = tag
         raw = tag.encode()
@@ -51,6 +62,9 @@ class ConsumerSet:
         self.count = 0
         self.single_active = single_active
         self._arrival: list[Consumer] = []  # in order of arrival, for single active consumer
+        # A single active consumer that went away holding unacked messages: the next one is activated only
+        # once those are settled, so it sees them first (as RabbitMQ does on connection loss).
+        self._retiring: Consumer | None = None
 
     @property
     def active(self) -> Consumer | None:
@@ -69,6 +83,8 @@ class ConsumerSet:
 
     def remove(self, consumer: Consumer) -> bool:
         if self.single_active and consumer in self._arrival:
+            if self._arrival[0] is consumer and consumer.unacked:
+                self._retiring = consumer
             self._arrival.remove(consumer)
         group = self._groups.get(consumer.priority)
         if group is None:
@@ -86,6 +102,10 @@ class ConsumerSet:
     def next_with_room(self) -> Consumer | None:
         """The consumer to deliver to next, rotated to the back of its group; None if all are full."""
         if self.single_active:
+            if self._retiring is not None:
+                if self._retiring.unacked:
+                    return None
+                self._retiring = None
             active = self._arrival[0] if self._arrival else None
             return active if active is not None and active.has_room() else None
         for priority in self._priorities:

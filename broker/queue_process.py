@@ -21,7 +21,7 @@ from broker import dead_letter
 from broker.message import Message
 from broker.queue_args import QueueSettings
 from broker.queue_consumers import Consumer, ConsumerSet
-from protocol.properties import with_properties
+from protocol.properties import Long, with_properties
 from storage.backing_queue import BackingQueue
 
 if TYPE_CHECKING:
@@ -39,8 +39,17 @@ def now_ms() -> float:
 class QueueStats:
     """Plain-integer counters (seed 004's per-queue statistics), read by metrics at scrape time."""
 
-    __slots__ = ("published", "delivered", "acked", "redelivered", "get", "dead_lettered", "expired",
-                 "dropped", "rejected_publishes")
+    __slots__ = (
+        "acked",
+        "dead_lettered",
+        "delivered",
+        "dropped",
+        "expired",
+        "get",
+        "published",
+        "redelivered",
+        "rejected_publishes",
+    )
 
     def __init__(self) -> None:
         self.published = 0
@@ -55,7 +64,7 @@ class QueueStats:
 
 
 class QueueProcess:
-    def __init__(self, vhost: "VHost", name: str, durable: bool, exclusive_owner: "Reader | None",
+    def __init__(self, vhost: VHost, name: str, durable: bool, exclusive_owner: Reader | None,
                  auto_delete: bool, arguments: dict[str, Any], bq: BackingQueue,
                  settings: QueueSettings) -> None:
         self.vhost = vhost
@@ -305,7 +314,7 @@ class QueueProcess:
         count = self._delivery_counts.get(seq_id) if self._delivery_counts is not None else None
         if not count:
             return msg
-        return msg.with_header(with_properties(msg.header, headers_set={"x-delivery-count": count}))
+        return msg.with_header(with_properties(msg.header, headers_set={"x-delivery-count": Long(count)}))
 
     def basic_get(self, no_ack: bool) -> tuple[int, Message, bool, int] | None:
         """Take one message for basic.get: (seq_id, message, redelivered, ready messages left)."""
@@ -358,6 +367,8 @@ class QueueProcess:
                 dead = set(over)
                 seq_ids = [s for s in seq_ids if s not in dead]
         self.bq.requeue(seq_ids)
+        if self.settings.max_length is not None or self.settings.max_length_bytes is not None:
+            self.maybe_drop_head()
         if self._ttl_possible:
             self.drop_expired_msgs()
         self.schedule_run()

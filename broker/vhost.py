@@ -163,7 +163,7 @@ class VHost:
         return [b for ex in self.exchanges.values() for b in ex.bindings.values()]
 
     # -- routing ----------------------------------------------------------------------------------------
-    def route(self, exchange: Exchange, msg: Message) -> list["QueueProcess"]:
+    def route(self, exchange: Exchange, msg: Message) -> list[QueueProcess]:
         """The queues a message published to ``exchange`` reaches (each once)."""
         if exchange.name == "":
             if msg.extra_keys is None:

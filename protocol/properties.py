@@ -213,6 +213,14 @@ def _long(raw: bytes) -> bytes:
     return _U32.pack(len(raw)) + raw
 
 
+class Long(int):
+    """An integer to be written as a signed 64-bit 'l' field whatever its size, as RabbitMQ writes
+    counters such as x-death's ``count`` and ``x-delivery-count`` (clients check the type)."""
+
+
+_I64 = struct.Struct(">q")
+
+
 def encode_field_value(value: Any) -> bytes:
     """One field value, type octet first, as RabbitMQ reads it.
 
@@ -222,6 +230,8 @@ def encode_field_value(value: Any) -> bytes:
     """
     if isinstance(value, bool):
         return b"t" + encode.boolean(value)
+    if isinstance(value, Long):
+        return b"l" + _I64.pack(value)
     if isinstance(value, int):
         return encode.table_integer(value)
     if isinstance(value, float):
