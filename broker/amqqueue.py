@@ -149,6 +149,8 @@ class QueueRegistry:
         if self._queues.get(q.name) is not q:
             return 0
         del self._queues[q.name]
+        if self.vhost.counters is not None:
+            self.vhost.counters.queues_deleted += 1
         self.vhost.remove_bindings_to_queue(q.name)
         if q.exclusive_owner is not None:
             try:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as spec
 
-from broker import delegate
+from broker import delegate, permissions
 from broker.errors import AMQPError
 from broker.exchange import EXCHANGE, QUEUE
 from broker.message import Message
@@ -100,6 +100,9 @@ class Channel:
         # Consumer acknowledgement timeout: delivery tag → (deadline in loop time, timeout ms), only for
         # consumers of queues with a timeout; checked by one timer per channel.
         self._ack_deadlines: dict[int, tuple[float, int]] = {}
+        # Exchanges this channel was allowed to publish to (checked once, as RabbitMQ caches it).
+        self._may_publish_to: set[str] = set()
+        self.counters = reader.node.counters
         self._ack_timer: Any = None
         self._handlers: dict[type, Callable[[Any], None]] = {
             spec.Basic.Qos: self._basic_qos,
@@ -189,6 +192,9 @@ class Channel:
     def basic_publish(self, args: PublishArgs, msg: Message) -> None:
         if args.immediate:
             raise AMQPError(NOT_IMPLEMENTED, "immediate=true", CLASS_BASIC, 40)
+        if args.exchange not in self._may_publish_to:
+            permissions.basic_publish(self.reader.user, self.vhost.name, args.exchange)
+            self._may_publish_to.add(args.exchange)
         exchange = self.vhost.check_publishable(args.exchange)
         flags = (msg.header[12] << 8) | msg.header[13] if len(msg.header) >= 14 else 0
         persistent = False
@@ -245,7 +251,10 @@ class Channel:
             msg.extra_keys = extra
 
     def _route(self, exchange: Any, args: PublishArgs, msg: Message, persistent: bool) -> None:
+        counters = self.counters
+        counters.messages_received += 1
         if self.confirm:
+            counters.messages_received_confirm += 1
             self.publish_seq += 1
         accepted = True
         if exchange.name == "" and msg.routing_key.startswith(REPLY_TO_PREFIX):
@@ -255,9 +264,14 @@ class Channel:
             routed = len(queues)
             if queues:
                 accepted = delegate.deliver(queues, msg, persistent)
-        if not routed and args.mandatory:
+        if routed:
+            counters.messages_routed += 1
+        elif args.mandatory:
+            counters.messages_unroutable_returned += 1
             self.reader.send(fastcodec.encode_basic_return(self.id, NO_ROUTE, "NO_ROUTE", args.names_raw))
             self.reader.send_content(self.id, msg.header, msg.body)
+        else:
+            counters.messages_unroutable_dropped += 1
         if self.confirm:
             (self._confirm_acks if accepted else self._confirm_nacks).append(self.publish_seq)
             self.reader.confirms_pending(self)
@@ -271,6 +285,7 @@ class Channel:
             send(fastcodec.encode_basic_nack(self.id, tag, False))
         if not acks:
             return
+        self.counters.messages_confirmed += len(acks)
         if len(acks) == 1:
             send(fastcodec.encode_basic_ack(self.id, acks[0], False))
         elif acks[-1] - acks[0] == len(acks) - 1 and not nacks:
@@ -292,7 +307,14 @@ class Channel:
                 redelivered: bool) -> None:
         tag = self.next_delivery_tag
         self.next_delivery_tag = tag + 1
-        if not consumer.no_ack:
+        counters = self.counters
+        counters.messages_delivered += 1
+        if redelivered:
+            counters.messages_redelivered += 1
+        if consumer.no_ack:
+            counters.messages_delivered_consume_auto_ack += 1
+        else:
+            counters.messages_delivered_consume_manual_ack += 1
             self.unacked[tag] = (queue, seq_id, consumer)
             consumer.unacked += 1
             self.consumer_unacked += 1
@@ -383,6 +405,8 @@ class Channel:
                 by_queue[queue] = [seq_id]
             else:
                 ids.append(seq_id)
+        if action == "ack":
+            self.counters.messages_acknowledged += len(pairs)
         for queue, seq_ids in by_queue.items():
             if action == "ack":
                 queue.ack(seq_ids)
@@ -444,7 +468,9 @@ class Channel:
         if m.queue == REPLY_TO:
             self._consume_reply_to(m)
             return
-        queue = self.vhost.queues.lookup(self._queue_name(m.queue), self.reader)
+        name = self._queue_name(m.queue)
+        permissions.basic_consume(self.reader.user, self.vhost.name, name)
+        queue = self.vhost.queues.lookup(name, self.reader)
         tag = m.consumer_tag or _random_tag("amq.ctag-")
         if tag in self.consumers or (self.reply_consumer is not None and self.reply_consumer.tag == tag):
             raise AMQPError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
@@ -485,12 +511,23 @@ class Channel:
             self.send(spec.Basic.CancelOk, consumer_tag=m.consumer_tag)
 
     def _basic_get(self, m: spec.Basic.Get) -> None:
-        queue = self.vhost.queues.lookup(self._queue_name(m.queue), self.reader)
+        name = self._queue_name(m.queue)
+        permissions.basic_get(self.reader.user, self.vhost.name, name)
+        queue = self.vhost.queues.lookup(name, self.reader)
         got = queue.basic_get(m.no_ack)
+        counters = self.counters
         if got is None:
+            counters.messages_get_empty += 1
             self.send(spec.Basic.GetEmpty)
             return
         seq_id, msg, redelivered, left = got
+        counters.messages_delivered += 1
+        if redelivered:
+            counters.messages_redelivered += 1
+        if m.no_ack:
+            counters.messages_delivered_get_auto_ack += 1
+        else:
+            counters.messages_delivered_get_manual_ack += 1
         tag = self.next_delivery_tag
         self.next_delivery_tag = tag + 1
         if not m.no_ack:
@@ -509,22 +546,26 @@ class Channel:
 
     def _exchange_declare(self, m: spec.Exchange.Declare) -> None:
         args = dict(m.arguments or {})
+        permissions.exchange_declare(self.reader.user, self.vhost.name, m.exchange, args, m.passive)
         self.vhost.declare_exchange(m.exchange, m.exchange_type, m.passive, m.durable, m.auto_delete,
                                     m.internal, args)
         if not m.nowait:
             self.send(spec.Exchange.DeclareOk)
 
     def _exchange_delete(self, m: spec.Exchange.Delete) -> None:
+        permissions.exchange_delete(self.reader.user, self.vhost.name, m.exchange)
         self.vhost.delete_exchange(m.exchange, m.if_unused)
         if not m.nowait:
             self.send(spec.Exchange.DeleteOk)
 
     def _exchange_bind(self, m: spec.Exchange.Bind) -> None:
+        permissions.exchange_bind(self.reader.user, self.vhost.name, m.destination, m.source)
         self.vhost.bind(m.source, m.destination, EXCHANGE, m.routing_key, dict(m.arguments or {}))
         if not m.nowait:
             self.send(spec.Exchange.BindOk)
 
     def _exchange_unbind(self, m: spec.Exchange.Unbind) -> None:
+        permissions.exchange_bind(self.reader.user, self.vhost.name, m.destination, m.source)
         self.vhost.unbind(m.source, m.destination, EXCHANGE, m.routing_key, dict(m.arguments or {}))
         if not m.nowait:
             self.send(spec.Exchange.UnbindOk)
@@ -540,15 +581,20 @@ class Channel:
             server_named = True
         elif not name:
             name = self._queue_name(name)
-        queue, _created = self.vhost.queues.declare(name, m.passive, m.durable, m.exclusive, m.auto_delete,
+        permissions.queue_declare(self.reader.user, self.vhost.name, name, dict(m.arguments or {}), m.passive)
+        queue, created = self.vhost.queues.declare(name, m.passive, m.durable, m.exclusive, m.auto_delete,
                                                      dict(m.arguments or {}), self.reader, server_named)
         self.last_queue = queue.name
+        self.counters.queues_declared += 1
+        if created:
+            self.counters.queues_created += 1
         if not m.nowait:
             self.send(spec.Queue.DeclareOk, queue=queue.name, message_count=queue.message_count(),
                       consumer_count=queue.consumers.count)
 
     def _queue_bind(self, m: spec.Queue.Bind) -> None:
         name = self._queue_name(m.queue)
+        permissions.queue_bind(self.reader.user, self.vhost.name, name, m.exchange)
         if m.exchange == "":
             raise AMQPError(ACCESS_REFUSED, "operation not permitted on the default exchange")
         self.vhost.queues.lookup(name, self.reader)
@@ -558,6 +604,7 @@ class Channel:
 
     def _queue_unbind(self, m: spec.Queue.Unbind) -> None:
         name = self._queue_name(m.queue)
+        permissions.queue_bind(self.reader.user, self.vhost.name, name, m.exchange)
         if m.exchange == "":
             raise AMQPError(ACCESS_REFUSED, "operation not permitted on the default exchange")
         queue = self.vhost.queues.get(name)
@@ -567,13 +614,16 @@ class Channel:
         self.send(spec.Queue.UnbindOk)
 
     def _queue_purge(self, m: spec.Queue.Purge) -> None:
-        queue = self.vhost.queues.lookup(self._queue_name(m.queue), self.reader)
+        name = self._queue_name(m.queue)
+        permissions.queue_purge(self.reader.user, self.vhost.name, name)
+        queue = self.vhost.queues.lookup(name, self.reader)
         count = queue.purge()
         if not m.nowait:
             self.send(spec.Queue.PurgeOk, message_count=count)
 
     def _queue_delete(self, m: spec.Queue.Delete) -> None:
         name = self._queue_name(m.queue)
+        permissions.queue_delete(self.reader.user, self.vhost.name, name)
         queue = self.vhost.queues.get(name)
         count = 0
         if queue is not None:

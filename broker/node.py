@@ -85,7 +85,7 @@ class Node:
         """Create a vhost (idempotent; an existing vhost gets the new description and tags)."""
         vh = self.vhosts.get(name)
         if vh is None:
-            vh = self.vhosts[name] = init_vhost_metadata(VHost(name), description, tags, default_queue_type)
+            vh = self.vhosts[name] = init_vhost_metadata(VHost(name, self.counters), description, tags, default_queue_type)
             log.info("vhost created", vhost=name)
         else:
             init_vhost_metadata(vh)

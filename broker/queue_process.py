@@ -257,7 +257,11 @@ class QueueProcess:
         if exchange is None:
             return
         now = now_ms()
+        counters = vhost.counters
+        counter_name = f"messages_dead_lettered_{reason}"
         for msg in msgs:
+            if counters is not None and hasattr(counters, counter_name):
+                setattr(counters, counter_name, getattr(counters, counter_name) + 1)
             dead = dead_letter.make_dead_letter(msg, self.name, reason, dlx_name, self.settings.dlrk, now)
             queues = vhost.route(exchange, dead)
             if not queues:

@@ -128,6 +128,8 @@ class Reader(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         was_open = self.state == Reader.RUNNING
+        if self.vhost is not None:
+            self.node.counters.connections_closed += 1
         self.state = Reader.CLOSED
         for timer in self._timers:
             timer.cancel()
@@ -261,6 +263,7 @@ class Reader(asyncio.Protocol):
             return
         method = decode_method(payload)
         if isinstance(method, spec.Channel.Close):
+            self.node.counters.channels_closed += 1
             channel.shutdown()
             del self.channels[channel.id]
             self.send(method_frame(channel.id, spec.Channel.CloseOk))
@@ -289,6 +292,7 @@ class Reader(asyncio.Protocol):
             raise AMQPError(NOT_ALLOWED, f"number of channels opened ({len(self.channels)}) has reached the "
                             f"negotiated channel_max ({self.channel_max})", 20, 10)
         self.channels[channel_id] = Channel(self, channel_id)
+        self.node.counters.channels_opened += 1
         self.send(method_frame(channel_id, spec.Channel.OpenOk))
 
     # -- flow control: alarms and credit ---------------------------------------------------------------
@@ -380,13 +384,17 @@ class Reader(asyncio.Protocol):
         self.client_properties = dict(m.client_properties or {})
         response = m.response.encode("latin-1") if isinstance(m.response, str) else bytes(m.response)
         result = self.node.users.authenticate(m.mechanism, response, self.peer[0], self.settings.loopback_users)
+        counters = self.node.counters
+        counters.auth_attempts += 1
         if isinstance(result, str):
+            counters.auth_attempts_failed += 1
             log.warning("authentication failed", connection=self.name, reason=result)
             if self.client_capability("authentication_failure_close"):
                 self.close_connection(ACCESS_REFUSED, result, CLASS_CONNECTION, 11)
             else:
                 self._close_transport()
             return
+        counters.auth_attempts_succeeded += 1
         self.user = result
         self.state = Reader.TUNING
         self.send(method_frame(0, spec.Connection.Tune, channel_max=self.settings.channel_max,
@@ -413,11 +421,12 @@ class Reader(asyncio.Protocol):
             self._schedule_heartbeat()
 
     def _open(self, m: spec.Connection.Open) -> None:
-        vhost = self.node.vhosts.get(m.virtual_host)
-        if vhost is None:
-            self.close_connection(NOT_ALLOWED, f"vhost {m.virtual_host} not found", CLASS_CONNECTION, 40)
+        refusal = self.node.vhost_access_error(self.user, m.virtual_host)
+        if refusal is not None:
+            self.close_connection(NOT_ALLOWED, refusal, CLASS_CONNECTION, 40)
             return
-        self.vhost = vhost
+        self.vhost = self.node.vhosts[m.virtual_host]
+        self.node.counters.connections_opened += 1
         self.state = Reader.RUNNING
         for timer in self._timers:
             timer.cancel()
@@ -425,7 +434,7 @@ class Reader(asyncio.Protocol):
         if self.heartbeat:
             self._schedule_heartbeat()
         self.send(method_frame(0, spec.Connection.OpenOk))
-        log.info("connection opened", connection=self.name, user=self.user.name, vhost=vhost.name)
+        log.info("connection opened", connection=self.name, user=self.user.name, vhost=self.vhost.name)
 
     def client_capability(self, name: str) -> bool:
         caps = self.client_properties.get("capabilities")
@@ -480,6 +489,7 @@ class Reader(asyncio.Protocol):
     def _error(self, channel_id: int, exc: AMQPError) -> None:
         if exc.is_soft and channel_id != 0 and channel_id in self.channels:
             channel = self.channels.pop(channel_id)
+            self.node.counters.channels_closed += 1
             log.info("channel error", connection=self.name, channel=channel_id, reply_code=exc.reply_code,
                      reason=exc.text)
             channel.shutdown()
@@ -512,6 +522,7 @@ class Reader(asyncio.Protocol):
         """Release channels (requeueing their unacked messages) and delete the exclusive queues."""
         self.node.alarm_state.blocked.discard(self)
         for channel in list(self.channels.values()):
+            self.node.counters.channels_closed += 1
             channel.shutdown()
         self.channels.clear()
         for q in list(self.exclusive_queues):

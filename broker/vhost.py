@@ -31,8 +31,10 @@ def _fmt(value: Any) -> str:
 
 
 class VHost:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, counters: Any = None) -> None:
         self.name = name
+        # The node's GlobalCounters (broker/metrics.py), if this vhost belongs to a node.
+        self.counters = counters
         self.exchanges: dict[str, Exchange] = {}
         self.queues = QueueRegistry(self)
         # The default exchange is not in ``exchanges``: it cannot be declared, bound or deleted.

@@ -188,7 +188,6 @@ def test_amqp_operation_allowed(restricted, op):
 
 
 @pytest.mark.leveret_only
-@pytest.mark.xfail(strict=True, reason="WIRING: channel.py must call broker.permissions.* (see the lead's note)")
 @pytest.mark.parametrize("op", list(AMQP_CASES))
 def test_amqp_operation_refused_with_403(restricted, op):
     conn, ch = _app_channel(restricted[0])

@@ -96,7 +96,6 @@ def test_identity_build_and_node_metrics(scraped):
         assert (name, (("protocol", "amqp091"),)) in m, name
 
 
-@pytest.mark.xfail(strict=True, reason="WIRING: the message path must add to node.counters (see the lead's note)")
 def test_global_counters_after_traffic(scraped):
     m = scraped("/metrics")
     p = (("protocol", "amqp091"),)
