@@ -57,7 +57,10 @@ class QueueRegistry:
     def __init__(self, vhost: VHost, make_backing_queue: Callable[..., BackingQueue] | None = None) -> None:
         self.vhost = vhost
         self._queues: dict[str, QueueProcess] = {}
-        self._make_bq = make_backing_queue or (lambda **_: MemoryBackingQueue())
+        # Opens a queue's backing queue: (name, durable, priority=None, on_confirm=None) → BackingQueue.
+        # In memory until the node's storage is open (broker/persistence.py BackingQueueFactory).
+        self.backing_queue_factory: Callable[..., BackingQueue] = make_backing_queue or (
+            lambda name, durable, priority=None, on_confirm=None: MemoryBackingQueue())
 
     def __len__(self) -> int:
         return len(self._queues)
@@ -113,19 +116,39 @@ class QueueRegistry:
                 raise AMQPError(PRECONDITION_FAILED, f"invalid property '{problem}' for {where}")
         if exclusive:
             durable = False  # RabbitMQ ignores durable on exclusive queues
-        settings = effective_settings(arguments, *self.vhost.policies_for_queue(name))
-        q = QueueProcess(self.vhost, name, durable, reader if exclusive else None, auto_delete, arguments,
-                         self._new_backing_queue(name, durable, settings), settings)
-        self._queues[name] = q
+        q = self._create(name, durable, reader if exclusive else None, auto_delete, arguments)
         if exclusive:
             reader.exclusive_queues.append(q)
+        elif self.vhost.durable is not None:
+            self.vhost.durable.queue_declared(self.vhost.name, q)
         return q, True
 
-    def _new_backing_queue(self, name: str, durable: bool, settings: QueueSettings) -> BackingQueue:
+    def restore(self, name: str, auto_delete: bool, arguments: dict[str, Any]) -> QueueProcess:
+        """Recovery: a durable queue as it was declared; its backing queue brings its messages back."""
+        return self._create(name, True, None, auto_delete, arguments)
+
+    def _create(self, name: str, durable: bool, owner: Reader | None, auto_delete: bool,
+                arguments: dict[str, Any]) -> QueueProcess:
+        settings = effective_settings(arguments, *self.vhost.policies_for_queue(name))
+        holder: list[QueueProcess] = []
+
+        def on_confirm() -> None:  # called on the loop once an fsync covered some of the queue's messages
+            if holder:
+                holder[0].on_confirmed()
+
+        q = QueueProcess(self.vhost, name, durable, owner, auto_delete, arguments,
+                         self._new_backing_queue(name, durable, settings, on_confirm), settings)
+        holder.append(q)
+        self._queues[name] = q
+        return q
+
+    def _new_backing_queue(self, name: str, durable: bool, settings: QueueSettings,
+                           on_confirm: Callable[[], None]) -> BackingQueue:
+        make = self.backing_queue_factory
         if settings.max_priority:
             return PriorityBackingQueue(settings.max_priority, _message_priority,
-                                        lambda p: self._make_bq(name=name, durable=durable, priority=p))
-        return self._make_bq(name=name, durable=durable)
+                                        lambda p: make(name, durable, p, on_confirm))
+        return make(name, durable, None, on_confirm)
 
     def _assert_equivalence(self, q: QueueProcess, durable: bool, exclusive: bool, auto_delete: bool,
                             arguments: dict[str, Any]) -> None:
@@ -151,6 +174,8 @@ class QueueRegistry:
         del self._queues[q.name]
         if self.vhost.counters is not None:
             self.vhost.counters.queues_deleted += 1
+        if q.durable and self.vhost.durable is not None:
+            self.vhost.durable.queue_deleted(self.vhost.name, q.name)
         self.vhost.remove_bindings_to_queue(q.name)
         if q.exclusive_owner is not None:
             try:

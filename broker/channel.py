@@ -9,6 +9,7 @@ handled without pamqp; everything else goes through :meth:`handle_method`'s tabl
 from __future__ import annotations
 
 import base64
+import bisect
 import os
 import time
 from collections.abc import Callable
@@ -93,6 +94,8 @@ class Channel:
         self.publish_seq = 0
         self._confirm_acks: list[int] = []
         self._confirm_nacks: list[int] = []
+        # Publishes waiting for queues to confirm (after their fsync): seq → [queues left, accepted].
+        self._unconfirmed: dict[int, list] = {}
         # Transactions: None, or the publishes and acks waiting for tx.commit.
         self.tx: list[tuple[str, Any]] | None = None
         self.last_queue: str | None = None
@@ -257,13 +260,15 @@ class Channel:
             counters.messages_received_confirm += 1
             self.publish_seq += 1
         accepted = True
+        pending = 0
         if exchange.name == "" and msg.routing_key.startswith(REPLY_TO_PREFIX):
             routed = self.reader.node.deliver_reply(msg)
         else:
             queues = self.vhost.route(exchange, msg)
             routed = len(queues)
             if queues:
-                accepted = delegate.deliver(queues, msg, persistent)
+                accepted, pending = delegate.deliver(queues, msg, persistent, self,
+                                                     self.publish_seq if self.confirm else 0)
         if routed:
             counters.messages_routed += 1
         elif args.mandatory:
@@ -273,11 +278,27 @@ class Channel:
         else:
             counters.messages_unroutable_dropped += 1
         if self.confirm:
-            (self._confirm_acks if accepted else self._confirm_nacks).append(self.publish_seq)
+            if pending:
+                self._unconfirmed[self.publish_seq] = [pending, accepted]
+            else:
+                (self._confirm_acks if accepted else self._confirm_nacks).append(self.publish_seq)
+                self.reader.confirms_pending(self)
+
+    def confirm_from_queue(self, seq: int) -> None:
+        """A queue has this publish on disk; once every queue it went to has, it is confirmed."""
+        entry = self._unconfirmed.get(seq)
+        if entry is None or self.closing:
+            return
+        entry[0] -= 1
+        if entry[0] == 0:
+            del self._unconfirmed[seq]
+            (self._confirm_acks if entry[1] else self._confirm_nacks).append(seq)
             self.reader.confirms_pending(self)
 
     def flush_confirms(self) -> None:
-        """Send the confirms of this tick: one ack with multiple=true when they form a run from the last."""
+        """Send the confirms of this tick. Every tag below the oldest publish still waiting for a queue is
+        settled, so those acks fold into one with multiple=true; later ones (confirmed out of order) go
+        one by one. Nacks go first."""
         acks, nacks = self._confirm_acks, self._confirm_nacks
         self._confirm_acks, self._confirm_nacks = [], []
         send = self.reader.send
@@ -286,13 +307,15 @@ class Channel:
         if not acks:
             return
         self.counters.messages_confirmed += len(acks)
-        if len(acks) == 1:
+        acks.sort()
+        oldest_waiting = next(iter(self._unconfirmed), None)
+        folded = len(acks) if oldest_waiting is None else bisect.bisect_left(acks, oldest_waiting)
+        if folded == 1:
             send(fastcodec.encode_basic_ack(self.id, acks[0], False))
-        elif acks[-1] - acks[0] == len(acks) - 1 and not nacks:
-            send(fastcodec.encode_basic_ack(self.id, acks[-1], True))
-        else:
-            for tag in acks:
-                send(fastcodec.encode_basic_ack(self.id, tag, False))
+        elif folded > 1:
+            send(fastcodec.encode_basic_ack(self.id, acks[folded - 1], True))
+        for tag in acks[folded:]:
+            send(fastcodec.encode_basic_ack(self.id, tag, False))
 
     # -- delivering ------------------------------------------------------------------------------------
     def can_deliver(self) -> bool:
@@ -702,6 +725,7 @@ class Channel:
             self._ack_timer.cancel()
             self._ack_timer = None
         self._ack_deadlines.clear()
+        self._unconfirmed.clear()
         self._publish = None
         self._header = None
         self._body_parts = []

@@ -10,16 +10,34 @@ from typing import TYPE_CHECKING
 
 from broker.message import Message
 
+from broker.queue_process import CONFIRM_LATER, REJECTED
+from storage.msg_store import new_msg_id
+
 if TYPE_CHECKING:
+    from broker.channel import Channel
     from broker.queue_process import QueueProcess
 
 
-def deliver(queues: list[QueueProcess], msg: Message, persistent: bool) -> bool:
+def deliver(queues: list[QueueProcess], msg: Message, persistent: bool, publisher: Channel | None = None,
+            confirm_seq: int = 0) -> tuple[bool, int]:
     """Give ``msg`` to each queue (a persistent message stays persistent only in durable queues).
-    Returns False if any queue refused it (overflow reject-publish): its publisher is then nacked,
-    while the queues that took it keep their copy."""
+
+    Returns ``(accepted, pending)``: accepted is False if any queue refused the message (overflow
+    reject-publish; its publisher is then nacked while the queues that took it keep their copy); pending
+    counts the queues that will confirm later, after an fsync (``confirm_seq`` > 0 asks for confirms).
+    A queue with too many publishes awaiting their fsync stops reading the publisher's socket (credit flow).
+    """
+    token = (publisher, confirm_seq) if confirm_seq else None
+    if persistent and len(queues) > 1:
+        msg.msg_id = new_msg_id()
     accepted = True
+    pending = 0
     for q in queues:
-        if not q.deliver_or_enqueue(msg, persistent and q.durable):
+        result = q.deliver_or_enqueue(msg, persistent and q.durable, token)
+        if result == CONFIRM_LATER:
+            pending += 1
+            if publisher is not None and q.overloaded:
+                q.throttle(publisher.reader)
+        elif result == REJECTED:
             accepted = False
-    return accepted
+    return accepted, pending

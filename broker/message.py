@@ -19,6 +19,7 @@ class Message:
         "expiration_ms",
         "extra_keys",
         "header",
+        "msg_id",
         "names_raw",
         "published_at",
         "routing_key",
@@ -39,6 +40,9 @@ class Message:
         self.expiration_ms: int | None = None
         # CC/BCC routing keys (sender-selected distribution): routed to as well as ``routing_key``.
         self.extra_keys: list[str] | None = None
+        # The message store's id, shared by every durable queue a persistent message was routed to (so it
+        # is stored once); None lets each queue number its own copy.
+        self.msg_id: int | None = None
 
     @property
     def props(self) -> ScannedProperties:

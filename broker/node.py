@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from broker.alarms import AlarmState, ResourceMonitor, total_memory
+from broker.memory_budget import MemoryBudget
+from broker.persistence import BackingQueueFactory, DurableDefinitions
+from storage.node_storage import NodeStorage
 from broker.auth import User, UserStore
 from broker.config import Settings
 from broker.message import Message
@@ -76,6 +79,10 @@ class Node:
         # Called (and awaited if they return an awaitable) at shutdown, after connections are closed:
         # the place for stores to flush, sync and write their clean-shutdown marker.
         self.shutdown_hooks: list[Callable[[], Awaitable[None] | None]] = []
+        # The node's storage (storage/node_storage.py), opened at start before anything listens.
+        self.storage: NodeStorage | None = None
+        self.durable_definitions: DurableDefinitions | None = None
+        self.memory_budget: MemoryBudget | None = None
         self.stopping = False
         self._loading_metadata = False
 
@@ -85,7 +92,9 @@ class Node:
         """Create a vhost (idempotent; an existing vhost gets the new description and tags)."""
         vh = self.vhosts.get(name)
         if vh is None:
-            vh = self.vhosts[name] = init_vhost_metadata(VHost(name, self.counters), description, tags, default_queue_type)
+            vh = self.vhosts[name] = init_vhost_metadata(VHost(name, self.counters), description, tags,
+                                                         default_queue_type)
+            self._attach_storage(vh)
             log.info("vhost created", vhost=name)
         else:
             init_vhost_metadata(vh)
@@ -104,6 +113,8 @@ class Node:
                 conn.force_close(f"vhost '{name}' is deleted")
         for q in list(vh.queues):
             vh.queues.delete(q, reason="vhost deleted")
+        if self.durable_definitions is not None:
+            self.durable_definitions.vhost_deleted(name)
         self.users.forget_vhost(name)
         log.info("vhost deleted", vhost=name)
         return True
@@ -158,8 +169,35 @@ class Node:
                                                 s.disk_free_limit_absolute)
         self.resource_monitor.start()
 
+    def open_storage(self) -> None:
+        """Open the message stores and the metadata store, recover the durable exchanges, queues (with
+        their messages) and bindings, and from now on open every queue's backing queue from storage."""
+        self.storage = NodeStorage(str(self.settings.data_dir), asyncio.get_running_loop(),
+                                   queue_index_embed_msgs_below=self.settings.queue_index_embed_msgs_below)
+        self.durable_definitions = DurableDefinitions(self.storage)
+        for vh in self.vhosts.values():
+            self._attach_storage(vh)
+        self.durable_definitions.recover(self.vhosts, self.add_vhost)
+        self.shutdown_hooks.append(self.close_storage)
+
+    def _attach_storage(self, vh: VHost) -> None:
+        if getattr(self, "storage", None) is not None:
+            vh.durable = self.durable_definitions
+            vh.queues.backing_queue_factory = BackingQueueFactory(self.storage, vh.name)
+
+    def close_storage(self) -> None:
+        if self.memory_budget is not None:
+            self.memory_budget.stop()
+        if self.storage is not None:
+            self.storage.close()
+            self.storage = None
+            log.info("storage closed cleanly")
+
     async def start(self) -> None:
+        self.open_storage()
         self.start_resource_monitor()
+        self.memory_budget = MemoryBudget(self, self.resource_monitor)
+        self.memory_budget.start()
         from broker import definitions
 
         self._loading_metadata = True

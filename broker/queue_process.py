@@ -30,6 +30,12 @@ if TYPE_CHECKING:
 
 # Deliveries per turn of the deliver loop before yielding to other work.
 DELIVERY_BUDGET = 256
+# Credit flow: a queue with this many publishes waiting for their fsync stops reading its publishers'
+# sockets, and lets them go again once the backlog is down to the low mark.
+FLOW_HIGH = 4000
+FLOW_LOW = 1000
+# What deliver_or_enqueue tells the publisher's channel.
+REJECTED, ACCEPTED, CONFIRM_LATER = 0, 1, 2
 
 
 def now_ms() -> float:
@@ -90,6 +96,10 @@ class QueueProcess:
         # Returns so far, by seq_id, for queues with a delivery limit (and quorum queues).
         self._delivery_counts: dict[int, int] | None = (
             {} if settings.delivery_limit is not None or settings.queue_type == "quorum" else None)
+        # Publisher confirms waiting for an fsync: the confirm tokens handed to the backing queue.
+        self._awaiting_confirm: set[Any] = set()
+        # Publishing connections whose reading this queue paused (credit flow).
+        self._throttled: set[Any] = set()
         self.reset_expiry_timer()
 
     # -- settings that can change (policies) ---------------------------------------------------------------
@@ -108,18 +118,26 @@ class QueueProcess:
         self.drop_expired_msgs()
 
     # -- publishing ------------------------------------------------------------------------------------
-    def deliver_or_enqueue(self, msg: Message, persistent: bool) -> bool:
+    def deliver_or_enqueue(self, msg: Message, persistent: bool, confirm: Any = None) -> int:
         """Hand a routed message to a waiting consumer, or enqueue it (seed 003's order of work).
-        Returns False when the queue refuses it (overflow reject-publish): the publisher gets a nack."""
+
+        ``persistent`` means persistent in this queue (a durable one). ``confirm`` is the publisher's
+        confirm token, if it wants one: a persistent message is confirmed only after the fsync that covers
+        it (CONFIRM_LATER, then :meth:`on_confirmed`); anything else at once (ACCEPTED). REJECTED when the
+        queue refuses the message (overflow reject-publish): the publisher is nacked."""
         self.stats.published += 1
         settings = self.settings
         if settings.overflow != "drop-head" and self._will_overflow(msg):
             self.stats.rejected_publishes += 1
             if settings.overflow == "reject-publish-dlx":
                 self.dead_letter_msgs([msg], dead_letter.MAXLEN)
-            return False
-        if self.attempt_delivery(msg, persistent):
-            return True
+            return REJECTED
+        if confirm is not None and persistent:
+            self._awaiting_confirm.add(confirm)
+        else:
+            confirm = None
+        if self.attempt_delivery(msg, persistent, confirm):
+            return CONFIRM_LATER if confirm is not None else ACCEPTED
         if msg.expiration_ms is not None:
             self._ttl_possible = True
         if self._ttl_possible:
@@ -129,25 +147,62 @@ class QueueProcess:
                 self.stats.expired += 1
                 if settings.dlx is not None:
                     self.dead_letter_msgs([msg], dead_letter.EXPIRED)
-                return True
-        self.bq.publish(msg, len(msg.body), persistent)
+                if confirm is not None:
+                    self._awaiting_confirm.discard(confirm)
+                return ACCEPTED
+        if confirm is None:
+            self.bq.publish(msg, len(msg.body), persistent)
+        else:
+            self.bq.publish(msg, len(msg.body), persistent, confirm=confirm, msg_id=msg.msg_id)
         if settings.max_length is not None or settings.max_length_bytes is not None:
             self.maybe_drop_head()
         if self._ttl_possible:
             self.drop_expired_msgs()
-        return True
+        return CONFIRM_LATER if confirm is not None else ACCEPTED
 
-    def attempt_delivery(self, msg: Message, persistent: bool) -> bool:
+    # -- publisher confirms and credit flow ----------------------------------------------------------------
+    def on_confirmed(self) -> None:
+        """The backing queue's fsync covered some persistent messages: confirm them to their publishers."""
+        awaiting = self._awaiting_confirm
+        for token in self.bq.drain_confirmed():
+            if token in awaiting:
+                awaiting.discard(token)
+                token[0].confirm_from_queue(token[1])
+        if self._throttled and len(awaiting) <= FLOW_LOW:
+            self.release_publishers()
+
+    def throttle(self, reader: Any) -> None:
+        """Credit flow: too many of this queue's publishes await their fsync; stop reading ``reader``."""
+        if reader not in self._throttled:
+            self._throttled.add(reader)
+            reader.pause_for(self)
+
+    def release_publishers(self) -> None:
+        for reader in self._throttled:
+            reader.resume_for(self)
+        self._throttled.clear()
+
+    @property
+    def overloaded(self) -> bool:
+        return len(self._awaiting_confirm) > FLOW_HIGH
+
+    def attempt_delivery(self, msg: Message, persistent: bool, confirm: Any = None) -> bool:
         """Deliver straight to a consumer when nothing is queued ahead of the message."""
         if not self.consumers.count or not self.bq.is_empty():
             return False
         consumer = self.consumers.next_with_room()
         if consumer is None:
             return False
-        if consumer.no_ack:
+        if consumer.no_ack and confirm is None:
             seq_id = -1
-        else:
+        elif confirm is None:
             seq_id = self.bq.publish_delivered(msg, len(msg.body), persistent)
+        else:
+            # Written (and fsynced) even though a consumer has it: the confirm promises it is on disk.
+            seq_id = self.bq.publish_delivered(msg, len(msg.body), persistent, confirm=confirm, msg_id=msg.msg_id)
+            if consumer.no_ack:
+                self.bq.ack([seq_id])
+                seq_id = -1
         self.stats.delivered += 1
         consumer.channel.deliver(consumer, self, seq_id, msg, False)
         return True
@@ -415,8 +470,13 @@ class QueueProcess:
         return self.bq.purge()
 
     def terminate(self) -> int:
-        """The queue is being deleted: cancel consumers (notifying their clients) and drop the messages."""
+        """The queue is being deleted: cancel consumers (notifying their clients) and drop the messages.
+        Publishes still waiting for their fsync are confirmed: the queue has dealt with them."""
         self.deleted = True
+        for token in self._awaiting_confirm:
+            token[0].confirm_from_queue(token[1])
+        self._awaiting_confirm.clear()
+        self.release_publishers()
         for timer in (self._ttl_timer, self._expiry_timer):
             if timer is not None:
                 timer.cancel()

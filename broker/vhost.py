@@ -35,6 +35,9 @@ class VHost:
         self.name = name
         # The node's GlobalCounters (broker/metrics.py), if this vhost belongs to a node.
         self.counters = counters
+        # Where durable exchanges, queues and bindings are written (broker/persistence.py), once the
+        # node's storage is open; None for a vhost that keeps nothing (tests, before start).
+        self.durable: Any = None
         self.exchanges: dict[str, Exchange] = {}
         self.queues = QueueRegistry(self)
         # The default exchange is not in ``exchanges``: it cannot be declared, bound or deleted.
@@ -103,7 +106,18 @@ class VHost:
             raise AMQPError(ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'")
         ex = cls(name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments)
         self.exchanges[name] = ex
+        if self.durable is not None:
+            self.durable.exchange_declared(self.name, ex)
         return ex, True
+
+    def restore_exchange(self, name: str, type_name: str, auto_delete: bool, internal: bool,
+                         arguments: dict[str, Any]) -> None:
+        """Recovery: a durable exchange as it was declared (unknown types are skipped with a log line)."""
+        cls = EXCHANGE_TYPES.get(type_name)
+        if cls is None or name in self.exchanges:
+            return
+        self.exchanges[name] = cls(name, durable=True, auto_delete=auto_delete, internal=internal,
+                                   arguments=arguments)
 
     def delete_exchange(self, name: str, if_unused: bool) -> None:
         if name == "":
@@ -117,8 +131,12 @@ class VHost:
         if if_unused and ex.bindings:
             raise AMQPError(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{self.name}' in use")
         del self.exchanges[name]
+        if self.durable is not None:
+            self.durable.exchange_deleted(self.name, name)
         for binding in list(ex.bindings.values()):
             ex.remove_binding(binding.key)
+            if self.durable is not None:
+                self.durable.binding_removed(self.name, binding)
         # Bindings whose destination is this exchange go too.
         for other in list(self.exchanges.values()):
             for binding in other.bindings_to(EXCHANGE, name):
@@ -136,7 +154,8 @@ class VHost:
         error = ex.validate_binding(binding)
         if error:
             raise AMQPError(PRECONDITION_FAILED, error)
-        ex.add_binding(binding)
+        if ex.add_binding(binding) and self.durable is not None:
+            self.durable.binding_added(self, binding)
 
     def unbind(self, source: str, destination: str, kind: str, routing_key: str,
                arguments: dict[str, Any]) -> None:
@@ -153,6 +172,8 @@ class VHost:
 
     def _unbind(self, ex: Exchange, binding: Binding) -> None:
         ex.remove_binding(binding.key)
+        if self.durable is not None:
+            self.durable.binding_removed(self.name, binding)
         if ex.auto_delete and not ex.bindings and self.exchanges.get(ex.name) is ex:
             self.delete_exchange(ex.name, if_unused=False)
 

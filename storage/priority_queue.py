@@ -30,13 +30,13 @@ class PriorityBackingQueue:
         p = 0 if p < 0 else self.max_priority if p > self.max_priority else p
         return p, self._queues[p]
 
-    def publish(self, msg: Any, size: int, persistent: bool) -> int:
+    def publish(self, msg: Any, size: int, persistent: bool, **kw: Any) -> int:
         p, q = self._sub(msg)
-        return (q.publish(msg, size, persistent) << _SHIFT) | p
+        return (q.publish(msg, size, persistent, **kw) << _SHIFT) | p
 
-    def publish_delivered(self, msg: Any, size: int, persistent: bool) -> int:
+    def publish_delivered(self, msg: Any, size: int, persistent: bool, **kw: Any) -> int:
         p, q = self._sub(msg)
-        return (q.publish_delivered(msg, size, persistent) << _SHIFT) | p
+        return (q.publish_delivered(msg, size, persistent, **kw) << _SHIFT) | p
 
     def fetch(self, ack_required: bool) -> tuple[int, Any, bool] | None:
         for p in range(self.max_priority, -1, -1):
@@ -96,3 +96,22 @@ class PriorityBackingQueue:
 
     def delete_and_terminate(self) -> int:
         return sum(q.delete_and_terminate() for q in self._queues)
+
+    # Memory budget: shared out evenly between the sub-queues that hold messages.
+    def set_ram_budget(self, max_bytes: int | None) -> None:
+        busy = [q for q in self._queues if not q.is_empty()] or self._queues
+        for q in self._queues:
+            setter = getattr(q, "set_ram_budget", None)
+            if setter is not None:
+                setter(None if max_bytes is None else (max_bytes // len(busy) if q in busy else 0))
+
+    def needs_timeout(self) -> bool:
+        return any(getattr(q, "needs_timeout", lambda: False)() for q in self._queues)
+
+    def timeout(self) -> None:
+        for q in self._queues:
+            if getattr(q, "needs_timeout", lambda: False)():
+                q.timeout()  # type: ignore[attr-defined]
+
+    def ram_bytes(self) -> int:
+        return sum(getattr(q, "ram_bytes", lambda: 0)() for q in self._queues)

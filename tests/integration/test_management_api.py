@@ -394,7 +394,6 @@ def test_vhost_lifecycle(api, mgmt, uid):
     assert api("GET", f"/api/permissions/{q(vh)}/guest")[0] == 404
 
 
-@pytest.mark.xfail(strict=True, reason="WIRING: reader._open must call node.vhost_access_error (530)")
 def test_connection_open_refused_without_permissions_in_vhost(api, mgmt, uid):
     vh = f"/{uid}"
     api("PUT", f"/api/vhosts/{q(vh)}", {})

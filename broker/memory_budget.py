@@ -1,0 +1,98 @@
+"""Shares the memory watermark out between the queues (RabbitMQ's ``rabbit_memory_monitor``).
+
+Twice a second it compares the process's resident memory with the watermark. Once memory passes half of
+it (RabbitMQ's default paging ratio), every queue that holds messages in RAM is given a byte budget, in
+proportion to what it holds, so that messages in RAM come back under that half; the variable queues then
+page out (q1/q4 alphas to betas, then betas to delta, seed 000). Below 40% the budgets are lifted.
+Paging itself runs in bounded steps (``timeout``) from the loop, so no single call blocks it for long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from broker.alarms import ResourceMonitor, resident_memory
+
+if TYPE_CHECKING:
+    from broker.node import Node
+
+log = structlog.get_logger("leveret.memory")
+
+PAGING_RATIO = 0.5
+RELEASE_RATIO = 0.4
+# Python keeps a message in more bytes than its body: budgets are in body bytes, scaled by this.
+OVERHEAD_FACTOR = 2.0
+MIN_QUEUE_BUDGET = 64 * 1024
+INTERVAL = 0.5
+
+
+class MemoryBudget:
+    def __init__(self, node: Node, monitor: ResourceMonitor | None) -> None:
+        self.node = node
+        self.monitor = monitor
+        self.limited = False
+        self._handle: asyncio.TimerHandle | None = None
+        self._paging_scheduled = False
+
+    def start(self) -> None:
+        self._handle = asyncio.get_event_loop().call_later(INTERVAL, self.tick)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _backing_queues(self) -> list[Any]:
+        return [q.bq for vh in self.node.vhosts.values() for q in vh.queues
+                if hasattr(q.bq, "set_ram_budget")]
+
+    def tick(self) -> None:
+        try:
+            self.rebalance(resident_memory())
+        finally:
+            self._handle = asyncio.get_event_loop().call_later(INTERVAL, self.tick)
+
+    def rebalance(self, used: int) -> None:
+        limit = self.monitor.memory_limit if self.monitor is not None else 0
+        if not limit:
+            return
+        bqs = self._backing_queues()
+        if used < limit * RELEASE_RATIO:
+            if self.limited:
+                for bq in bqs:
+                    bq.set_ram_budget(None)
+                self.limited = False
+                log.info("memory budgets lifted", used=used, limit=limit)
+            return
+        if used < limit * PAGING_RATIO and not self.limited:
+            return
+        in_ram = {bq: bq.ram_bytes() for bq in bqs}
+        queue_ram = sum(in_ram.values())
+        baseline = max(0, used - int(queue_ram * OVERHEAD_FACTOR))
+        available = max(0, int((limit * PAGING_RATIO - baseline) / OVERHEAD_FACTOR))
+        if not self.limited:
+            log.info("memory budgets set: paging queues to disk", used=used, limit=limit, in_queues=queue_ram)
+        self.limited = True
+        for bq, ram in in_ram.items():
+            share = available * ram // queue_ram if queue_ram else available // max(1, len(in_ram))
+            bq.set_ram_budget(max(MIN_QUEUE_BUDGET, share))
+        self.schedule_paging()
+
+    def schedule_paging(self) -> None:
+        if not self._paging_scheduled:
+            self._paging_scheduled = True
+            asyncio.get_event_loop().call_soon(self._page)
+
+    def _page(self) -> None:
+        """One bounded step of paging for every queue that needs it; again on the next loop turn."""
+        self._paging_scheduled = False
+        busy = False
+        for bq in self._backing_queues():
+            if bq.needs_timeout():
+                bq.timeout()
+                busy = busy or bq.needs_timeout()
+        if busy:
+            self.schedule_paging()
