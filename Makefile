@@ -27,3 +27,9 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache leveret-data
+
+# The benchmark against RabbitMQ (bench/README.md): `make bench` runs S1–S7 in full, `make bench QUICK=1`
+# in a few minutes; results go to bench/RESULTS.md.
+.PHONY: bench
+bench: $(STAMP)
+	QUICK=$(QUICK) $(BIN)/python -m bench.run_bench $(BENCH_ARGS)

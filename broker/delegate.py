@@ -36,8 +36,8 @@ def deliver(queues: list[QueueProcess], msg: Message, persistent: bool, publishe
         result = q.deliver_or_enqueue(msg, persistent and q.durable, token)
         if result == CONFIRM_LATER:
             pending += 1
-            if publisher is not None and q.overloaded:
-                q.throttle(publisher.reader)
         elif result == REJECTED:
             accepted = False
+        if publisher is not None and q.overloaded:
+            q.throttle(publisher.reader)
     return accepted, pending

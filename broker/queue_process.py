@@ -34,6 +34,11 @@ DELIVERY_BUDGET = 256
 # sockets, and lets them go again once the backlog is down to the low mark.
 FLOW_HIGH = 4000
 FLOW_LOW = 1000
+# Credit flow towards consumers: while consumers have room but the deliver loop is this far behind, the
+# publishers wait (RabbitMQ's queue process is then "busy" and grants no credit), so that a publisher
+# that can outrun the consumers does not starve them by filling the queue instead.
+DELIVER_BACKLOG_HIGH = 2000
+DELIVER_BACKLOG_LOW = 500
 # What deliver_or_enqueue tells the publisher's channel.
 REJECTED, ACCEPTED, CONFIRM_LATER = 0, 1, 2
 
@@ -100,6 +105,8 @@ class QueueProcess:
         self._awaiting_confirm: set[Any] = set()
         # Publishing connections whose reading this queue paused (credit flow).
         self._throttled: set[Any] = set()
+        # The deliver loop last stopped because no consumer had room (prefetch, or a slow socket).
+        self._consumers_full = False
         self.reset_expiry_timer()
 
     # -- settings that can change (policies) ---------------------------------------------------------------
@@ -168,8 +175,15 @@ class QueueProcess:
             if token in awaiting:
                 awaiting.discard(token)
                 token[0].confirm_from_queue(token[1])
-        if self._throttled and len(awaiting) <= FLOW_LOW:
-            self.release_publishers()
+        if self._throttled:
+            self.maybe_release_publishers()
+
+    def maybe_release_publishers(self) -> None:
+        if len(self._awaiting_confirm) > FLOW_LOW:
+            return
+        if self.bq.len() > DELIVER_BACKLOG_LOW and self.consumers.count and not self._consumers_full:
+            return
+        self.release_publishers()
 
     def throttle(self, reader: Any) -> None:
         """Credit flow: too many of this queue's publishes await their fsync; stop reading ``reader``."""
@@ -184,7 +198,10 @@ class QueueProcess:
 
     @property
     def overloaded(self) -> bool:
-        return len(self._awaiting_confirm) > FLOW_HIGH
+        """Whether the publisher that just handed over a message should wait (credit flow)."""
+        if len(self._awaiting_confirm) > FLOW_HIGH:
+            return True
+        return self.consumers.count > 0 and not self._consumers_full and self.bq.len() > DELIVER_BACKLOG_HIGH
 
     def attempt_delivery(self, msg: Message, persistent: bool, confirm: Any = None) -> bool:
         """Deliver straight to a consumer when nothing is queued ahead of the message."""
@@ -344,9 +361,13 @@ class QueueProcess:
         consumers = self.consumers
         stats = self.stats
         budget = DELIVERY_BUDGET
+        self._consumers_full = False
         while budget and not bq.is_empty():
             consumer = consumers.next_with_room()
             if consumer is None:
+                self._consumers_full = True
+                if self._throttled:
+                    self.release_publishers()
                 return
             if self._ttl_possible:
                 self.drop_expired_msgs()
@@ -366,6 +387,8 @@ class QueueProcess:
                 seq_id = -1
             consumer.channel.deliver(consumer, self, seq_id, msg, redelivered)
             budget -= 1
+        if self._throttled:
+            self.maybe_release_publishers()
         if not budget and not bq.is_empty():
             self.schedule_run()
 
@@ -456,6 +479,8 @@ class QueueProcess:
             return
         if self.exclusive_consumer is consumer:
             self.exclusive_consumer = None
+        if self._throttled and not self.consumers.count:
+            self.maybe_release_publishers()
         if self.auto_delete and not self.consumers.count and self.has_had_consumers and not self.deleted:
             self.vhost.queues.delete(self, reason="auto_delete")
             return

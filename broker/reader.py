@@ -62,6 +62,10 @@ CAPABILITIES = {
 }
 # Time to wait for connection.close-ok after we sent connection.close.
 CLOSE_OK_TIMEOUT = 3.0
+# Fairness: after this many bytes in one turn of the event loop a connection's socket is left alone until
+# the next turn. libuv reads a busy socket up to 32 times per turn; without this, one fast publisher
+# starves every other connection (consumers' acks included) of the loop.
+READ_BYTES_PER_TURN = 16 * 1024
 _ACCESS_REQUEST = (30 << 16) | 10
 _ACCESS_REQUEST_OK = b"\x00\x1e\x00\x0b\x00\x01"  # class 30, method 11, ticket 1
 
@@ -104,6 +108,7 @@ class Reader(asyncio.Protocol):
         self._pause_reasons: set[object] = set()
         self.has_published = False
         self.blocked_by_alarm = False
+        self._read_this_turn = 0
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._confirm_channels: list[Channel] = []
@@ -152,6 +157,10 @@ class Reader(asyncio.Protocol):
         if self.state >= Reader.CLOSED:
             return
         self._received_since_tick = True
+        self._read_this_turn += len(data)
+        if self._read_this_turn > READ_BYTES_PER_TURN and "turn" not in self._pause_reasons:
+            self.pause_for("turn")
+            self._loop.call_soon(self._next_turn)
         try:
             frames = self.parser.feed(data)
         except BadProtocolHeader as exc:
@@ -321,6 +330,10 @@ class Reader(asyncio.Protocol):
             self.send(method_frame(0, spec.Connection.Unblocked))
         self.resume_for("alarm")
         log.info("connection unblocked", connection=self.name)
+
+    def _next_turn(self) -> None:
+        self._read_this_turn = 0
+        self.resume_for("turn")
 
     def pause_for(self, reason: object) -> None:
         """Stop reading the socket until every reason given here has been withdrawn (credit flow)."""
