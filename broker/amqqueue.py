@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from broker.errors import AMQPError
+from broker.memory_budget import default_budget
 from broker.queue_args import QueueSettings, effective_settings, validate_arguments
 from broker.queue_process import QueueProcess
 from protocol.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED
@@ -139,6 +140,9 @@ class QueueRegistry:
         q = QueueProcess(self.vhost, name, durable, owner, auto_delete, arguments,
                          self._new_backing_queue(name, durable, settings, on_confirm), settings)
         holder.append(q)
+        set_budget = getattr(q.bq, "set_ram_budget", None)
+        if set_budget is not None:
+            set_budget(default_budget(q))
         self._queues[name] = q
         return q
 

@@ -27,6 +27,15 @@ RELEASE_RATIO = 0.4
 OVERHEAD_FACTOR = 2.0
 MIN_QUEUE_BUDGET = 64 * 1024
 INTERVAL = 0.5
+# A queue without consumers keeps at most this much of its ready messages in RAM even without memory
+# pressure (as RabbitMQ's classic queues keep only a short head in memory since 3.12): a backlog nobody
+# is reading lives on disk, so memory does not grow with it. A queue that is being consumed keeps its
+# messages in RAM until memory pressure, so its consumers are not slowed by reading them back from disk.
+DEFAULT_QUEUE_BUDGET = 16 * 1024 * 1024
+
+
+def default_budget(queue: Any) -> int | None:
+    return None if queue.consumers.count else DEFAULT_QUEUE_BUDGET
 
 
 class MemoryBudget:
@@ -52,6 +61,8 @@ class MemoryBudget:
     def tick(self) -> None:
         try:
             self.rebalance(resident_memory())
+            if not self.limited:
+                self.refresh_default_budgets()
         finally:
             self._handle = asyncio.get_event_loop().call_later(INTERVAL, self.tick)
 
@@ -62,9 +73,8 @@ class MemoryBudget:
         bqs = self._backing_queues()
         if used < limit * RELEASE_RATIO:
             if self.limited:
-                for bq in bqs:
-                    bq.set_ram_budget(None)
                 self.limited = False
+                self.refresh_default_budgets()
                 log.info("memory budgets lifted", used=used, limit=limit)
             return
         if used < limit * PAGING_RATIO and not self.limited:
@@ -78,8 +88,15 @@ class MemoryBudget:
         self.limited = True
         for bq, ram in in_ram.items():
             share = available * ram // queue_ram if queue_ram else available // max(1, len(in_ram))
-            bq.set_ram_budget(max(MIN_QUEUE_BUDGET, share))
+            bq.set_ram_budget(max(MIN_QUEUE_BUDGET, min(share, DEFAULT_QUEUE_BUDGET)))
         self.schedule_paging()
+
+    def refresh_default_budgets(self) -> None:
+        """Without pressure, re-derive each queue's default budget (its mean message size changes)."""
+        for vh in self.node.vhosts.values():
+            for q in vh.queues:
+                if hasattr(q.bq, "set_ram_budget"):
+                    q.bq.set_ram_budget(default_budget(q))
 
     def schedule_paging(self) -> None:
         if not self._paging_scheduled:
