@@ -62,6 +62,10 @@ _id_base = int.from_bytes(os.urandom(8), "little") << 64
 _id_counter = itertools.count(1)
 
 
+# The current file is replaced by a fresh one when all its records are dead and it is at least this big.
+ROLL_DEAD_CURRENT_ABOVE = 1 << 20
+
+
 def new_msg_id() -> int:
     """A node-unique message id: a random per-process prefix (so ids never repeat across restarts) and a
     counter. Give the same id to every queue a message is routed to so the store keeps one copy."""
@@ -156,6 +160,10 @@ class MsgStore:
         self._live[file] -= (loc & M32) + HEADER_SIZE
         if file != self._cur_no:
             self._maybe_gc(file)
+        elif self._live[file] == 0 and self._cur.size >= ROLL_DEAD_CURRENT_ABOVE:
+            # Everything written so far was consumed: start a new file so this one can go at once,
+            # rather than keeping it until it fills up (disk use falls back once messages are acked).
+            self._roll()
 
     def remove_all(self, msg_ids: Iterable[int]) -> None:
         for msg_id in msg_ids:

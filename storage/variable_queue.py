@@ -103,6 +103,7 @@ class VariableQueue:
         self._persistent_count = 0  # persistent messages, ready or pending ack (what a restart brings back)
         self._persistent_bytes = 0
         self._target_ram: int | None = None
+        self._budget_bytes: int | None = None  # the byte budget behind _target_ram, if one was given
         self.beta_floor = BETA_FLOOR
         self._transient_floor = 0  # transient index entries below this predate the last restart: dead
         self._dirty_floor = 0  # entries below this were recovered after a crash: all count as delivered
@@ -135,7 +136,10 @@ class VariableQueue:
         self._ram_bytes += size
         if confirm is not None:
             self._add_confirm(confirm, is_p)
-        if self._target_ram is not None and self._ram_msgs > self._target_ram:
+        if self._budget_bytes is not None and self._ram_bytes > self._budget_bytes:
+            # The byte budget was turned into a message target with an older mean size: redo it.
+            self.set_ram_budget(self._budget_bytes)
+        elif self._target_ram is not None and self._ram_msgs > self._target_ram:
             self.reduce_memory_use()
         return seq_id
 
@@ -449,6 +453,7 @@ class VariableQueue:
     def set_ram_budget(self, max_bytes: int | None) -> None:
         """Keep this queue's RAM near ``max_bytes`` (None: no limit): converted to a message target with
         the queue's mean message size. The memory monitor calls this with each queue's share."""
+        self._budget_bytes = max_bytes
         if max_bytes is None:
             self.set_ram_target(None)
             return
