@@ -262,6 +262,16 @@ def do_action(api: Api, args: argparse.Namespace) -> str:
             raise CtlError(f"{path} is not JSON: {exc}") from None
         api.request("POST", "/api/definitions", data)
         return f"Importing definitions in JSON from a file at \"{path}\" ...\nSuccessfully started definition import."
+    if verb == "set_disk_free_limit":
+        (limit,) = _need(args, 1, "BYTES (e.g. 50000000, 2GB)")
+        api.request("PUT", "/api/leveret/resource-limits", {"disk_free_limit": _bytes_arg(limit)})
+        return f"Setting disk free limit to {limit} bytes ..."
+    if verb == "set_vm_memory_high_watermark":
+        parts = _need(args, 2, "absolute BYTES")
+        if parts[0] != "absolute":
+            raise CtlError("only 'set_vm_memory_high_watermark absolute BYTES' is supported", 2)
+        api.request("PUT", "/api/leveret/resource-limits", {"vm_memory_high_watermark": _bytes_arg(parts[1])})
+        return f"Setting memory threshold on this node to {parts[1]} bytes ..."
     if verb == "status":
         overview = api.get("/api/overview")
         node = (api.get("/api/nodes") or [{}])[0]
@@ -291,7 +301,17 @@ def do_action(api: Api, args: argparse.Namespace) -> str:
 
 ACTIONS = ("add_user", "delete_user", "change_password", "set_user_tags", "set_permissions", "clear_permissions",
            "add_vhost", "delete_vhost", "set_policy", "clear_policy", "purge_queue", "delete_queue",
-           "close_connection", "export_definitions", "import_definitions", "status")
+           "close_connection", "export_definitions", "import_definitions", "status", "set_disk_free_limit",
+           "set_vm_memory_high_watermark")
+
+
+def _bytes_arg(text: str) -> int:
+    from broker.config import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise CtlError(f"bad size {text!r}: {exc}", 2) from None
 VERBS = tuple(LISTS) + ACTIONS
 
 

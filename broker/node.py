@@ -193,6 +193,18 @@ class Node:
             self.storage = None
             log.info("storage closed cleanly")
 
+    def set_resource_limits(self, disk_free_limit: int | None = None, memory_limit: int | None = None) -> None:
+        """rabbitmqctl set_disk_free_limit / set_vm_memory_high_watermark: new limits, alarms re-checked."""
+        monitor = self.resource_monitor
+        if monitor is None:
+            return
+        if disk_free_limit is not None:
+            monitor.disk_free_limit = disk_free_limit
+        if memory_limit is not None:
+            monitor.memory_limit = memory_limit
+        monitor.stop()
+        monitor.check()
+
     async def start(self) -> None:
         self.open_storage()
         self.start_resource_monitor()

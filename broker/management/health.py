@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from broker.management.common import node_of, respond, vhost_for_write
+from broker.management.common import node_of, require_admin, respond, vhost_for_write
 from broker.management.exchanges import publish_message
 
 ALIVENESS_QUEUE = "aliveness-test"
@@ -78,7 +78,29 @@ async def aliveness_test(request: web.Request) -> web.Response:
     return ok()
 
 
+async def set_resource_limits(request: web.Request) -> web.Response:
+    """Leveret's endpoint behind ``leveret ctl set_disk_free_limit`` / ``set_vm_memory_high_watermark``
+    (rabbitmqctl's verbs; RabbitMQ's HTTP API has no equivalent). Body: ``{"disk_free_limit": bytes}``
+    and/or ``{"vm_memory_high_watermark": bytes}``. The alarms are re-evaluated at once."""
+    require_admin(request)
+    node = node_of(request)
+    try:
+        body = await request.json()
+        disk = body.get("disk_free_limit")
+        memory = body.get("vm_memory_high_watermark")
+        if (disk is not None and (not isinstance(disk, int) or disk < 0)) or \
+                (memory is not None and (not isinstance(memory, int) or memory <= 0)):
+            raise ValueError
+    except ValueError:
+        return respond({"error": "bad_request", "reason": "limits must be non-negative integers (bytes)"},
+                       status=400)
+    node.set_resource_limits(disk_free_limit=disk, memory_limit=memory)
+    return respond({"disk_free_limit": node.resource_monitor.disk_free_limit,
+                    "vm_memory_high_watermark": node.resource_monitor.memory_limit})
+
+
 def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_put("/api/leveret/resource-limits", set_resource_limits)
     router.add_get("/api/health/checks/alarms", alarms)
     router.add_get("/api/health/checks/local-alarms", alarms)
     router.add_get("/api/health/checks/virtual-hosts", virtual_hosts)

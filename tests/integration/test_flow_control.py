@@ -72,3 +72,38 @@ def test_consumer_timeout_closes_the_channel_and_requeues(start_broker, uid):
     method, _props, body = ch2.basic_get(q, auto_ack=True)
     assert body == b"slow" and method.redelivered
     conn.close()
+
+
+def test_publisher_is_unblocked_when_the_alarm_clears(tmp_path, uid):
+    """A disk alarm blocks the publisher; lowering the limit with `leveret ctl set_disk_free_limit` clears
+    it: the client gets connection.unblocked and what it sent while blocked is then read and routed."""
+    import subprocess
+    import sys
+
+    from test_management_api import start_mgmt_broker
+
+    b, mport, _ = start_mgmt_broker(tmp_path, "--config", _config(tmp_path, "disk_free_limit.absolute = 1000000TB\n"))
+    try:
+        publisher = pika.BlockingConnection(b.pika_params())
+        events: list[str] = []
+        publisher.add_on_connection_blocked_callback(lambda c, f: events.append("blocked"))
+        publisher.add_on_connection_unblocked_callback(lambda c, f: events.append("unblocked"))
+        ch = publisher.channel()
+        q = ch.queue_declare(f"{uid}-q").method.queue
+        ch.basic_publish("", q, b"one")
+        _pump(publisher, lambda: "blocked" in events)
+        ch.basic_publish("", q, b"two")
+        publisher.process_data_events(time_limit=0.2)
+
+        ctl = subprocess.run([sys.executable, "-m", "broker", "ctl", "--url", f"http://127.0.0.1:{mport}",
+                              "set_disk_free_limit", "1000"], capture_output=True, text=True, timeout=30)
+        assert ctl.returncode == 0, ctl.stderr
+        _pump(publisher, lambda: "unblocked" in events)
+        assert events == ["blocked", "unblocked"]
+        other = pika.BlockingConnection(b.pika_params()).channel()
+        deadline = time.monotonic() + 5
+        while other.queue_declare(q, passive=True).method.message_count < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert other.queue_declare(q, passive=True).method.message_count == 2
+    finally:
+        b.stop()
