@@ -88,7 +88,7 @@ class ResourceMonitor:
     """Samples memory and disk on a timer and raises or clears the alarms."""
 
     def __init__(self, alarms: AlarmState, connections: set[Reader], data_dir: Path,
-                 memory_limit: int, disk_free_limit: int, interval: float = 1.0) -> None:
+                 memory_limit: int, disk_free_limit: int, interval: float = 0.5) -> None:
         self.alarms = alarms
         self.connections = connections
         self.data_dir = data_dir
@@ -109,6 +109,11 @@ class ResourceMonitor:
 
     def check(self) -> None:
         self.memory_used = resident_memory()
+        if self.memory_limit and self.memory_used > self.memory_limit:
+            from broker.memory_budget import release_free_memory
+
+            release_free_memory()  # freed message memory may still be counted as resident
+            self.memory_used = resident_memory()
         if self.memory_limit and self.memory_used > self.memory_limit:
             self.alarms.raise_alarm("memory", self.connections)
         else:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from broker.message import Message
-
 from broker.queue_process import CONFIRM_LATER, REJECTED
 from storage.msg_store import new_msg_id
 

@@ -26,16 +26,50 @@ RELEASE_RATIO = 0.4
 # Python keeps a message in more bytes than its body: budgets are in body bytes, scaled by this.
 OVERHEAD_FACTOR = 2.0
 MIN_QUEUE_BUDGET = 64 * 1024
-INTERVAL = 0.5
+INTERVAL = 0.2
 # A queue without consumers keeps at most this much of its ready messages in RAM even without memory
 # pressure (as RabbitMQ's classic queues keep only a short head in memory since 3.12): a backlog nobody
 # is reading lives on disk, so memory does not grow with it. A queue that is being consumed keeps its
 # messages in RAM until memory pressure, so its consumers are not slowed by reading them back from disk.
 DEFAULT_QUEUE_BUDGET = 16 * 1024 * 1024
+# The memory limit the defaults are derived from (set by the node at start; 0 until then).
+_limit = 0
+
+
+def set_memory_limit(limit: int) -> None:
+    global _limit
+    _limit = limit
 
 
 def default_budget(queue: Any) -> int | None:
-    return None if queue.consumers.count else DEFAULT_QUEUE_BUDGET
+    """A queue's RAM budget without memory pressure: a short head for a queue nobody reads (16 MiB, or a
+    tenth of the watermark if that is less), a quarter of the watermark for a queue being consumed."""
+    if not _limit:
+        return None if queue.consumers.count else DEFAULT_QUEUE_BUDGET
+    if queue.consumers.count:
+        return _limit // 4
+    return min(DEFAULT_QUEUE_BUDGET, _limit // 10)
+
+
+def release_free_memory() -> None:
+    """Give memory freed by paged-out messages back to the OS. glibc keeps freed blocks of this size in
+    its heap, so the resident size (which the memory alarm reads) would otherwise stay high for good."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+def _find_malloc_trim() -> Any:
+    try:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_malloc_trim = _find_malloc_trim()
 
 
 class MemoryBudget:
@@ -60,7 +94,12 @@ class MemoryBudget:
 
     def tick(self) -> None:
         try:
-            self.rebalance(resident_memory())
+            used = resident_memory()
+            limit = self.monitor.memory_limit if self.monitor is not None else 0
+            if limit and used > limit * PAGING_RATIO:
+                release_free_memory()
+                used = resident_memory()
+            self.rebalance(used)
             if not self.limited:
                 self.refresh_default_budgets()
         finally:
@@ -88,7 +127,7 @@ class MemoryBudget:
         self.limited = True
         for bq, ram in in_ram.items():
             share = available * ram // queue_ram if queue_ram else available // max(1, len(in_ram))
-            bq.set_ram_budget(max(MIN_QUEUE_BUDGET, min(share, DEFAULT_QUEUE_BUDGET)))
+            bq.set_ram_budget(max(MIN_QUEUE_BUDGET, share))
         self.schedule_paging()
 
     def refresh_default_budgets(self) -> None:

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from broker.alarms import AlarmState, ResourceMonitor, total_memory
-from broker.memory_budget import MemoryBudget
-from broker.persistence import BackingQueueFactory, DurableDefinitions
-from storage.node_storage import NodeStorage
 from broker.auth import User, UserStore
 from broker.config import Settings
+from broker.memory_budget import MemoryBudget, set_memory_limit
 from broker.message import Message
 from broker.metrics import GlobalCounters
+from broker.persistence import BackingQueueFactory, DurableDefinitions
 from broker.reader import Reader
 from broker.vhost import VHost
+from storage.node_storage import NodeStorage
 
 if TYPE_CHECKING:
     from broker.channel import Channel
@@ -202,12 +202,14 @@ class Node:
             monitor.disk_free_limit = disk_free_limit
         if memory_limit is not None:
             monitor.memory_limit = memory_limit
+            set_memory_limit(memory_limit)
         monitor.stop()
         monitor.check()
 
     async def start(self) -> None:
         self.open_storage()
         self.start_resource_monitor()
+        set_memory_limit(self.resource_monitor.memory_limit)
         self.memory_budget = MemoryBudget(self, self.resource_monitor)
         self.memory_budget.start()
         from broker import definitions

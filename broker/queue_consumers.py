@@ -117,6 +117,13 @@ class ConsumerSet:
                     return consumer
         return None
 
+    def any_with_room(self) -> bool:
+        """Whether some consumer could take a message now (without changing whose turn it is)."""
+        if self.single_active:
+            active = self._arrival[0] if self._arrival and self._retiring is None else None
+            return active is not None and active.has_room()
+        return any(c.has_room() for group in self._groups.values() for c in group)
+
     def __iter__(self) -> Iterator[Consumer]:
         for priority in list(self._priorities):
             yield from list(self._groups[priority])

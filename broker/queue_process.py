@@ -198,10 +198,16 @@ class QueueProcess:
 
     @property
     def overloaded(self) -> bool:
-        """Whether the publisher that just handed over a message should wait (credit flow)."""
+        """Whether the publisher that just handed over a message should wait (credit flow): too many of
+        the queue's publishes await their fsync, or its consumers have room but the deliver loop lags."""
         if len(self._awaiting_confirm) > FLOW_HIGH:
             return True
-        return self.consumers.count > 0 and not self._consumers_full and self.bq.len() > DELIVER_BACKLOG_HIGH
+        if not self.consumers.count or self.bq.len() <= DELIVER_BACKLOG_HIGH:
+            return False
+        if not self.consumers.any_with_room():
+            return False
+        self.schedule_run()  # the deliver loop is what releases the publisher again
+        return True
 
     def attempt_delivery(self, msg: Message, persistent: bool, confirm: Any = None) -> bool:
         """Deliver straight to a consumer when nothing is queued ahead of the message."""

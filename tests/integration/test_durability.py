@@ -527,7 +527,7 @@ def test_kill9_with_consumer_acking_concurrently(start_broker, uid):
                         ch.basic_qos(prefetch_count=50)  # qos-ok: the broker has processed the acks before it
                         acked_sure.update(pending)
                         pending.clear()
-            except Exception:  # noqa: BLE001 - the broker is killed under it
+            except Exception:  # noqa: BLE001, S110 - the broker is killed under it
                 pass
 
         consumer = threading.Thread(target=consume, daemon=True)
