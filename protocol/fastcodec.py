@@ -38,7 +38,7 @@ _TAG_BITS = struct.Struct(">QB")
 class PublishArgs:
     """The arguments of one basic.publish; ``names_raw`` is exchange + routing key as two short strings."""
 
-    __slots__ = ("exchange", "routing_key", "mandatory", "immediate", "names_raw")
+    __slots__ = ("exchange", "immediate", "mandatory", "names_raw", "routing_key")
 
     def __init__(self, exchange: str, routing_key: str, mandatory: bool, immediate: bool,
                  names_raw: bytes) -> None:

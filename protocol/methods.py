@@ -7,7 +7,6 @@ correctness matters and a few microseconds do not.
 from __future__ import annotations
 
 import struct
-
 from typing import Any
 
 from pamqp import base, commands, decode, encode

@@ -60,7 +60,7 @@ _KINDS = {name: kind for _, name, kind in _FIELDS}
 class ScannedProperties:
     """The few properties the broker acts on. ``headers_span`` locates the raw headers table, if any."""
 
-    __slots__ = ("delivery_mode", "priority", "expiration", "reply_to", "user_id", "headers_span")
+    __slots__ = ("delivery_mode", "expiration", "headers_span", "priority", "reply_to", "user_id")
 
     def __init__(self) -> None:
         self.delivery_mode = 0

@@ -8,7 +8,8 @@ seq_ids still grow with publish order within a priority.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from storage.backing_queue import BackingQueue
 
@@ -27,7 +28,7 @@ class PriorityBackingQueue:
 
     def _sub(self, msg: Any) -> tuple[int, BackingQueue]:
         p = self._priority_of(msg)
-        p = 0 if p < 0 else self.max_priority if p > self.max_priority else p
+        p = 0 if p < 0 else min(p, self.max_priority)
         return p, self._queues[p]
 
     def publish(self, msg: Any, size: int, persistent: bool, **kw: Any) -> int:
