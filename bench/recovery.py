@@ -65,7 +65,9 @@ async def _fill(url: str, n: int, size: int) -> None:
         k = min(1000, n - sent)
         conn.transport.write(template.batch(k))
         sent += k
-        await conn.wait_writable()
+        while conn.transport.get_write_buffer_size() > (4 << 20):
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0)
     while await _depth(url) < n:
         await asyncio.sleep(0.2)
     await conn.close()

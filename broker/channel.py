@@ -139,8 +139,9 @@ class Channel:
     def expecting_content(self) -> bool:
         return self._publish is not None
 
-    def on_publish(self, args: bytes) -> None:
-        self._publish = fastcodec.decode_basic_publish(args)
+    def on_publish(self, payload: bytes) -> None:
+        """basic.publish (the whole method payload): its content frames follow."""
+        self._publish = fastcodec.decode_basic_publish(payload, 4)
 
     def on_header(self, payload: bytes) -> None:
         if self._publish is None or self._header is not None:

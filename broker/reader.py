@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import platform
+import struct
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +68,8 @@ CLOSE_OK_TIMEOUT = 3.0
 # starves every other connection (consumers' acks included) of the loop.
 READ_BYTES_PER_TURN = 16 * 1024
 _ACCESS_REQUEST = (30 << 16) | 10
+_RUNNING = 4  # Reader.RUNNING, as a module constant for the hot path
+_unpack_index = struct.Struct(">I").unpack_from
 _ACCESS_REQUEST_OK = b"\x00\x1e\x00\x0b\x00\x01"  # class 30, method 11, ticket 1
 
 
@@ -205,6 +208,12 @@ class Reader(asyncio.Protocol):
 
     # -- frame dispatch --------------------------------------------------------------------------------
     def _frame(self, frame_type: int, channel_id: int, payload: bytes) -> None:
+        if channel_id and self.state == _RUNNING:
+            # The hot path: a frame for an open channel of a running connection.
+            channel = self.channels.get(channel_id)
+            if channel is not None:
+                self._channel_frame(channel, frame_type, payload)
+                return
         if self.state == Reader.CLOSING:
             # After connection.close only close-ok (or the peer's own close) matters.
             if frame_type == FRAME_METHOD and channel_id == 0:
@@ -243,27 +252,35 @@ class Reader(asyncio.Protocol):
                 self._open_channel(channel_id)
                 return
             raise AMQPError(CHANNEL_ERROR, "expected 'channel.open'")
-        if frame_type == FRAME_METHOD:
-            index = method_index(payload)
+        self._channel_frame(channel, frame_type, payload)
+
+    def _channel_frame(self, channel: Channel, frame_type: int, payload: bytes) -> None:
+        """A frame for an open channel: the per-message frames go straight to the fast codec."""
+        if frame_type == FRAME_BODY:
+            channel.on_body(payload)
+        elif frame_type == FRAME_HEADER:
+            channel.on_header(payload)
+        elif frame_type == FRAME_METHOD:
+            if len(payload) < 4:
+                raise FrameError("method frame shorter than its class and method id")
+            index = _unpack_index(payload, 0)[0]
             if channel.expecting_content:
                 raise AMQPError(UNEXPECTED_FRAME, "expected content frame for basic.publish, got a method "
                                 "frame instead", 60, 40)
             if index == IDX_BASIC_PUBLISH:
                 if not self.has_published:
                     self._first_publish()
-                channel.on_publish(payload[4:])
+                channel.on_publish(payload)
             elif index == IDX_BASIC_ACK:
-                channel.on_ack(*fastcodec.decode_ack(payload[4:]))
+                channel.on_ack(*fastcodec.decode_ack(payload, 4))
             elif index == IDX_BASIC_NACK:
-                channel.on_nack(*fastcodec.decode_nack(payload[4:]))
+                channel.on_nack(*fastcodec.decode_nack(payload, 4))
             elif index == IDX_BASIC_REJECT:
-                channel.on_reject(*fastcodec.decode_reject(payload[4:]))
+                channel.on_reject(*fastcodec.decode_reject(payload, 4))
             else:
                 self._channel_method(channel, index, payload)
-        elif frame_type == FRAME_HEADER:
-            channel.on_header(payload)
-        elif frame_type == FRAME_BODY:
-            channel.on_body(payload)
+        else:
+            raise AMQPError(UNEXPECTED_FRAME, f"heartbeat frame on channel {channel.id}")
 
     def _channel_method(self, channel: Channel, index: int, payload: bytes) -> None:
         if index == _ACCESS_REQUEST:

@@ -49,12 +49,14 @@ class PublishArgs:
         self.names_raw = names_raw
 
 
-def decode_basic_publish(args: bytes) -> PublishArgs:
-    """``args`` is the method payload after class and method id: reserved short, exchange, routing key, bits."""
+def decode_basic_publish(args: bytes, start: int = 0) -> PublishArgs:
+    """The method's arguments from offset ``start`` (4 for a whole method payload, which saves a copy):
+    reserved short, exchange, routing key, bits."""
     try:
-        n = args[2]
-        exchange = args[3 : 3 + n].decode()
-        p = 3 + n
+        p = start + 3
+        n = args[p - 1]
+        exchange = args[p : p + n].decode() if n else ""
+        p += n
         m = args[p]
         routing_key = args[p + 1 : p + 1 + m].decode()
         q = p + 1 + m
@@ -63,31 +65,31 @@ def decode_basic_publish(args: bytes) -> PublishArgs:
         raise FrameError("basic.publish: truncated method frame") from None
     except UnicodeDecodeError:
         raise FrameError("basic.publish: short string is not UTF-8") from None
-    return PublishArgs(exchange, routing_key, bool(bits & 1), bool(bits & 2), args[2:q])
+    return PublishArgs(exchange, routing_key, bool(bits & 1), bool(bits & 2), args[start + 2 : q])
 
 
-def decode_ack(args: bytes) -> tuple[int, bool]:
+def decode_ack(args: bytes, start: int = 0) -> tuple[int, bool]:
     """basic.ack → (delivery_tag, multiple)."""
     try:
-        tag, bits = _TAG_BITS.unpack_from(args, 0)
+        tag, bits = _TAG_BITS.unpack_from(args, start)
     except struct.error:
         raise FrameError("basic.ack: truncated method frame") from None
     return tag, bool(bits & 1)
 
 
-def decode_nack(args: bytes) -> tuple[int, bool, bool]:
+def decode_nack(args: bytes, start: int = 0) -> tuple[int, bool, bool]:
     """basic.nack → (delivery_tag, multiple, requeue)."""
     try:
-        tag, bits = _TAG_BITS.unpack_from(args, 0)
+        tag, bits = _TAG_BITS.unpack_from(args, start)
     except struct.error:
         raise FrameError("basic.nack: truncated method frame") from None
     return tag, bool(bits & 1), bool(bits & 2)
 
 
-def decode_reject(args: bytes) -> tuple[int, bool]:
+def decode_reject(args: bytes, start: int = 0) -> tuple[int, bool]:
     """basic.reject → (delivery_tag, requeue)."""
     try:
-        tag, bits = _TAG_BITS.unpack_from(args, 0)
+        tag, bits = _TAG_BITS.unpack_from(args, start)
     except struct.error:
         raise FrameError("basic.reject: truncated method frame") from None
     return tag, bool(bits & 1)
