@@ -180,7 +180,8 @@ class Settings:
     vm_memory_high_watermark_absolute: int | None = None
     disk_free_limit_absolute: int = 50 * 1000 * 1000
     disk_free_limit_relative: float | None = None
-    consumer_timeout: int | None = 1800000
+    # Off by default (RabbitMQ's is 30 minutes): Celery's ETA tasks stay unacked for long on purpose.
+    consumer_timeout: int | None = None
     queue_index_embed_msgs_below: int = 4096
     cluster_name: str | None = None
     management_bind: str | None = None  # None: the AMQP bind address
