@@ -24,12 +24,18 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol
 
 from storage.segment import AppendFile, fsync_dir
 
 log = logging.getLogger("leveret.storage")
+
+# Test-only hook, never set in production: LEVERET_TEST_FSYNC_DELAY_MS slows the disk writer. When set,
+# the fsync thread sleeps that many milliseconds before each fsync round, as a slow disk would, so that
+# tests can make publishes pile up waiting for their fsync (credit flow). Read once, at import.
+_TEST_FSYNC_DELAY = max(0.0, float(os.environ.get("LEVERET_TEST_FSYNC_DELAY_MS") or 0) / 1000.0)
 
 
 class SyncWaiter(Protocol):
@@ -125,8 +131,11 @@ class Syncer:
                     cond.wait()
                 if not self._queue:
                     return
-                batch, self._queue = self._queue, []
                 self._busy = True
+            if _TEST_FSYNC_DELAY:
+                time.sleep(_TEST_FSYNC_DELAY)  # test-only: a slow disk writer (see _TEST_FSYNC_DELAY)
+            with cond:
+                batch, self._queue = self._queue, []
             gen = batch[-1][0]
             merged: dict[int, tuple[AppendFile, int, str, bool]] = {}
             for _, items in batch:
