@@ -105,6 +105,8 @@ class Channel:
         self._ack_deadlines: dict[int, tuple[float, int]] = {}
         # Exchanges this channel was allowed to publish to (checked once, as RabbitMQ caches it).
         self._may_publish_to: set[str] = set()
+        # Queues this channel published to: it counts as one of their publishers while it is open.
+        self.published_to: set[QueueProcess] = set()
         self.counters = reader.node.counters
         self._ack_timer: Any = None
         self._handlers: dict[type, Callable[[Any], None]] = {
@@ -708,6 +710,9 @@ class Channel:
     def shutdown(self) -> None:
         """Release everything the channel holds: consumers go, unacked deliveries are requeued."""
         self.closing = True
+        for queue in self.published_to:
+            queue.publisher_channels.discard(self)
+        self.published_to.clear()
         for consumer in list(self.consumers.values()):
             consumer.queue.remove_consumer(consumer)
         self.consumers.clear()

@@ -32,6 +32,9 @@ def deliver(queues: list[QueueProcess], msg: Message, persistent: bool, publishe
     accepted = True
     pending = 0
     for q in queues:
+        if publisher is not None and publisher not in q.publisher_channels:
+            q.publisher_channels.add(publisher)
+            publisher.published_to.add(q)
         result = q.deliver_or_enqueue(msg, persistent and q.durable, token)
         if result == CONFIRM_LATER:
             pending += 1

@@ -108,6 +108,7 @@ QUEUE_GAUGES = (
     ("rabbitmq_queue_messages_ready_bytes", "Size in bytes of ready messages"),
     ("rabbitmq_queue_messages_bytes", "Size in bytes of ready and unacknowledged messages"),
     ("rabbitmq_queue_consumers", "Consumers on a queue"),
+    ("leveret_queue_publishers", "Channels that have published to a queue and are still open"),
 )
 QUEUE_COUNTERS = (
     ("rabbitmq_queue_messages_published_total", "Total number of messages published to queues", "published"),
@@ -120,8 +121,8 @@ QUEUE_COUNTERS = (
 )
 
 
-def queue_figures(q: Any) -> tuple[int, int, int, int, int, int]:
-    """(ready, unacked, total, ready_bytes, bytes, consumers) of one queue process."""
+def queue_figures(q: Any) -> tuple[int, int, int, int, int, int, int]:
+    """(ready, unacked, total, ready_bytes, bytes, consumers, publishers) of one queue process."""
     bq = q.bq
     ready = bq.len()
     unacked = bq.pending_ack_count()
@@ -133,7 +134,8 @@ def queue_figures(q: Any) -> tuple[int, int, int, int, int, int]:
     ub = getattr(bq, "unacked_bytes", None)
     if callable(ub):
         unacked_bytes = ub()
-    return ready, unacked, ready + unacked, ready_bytes, ready_bytes + unacked_bytes, q.consumers.count
+    return (ready, unacked, ready + unacked, ready_bytes, ready_bytes + unacked_bytes, q.consumers.count,
+            len(q.publisher_channels))
 
 
 def _memory_limit(settings: Any) -> int:

@@ -91,7 +91,8 @@ class QueueProcess:
         self.has_had_consumers = False
         self.deleted = False
         self.stats = QueueStats()
-        self.publishers = 0
+        # Open channels that have published to this queue (seed 004's "publishers"), kept by delegate.
+        self.publisher_channels: set[Any] = set()
         self._run_scheduled = False
         self._loop = asyncio.get_event_loop()
         self._ttl_possible = settings.message_ttl is not None

@@ -118,7 +118,7 @@ def queue_type(q: Any) -> str:
 
 
 def queue_info(node: Node, q: Any, sampler: RateSampler | None = None) -> dict[str, Any]:
-    ready, unacked, total, ready_bytes, all_bytes, consumers = queue_figures(q)
+    ready, unacked, total, ready_bytes, all_bytes, consumers, publishers = queue_figures(q)
     key = id(q)
     info: dict[str, Any] = {
         "name": q.name,
@@ -131,6 +131,7 @@ def queue_info(node: Node, q: Any, sampler: RateSampler | None = None) -> dict[s
         "type": queue_type(q),
         "state": "running",
         "consumers": consumers,
+        "publishers": publishers,
         "consumer_capacity": 1.0 if consumers else 0.0,
         "consumer_utilisation": 1.0 if consumers else 0.0,
         "exclusive_consumer_tag": getattr(getattr(q, "exclusive_consumer", None), "tag", None),
