@@ -275,6 +275,22 @@ class QueueIndex:
                 os.unlink(path)
             yield seg, top, live
 
+    def recount_live(self) -> None:
+        """Rebuild the per-segment counts from what the files really hold. Used when a clean start's counts
+        turn out wrong (records lost to damage): without it a segment waits for acks that never come and
+        stays on disk. Segments with nothing live left are deleted."""
+        for seg in self.segment_numbers():
+            path = self._path(seg)
+            with open(path, "rb") as fh:
+                data = fh.read()
+            entries, _top, _end = self._parse(data, path)
+            live = sum(1 for e in entries.values() if e.persistent)
+            if live:
+                self._unacked[seg] = live
+            elif seg in self._unacked:
+                self._unacked.pop(seg, None)
+                self._delete_segment(seg)
+
     # -- shutdown -----------------------------------------------------------------------------------------
     def close(self, terms: dict[str, Any] | None) -> None:
         """Close the files; with ``terms`` (a durable queue's clean shutdown, after the caller synced)

@@ -252,6 +252,7 @@ class VariableQueue:
             self._len -= d.count
             d.count = 0
             self._recount()
+            self._index.recount_live()
         if not d.count:
             d.start = d.end = 0
 
