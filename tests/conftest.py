@@ -23,6 +23,10 @@ from typing import Callable, Iterator
 
 import pytest
 
+# tests/integration/amqp_helpers.py holds fixtures and helpers with asserts (loaded by the test modules
+# through ``pytest_plugins``): rewrite them like a test module's.
+pytest.register_assert_rewrite("amqp_helpers")
+
 EXTERNAL_URL = os.environ.get("LEVERET_TEST_AMQP_URL")
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,178 +11,33 @@ Errors are checked by reply code *and* by scope: a soft error closes the channel
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import decimal
 import os
-import time
 from collections.abc import Callable
 
 import pika
 import pytest
+from amqp_helpers import (
+    SETTLE,
+    Collector,
+    expect_channel_error,
+    expect_connection_error,
+    get_all,
+    publish,
+    pump,
+    ready_count,
+    settle,
+    wait_ready,
+)
 from pika import spec
 from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
 
+pytest_plugins = ["amqp_helpers"]  # its fixtures: connect, conn, cleanup, make_queue, make_exchange, dl_setup
 pytestmark = pytest.mark.timeout(60)
-
-SETTLE = 0.3  # seconds to wait to be reasonably sure that nothing more arrives
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def connect(broker) -> Callable[..., pika.BlockingConnection]:
-    """Open BlockingConnections to the broker; all are closed at teardown."""
-    conns: list[pika.BlockingConnection] = []
-
-    def _connect(**kw) -> pika.BlockingConnection:
-        c = pika.BlockingConnection(broker.pika_params(**kw))
-        conns.append(c)
-        return c
-
-    yield _connect
-    for c in conns:
-        if c.is_open:
-            with contextlib.suppress(pika.exceptions.AMQPError):
-                c.close()
-
-
-@pytest.fixture
-def conn(connect) -> pika.BlockingConnection:
-    return connect()
-
-
-@pytest.fixture
-def make_queue(broker, uid) -> Callable[..., str]:
-    """Declare a plain (non-exclusive) queue visible to every connection; deleted at teardown."""
-    names: list[str] = []
-
-    def _make(suffix: str = "q", arguments: dict | None = None) -> str:
-        name = f"{uid}-{suffix}"
-        c = pika.BlockingConnection(broker.pika_params())
-        try:
-            c.channel().queue_declare(name, arguments=arguments)
-        finally:
-            c.close()
-        names.append(name)
-        return name
-
-    yield _make
-    if names:
-        c = pika.BlockingConnection(broker.pika_params())
-        try:
-            ch = c.channel()
-            for name in names:
-                ch.queue_delete(name)
-        finally:
-            c.close()
-
-
-def publish(
-    conn: pika.BlockingConnection,
-    queue: str,
-    *bodies: bytes | str,
-    properties: pika.BasicProperties | None = None,
-) -> None:
-    """Publish through the default exchange on a channel of its own, waiting for the confirms,
-    so the messages are in the queue when this returns (whatever channel looks next)."""
-    ch = conn.channel()
-    ch.confirm_delivery()
-    for body in bodies:
-        ch.basic_publish("", queue, body.encode() if isinstance(body, str) else body, properties)
-    ch.close()
-
-
-def pump(conn: pika.BlockingConnection, until: Callable[[], bool], timeout: float = 5.0) -> bool:
-    """Process I/O until ``until()`` is true or the deadline passes; returns ``until()``."""
-    deadline = time.monotonic() + timeout
-    while not until() and time.monotonic() < deadline:
-        conn.process_data_events(time_limit=0.02)
-    return until()
-
-
-def settle(conn: pika.BlockingConnection, seconds: float = SETTLE) -> None:
-    """Process I/O for a while, to let anything that should NOT arrive show up."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        conn.process_data_events(time_limit=0.02)
-
-
-def ready_count(conn: pika.BlockingConnection, queue: str) -> int:
-    ch = conn.channel()
-    n = ch.queue_declare(queue, passive=True).method.message_count
-    ch.close()
-    return n
-
-
-def wait_ready(conn: pika.BlockingConnection, queue: str, expected: int, timeout: float = 5.0) -> int:
-    """Poll the ready count (passive declare) until it equals ``expected``; returns the last count."""
-    deadline = time.monotonic() + timeout
-    while True:
-        n = ready_count(conn, queue)
-        if n == expected or time.monotonic() > deadline:
-            return n
-        time.sleep(0.02)
-
-
-def expect_channel_error(conn: pika.BlockingConnection, ch, timeout: float = 5.0) -> ChannelClosedByBroker:
-    """Wait for the broker to close ``ch``; the connection must stay open."""
-    pump(conn, lambda: ch.is_closed, timeout)
-    assert ch.is_closed, "broker did not close the channel"
-    reason = ch._closing_reason
-    assert isinstance(reason, ChannelClosedByBroker), repr(reason)
-    assert conn.is_open, "a channel error must not close the connection"
-    conn.channel().close()  # and the connection is still usable
-    return reason
-
-
-def expect_connection_error(conn: pika.BlockingConnection, timeout: float = 5.0) -> ConnectionClosedByBroker:
-    """Wait for the broker to close the whole connection."""
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            conn.process_data_events(time_limit=0.02)
-    except ConnectionClosedByBroker as e:
-        assert conn.is_closed
-        return e
-    pytest.fail("broker did not close the connection")
-
-
-def get_all(ch, queue: str, limit: int = 100) -> list[tuple[spec.Basic.GetOk, pika.BasicProperties, bytes]]:
-    """basic.get (manual ack) until get-empty."""
-    out = []
-    for _ in range(limit):
-        method, props, body = ch.basic_get(queue)
-        if method is None:
-            break
-        out.append((method, props, body))
-    return out
-
-
-class Collector:
-    """An on_message_callback that records deliveries."""
-
-    def __init__(self) -> None:
-        self.msgs: list[tuple[spec.Basic.Deliver, pika.BasicProperties, bytes]] = []
-
-    def __call__(self, _ch, method, props, body) -> None:
-        self.msgs.append((method, props, body))
-
-    def __len__(self) -> int:
-        return len(self.msgs)
-
-    @property
-    def bodies(self) -> list[bytes]:
-        return [m[2] for m in self.msgs]
-
-    @property
-    def tags(self) -> list[int]:
-        return [m[0].delivery_tag for m in self.msgs]
-
-    @property
-    def redelivered(self) -> list[bool]:
-        return [m[0].redelivered for m in self.msgs]
 
 
 def bodies(*ns: int) -> list[bytes]:
@@ -464,7 +319,7 @@ def _take(conn, make_queue, n: int):
     q = make_queue()
     publish(conn, q, *bodies(*range(1, n + 1)))
     ch = conn.channel()
-    got = get_all(ch, q)
+    got = get_all(ch, q, auto_ack=False)
     assert [g[2] for g in got] == bodies(*range(1, n + 1))
     assert [g[0].delivery_tag for g in got] == list(range(1, n + 1))
     return q, ch
@@ -475,7 +330,7 @@ def _left_after_close(conn, ch, q, expected: list[bytes]) -> None:
     ch.close()
     assert wait_ready(conn, q, len(expected)) == len(expected)
     ch2 = conn.channel()
-    assert [g[2] for g in get_all(ch2, q)] == expected
+    assert [g[2] for g in get_all(ch2, q, auto_ack=False)] == expected
     ch2.close()
 
 
@@ -503,7 +358,7 @@ def test_nack_multiple_with_tag_zero_requeues_everything(conn, make_queue):
     q, ch = _take(conn, make_queue, 3)
     ch.basic_nack(0, multiple=True, requeue=True)
     assert wait_ready(conn, q, 3) == 3
-    got = get_all(ch, q)
+    got = get_all(ch, q, auto_ack=False)
     assert [g[2] for g in got] == bodies(1, 2, 3)
     assert all(g[0].redelivered for g in got)
 
@@ -522,7 +377,7 @@ def test_nack_multiple_requeue(conn, make_queue):
     q, ch = _take(conn, make_queue, 4)
     ch.basic_nack(3, multiple=True, requeue=True)
     assert wait_ready(conn, q, 3) == 3
-    got = get_all(ch, q)
+    got = get_all(ch, q, auto_ack=False)
     assert [g[2] for g in got] == bodies(1, 2, 3)
     ch.basic_ack(0, multiple=True)
     _left_after_close(conn, ch, q, [])
@@ -636,7 +491,7 @@ def test_requeued_messages_return_in_original_order_ahead_of_newer(conn, make_qu
     ch.basic_ack(tag_of[b"m5"])
     assert wait_ready(conn, q, 5) == 5
     ch2 = conn.channel()
-    again = get_all(ch2, q)
+    again = get_all(ch2, q, auto_ack=False)
     assert [g[2] for g in again] == bodies(2, 3, 4, 6, 7)
     assert [g[0].redelivered for g in again] == [True, True, True, False, False]
 
@@ -689,7 +544,7 @@ def test_recover_requeue_true_with_basic_get(conn, make_queue):
     q, ch = _take(conn, make_queue, 2)
     ch.basic_recover(requeue=True)
     assert wait_ready(conn, q, 2) == 2
-    again = get_all(ch, q)
+    again = get_all(ch, q, auto_ack=False)
     assert [g[2] for g in again] == bodies(1, 2)
     assert all(g[0].redelivered for g in again)
 
@@ -725,7 +580,7 @@ def test_unacked_requeued_when_channel_closes(connect, make_queue):
     ch.close()
     c2 = connect()
     assert wait_ready(c2, q, 2) == 2
-    again = get_all(c2.channel(), q)
+    again = get_all(c2.channel(), q, auto_ack=False)
     assert [g[2] for g in again] == bodies(2, 3)
     assert all(g[0].redelivered for g in again)
 
@@ -742,7 +597,7 @@ def test_unacked_requeued_when_connection_closes(connect, make_queue):
     c1.close()
     publish(c2, q, b"m4")
     assert wait_ready(c2, q, 4) == 4
-    again = get_all(c2.channel(), q)
+    again = get_all(c2.channel(), q, auto_ack=False)
     assert [g[2] for g in again] == bodies(1, 2, 3, 4)
     assert [g[0].redelivered for g in again] == [True, True, True, False]
 
@@ -756,7 +611,7 @@ def test_unacked_basic_get_requeued_when_connection_closes(connect, make_queue):
     c1.close()
     c2 = connect()
     assert wait_ready(c2, q, 2) == 2
-    again = get_all(c2.channel(), q)
+    again = get_all(c2.channel(), q, auto_ack=False)
     assert [g[2] for g in again] == bodies(1, 2)
     assert [g[0].redelivered for g in again] == [True, False]
 

@@ -12,109 +12,21 @@ and record frames in the order they come off the wire.
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Callable
 
 import pika
 import pytest
+from amqp_helpers import expect_channel_error, publish, pump, ready_count, settle, wait_ready
 from pika import spec
 from pika.exceptions import ChannelClosedByBroker, UnroutableError
 
+pytest_plugins = ["amqp_helpers"]  # its fixtures: connect, conn, cleanup, make_queue, make_exchange, dl_setup
 pytestmark = pytest.mark.timeout(60)
 
-SETTLE = 0.3  # seconds to wait to be reasonably sure that nothing more arrives
 REPLY_TO = "amq.rabbitmq.reply-to"
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def connect(broker) -> Callable[..., pika.BlockingConnection]:
-    """Open BlockingConnections to the broker; all are closed at teardown."""
-    conns: list[pika.BlockingConnection] = []
-
-    def _connect(**kw) -> pika.BlockingConnection:
-        c = pika.BlockingConnection(broker.pika_params(**kw))
-        conns.append(c)
-        return c
-
-    yield _connect
-    for c in conns:
-        if c.is_open:
-            with contextlib.suppress(pika.exceptions.AMQPError):
-                c.close()
-
-
-@pytest.fixture
-def conn(connect) -> pika.BlockingConnection:
-    return connect()
-
-
-@pytest.fixture
-def make_queue(broker, uid) -> Callable[..., str]:
-    """Declare a plain (non-exclusive) queue visible to every connection; deleted at teardown."""
-    names: list[str] = []
-
-    def _make(suffix: str = "q", durable: bool = False) -> str:
-        name = f"{uid}-{suffix}"
-        c = pika.BlockingConnection(broker.pika_params())
-        try:
-            c.channel().queue_declare(name, durable=durable)
-        finally:
-            c.close()
-        names.append(name)
-        return name
-
-    yield _make
-    if names:
-        c = pika.BlockingConnection(broker.pika_params())
-        try:
-            ch = c.channel()
-            for name in names:
-                ch.queue_delete(name)
-        finally:
-            c.close()
-
-
-def pump(conn: pika.BlockingConnection, until: Callable[[], bool], timeout: float = 5.0) -> bool:
-    """Process I/O until ``until()`` is true or the deadline passes; returns ``until()``."""
-    deadline = time.monotonic() + timeout
-    while not until() and time.monotonic() < deadline:
-        conn.process_data_events(time_limit=0.02)
-    return until()
-
-
-def settle(conn: pika.BlockingConnection, seconds: float = SETTLE) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        conn.process_data_events(time_limit=0.02)
-
-
-def ready_count(conn: pika.BlockingConnection, queue: str) -> int:
-    ch = conn.channel()
-    n = ch.queue_declare(queue, passive=True).method.message_count
-    ch.close()
-    return n
-
-
-def wait_ready(conn: pika.BlockingConnection, queue: str, expected: int, timeout: float = 5.0) -> int:
-    """Poll the ready count (passive declare) until it equals ``expected``; returns the last count."""
-    deadline = time.monotonic() + timeout
-    while True:
-        n = ready_count(conn, queue)
-        if n == expected or time.monotonic() > deadline:
-            return n
-        time.sleep(0.02)
-
-
-def publish_confirmed(conn: pika.BlockingConnection, queue: str, *bodies: bytes) -> None:
-    ch = conn.channel()
-    ch.confirm_delivery()
-    for body in bodies:
-        ch.basic_publish("", queue, body)
-    ch.close()
 
 
 def get_bodies(conn: pika.BlockingConnection, queue: str) -> list[bytes]:
@@ -128,17 +40,6 @@ def get_bodies(conn: pika.BlockingConnection, queue: str) -> list[bytes]:
         out.append(body)
     ch.close()
     return out
-
-
-def expect_channel_error(conn: pika.BlockingConnection, ch, timeout: float = 5.0) -> ChannelClosedByBroker:
-    """Wait for the broker to close ``ch``; the connection must stay open."""
-    pump(conn, lambda: ch.is_closed, timeout)
-    assert ch.is_closed, "broker did not close the channel"
-    reason = ch._closing_reason
-    assert isinstance(reason, ChannelClosedByBroker), repr(reason)
-    assert conn.is_open, "a channel error must not close the connection"
-    conn.channel().close()
-    return reason
 
 
 class ConfirmRecorder:
@@ -454,7 +355,7 @@ def test_tx_uncommitted_publishes_dropped_when_channel_closes(conn, make_queue):
 
 def _tx_take_one(conn, make_queue):
     q = make_queue()
-    publish_confirmed(conn, q, b"m")
+    publish(conn, q, b"m")
     ch = conn.channel()
     ch.tx_select()
     method, _p, body = ch.basic_get(q)
@@ -525,7 +426,7 @@ def test_tx_rollback_does_not_requeue_deliveries(conn, make_queue):
     ch.tx_select()
     got = []
     ch.basic_consume(q, lambda _c, m, _p, b: got.append((m, b)))
-    publish_confirmed(conn, q, b"a", b"b")
+    publish(conn, q, b"a", b"b")
     assert pump(conn, lambda: len(got) == 2)  # deliveries are not transactional
     ch.tx_rollback()
     settle(conn, 0.1)

@@ -26,155 +26,18 @@ plain ``int``, so ``is_long`` checks the wire type of ``count``.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import time
-from collections.abc import Callable
 
 import pika
-import pika.compat
 import pytest
-from pika import spec
+from amqp_helpers import get_all, is_long, publish_to, pump, ready_count, settle, wait_get, wait_ready
 from pika.exceptions import ChannelClosedByBroker
 
+pytest_plugins = ["amqp_helpers"]  # its fixtures: connect, conn, cleanup, make_queue, make_exchange, dl_setup
 pytestmark = pytest.mark.timeout(60)
-
-SETTLE = 0.3
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def connect(broker) -> Callable[..., pika.BlockingConnection]:
-    conns: list[pika.BlockingConnection] = []
-
-    def _connect(**kw) -> pika.BlockingConnection:
-        c = pika.BlockingConnection(broker.pika_params(**kw))
-        conns.append(c)
-        return c
-
-    yield _connect
-    for c in conns:
-        if c.is_open:
-            with contextlib.suppress(pika.exceptions.AMQPError):
-                c.close()
-
-
-@pytest.fixture
-def conn(connect) -> pika.BlockingConnection:
-    return connect()
-
-
-@pytest.fixture
-def cleanup(broker):
-    queues: list[str] = []
-    exchanges: list[str] = []
-    yield queues, exchanges
-    c = pika.BlockingConnection(broker.pika_params())
-    try:
-        ch = c.channel()
-        for q in queues:
-            ch.queue_delete(q)
-        for x in exchanges:
-            ch.exchange_delete(x)
-    finally:
-        c.close()
-
-
-@pytest.fixture
-def make_queue(broker, uid, cleanup) -> Callable[..., str]:
-    def _make(suffix: str = "q", arguments: dict | None = None) -> str:
-        name = f"{uid}-{suffix}"
-        c = pika.BlockingConnection(broker.pika_params())
-        try:
-            c.channel().queue_declare(name, arguments=arguments)
-        finally:
-            c.close()
-        cleanup[0].append(name)
-        return name
-
-    return _make
-
-
-@pytest.fixture
-def make_exchange(broker, uid, cleanup) -> Callable[..., str]:
-    def _make(suffix: str = "x", kind: str = "fanout") -> str:
-        name = f"{uid}-{suffix}"
-        c = pika.BlockingConnection(broker.pika_params())
-        try:
-            c.channel().exchange_declare(name, kind)
-        finally:
-            c.close()
-        cleanup[1].append(name)
-        return name
-
-    return _make
-
-
-def publish(
-    conn, exchange: str, routing_key: str, *bodies: bytes, properties: pika.BasicProperties | None = None
-) -> None:
-    """Publish on a channel of its own, waiting for the confirms."""
-    ch = conn.channel()
-    ch.confirm_delivery()
-    for body in bodies:
-        ch.basic_publish(exchange, routing_key, body, properties)
-    ch.close()
-
-
-def pump(conn, until: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not until() and time.monotonic() < deadline:
-        conn.process_data_events(time_limit=0.02)
-    return until()
-
-
-def settle(conn, seconds: float = SETTLE) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        conn.process_data_events(time_limit=0.02)
-
-
-def ready_count(conn, queue: str) -> int:
-    ch = conn.channel()
-    n = ch.queue_declare(queue, passive=True).method.message_count
-    ch.close()
-    return n
-
-
-def wait_ready(conn, queue: str, expected: int, timeout: float = 5.0) -> int:
-    deadline = time.monotonic() + timeout
-    while True:
-        n = ready_count(conn, queue)
-        if n == expected or time.monotonic() > deadline:
-            return n
-        time.sleep(0.02)
-
-
-def wait_get(ch, queue: str, timeout: float = 5.0, auto_ack: bool = True):
-    """basic.get until a message comes; returns (method, props, body), or (None, None, None) at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = ch.basic_get(queue, auto_ack=auto_ack)
-        if got[0] is not None or time.monotonic() > deadline:
-            return got
-        time.sleep(0.02)
-
-
-def get_all(ch, queue: str, limit: int = 100) -> list[tuple[spec.Basic.GetOk, pika.BasicProperties, bytes]]:
-    out = []
-    for _ in range(limit):
-        method, props, body = ch.basic_get(queue, auto_ack=True)
-        if method is None:
-            break
-        out.append((method, props, body))
-    return out
-
-
-def is_long(value) -> bool:
-    """True if pika decoded ``value`` from the AMQP field type ``l`` (long-long int)."""
-    return type(value) is pika.compat.long
 
 
 def writes_last_death(conn) -> bool:
@@ -231,15 +94,6 @@ def check_death_entry(
         assert isinstance(entry["original-expiration"], str)
 
 
-@pytest.fixture
-def dl_setup(conn, make_queue, make_exchange):
-    """A fanout DLX with a queue ``dlq`` bound to it; returns (dlx, dlq)."""
-    dlx = make_exchange("dlx", "fanout")
-    dlq = make_queue("dlq")
-    conn.channel().queue_bind(dlq, dlx)
-    return dlx, dlq
-
-
 # -- reasons and the x-death entry -------------------------------------------------------------------------
 
 
@@ -254,7 +108,7 @@ def test_reject_without_requeue_dead_letters_with_full_x_death(conn, make_queue,
         delivery_mode=2,
     )
     before = now_utc()
-    publish(conn, "", q, b"body", properties=props)
+    publish_to(conn, "", q, b"body", properties=props)
     ch = conn.channel()
     method, _p, _b = ch.basic_get(q)
     ch.basic_reject(method.delivery_tag, requeue=False)
@@ -291,7 +145,7 @@ def test_reject_without_requeue_dead_letters_with_full_x_death(conn, make_queue,
 def test_nack_without_requeue_dead_letters_all_in_order(conn, make_queue, dl_setup):
     dlx, dlq = dl_setup
     q = make_queue(arguments={"x-dead-letter-exchange": dlx})
-    publish(conn, "", q, b"n1", b"n2", b"n3")
+    publish_to(conn, "", q, b"n1", b"n2", b"n3")
     ch = conn.channel()
     tags = [ch.basic_get(q)[0].delivery_tag for _ in range(3)]
     ch.basic_nack(tags[-1], multiple=True, requeue=False)
@@ -306,7 +160,7 @@ def test_nack_without_requeue_dead_letters_all_in_order(conn, make_queue, dl_set
 def test_consumer_nack_single_dead_letters_that_one(conn, make_queue, dl_setup):
     dlx, dlq = dl_setup
     q = make_queue(arguments={"x-dead-letter-exchange": dlx})
-    publish(conn, "", q, b"keep", b"drop")
+    publish_to(conn, "", q, b"keep", b"drop")
     seen = []
 
     def on_message(ch, method, _props, body):
@@ -329,7 +183,7 @@ def test_consumer_nack_single_dead_letters_that_one(conn, make_queue, dl_setup):
 def test_reject_with_requeue_does_not_dead_letter(conn, make_queue, dl_setup):
     dlx, dlq = dl_setup
     q = make_queue(arguments={"x-dead-letter-exchange": dlx})
-    publish(conn, "", q, b"m")
+    publish_to(conn, "", q, b"m")
     ch = conn.channel()
     ch.basic_reject(ch.basic_get(q)[0].delivery_tag, requeue=True)
     ch.basic_nack(ch.basic_get(q)[0].delivery_tag, requeue=True)
@@ -341,7 +195,7 @@ def test_reject_with_requeue_does_not_dead_letter(conn, make_queue, dl_setup):
 def test_queue_ttl_expiry_dead_letters_as_expired(conn, make_queue, dl_setup):
     dlx, dlq = dl_setup
     q = make_queue(arguments={"x-dead-letter-exchange": dlx, "x-message-ttl": 100})
-    publish(conn, "", q, b"old")
+    publish_to(conn, "", q, b"old")
     _m, props, body = wait_get(conn.channel(), dlq)
     assert body == b"old"
     (death,) = props.headers["x-death"]
@@ -356,7 +210,7 @@ def test_queue_ttl_expiry_dead_letters_as_expired(conn, make_queue, dl_setup):
 def test_per_message_expiration_dead_letters_with_original_expiration(conn, make_queue, dl_setup):
     dlx, dlq = dl_setup
     q = make_queue(arguments={"x-dead-letter-exchange": dlx})
-    publish(conn, "", q, b"e", properties=pika.BasicProperties(expiration="100", headers={"k": "v"}))
+    publish_to(conn, "", q, b"e", properties=pika.BasicProperties(expiration="100", headers={"k": "v"}))
     _m, props, body = wait_get(conn.channel(), dlq)
     assert body == b"e"
     assert props.expiration is None  # removed, so that it does not expire again in the next queue
@@ -370,7 +224,7 @@ def test_per_message_expiration_dead_letters_with_original_expiration(conn, make
 def test_rejected_message_with_expiration_records_original_expiration(conn, make_queue, dl_setup):
     dlx, dlq = dl_setup
     q = make_queue(arguments={"x-dead-letter-exchange": dlx})
-    publish(conn, "", q, b"e", properties=pika.BasicProperties(expiration="60000"))
+    publish_to(conn, "", q, b"e", properties=pika.BasicProperties(expiration="60000"))
     ch = conn.channel()
     ch.basic_reject(ch.basic_get(q)[0].delivery_tag, requeue=False)
     _m, props, _b = wait_get(ch, dlq)
@@ -384,7 +238,7 @@ def test_rejected_message_with_expiration_records_original_expiration(conn, make
 def test_max_length_drop_head_dead_letters_as_maxlen(conn, make_queue, dl_setup):
     dlx, dlq = dl_setup
     q = make_queue(arguments={"x-dead-letter-exchange": dlx, "x-max-length": 1})
-    publish(conn, "", q, b"first", b"second")
+    publish_to(conn, "", q, b"first", b"second")
     _m, props, body = wait_get(conn.channel(), dlq)
     assert body == b"first"
     (death,) = props.headers["x-death"]
@@ -397,7 +251,7 @@ def test_dead_letter_records_publishing_exchange_and_key(conn, make_queue, make_
     x = make_exchange("src", "topic")
     q = make_queue(arguments={"x-dead-letter-exchange": dlx})
     conn.channel().queue_bind(q, x, "orders.*")
-    publish(conn, x, "orders.new", b"o")
+    publish_to(conn, x, "orders.new", b"o")
     ch = conn.channel()
     ch.basic_reject(ch.basic_get(q)[0].delivery_tag, requeue=False)
     method, props, _b = wait_get(ch, dlq)
@@ -417,7 +271,7 @@ def test_dead_letter_routing_key_replaces_routing_key(conn, make_queue, make_exc
     ch.queue_bind(hit, dlx, "dead")
     q = make_queue(arguments={"x-dead-letter-exchange": dlx, "x-dead-letter-routing-key": "dead"})
     ch.queue_bind(miss, dlx, q)  # the original routing key must not be used
-    publish(conn, "", q, b"m")
+    publish_to(conn, "", q, b"m")
     ch.basic_reject(ch.basic_get(q)[0].delivery_tag, requeue=False)
     method, props, _b = wait_get(ch, hit)
     assert (method.exchange, method.routing_key) == (dlx, "dead")
@@ -436,7 +290,7 @@ def test_without_dlrk_cc_keys_are_kept_and_recorded(conn, make_queue, make_excha
         ch.queue_bind(name, dlx, k)
     q = make_queue(arguments={"x-dead-letter-exchange": dlx})
     ch.queue_bind(q, src, "k1")
-    publish(conn, src, "k1", b"m", properties=pika.BasicProperties(headers={"CC": ["k2"], "BCC": ["k3"]}))
+    publish_to(conn, src, "k1", b"m", properties=pika.BasicProperties(headers={"CC": ["k2"], "BCC": ["k3"]}))
     method, props, _b = wait_get(ch, q, auto_ack=False)
     assert props.headers == {"CC": ["k2"]}  # BCC is stripped at publish
     ch.basic_reject(method.delivery_tag, requeue=False)
@@ -463,7 +317,7 @@ def test_with_dlrk_cc_header_is_removed(conn, make_queue, make_exchange):
         ch.queue_bind(name, dlx, k)
     q = make_queue(arguments={"x-dead-letter-exchange": dlx, "x-dead-letter-routing-key": "dead"})
     ch.queue_bind(q, src, "k1")
-    publish(
+    publish_to(
         conn,
         src,
         "k1",
@@ -484,7 +338,7 @@ def test_with_dlrk_cc_header_is_removed(conn, make_queue, make_exchange):
 
 def test_missing_dead_letter_exchange_drops_message(conn, make_queue, uid):
     q = make_queue(arguments={"x-dead-letter-exchange": f"{uid}-no-such-exchange"})
-    publish(conn, "", q, b"m")
+    publish_to(conn, "", q, b"m")
     ch = conn.channel()
     ch.basic_reject(ch.basic_get(q)[0].delivery_tag, requeue=False)
     settle(conn, 0.2)
@@ -529,7 +383,7 @@ def test_repeated_deaths_through_two_queues(conn, make_queue, make_exchange):
     ch.queue_bind(b, dlx, "toB")
     ch.queue_bind(obs, dlx, "toB")
     start = now_utc()
-    publish(conn, "", a, b"loop", properties=pika.BasicProperties(expiration="60000", message_id="m"))
+    publish_to(conn, "", a, b"loop", properties=pika.BasicProperties(expiration="60000", message_id="m"))
 
     # round 1: rejected from A
     method, props, _b = wait_get(ch, a, auto_ack=False)
@@ -608,7 +462,7 @@ def test_rejection_cycle_into_same_queue_continues(conn, make_queue, make_exchan
     q = make_queue(arguments={"x-dead-letter-exchange": dlx})
     ch = conn.channel()
     ch.queue_bind(q, dlx)
-    publish(conn, "", q, b"again")
+    publish_to(conn, "", q, b"again")
     method, props, _b = wait_get(ch, q, auto_ack=False)
     assert props.headers is None
     for n in (1, 2, 3):
@@ -630,7 +484,7 @@ def test_expiry_cycle_into_same_queue_is_dropped(conn, make_queue, make_exchange
     ch = conn.channel()
     ch.queue_bind(q, dlx)
     ch.queue_bind(obs, dlx)
-    publish(conn, "", q, b"cycle")
+    publish_to(conn, "", q, b"cycle")
     _m, props, _b = wait_get(ch, obs)
     (death,) = props.headers["x-death"]
     assert (death["queue"], death["reason"], death["count"]) == (q, "expired", 1)
@@ -656,7 +510,7 @@ def test_expiry_cycle_through_two_queues_is_dropped(conn, make_queue, make_excha
     ch.queue_bind(a, dlx, "toA")
     ch.queue_bind(b, dlx, "toB")
     ch.queue_bind(obs, dlx, "toA")  # sees what B dead-letters towards A
-    publish(conn, "", a, b"m")
+    publish_to(conn, "", a, b"m")
     _m, props, _b = wait_get(ch, obs)
     assert [(d["queue"], d["reason"]) for d in props.headers["x-death"]] == [(b, "expired"), (a, "expired")]
     settle(conn, 0.5)

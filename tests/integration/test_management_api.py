@@ -5,6 +5,7 @@ broker objects. ``rabbitmqadmin`` (RabbitMQ's own client of this API) runs again
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pika
@@ -59,15 +61,23 @@ def start_mgmt_broker(tmp: Path, *extra: str) -> tuple[BrokerProcess, int, int]:
     return b, mport, pport
 
 
-@pytest.fixture(scope="module")
-def mgmt():
-    tmp = Path(tempfile.mkdtemp(prefix="leveret-mgmt-"))
-    b, mport, _pport = start_mgmt_broker(tmp)
+@contextlib.contextmanager
+def mgmt_node(prefix: str, *extra: str) -> Iterator[tuple[BrokerProcess, Http]]:
+    """A Leveret process of its own with the HTTP API on, in a temporary directory named ``prefix...``:
+    yields (broker, Http client of its API); stopped and its directory removed on exit."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    b, mport, _pport = start_mgmt_broker(tmp, *extra)
     try:
         yield b, Http(mport)
     finally:
         b.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def mgmt():
+    with mgmt_node("leveret-mgmt-") as node:
+        yield node
 
 
 @pytest.fixture

@@ -15,97 +15,16 @@ As RabbitMQ 3.10.8 does it:
 
 from __future__ import annotations
 
-import contextlib
-import time
-from collections.abc import Callable
-
 import pika
 import pytest
-from pika import spec
+from amqp_helpers import get_all, publish, ready_count, settle, wait_ready
 from pika.exceptions import ChannelClosedByBroker, NackError
 
+pytest_plugins = ["amqp_helpers"]  # its fixtures: connect, conn, cleanup, make_queue, make_exchange, dl_setup
 pytestmark = pytest.mark.timeout(60)
-
-SETTLE = 0.3
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def connect(broker) -> Callable[..., pika.BlockingConnection]:
-    conns: list[pika.BlockingConnection] = []
-
-    def _connect(**kw) -> pika.BlockingConnection:
-        c = pika.BlockingConnection(broker.pika_params(**kw))
-        conns.append(c)
-        return c
-
-    yield _connect
-    for c in conns:
-        if c.is_open:
-            with contextlib.suppress(pika.exceptions.AMQPError):
-                c.close()
-
-
-@pytest.fixture
-def conn(connect) -> pika.BlockingConnection:
-    return connect()
-
-
-@pytest.fixture
-def cleanup(broker):
-    queues: list[str] = []
-    exchanges: list[str] = []
-    yield queues, exchanges
-    c = pika.BlockingConnection(broker.pika_params())
-    try:
-        ch = c.channel()
-        for q in queues:
-            ch.queue_delete(q)
-        for x in exchanges:
-            ch.exchange_delete(x)
-    finally:
-        c.close()
-
-
-@pytest.fixture
-def make_queue(broker, uid, cleanup) -> Callable[..., str]:
-    def _make(suffix: str = "q", arguments: dict | None = None) -> str:
-        name = f"{uid}-{suffix}"
-        c = pika.BlockingConnection(broker.pika_params())
-        try:
-            c.channel().queue_declare(name, arguments=arguments)
-        finally:
-            c.close()
-        cleanup[0].append(name)
-        return name
-
-    return _make
-
-
-@pytest.fixture
-def make_exchange(broker, uid, cleanup) -> Callable[..., str]:
-    def _make(suffix: str = "x", kind: str = "fanout") -> str:
-        name = f"{uid}-{suffix}"
-        c = pika.BlockingConnection(broker.pika_params())
-        try:
-            c.channel().exchange_declare(name, kind)
-        finally:
-            c.close()
-        cleanup[1].append(name)
-        return name
-
-    return _make
-
-
-def publish(conn, queue: str, *bodies: bytes | str) -> None:
-    """Publish through the default exchange, waiting for each confirm (so the order of arrival is fixed)."""
-    ch = conn.channel()
-    ch.confirm_delivery()
-    for body in bodies:
-        ch.basic_publish("", queue, body.encode() if isinstance(body, str) else body)
-    ch.close()
 
 
 def confirmed(ch, exchange: str, routing_key: str, body: bytes) -> bool:
@@ -117,55 +36,8 @@ def confirmed(ch, exchange: str, routing_key: str, body: bytes) -> bool:
     return True
 
 
-def pump(conn, until: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not until() and time.monotonic() < deadline:
-        conn.process_data_events(time_limit=0.02)
-    return until()
-
-
-def settle(conn, seconds: float = SETTLE) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        conn.process_data_events(time_limit=0.02)
-
-
-def ready_count(conn, queue: str) -> int:
-    ch = conn.channel()
-    n = ch.queue_declare(queue, passive=True).method.message_count
-    ch.close()
-    return n
-
-
-def wait_ready(conn, queue: str, expected: int, timeout: float = 5.0) -> int:
-    deadline = time.monotonic() + timeout
-    while True:
-        n = ready_count(conn, queue)
-        if n == expected or time.monotonic() > deadline:
-            return n
-        time.sleep(0.02)
-
-
-def get_all(ch, queue: str, limit: int = 100) -> list[tuple[spec.Basic.GetOk, pika.BasicProperties, bytes]]:
-    out = []
-    for _ in range(limit):
-        method, props, body = ch.basic_get(queue, auto_ack=True)
-        if method is None:
-            break
-        out.append((method, props, body))
-    return out
-
-
 def bodies_of(ch, queue: str) -> list[bytes]:
     return [m[2] for m in get_all(ch, queue)]
-
-
-@pytest.fixture
-def dl_setup(conn, make_queue, make_exchange):
-    dlx = make_exchange("dlx", "fanout")
-    dlq = make_queue("dlq")
-    conn.channel().queue_bind(dlq, dlx)
-    return dlx, dlq
 
 
 # -- drop-head ---------------------------------------------------------------------------------------------

@@ -7,27 +7,19 @@ Leveret-only here because the reference RabbitMQ node of the test suite runs wit
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
-from pathlib import Path
 
 import pika
 import pytest
-from test_management_api import Http, start_mgmt_broker
+from test_management_api import Http, mgmt_node
 
 pytestmark = pytest.mark.leveret_only
 
 
 @pytest.fixture(scope="module")
 def node():
-    tmp = Path(tempfile.mkdtemp(prefix="leveret-policies-"))
-    b, mport, _ = start_mgmt_broker(tmp)
-    try:
-        yield b, Http(mport)
-    finally:
-        b.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+    with mgmt_node("leveret-policies-") as n:
+        yield n
 
 
 @pytest.fixture

@@ -23,97 +23,16 @@ type rabbit_classic_queue"); Leveret accepts it on any queue, so that test is ``
 
 from __future__ import annotations
 
-import contextlib
-import time
-from collections.abc import Callable
-
 import pika
-import pika.compat
 import pytest
-from pika import spec
+from amqp_helpers import Collector, declare_ok, get_all, is_long, publish, pump, settle, wait_get
 from pika.exceptions import ChannelClosedByBroker
 
+pytest_plugins = ["amqp_helpers"]  # its fixtures: connect, conn, cleanup, make_queue, make_exchange, dl_setup
 pytestmark = pytest.mark.timeout(60)
-
-SETTLE = 0.3
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def connect(broker) -> Callable[..., pika.BlockingConnection]:
-    conns: list[pika.BlockingConnection] = []
-
-    def _connect(**kw) -> pika.BlockingConnection:
-        c = pika.BlockingConnection(broker.pika_params(**kw))
-        conns.append(c)
-        return c
-
-    yield _connect
-    for c in conns:
-        if c.is_open:
-            with contextlib.suppress(pika.exceptions.AMQPError):
-                c.close()
-
-
-@pytest.fixture
-def conn(connect) -> pika.BlockingConnection:
-    return connect()
-
-
-@pytest.fixture
-def cleanup(broker):
-    queues: list[str] = []
-    exchanges: list[str] = []
-    yield queues, exchanges
-    c = pika.BlockingConnection(broker.pika_params())
-    try:
-        ch = c.channel()
-        for q in queues:
-            ch.queue_delete(q)
-        for x in exchanges:
-            ch.exchange_delete(x)
-    finally:
-        c.close()
-
-
-@pytest.fixture
-def make_queue(broker, uid, cleanup) -> Callable[..., str]:
-    def _make(suffix: str = "q", arguments: dict | None = None, durable: bool = False) -> str:
-        name = f"{uid}-{suffix}"
-        c = pika.BlockingConnection(broker.pika_params())
-        try:
-            c.channel().queue_declare(name, durable=durable, arguments=arguments)
-        finally:
-            c.close()
-        cleanup[0].append(name)
-        return name
-
-    return _make
-
-
-@pytest.fixture
-def make_exchange(broker, uid, cleanup) -> Callable[..., str]:
-    def _make(suffix: str = "x", kind: str = "fanout") -> str:
-        name = f"{uid}-{suffix}"
-        c = pika.BlockingConnection(broker.pika_params())
-        try:
-            c.channel().exchange_declare(name, kind)
-        finally:
-            c.close()
-        cleanup[1].append(name)
-        return name
-
-    return _make
-
-
-def publish(conn, queue: str, *bodies: bytes | str, properties: pika.BasicProperties | None = None) -> None:
-    ch = conn.channel()
-    ch.confirm_delivery()
-    for body in bodies:
-        ch.basic_publish("", queue, body.encode() if isinstance(body, str) else body, properties)
-    ch.close()
 
 
 def publish_prio(conn, queue: str, *items: tuple[str, int | None]) -> None:
@@ -124,67 +43,8 @@ def publish_prio(conn, queue: str, *items: tuple[str, int | None]) -> None:
     ch.close()
 
 
-def pump(conn, until: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not until() and time.monotonic() < deadline:
-        conn.process_data_events(time_limit=0.02)
-    return until()
-
-
-def settle(conn, seconds: float = SETTLE) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        conn.process_data_events(time_limit=0.02)
-
-
-def declare_ok(conn, queue: str) -> spec.Queue.DeclareOk:
-    ch = conn.channel()
-    m = ch.queue_declare(queue, passive=True).method
-    ch.close()
-    return m
-
-
-def get_all(ch, queue: str, limit: int = 100) -> list[tuple[spec.Basic.GetOk, pika.BasicProperties, bytes]]:
-    out = []
-    for _ in range(limit):
-        method, props, body = ch.basic_get(queue, auto_ack=True)
-        if method is None:
-            break
-        out.append((method, props, body))
-    return out
-
-
-def wait_get(ch, queue: str, timeout: float = 5.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = ch.basic_get(queue, auto_ack=True)
-        if got[0] is not None or time.monotonic() > deadline:
-            return got
-        time.sleep(0.02)
-
-
 def bodies(*names: str) -> list[bytes]:
     return [n.encode() for n in names]
-
-
-def is_long(value) -> bool:
-    """True if pika decoded ``value`` from the AMQP field type ``l`` (long-long int)."""
-    return type(value) is pika.compat.long
-
-
-class Collector:
-    def __init__(self) -> None:
-        self.msgs: list[tuple[spec.Basic.Deliver, pika.BasicProperties, bytes]] = []
-
-    def __call__(self, _ch, method, props, body) -> None:
-        self.msgs.append((method, props, body))
-
-    def __len__(self) -> int:
-        return len(self.msgs)
-
-    @property
-    def bodies(self) -> list[bytes]:
-        return [m[2] for m in self.msgs]
 
 
 def declare_error(conn, queue: str, **kw) -> ChannelClosedByBroker:

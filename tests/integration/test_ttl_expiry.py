@@ -18,159 +18,31 @@ Timing: TTLs are 100-600 ms and every wait is bounded.
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Callable
 
 import pika
 import pytest
-from pika import spec
+from amqp_helpers import (
+    Collector,
+    expect_channel_error,
+    get_all,
+    publish,
+    pump,
+    ready_count,
+    settle,
+    wait_get,
+)
 from pika.exceptions import ChannelClosedByBroker
 
+pytest_plugins = ["amqp_helpers"]  # its fixtures: connect, conn, cleanup, make_queue, make_exchange, dl_setup
 pytestmark = pytest.mark.timeout(60)
-
-SETTLE = 0.3  # seconds to wait to be reasonably sure that nothing more arrives
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def connect(broker) -> Callable[..., pika.BlockingConnection]:
-    """Open BlockingConnections to the broker; all are closed at teardown."""
-    conns: list[pika.BlockingConnection] = []
-
-    def _connect(**kw) -> pika.BlockingConnection:
-        c = pika.BlockingConnection(broker.pika_params(**kw))
-        conns.append(c)
-        return c
-
-    yield _connect
-    for c in conns:
-        if c.is_open:
-            with contextlib.suppress(pika.exceptions.AMQPError):
-                c.close()
-
-
-@pytest.fixture
-def conn(connect) -> pika.BlockingConnection:
-    return connect()
-
-
-@pytest.fixture
-def cleanup(broker):
-    """Names of queues and exchanges to delete at teardown (deleting a missing one is not an error)."""
-    queues: list[str] = []
-    exchanges: list[str] = []
-    yield queues, exchanges
-    c = pika.BlockingConnection(broker.pika_params())
-    try:
-        ch = c.channel()
-        for q in queues:
-            ch.queue_delete(q)
-        for x in exchanges:
-            ch.exchange_delete(x)
-    finally:
-        c.close()
-
-
-@pytest.fixture
-def make_queue(broker, uid, cleanup) -> Callable[..., str]:
-    """Declare a plain queue visible to every connection; deleted at teardown."""
-
-    def _make(suffix: str = "q", arguments: dict | None = None) -> str:
-        name = f"{uid}-{suffix}"
-        c = pika.BlockingConnection(broker.pika_params())
-        try:
-            c.channel().queue_declare(name, arguments=arguments)
-        finally:
-            c.close()
-        cleanup[0].append(name)
-        return name
-
-    return _make
-
-
-@pytest.fixture
-def make_exchange(broker, uid, cleanup) -> Callable[..., str]:
-    def _make(suffix: str = "x", kind: str = "fanout") -> str:
-        name = f"{uid}-{suffix}"
-        c = pika.BlockingConnection(broker.pika_params())
-        try:
-            c.channel().exchange_declare(name, kind)
-        finally:
-            c.close()
-        cleanup[1].append(name)
-        return name
-
-    return _make
-
-
-def publish(conn, queue: str, *bodies: bytes | str, properties: pika.BasicProperties | None = None) -> None:
-    """Publish through the default exchange on a channel of its own, waiting for the confirms."""
-    ch = conn.channel()
-    ch.confirm_delivery()
-    for body in bodies:
-        ch.basic_publish("", queue, body.encode() if isinstance(body, str) else body, properties)
-    ch.close()
-
-
 def exp(ms: int | str) -> pika.BasicProperties:
     return pika.BasicProperties(expiration=str(ms))
-
-
-def pump(conn, until: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not until() and time.monotonic() < deadline:
-        conn.process_data_events(time_limit=0.02)
-    return until()
-
-
-def settle(conn, seconds: float = SETTLE) -> None:
-    """Process I/O for a while (also a sleep that keeps consumers served)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        conn.process_data_events(time_limit=0.02)
-
-
-def ready_count(conn, queue: str) -> int:
-    ch = conn.channel()
-    n = ch.queue_declare(queue, passive=True).method.message_count
-    ch.close()
-    return n
-
-
-def get_all(ch, queue: str, limit: int = 100) -> list[tuple[spec.Basic.GetOk, pika.BasicProperties, bytes]]:
-    out = []
-    for _ in range(limit):
-        method, props, body = ch.basic_get(queue, auto_ack=True)
-        if method is None:
-            break
-        out.append((method, props, body))
-    return out
-
-
-def wait_get(conn, queue: str, timeout: float = 5.0):
-    """basic.get (auto-ack) until a message comes; returns (method, props, body) or (None, None, None)."""
-    ch = conn.channel()
-    deadline = time.monotonic() + timeout
-    while True:
-        got = ch.basic_get(queue, auto_ack=True)
-        if got[0] is not None or time.monotonic() > deadline:
-            ch.close()
-            return got
-        time.sleep(0.02)
-
-
-def expect_channel_error(conn, ch, timeout: float = 5.0) -> ChannelClosedByBroker:
-    """Wait for the broker to close ``ch``; the connection must stay open."""
-    pump(conn, lambda: ch.is_closed, timeout)
-    assert ch.is_closed, "broker did not close the channel"
-    reason = ch._closing_reason
-    assert isinstance(reason, ChannelClosedByBroker), repr(reason)
-    assert conn.is_open, "a channel error must not close the connection"
-    conn.channel().close()
-    return reason
 
 
 def queue_exists(conn, queue: str) -> bool:
@@ -195,21 +67,6 @@ def wait_expired(conn, queue: str, expires_ms: int, timeout: float = 5.0) -> boo
             return True
         if time.monotonic() > deadline:
             return False
-
-
-class Collector:
-    def __init__(self) -> None:
-        self.msgs: list[tuple[spec.Basic.Deliver, pika.BasicProperties, bytes]] = []
-
-    def __call__(self, _ch, method, props, body) -> None:
-        self.msgs.append((method, props, body))
-
-    def __len__(self) -> int:
-        return len(self.msgs)
-
-    @property
-    def bodies(self) -> list[bytes]:
-        return [m[2] for m in self.msgs]
 
 
 # -- x-message-ttl and expiration --------------------------------------------------------------------------
@@ -403,7 +260,9 @@ def test_ttl_zero_without_consumer_is_dead_lettered_as_expired(conn, make_queue,
     conn.channel().queue_bind(dlq, dlx)
     q = make_queue(arguments={"x-message-ttl": 0, "x-dead-letter-exchange": dlx})
     publish(conn, q, b"zero")
-    _m, props, body = wait_get(conn, dlq)
+    get_ch = conn.channel()
+    _m, props, body = wait_get(get_ch, dlq)
+    get_ch.close()
     assert body == b"zero"
     (death,) = props.headers["x-death"]
     assert (death["queue"], death["reason"], death["count"]) == (q, "expired", 1)
