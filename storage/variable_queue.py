@@ -115,17 +115,25 @@ class VariableQueue:
             self._recover()
 
     # -- publishing ---------------------------------------------------------------------------------------
-    def publish(self, msg: Any, size: int, persistent: bool, expiry: int | None = None,
-                confirm: Any = None, msg_id: int | None = None) -> int:
+    def _new_status(self, msg: Any, size: int, persistent: bool, delivered: bool, expiry: int | None,
+                    confirm: Any, msg_id: int | None) -> MsgStatus:
+        """Number a new message and, if it is persistent here, write its index entry (and count it)."""
         seq_id = self._next_seq_id
         self._next_seq_id = seq_id + 1
         is_p = persistent and self.durable
-        st = MsgStatus(seq_id, msg_id, msg, is_p, False, False, False,
+        st = MsgStatus(seq_id, msg_id, msg, is_p, delivered, False, False,
                        STORE if size >= self._embed_below else INDEX, size, expiry, -1)
         if is_p:
             self._write_index(st)
             self._persistent_count += 1
             self._persistent_bytes += size
+        if confirm is not None:
+            self._add_confirm(confirm, is_p)
+        return st
+
+    def publish(self, msg: Any, size: int, persistent: bool, expiry: int | None = None,
+                confirm: Any = None, msg_id: int | None = None) -> int:
+        st = self._new_status(msg, size, persistent, False, expiry, confirm, msg_id)
         if self.q3:
             self.q1.append(st)
         else:
@@ -134,30 +142,18 @@ class VariableQueue:
         self._ready_bytes += size
         self._ram_msgs += 1
         self._ram_bytes += size
-        if confirm is not None:
-            self._add_confirm(confirm, is_p)
         if self._budget_bytes is not None and self._ram_bytes > self._budget_bytes:
             # The byte budget was turned into a message target with an older mean size: redo it.
             self.set_ram_budget(self._budget_bytes)
         elif self._target_ram is not None and self._ram_msgs > self._target_ram:
             self.reduce_memory_use()
-        return seq_id
+        return st.seq_id
 
     def publish_delivered(self, msg: Any, size: int, persistent: bool, expiry: int | None = None,
                           confirm: Any = None, msg_id: int | None = None) -> int:
-        seq_id = self._next_seq_id
-        self._next_seq_id = seq_id + 1
-        is_p = persistent and self.durable
-        st = MsgStatus(seq_id, msg_id, msg, is_p, True, False, False,
-                       STORE if size >= self._embed_below else INDEX, size, expiry, -1)
-        if is_p:
-            self._write_index(st)
-            self._persistent_count += 1
-            self._persistent_bytes += size
-        self._pending[seq_id] = st
-        if confirm is not None:
-            self._add_confirm(confirm, is_p)
-        return seq_id
+        st = self._new_status(msg, size, persistent, True, expiry, confirm, msg_id)
+        self._pending[st.seq_id] = st
+        return st.seq_id
 
     # -- fetching -----------------------------------------------------------------------------------------
     def fetch(self, ack_required: bool) -> tuple[int, Any, bool] | None:
