@@ -98,6 +98,10 @@ class Channel:
         self._unconfirmed: dict[int, list] = {}
         # Transactions: None, or the publishes and acks waiting for tx.commit.
         self.tx: list[tuple[str, Any]] | None = None
+        # Committed persistent publishes not yet on disk, and the commits waiting for them to answer.
+        self._tx_seq = 0
+        self._tx_awaiting_sync = 0
+        self._tx_commits_waiting = 0
         self.last_queue: str | None = None
         self.reply_consumer: _ReplyConsumer | None = None
         # Consumer acknowledgement timeout: delivery tag → (deadline in loop time, timeout ms), only for
@@ -256,7 +260,9 @@ class Channel:
             msg.replace_header(with_properties(msg.header, headers_remove=["BCC"]))
             msg.extra_keys = extra
 
-    def _route(self, exchange: Any, args: PublishArgs, msg: Message, persistent: bool) -> None:
+    def _route(self, exchange: Any, args: PublishArgs, msg: Message, persistent: bool, tx_seq: int = 0) -> int:
+        """Route and hand over one publish; returns how many queues will confirm it later (after an fsync).
+        ``tx_seq`` (negative) asks for those later confirms on behalf of a tx.commit."""
         counters = self.counters
         counters.messages_received += 1
         if self.confirm:
@@ -271,7 +277,7 @@ class Channel:
             routed = len(queues)
             if queues:
                 accepted, pending = delegate.deliver(queues, msg, persistent, self,
-                                                     self.publish_seq if self.confirm else 0)
+                                                     self.publish_seq if self.confirm else tx_seq)
         if routed:
             counters.messages_routed += 1
         elif args.mandatory:
@@ -286,9 +292,13 @@ class Channel:
             else:
                 (self._confirm_acks if accepted else self._confirm_nacks).append(self.publish_seq)
                 self.reader.confirms_pending(self)
+        return pending
 
     def confirm_from_queue(self, seq: int) -> None:
         """A queue has this publish on disk; once every queue it went to has, it is confirmed."""
+        if seq < 0:
+            self._tx_publish_synced()
+            return
         entry = self._unconfirmed.get(seq)
         if entry is None or self.closing:
             return
@@ -681,15 +691,26 @@ class Channel:
     def _tx_commit(self, m: spec.Tx.Commit) -> None:
         if self.tx is None:
             raise AMQPError(PRECONDITION_FAILED, "channel is not transactional")
-        pending, self.tx = self.tx, []
-        for kind, item in pending:
+        work, self.tx = self.tx, []
+        for kind, item in work:
             if kind == "publish":
                 exchange, args, msg, persistent = item
                 if self.vhost.exchanges.get(exchange.name) is exchange or exchange.name == "":
-                    self._route(exchange, args, msg, persistent)
+                    self._tx_seq -= 1  # a token of its own per publish (queues keep them in sets)
+                    self._tx_awaiting_sync += self._route(exchange, args, msg, persistent, self._tx_seq)
             else:
                 self._settle(item, kind)
-        self.send(spec.Tx.CommitOk)
+        # commit-ok means the transaction's persistent messages are on disk, as a confirm would.
+        self._tx_commits_waiting += 1
+        self._tx_publish_synced(0)
+
+    def _tx_publish_synced(self, count: int = 1) -> None:
+        """One of the committed publishes reached the disk; when all have, answer the waiting commits."""
+        self._tx_awaiting_sync -= count
+        if self._tx_awaiting_sync <= 0 and self._tx_commits_waiting and not self.closing:
+            for _ in range(self._tx_commits_waiting):
+                self.send(spec.Tx.CommitOk)
+            self._tx_commits_waiting = 0
 
     def _tx_rollback(self, m: spec.Tx.Rollback) -> None:
         if self.tx is None:

@@ -646,3 +646,30 @@ def test_disk_use_falls_back_after_acks(start_broker, uid):
     assert dir_bytes(b.data_dir) - start_size < 4 << 20
     with channel(b) as ch:
         assert ch.queue_declare(q, passive=True).method.message_count == 0
+
+
+@pytest.mark.leveret_only
+def test_committed_transaction_survives_kill9(start_broker, uid):
+    """tx.commit-ok promises what a publisher confirm promises: the committed persistent messages are on
+    disk. A kill -9 right after commit-ok loses none of them."""
+    b = start_broker()
+    q = f"{uid}-txq"
+    conn = pika.BlockingConnection(b.pika_params())
+    ch = conn.channel()
+    ch.queue_declare(q, durable=True)
+    ch.tx_select()
+    for i in range(500):
+        ch.basic_publish("", q, str(i).encode(), pika.BasicProperties(delivery_mode=2))
+    ch.tx_commit()  # returns on commit-ok
+    b.kill9()
+    b.start()
+    conn = pika.BlockingConnection(b.pika_params())
+    ch = conn.channel()
+    got = []
+    while True:
+        method, _props, body = ch.basic_get(q, auto_ack=True)
+        if method is None:
+            break
+        got.append(int(body))
+    assert got == list(range(500))
+    conn.close()
