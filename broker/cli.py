@@ -82,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         from broker import ctl
 
         return ctl.run(argv[1:])
+    if argv and argv[0] == "perf":
+        from bench import perf  # the load generator of bench/ (PerfTest-like), any broker by URL
+
+        return perf.main(argv[1:])
     parser = argparse.ArgumentParser(prog="leveret", description="Leveret, an AMQP 0-9-1 message broker")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the broker")
