@@ -30,10 +30,3 @@ class AMQPError(Exception):
         full = f"{REPLY_TEXTS.get(self.reply_code, 'ERROR')} - {self.text}"
         return full.encode()[:255].decode(errors="ignore")
 
-
-class ConnectionError_(AMQPError):
-    """An error that closes the connection even though its code would be soft (e.g. on channel 0)."""
-
-    @property
-    def is_soft(self) -> bool:
-        return False

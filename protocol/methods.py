@@ -20,7 +20,7 @@ _FIXED_SIZES = {"octet": 1, "short": 2, "long": 4, "longlong": 8, "timestamp": 8
 
 
 class UnknownMethod(FrameError):
-    """A method id the protocol does not define: 540 NOT_IMPLEMENTED? RabbitMQ answers 503 COMMAND_INVALID."""
+    """A class or method id the protocol does not define: the connection is closed with 503 COMMAND_INVALID."""
 
 
 def method_index(payload: bytes) -> int:

@@ -74,8 +74,8 @@ class Syncer:
         """Call ``waiter.on_synced`` after each completed sync until it returns False."""
         self._waiters[id(waiter)] = waiter
 
-    def flush(self) -> int:
-        """Write out every dirty buffer and start their fsync; returns the generation committed."""
+    def _take_dirty(self) -> tuple[int, list[tuple[AppendFile, int, str, bool]]]:
+        """Write out every dirty buffer and hand back what needs its fsync, under a new generation."""
         self._scheduled = False
         gen = self.generation
         self.generation = gen + 1
@@ -86,6 +86,11 @@ class Syncer:
             items.append((f, f.written, f.path, f.new))
             f.new = False
         self._dirty = []
+        return gen, items
+
+    def flush(self) -> int:
+        """Write out every dirty buffer and start their fsync; returns the generation committed."""
+        gen, items = self._take_dirty()
         if self._loop is None:
             self._complete(gen, self._fsync(items))
         else:
@@ -97,16 +102,7 @@ class Syncer:
 
     def sync(self) -> None:
         """Make everything written so far durable before returning (shutdown, tests). Blocks."""
-        self._scheduled = False
-        gen = self.generation
-        self.generation = gen + 1
-        items = []
-        for f in self._dirty:  # a file closed since it was marked was written out by close: still fsync it
-            f.dirty = False
-            f.write_out()
-            items.append((f, f.written, f.path, f.new))
-            f.new = False
-        self._dirty = []
+        gen, items = self._take_dirty()
         if self._thread is not None:
             with self._cond:  # wait for the thread's queue to drain so generations complete in order
                 while self._queue or self._busy:

@@ -9,6 +9,7 @@ import time
 
 import pika
 import pytest
+from amqp_helpers import get_all
 
 pytestmark = pytest.mark.leveret_only
 
@@ -52,12 +53,7 @@ def test_sigterm_with_clients_attached_loses_nothing_confirmed(start_broker, uid
     b.start()
     conn = pika.BlockingConnection(b.pika_params())
     ch = conn.channel()
-    got = []
-    while True:
-        method, _props, body = ch.basic_get(q, auto_ack=True)
-        if method is None:
-            break
-        got.append(int(body))
+    got = [int(body) for _method, _props, body in get_all(ch, q, limit=1_000_000)]
     assert got[: len(confirmed)] == confirmed  # every confirmed message, in order
     assert got == list(range(len(got)))  # nothing else, nothing twice
     conn.close()
