@@ -84,8 +84,21 @@ class AlarmState:
             listener(set(self.raised))
 
 
+# The disk is checked at an interval that shrinks as free space nears the limit (RabbitMQ's disk monitor
+# adapts its interval the same way): the time a writer at this rate needs to use up the headroom, within
+# [DISK_CHECK_MIN, the monitor's interval]. Writes that the storage reports (``note_written``) trigger a
+# check at once when they have used half the headroom seen at the last check, so a fast publisher is
+# blocked before the disk is full rather than up to one interval later.
+DISK_WRITE_RATE = 1 << 30  # bytes per second assumed when sizing the interval
+DISK_CHECK_MIN = 0.02
+
+
 class ResourceMonitor:
-    """Samples memory and disk on a timer and raises or clears the alarms."""
+    """Samples memory and disk on timers and raises or clears the alarms.
+
+    The disk alarm is also raised while the storage reports that its writes fail (``storage_failing``,
+    e.g. ENOSPC below the free-space limit's radar): publishers are blocked until the held data is written.
+    """
 
     def __init__(self, alarms: AlarmState, connections: set[Reader], data_dir: Path,
                  memory_limit: int, disk_free_limit: int, interval: float = 0.5) -> None:
@@ -97,17 +110,28 @@ class ResourceMonitor:
         self.interval = interval
         self.memory_used = 0
         self.disk_free = 0
+        self.storage_failing = False
+        self.disk_checks = 0  # plain counter (tests)
+        self._written_since_check = 0
+        self._write_budget = 0  # bytes of writes after which the disk is checked again at once
         self._handle: asyncio.TimerHandle | None = None
+        self._disk_handle: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
         self.check()
 
     def stop(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        for handle in (self._handle, self._disk_handle):
+            if handle is not None:
+                handle.cancel()
+        self._handle = self._disk_handle = None
 
     def check(self) -> None:
+        """Check memory now and disk now, and schedule the next checks of both."""
+        self.check_memory()
+        self.check_disk()
+
+    def check_memory(self) -> None:
         self.memory_used = resident_memory()
         if self.memory_limit and self.memory_used > self.memory_limit:
             from broker.memory_budget import release_free_memory
@@ -118,12 +142,36 @@ class ResourceMonitor:
             self.alarms.raise_alarm("memory", self.connections)
         else:
             self.alarms.clear_alarm("memory")
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = asyncio.get_event_loop().call_later(self.interval, self.check_memory)
+
+    def check_disk(self) -> None:
+        self.disk_checks += 1
         try:
             self.disk_free = shutil.disk_usage(self.data_dir).free
         except OSError:
             self.disk_free = 1 << 62
-        if self.disk_free < self.disk_free_limit:
+        if self.disk_free < self.disk_free_limit or self.storage_failing:
             self.alarms.raise_alarm("disk", self.connections)
         else:
             self.alarms.clear_alarm("disk")
-        self._handle = asyncio.get_event_loop().call_later(self.interval, self.check)
+        headroom = max(0, self.disk_free - self.disk_free_limit)
+        self._written_since_check = 0
+        self._write_budget = headroom // 2
+        delay = min(self.interval, max(DISK_CHECK_MIN, headroom / DISK_WRITE_RATE))
+        if self._disk_handle is not None:
+            self._disk_handle.cancel()
+        self._disk_handle = asyncio.get_event_loop().call_later(delay, self.check_disk)
+
+    def note_written(self, nbytes: int) -> None:
+        """The storage handed ``nbytes`` to the kernel: check the disk now if they may have used up half of
+        the headroom seen at the last check (called once per flush, not per message)."""
+        self._written_since_check += nbytes
+        if self._written_since_check >= self._write_budget:
+            self.check_disk()
+
+    def set_storage_failing(self, failing: bool) -> None:
+        """The storage's writes started (True) or stopped (False) failing: re-check the disk alarm now."""
+        self.storage_failing = failing
+        self.check_disk()

@@ -27,6 +27,7 @@ from protocol.constants import (
     ACCESS_REFUSED,
     CLASS_BASIC,
     COMMAND_INVALID,
+    INTERNAL_ERROR,
     NO_ROUTE,
     NOT_ALLOWED,
     NOT_FOUND,
@@ -102,6 +103,7 @@ class Channel:
         self._tx_seq = 0
         self._tx_awaiting_sync = 0
         self._tx_commits_waiting = 0
+        self._tx_store_failed = False  # a committed publish's fsync failed: no commit-ok may be sent
         self.last_queue: str | None = None
         self.reply_consumer: _ReplyConsumer | None = None
         # Consumer acknowledgement timeout: delivery tag → (deadline in loop time, timeout ms), only for
@@ -294,14 +296,19 @@ class Channel:
                 self.reader.confirms_pending(self)
         return pending
 
-    def confirm_from_queue(self, seq: int) -> None:
-        """A queue has this publish on disk; once every queue it went to has, it is confirmed."""
+    def confirm_from_queue(self, seq: int, stored: bool = True) -> None:
+        """A queue has this publish on disk (``stored``), or failed to put it there; once every queue it
+        went to has answered, it is confirmed, or nacked if any of them failed."""
         if seq < 0:
+            if not stored:
+                self._tx_store_failed = True
             self._tx_publish_synced()
             return
         entry = self._unconfirmed.get(seq)
         if entry is None or self.closing:
             return
+        if not stored:
+            entry[1] = False
         entry[0] -= 1
         if entry[0] == 0:
             del self._unconfirmed[seq]
@@ -707,6 +714,13 @@ class Channel:
     def _tx_publish_synced(self, count: int = 1) -> None:
         """One of the committed publishes reached the disk; when all have, answer the waiting commits."""
         self._tx_awaiting_sync -= count
+        if self._tx_awaiting_sync <= 0 and self._tx_store_failed and not self.closing:
+            # commit-ok would claim the messages are on disk; there is no tx.commit failure reply in
+            # AMQP 0-9-1, so the connection is closed with 541 (the client must assume the commit failed).
+            self._tx_store_failed = False
+            self.reader.channel_error(self.id, AMQPError(
+                INTERNAL_ERROR, "tx.commit: the transaction's persistent messages could not be written to disk"))
+            return
         if self._tx_awaiting_sync <= 0 and self._tx_commits_waiting and not self.closing:
             for _ in range(self._tx_commits_waiting):
                 self.send(spec.Tx.CommitOk)

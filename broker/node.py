@@ -167,6 +167,9 @@ class Node:
         s.data_dir.mkdir(parents=True, exist_ok=True)
         self.resource_monitor = ResourceMonitor(self.alarm_state, self.connections, s.data_dir, limit,
                                                 s.disk_free_limit_absolute)
+        if self.storage is not None:  # the storage tells the disk monitor what it writes and when writes fail
+            self.storage.syncer.on_written = self.resource_monitor.note_written
+            self.storage.syncer.on_write_failure = self.resource_monitor.set_storage_failing
         self.resource_monitor.start()
 
     def open_storage(self) -> None:

@@ -170,12 +170,17 @@ class QueueProcess:
 
     # -- publisher confirms and credit flow ----------------------------------------------------------------
     def on_confirmed(self) -> None:
-        """The backing queue's fsync covered some persistent messages: confirm them to their publishers."""
+        """The backing queue's fsync covered some persistent messages: confirm them to their publishers
+        (or nack them, where the fsync failed)."""
         awaiting = self._awaiting_confirm
         for token in self.bq.drain_confirmed():
             if token in awaiting:
                 awaiting.discard(token)
                 token[0].confirm_from_queue(token[1])
+        for token in self.bq.drain_failed():  # their fsync failed: the publisher is nacked
+            if token in awaiting:
+                awaiting.discard(token)
+                token[0].confirm_from_queue(token[1], False)
         if self._throttled:
             self.maybe_release_publishers()
 

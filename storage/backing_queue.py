@@ -33,7 +33,10 @@ Contracts:
   owner then calls ``drain_confirmed``. The owner should also call ``drain_confirmed`` at the end of each
   burst of publishes, for the immediate ones. (An owner may instead confirm transient messages itself
   and pass ``confirm`` only when it must wait for the disk.) Confirms still pending when the queue is
-  deleted are released by ``delete_and_terminate``.
+  deleted are released by ``delete_and_terminate``. If the fsync that was to cover a message fails, its
+  ``confirm`` comes back from ``drain_failed`` instead (the owner nacks the publisher: the message may
+  not be on disk), announced by ``on_confirm()`` in the same way; each id comes back from exactly one of
+  the two.
 - TTL works at the head only: ``head_expiry`` is the head's stored expiry; ``dropwhile(pred)`` drops
   head messages while ``pred(expiry)`` is true and returns ``(dropped, new head's expiry)``;
   ``fetchwhile(pred)`` instead fetches them with ack required (for dead-lettering). ``peek`` returns
@@ -78,6 +81,8 @@ class BackingQueue(Protocol):
     def ready_bytes(self) -> int: ...
 
     def drain_confirmed(self) -> list[Any]: ...
+
+    def drain_failed(self) -> list[Any]: ...
 
     def head_expiry(self) -> int | None: ...
 

@@ -158,6 +158,9 @@ class MemoryBackingQueue:
             self._confirmed = []
         return out
 
+    def drain_failed(self) -> list[Any]:
+        return []  # nothing is written: no write can fail
+
     def set_ram_budget(self, max_bytes: int | None) -> None:
         """Nothing to page to: the budget is ignored."""
 

@@ -44,6 +44,7 @@ from storage.segment import (
     fsync_dir,
     read_framed_file,
     scan,
+    write_all,
     write_file_atomically,
 )
 from storage.syncer import Syncer
@@ -227,7 +228,7 @@ class MsgStore:
         f = self._files.pop(file)
         del self._live[file]
         self._candidates.discard(file)
-        f.close()
+        f.abandon()  # every record in it is dead: nothing buffered needs writing
         try:
             os.unlink(f.path)
         except FileNotFoundError:
@@ -243,6 +244,10 @@ class MsgStore:
             elif f.synced >= f.size:
                 self._candidates.discard(file)
                 self._maybe_gc(file)
+        return bool(self._candidates)
+
+    def on_sync_failed(self, generation: int) -> bool:
+        """Syncer callback: candidates stay candidates until a later fsync covers them."""
         return bool(self._candidates)
 
     # -- compaction -------------------------------------------------------------------------------------
@@ -301,11 +306,20 @@ class MsgStore:
             moves.append((msg_id, start, new_start, n))
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            os.write(fd, out)
+            write_all(fd, out)  # a short write (full disk) raises: a partial copy must never replace the file
             if self.durable:
                 os.fsync(fd)
-        finally:
+        except OSError:
             os.close(fd)
+            fd = -1
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        finally:
+            if fd >= 0:
+                os.close(fd)
         os.replace(tmp, path)
         if self.durable:
             fsync_dir(self.directory)
@@ -338,6 +352,15 @@ class MsgStore:
         self.compactions += 1
         if live == 0:
             self._delete_file(file)
+
+    def abandon(self) -> None:
+        """Release every file without writing (after a failed clean stop: the next start scans)."""
+        if self._worker is not None:
+            self._jobs.put(None)
+            self._worker.join()
+            self._worker = None
+        for f in self._files.values():
+            f.abandon()
 
     def wait_for_compactions(self) -> None:
         """Block until queued compactions finish and are applied (shutdown, tests)."""
@@ -436,7 +459,8 @@ class MsgStore:
 
     # -- shutdown ---------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Clean shutdown: finish compactions, sync, and (durable store) leave the snapshot."""
+        """Clean shutdown: finish compactions, sync, and (durable store) leave the snapshot. Raises
+        ``OSError`` if something could not be written: then no snapshot is left, and the next start scans."""
         if self._worker is not None:
             self._jobs.put(None)
             self._worker.join()
@@ -445,7 +469,7 @@ class MsgStore:
         self._cur.write_out()
         if not self.durable:
             for f in self._files.values():
-                f.close()
+                f.abandon()  # the transient store starts empty: its files are deleted here anyway
             for name in os.listdir(self.directory):
                 os.unlink(os.path.join(self.directory, name))
             return

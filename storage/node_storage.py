@@ -92,15 +92,22 @@ class NodeStorage:
             log.info("storage: removed the files of %d queues that no longer exist", len(orphans))
 
     def close(self) -> None:
-        """Clean shutdown: after this the next start is a fast one."""
+        """Clean shutdown: after this the next start is a fast one. If something cannot be written (a
+        full or failing disk), no clean-shutdown marker is left either: the next start scans and keeps
+        exactly what reached the disk, which includes everything that was confirmed."""
         queues = [q for q in list(self._queues.values()) if not q.deleted]
-        for q in queues:
-            q.close_files()
-        self.syncer.sync()
-        for q in queues:
-            q.write_terms()
+        try:
+            for q in queues:
+                q.close_files()
+            self.syncer.sync()
+            for q in queues:
+                q.write_terms()
+            self.persistent.close()
+        except OSError as e:
+            log.error("storage: could not write everything at shutdown (%s); the next start recovers by "
+                      "scanning the files", e)
+            self.persistent.abandon()
         self._queues.clear()
-        self.persistent.close()
         self.transient.close()
-        self.syncer.close()
+        self.syncer.stop()
         self.metadata.close()

@@ -95,6 +95,12 @@ class PriorityBackingQueue:
             out.extend(q.drain_confirmed())
         return out
 
+    def drain_failed(self) -> list[Any]:
+        out: list[Any] = []
+        for q in self._queues:
+            out.extend(q.drain_failed())
+        return out
+
     def delete_and_terminate(self) -> int:
         return sum(q.delete_and_terminate() for q in self._queues)
 

@@ -205,7 +205,10 @@ class QueueIndex:
     def _open(self, seg: int) -> AppendFile:
         if len(self._files) >= MAX_OPEN:
             victim = min(self._files)  # the oldest segment: the head's, written least from now on
-            self._files.pop(victim).close()
+            # Evicted only once its buffer is written: a file closed with appends still buffered would
+            # be reopened at a size that misses them (a full disk keeps it open until the syncer's retry).
+            if self._files[victim].write_out():
+                self._files.pop(victim).close()
         path = self._path(seg)
         if os.path.exists(path):
             f = AppendFile.open_existing(path, self._syncer, os.path.getsize(path))
@@ -217,7 +220,7 @@ class QueueIndex:
     def _delete_segment(self, seg: int) -> None:
         f = self._files.pop(seg, None)
         if f is not None:
-            f.close()
+            f.abandon()  # every entry is acked: nothing buffered needs writing
         try:
             os.unlink(self._path(seg))
         except FileNotFoundError:
@@ -307,7 +310,7 @@ class QueueIndex:
 
     def delete(self) -> None:
         for f in self._files.values():
-            f.close()
+            f.abandon()  # the queue is gone: nothing buffered needs writing
         self._files.clear()
         self._unacked.clear()
         self._transient.clear()

@@ -13,9 +13,16 @@ record validates: if there is one, the bytes between were corruption in the midd
 is logged and skipped; if there is none, the file ends in a torn write, which the caller cuts off
 (``AppendFile.open_existing`` truncates it) so that new records follow the last good one.
 
-``AppendFile`` buffers appends in memory (one ``os.write`` per burst or per ``FLUSH_AT`` bytes, not per
+``AppendFile`` buffers appends in memory (one write per burst or per ``FLUSH_AT`` bytes, not per
 record); a :class:`storage.syncer.Syncer`, when given, learns that the file is dirty and fsyncs it with
 the rest of the burst in its own thread.
+
+A write that fails (ENOSPC, EIO) never shifts a record: data goes out with ``os.pwrite`` at the offset the
+file's bytes so far end at (``written``, which counts exactly the bytes the kernel took), so the bytes a
+short write did land stay counted and the retry continues after them, and whatever a failed call may have
+left past ``written`` is cut off (ZODB's truncate-on-failed-append) and is overwritten by the retry anyway.
+The unwritten rest stays in the buffer, is served to readers from there, and is retried by the syncer;
+the error is kept in ``error`` until a write succeeds. Every offset handed out by ``append`` stays valid.
 """
 
 from __future__ import annotations
@@ -43,6 +50,17 @@ FLUSH_AT = 1 << 20
 
 class CorruptRecord(Exception):
     """A record read by position failed its checks (a bad disk, or a file changed under us)."""
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    """``os.write`` until all of ``data`` is written: a short write (a full disk) is not silently a success."""
+    view = memoryview(data)
+    try:
+        done = 0
+        while done < len(view):
+            done += os.write(fd, view[done:])
+    finally:
+        view.release()
 
 
 def frame(payload: bytes) -> bytes:
@@ -102,10 +120,11 @@ class AppendFile:
     """One segment file open for appending and for positional reads.
 
     ``written`` is how much of it the kernel has, ``synced`` how much is known to be on disk (fsynced;
-    kept by the syncer), ``size`` what it will hold once the buffer is written.
+    kept by the syncer), ``size`` what it will hold once the buffer is written. ``error`` is the last write
+    error while some of the buffer could not be written (None once everything is out).
     """
 
-    __slots__ = ("buf", "dirty", "fd", "new", "path", "synced", "syncer", "written")
+    __slots__ = ("buf", "dirty", "error", "fd", "new", "path", "synced", "syncer", "written")
 
     def __init__(self, path: str, syncer: Syncer | None, fd: int, size: int, new: bool) -> None:
         self.path = path
@@ -116,16 +135,18 @@ class AppendFile:
         self.syncer = syncer
         self.dirty = False
         self.new = new  # the directory entry still needs an fsync
+        self.error: OSError | None = None
 
     @classmethod
     def create(cls, path: str, syncer: Syncer | None) -> AppendFile:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        # Not O_APPEND: writes go to explicit offsets (pwrite), so a failed one can be retried in place.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         return cls(path, syncer, fd, 0, True)
 
     @classmethod
     def open_existing(cls, path: str, syncer: Syncer | None, good_end: int) -> AppendFile:
         """Reopen a scanned file for appending, first cutting any torn tail after ``good_end``."""
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         size = os.fstat(fd).st_size
         if size > good_end:
             log.warning("storage: cut a torn tail of %d bytes from %s", size - good_end, path)
@@ -168,25 +189,52 @@ class AppendFile:
             self.write_out()
         return off
 
-    def write_out(self) -> None:
-        """Hand the buffer to the kernel (page cache); durability is the syncer's business."""
+    def write_out(self) -> bool:
+        """Hand the buffer to the kernel (page cache); durability is the syncer's business.
+
+        Returns False when not all of it could be written: the bytes that did land stay counted in
+        ``written``, the rest stays buffered for a retry, and ``error`` says why. Never raises."""
         buf = self.buf
         if not buf or self.fd < 0:
-            return
+            return True
         view = memoryview(buf)
         done = 0
         try:
-            while done < len(buf):
-                done += os.write(self.fd, view[done:])
+            while done < len(view):
+                done += os.pwrite(self.fd, view[done:], self.written + done)
+        except OSError as e:
+            self.error = e
+            return self._keep_unwritten(done)
         finally:
             view.release()
         self.written += done
-        del buf[:]
+        # A new buffer rather than resizing this one: the old may still be exported (a view kept by a
+        # traceback), and a bytearray with exports cannot be resized.
+        self.buf = bytearray()
+        self.error = None
+        return True
+
+    def _keep_unwritten(self, done: int) -> bool:
+        """After a failed write: count what landed, drop it from the buffer, cut anything past it."""
+        self.written += done
+        self.buf = self.buf[done:]
+        try:
+            os.ftruncate(self.fd, self.written)
+        except OSError:
+            pass  # the retry's pwrite overwrites those bytes at the same offsets anyway
+        log.error("storage: writing %s failed after %d bytes, %d bytes kept for a retry: %s",
+                  self.path, done, len(self.buf), self.error)
+        return False
 
     def pread(self, offset: int, n: int) -> bytes:
-        if offset + n > self.written:
-            self.write_out()
-        return os.pread(self.fd, n, offset)
+        """Bytes at ``offset``, from the file or, where not yet written, from the buffer."""
+        written = self.written
+        if offset + n <= written:
+            return os.pread(self.fd, n, offset)
+        if offset >= written:
+            start = offset - written
+            return bytes(self.buf[start:start + n])
+        return os.pread(self.fd, written - offset, offset) + bytes(self.buf[:offset + n - written])
 
     def read_payload(self, offset: int, n: int) -> bytes:
         """The payload of ``n`` bytes at ``offset``, checked against its record header."""
@@ -215,12 +263,15 @@ class AppendFile:
         return payload
 
     def read_all(self) -> bytes:
-        self.write_out()
-        return os.pread(self.fd, self.written, 0) if self.written else b""
+        return (os.pread(self.fd, self.written, 0) if self.written else b"") + bytes(self.buf)
 
     def close(self) -> None:
+        """Write out the buffer and close. Raises the write error, keeping the file open and its buffer,
+        when the buffer cannot be written (the caller decides: retry later, or give up on a clean stop)."""
         if self.fd >= 0:
-            self.write_out()
+            if not self.write_out():
+                assert self.error is not None
+                raise self.error
             os.close(self.fd)
             self.fd = -1
 
@@ -247,10 +298,19 @@ def write_file_atomically(path: str, payload: bytes) -> None:
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        os.write(fd, frame(payload))
+        write_all(fd, frame(payload))
         os.fsync(fd)
-    finally:
+    except OSError:
         os.close(fd)
+        fd = -1
+        try:
+            os.unlink(tmp)  # don't leave a partial file taking the space that just ran out
+        except OSError:
+            pass
+        raise
+    finally:
+        if fd >= 0:
+            os.close(fd)
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(path) or ".")
 

@@ -16,6 +16,17 @@ Without a loop (unit tests, tools) nothing happens in the background: ``flush`` 
 
 The thread fsyncs a file by opening its path, never by a descriptor its owner may close or reuse; a file
 deleted meanwhile holds only dead records and is skipped.
+
+Failures never turn into a confirm for bytes that aren't readable, and never into a silent stall:
+
+- A *write* that fails (ENOSPC, EIO) leaves the unwritten bytes in the file's buffer (see
+  :mod:`storage.segment`). The generation is then not committed: it stays open (later writes join it),
+  every dirty file stays queued, and the flush is retried on a timer with back-off until the writes go
+  through; only then is the generation fsynced and its waiters released. ``write_failing`` says so
+  meanwhile and ``on_write_failure`` (the node's disk alarm) is told when it starts and stops.
+- An *fsync* that fails may have lost dirty pages (the kernel marks them clean), so retrying it could
+  lie. The generations it covered are reported to the waiters as failed (``on_sync_failed``: their
+  publishers are nacked, not confirmed) and later generations go on as usual.
 """
 
 from __future__ import annotations
@@ -38,9 +49,17 @@ log = logging.getLogger("leveret.storage")
 _TEST_FSYNC_DELAY = max(0.0, float(os.environ.get("LEVERET_TEST_FSYNC_DELAY_MS") or 0) / 1000.0)
 
 
+# Back-off between retries of a flush whose writes failed (seconds): soon at first, then once a second.
+RETRY_DELAYS = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
 class SyncWaiter(Protocol):
     def on_synced(self, generation: int) -> bool:
         """Called on the loop thread; returns True to keep waiting for later generations."""
+
+    def on_sync_failed(self, generation: int) -> bool:
+        """An fsync covering the generations up to ``generation`` failed: what they wrote may not be on
+        disk and must not be confirmed. Called on the loop thread; True to keep waiting for later ones."""
 
 
 class Syncer:
@@ -53,14 +72,21 @@ class Syncer:
         self._waiters: dict[int, SyncWaiter] = {}
         self._cond = threading.Condition()
         self._queue: list[tuple[int, list[tuple[AppendFile, int, str, bool]]]] = []
-        self._done: list[tuple[int, list[tuple[AppendFile, int]]]] = []
+        self._done: list[tuple[int, list[tuple[AppendFile, int]], bool]] = []
         self._stopping = False
         self._thread: threading.Thread | None = None
-        # After a failed fsync the kernel may have dropped the dirty pages: like PostgreSQL, stop
-        # reporting anything as durable (no confirms) rather than retry and lie.
-        self.failed = False
+        self.write_failing = False  # the last flush could not write everything: retrying
+        self.last_error: OSError | None = None
+        self._retries = 0
+        self._retry_handle: asyncio.TimerHandle | None = None
+        # Told True when writes start failing and False when they go through again (the disk alarm).
+        self.on_write_failure: Callable[[bool], None] | None = None
+        # Told how many bytes each flush handed to the kernel (the disk monitor's write-rate trigger).
+        self.on_written: Callable[[int], None] | None = None
         self.fsyncs = 0  # plain counters, read by metrics and tests
         self.rounds = 0
+        self.write_failures = 0
+        self.fsync_failures = 0
 
     # -- writers' side (loop thread) ------------------------------------------------------------------------
     def mark(self, f: AppendFile) -> None:
@@ -74,25 +100,72 @@ class Syncer:
         """Call ``waiter.on_synced`` after each completed sync until it returns False."""
         self._waiters[id(waiter)] = waiter
 
-    def _take_dirty(self) -> tuple[int, list[tuple[AppendFile, int, str, bool]]]:
-        """Write out every dirty buffer and hand back what needs its fsync, under a new generation."""
+    def _take_dirty(self) -> tuple[int, list[tuple[AppendFile, int, str, bool]]] | None:
+        """Write out every dirty buffer and hand back what needs its fsync, under a new generation.
+
+        None if some buffer could not be written: nothing is committed, every file stays dirty, and (with
+        a loop) a retry is scheduled; the generation stays open for the writes still to come."""
         self._scheduled = False
+        written = 0
+        error: OSError | None = None
+        for f in self._dirty:  # a file closed since it was marked was written out by close: still fsync it
+            before = f.written
+            if not f.write_out():
+                error = f.error
+            written += f.written - before
+        if written and self.on_written is not None:
+            self.on_written(written)
+        if error is not None:
+            self._write_failed(error)
+            return None
+        if self.write_failing:
+            self._write_recovered()
         gen = self.generation
         self.generation = gen + 1
         items = []
-        for f in self._dirty:  # a file closed since it was marked was written out by close: still fsync it
+        for f in self._dirty:
             f.dirty = False
-            f.write_out()
             items.append((f, f.written, f.path, f.new))
             f.new = False
         self._dirty = []
         return gen, items
 
+    def _write_failed(self, error: OSError) -> None:
+        self.write_failures += 1
+        self.last_error = error
+        if not self.write_failing:
+            self.write_failing = True
+            log.error("storage: writes are failing (%s); holding %d files' data in memory and retrying; "
+                      "nothing written since is confirmed until the retry succeeds", error, len(self._dirty))
+            if self.on_write_failure is not None:
+                self.on_write_failure(True)
+        if self._loop is not None and self._retry_handle is None:
+            delay = RETRY_DELAYS[min(self._retries, len(RETRY_DELAYS) - 1)]
+            self._retries += 1
+            self._scheduled = True  # new appends wait for the retry rather than schedule flushes of their own
+            self._retry_handle = self._loop.call_later(delay, self._retry)
+
+    def _retry(self) -> None:
+        self._retry_handle = None
+        self.flush()
+
+    def _write_recovered(self) -> None:
+        self.write_failing = False
+        self._retries = 0
+        log.warning("storage: writes go through again; the held data is written")
+        if self.on_write_failure is not None:
+            self.on_write_failure(False)
+
     def flush(self) -> int:
-        """Write out every dirty buffer and start their fsync; returns the generation committed."""
-        gen, items = self._take_dirty()
+        """Write out every dirty buffer and start their fsync; returns the generation committed (0 when
+        a write failed and nothing was: see :meth:`_take_dirty`)."""
+        taken = self._take_dirty()
+        if taken is None:
+            return 0
+        gen, items = taken
         if self._loop is None:
-            self._complete(gen, self._fsync(items))
+            ok, failed = self._fsync(items)
+            self._complete(gen, ok, failed)
         else:
             self._ensure_thread()
             with self._cond:
@@ -101,15 +174,25 @@ class Syncer:
         return gen
 
     def sync(self) -> None:
-        """Make everything written so far durable before returning (shutdown, tests). Blocks."""
-        gen, items = self._take_dirty()
+        """Make everything written so far durable before returning (shutdown, tests). Blocks. Raises
+        ``OSError`` when some of it could not be written or fsynced."""
+        if self._retry_handle is not None:
+            self._retry_handle.cancel()
+            self._retry_handle = None
+        taken = self._take_dirty()
         if self._thread is not None:
             with self._cond:  # wait for the thread's queue to drain so generations complete in order
                 while self._queue or self._busy:
                     self._cond.wait(0.05)
-        ok = self._fsync(items)
         self._drain_done()
-        self._complete(gen, ok)
+        if taken is None:
+            assert self.last_error is not None
+            raise self.last_error
+        gen, items = taken
+        ok, failed = self._fsync(items)
+        self._complete(gen, ok, failed)
+        if failed:
+            raise OSError(f"fsync failed: {self.last_error}")
 
     # -- the sync thread --------------------------------------------------------------------------------
     _busy = False
@@ -140,11 +223,12 @@ class Syncer:
                     if prev is None or item[1] >= prev[1]:
                         merged[id(item[0])] = (item[0], item[1], item[2], item[3] or (prev is not None and prev[3]))
             ok: list[tuple[AppendFile, int]] = []
+            failed = True
             try:
-                ok = self._fsync(list(merged.values()))
+                ok, failed = self._fsync(list(merged.values()))
             finally:
                 with cond:
-                    self._done.append((gen, ok))
+                    self._done.append((gen, ok, failed))
                     self._busy = False
                     cond.notify_all()
             loop = self._loop
@@ -154,11 +238,13 @@ class Syncer:
                 except RuntimeError:
                     pass  # the loop closed under us; sync() drains on shutdown
 
-    def _fsync(self, items: list[tuple[AppendFile, int, str, bool]]) -> list[tuple[AppendFile, int]]:
-        """fsync each file (and the directory of new ones); returns those now durable."""
+    def _fsync(self, items: list[tuple[AppendFile, int, str, bool]]) -> tuple[list[tuple[AppendFile, int]], bool]:
+        """fsync each file (and the directory of new ones); returns those now durable, and whether any
+        fsync failed (then the whole round counts as failed: its waiters are not confirmed)."""
         self.rounds += 1
         dirs = set()
         ok = []
+        failed = False
         for f, size, path, new in items:
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -168,8 +254,10 @@ class Syncer:
                 os.fsync(fd)
                 self.fsyncs += 1
             except OSError as e:  # never report as durable what may not be on disk
-                log.error("storage: fsync of %s failed, nothing more will be reported durable: %s", path, e)
-                self.failed = True
+                log.error("storage: fsync of %s failed; the messages it covered are not confirmed: %s", path, e)
+                self.fsync_failures += 1
+                self.last_error = e
+                failed = True
                 continue
             finally:
                 os.close(fd)
@@ -179,34 +267,49 @@ class Syncer:
         for d in dirs:
             try:
                 fsync_dir(d)
-            except OSError as e:
+            except OSError as e:  # a new file's name may not be on disk: its data is not durable either
                 log.error("storage: fsync of directory %s failed: %s", d, e)
-        return ok
+                self.fsync_failures += 1
+                self.last_error = e
+                failed = True
+        return ok, failed
 
     # -- completion (loop thread) -------------------------------------------------------------------------
     def _drain_done(self) -> None:
         with self._cond:
             done, self._done = self._done, []
-        for gen, items in done:
-            self._complete(gen, items)
+        for gen, items, failed in done:
+            self._complete(gen, items, failed)
 
-    def _complete(self, gen: int, items: list[tuple[AppendFile, int]]) -> None:
-        if self.failed:
-            return
+    def _complete(self, gen: int, items: list[tuple[AppendFile, int]], failed: bool = False) -> None:
         for f, size in items:
             f.synced = max(f.synced, size)
+        waiters = self._waiters
+        if failed:
+            for key, w in list(waiters.items()):
+                if not w.on_sync_failed(gen):
+                    waiters.pop(key, None)
+            return
         if gen <= self.synced:
             return
         self.synced = gen
-        if self._waiters:
-            waiters = self._waiters
+        if waiters:
             for key, w in list(waiters.items()):
                 if not w.on_synced(gen):
                     waiters.pop(key, None)
 
     def close(self) -> None:
-        """Sync what is pending and stop the thread."""
-        self.sync()
+        """Sync what is pending and stop the thread (raises like :meth:`sync`, after stopping it)."""
+        try:
+            self.sync()
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """Stop the thread and any retry, without syncing (after a failed clean stop)."""
+        if self._retry_handle is not None:
+            self._retry_handle.cancel()
+            self._retry_handle = None
         if self._thread is not None:
             with self._cond:
                 self._stopping = True

@@ -109,6 +109,7 @@ class VariableQueue:
         self._dirty_floor = 0  # entries below this were recovered after a crash: all count as delivered
         self._unconfirmed: deque[tuple[int, list[Any]]] = deque()
         self._confirmed: list[Any] = []
+        self._failed: list[Any] = []  # confirms whose fsync failed: the owner nacks them
         self.recovered_clean: bool | None = None
         self.deleted = False
         if durable:
@@ -546,10 +547,27 @@ class VariableQueue:
             self.on_confirm()
         return bool(uc)
 
+    def on_sync_failed(self, generation: int) -> bool:
+        """Syncer callback: the fsync that was to cover these publishes failed; they are nacked."""
+        uc = self._unconfirmed
+        failed = False
+        while uc and uc[0][0] <= generation:
+            self._failed.extend(uc.popleft()[1])
+            failed = True
+        if failed and self.on_confirm is not None:
+            self.on_confirm()
+        return bool(uc)
+
     def drain_confirmed(self) -> list[Any]:
         out = self._confirmed
         if out:
             self._confirmed = []
+        return out
+
+    def drain_failed(self) -> list[Any]:
+        out = self._failed
+        if out:
+            self._failed = []
         return out
 
     # -- disk ---------------------------------------------------------------------------------------------
