@@ -12,8 +12,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# `make run PORT=5673 MANAGEMENT_PORT=15673 PROMETHEUS_PORT=15693 BIND=0.0.0.0 DATA_DIR=/srv/leveret`;
+# LEVERET_* environment variables (e.g. LEVERET_LISTENERS_TCP_DEFAULT) work as well.
+RUN_ARGS := $(if $(PORT),--port $(PORT)) $(if $(BIND),--bind $(BIND)) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) \
+	$(if $(MANAGEMENT_PORT),--management-port $(MANAGEMENT_PORT)) \
+	$(if $(PROMETHEUS_PORT),--prometheus-port $(PROMETHEUS_PORT)) $(if $(CONFIG),--config $(CONFIG))
+
 run: $(STAMP)
-	$(BIN)/leveret serve
+	$(BIN)/leveret serve $(RUN_ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -323,11 +323,16 @@ def _suggest(key: str) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+# The shipped configuration file, listing every key with its default: config/leveret.conf in a checkout,
+# installed beside this module (broker/leveret.conf) so that it travels with a wheel.
+SHIPPED_CONFIG = Path(__file__).resolve().with_name("leveret.conf")
+
+
 def apply_setting(settings: Settings, key: str, value: str, where: str) -> None:
     entry = _lookup(key)
     if entry is None:
         raise ConfigError(f"{where}: unknown configuration key '{key}'{_suggest(key)}; "
-                          "see config/leveret.conf for the keys Leveret knows")
+                          f"see {SHIPPED_CONFIG} for the keys Leveret knows")
     setter, allowed = entry
     try:
         setter(settings, key, value)
