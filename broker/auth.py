@@ -126,9 +126,12 @@ def is_loopback(address: str | None) -> bool:
     if not address:
         return True  # a Unix socket
     try:
-        return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
         return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped  # an IPv4 client of a dual-stack (::) listener: ::ffff:127.0.0.1 is loopback
+    return ip.is_loopback
 
 
 class UserStore:

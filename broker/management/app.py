@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from aiohttp import web
 
+from broker.auth import is_loopback
 from broker.errors import AMQPError
 from broker.management import (
     bindings,
@@ -64,6 +65,12 @@ async def auth_middleware(request: web.Request,
     user = node.users.check_credentials(*creds)
     if user is None:
         raise unauthenticated()
+    if user.name in node.settings.loopback_users and not is_loopback(request.remote):
+        # loopback_users holds over HTTP as over AMQP (RabbitMQ's answer and text): guest can't
+        # administer a broker bound to 0.0.0.0 from another host.
+        log.warning("HTTP API login refused: loopback-only user from elsewhere", user=user.name,
+                    peer=request.remote)
+        raise not_authorised("User can only log in via localhost")
     if not user.has_tag(*API_TAGS):
         raise not_authorised("Not management user")
     request["user"] = user
