@@ -148,16 +148,15 @@ class QueueProcess:
             return CONFIRM_LATER if confirm is not None else ACCEPTED
         if msg.expiration_ms is not None:
             self._ttl_possible = True
-        if self._ttl_possible:
-            expires_at = self._expires_at(msg)
-            if expires_at is not None and expires_at <= now_ms():
-                # Nobody could take it now and it may not wait: "deliver now or expire".
-                self.stats.expired += 1
-                if settings.dlx is not None:
-                    self.dead_letter_msgs([msg], dead_letter.EXPIRED)
-                if confirm is not None:
-                    self._awaiting_confirm.discard(confirm)
-                return ACCEPTED
+        if settings.message_ttl == 0 and settings.dlx is None:
+            # RabbitMQ's shortcut for x-message-ttl 0 without a dead-letter exchange: nobody could take it
+            # now and it may not wait, so it is discarded rather than enqueued. Any other expired message
+            # (an expiration of "0" included) is enqueued, counts towards the length, and expires when it
+            # reaches the head: TTL applies at the head only.
+            self.stats.expired += 1
+            if confirm is not None:
+                self._awaiting_confirm.discard(confirm)
+            return ACCEPTED
         if confirm is None:
             self.bq.publish(msg, len(msg.body), persistent)
         else:
@@ -378,6 +377,8 @@ class QueueProcess:
             consumer = consumers.next_with_room()
             if consumer is None:
                 self._consumers_full = True
+                if self._ttl_possible:
+                    self.drop_expired_msgs()  # the head waits for room: its expiry needs its timer
                 if self._throttled:
                     self.release_publishers()
                 return
@@ -399,6 +400,8 @@ class QueueProcess:
                 seq_id = -1
             consumer.channel.deliver(consumer, self, seq_id, msg, redelivered)
             budget -= 1
+        if self._ttl_possible:
+            self.drop_expired_msgs()  # the new head's expiry needs its timer (consumers may be full now)
         if self._throttled:
             self.maybe_release_publishers()
         if not budget and not bq.is_empty():
@@ -426,6 +429,8 @@ class QueueProcess:
                 msg = self._with_delivery_count(seq_id, msg)
         if no_ack:
             self._forget(seq_id)
+        if self._ttl_possible:
+            self.drop_expired_msgs()  # a new head: expire it now or arm the timer for it
         return seq_id, msg, redelivered, self.bq.len()
 
     # -- acknowledgements --------------------------------------------------------------------------------
