@@ -14,6 +14,8 @@ import asyncio
 import gc
 import sys
 
+import structlog
+
 from broker.config import ConfigError, Settings, load_settings
 from broker.logs import configure_logging
 
@@ -53,6 +55,8 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     configure_logging(settings.log_level, settings.log_format, console=settings.log_console,
                       file=settings.log_file, file_level=settings.log_file_level)
+    for warning in settings.startup_warnings:
+        structlog.get_logger("leveret.config").warning(warning)
     from broker.node import Node, StartupError
 
     try:

@@ -195,6 +195,8 @@ class Settings:
     log_file_level: str | None = None
     load_definitions: Path | None = None
     shutdown_timeout: float = 10.0
+    # Not a setting: what loading the settings found worth a warning, logged once logging is set up.
+    startup_warnings: list[str] = field(default_factory=list)
 
 
 def _set_loopback(s: Settings, key: str, value: str) -> None:
@@ -370,13 +372,31 @@ _ENV_ALIASES = {"LEVERET_LOG_FORMAT": "log.console.format", "LEVERET_LOG_LEVEL":
                 "LEVERET_DATA_DIR": "leveret.data_dir"}
 
 
-def load_env(settings: Settings, environ: dict[str, str] | None = None) -> None:
+# LEVERET_* variables that belong to other parts than the broker's settings (the ctl, the container's
+# health check, the test suite): not reported as unknown.
+_OTHER_ENV_PREFIXES = ("LEVERET_TEST_", "LEVERET_CTL_", "LEVERET_HEALTHCHECK_", "LEVERET_CRASH_",
+                       "LEVERET_PAGING_", "LEVERET_POWERCUT_", "LEVERET_CELERY_", "LEVERET_NO_EXTENSIONS")
+
+
+def load_env(settings: Settings, environ: dict[str, str] | None = None) -> list[str]:
+    """Apply the ``LEVERET_<KEY>`` variables; returns warnings about LEVERET_* variables that name no
+    setting (a misspelling would otherwise be ignored in silence), with a "did you mean" where one is close."""
     env = os.environ if environ is None else environ
     by_env_name = {env_name(k): k for k in KEYS}
     by_env_name.update(_ENV_ALIASES)
     for name, key in by_env_name.items():
         if name in env:
             apply_setting(settings, key, env[name], f"environment variable {name}")
+    known = set(by_env_name) | {CONFIG_FILE_ENV}
+    warnings = []
+    for name in sorted(env):
+        if name.startswith("LEVERET_") and name not in known and not name.startswith(_OTHER_ENV_PREFIXES):
+            import difflib
+
+            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            warnings.append(f"environment variable {name} is not a Leveret setting and is ignored{hint}")
+    return warnings
 
 
 def load_settings(config_file: str | Path | None = None, overrides: list[tuple[str, str]] | None = None,
@@ -388,7 +408,7 @@ def load_settings(config_file: str | Path | None = None, overrides: list[tuple[s
     path = config_file or env.get(CONFIG_FILE_ENV)
     if path:
         load_file(settings, Path(path))
-    load_env(settings, dict(env))
+    settings.startup_warnings = load_env(settings, dict(env))
     for key, value in overrides or []:
         apply_setting(settings, key, value, "command line")
     return settings

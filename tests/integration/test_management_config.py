@@ -81,3 +81,11 @@ def test_ports_from_file_with_command_line_over_it(start_broker, tmp_path):
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{other}/api/whoami", timeout=1)
     assert b.process.poll() is None
+
+
+def test_a_misspelled_environment_variable_is_logged_at_start(start_broker, monkeypatch):
+    monkeypatch.setenv("LEVERET_LISTENERS_TCP_DEFAUT", "5999")
+    b = start_broker("--management-port", "0", "--prometheus-port", "0")
+    text = b.log_text()
+    assert "LEVERET_LISTENERS_TCP_DEFAUT is not a Leveret setting" in text
+    assert "did you mean LEVERET_LISTENERS_TCP_DEFAULT?" in text
