@@ -95,7 +95,11 @@ def stop(proc: subprocess.Popen) -> int:
 
 def test_the_wheel_installs_into_a_fresh_venv_and_serves(tmp_path):
     dist = tmp_path / "dist"
-    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(ROOT)])
+    # Built from a copy: setuptools leaves build/ and *.egg-info in the tree it builds.
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", "leveret-data", ".pytest_cache", ".hypothesis"))
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(src)])
     wheels = list(dist.glob("leveret-*.whl"))
     assert len(wheels) == 1, wheels
     bin_dir = fresh_venv(tmp_path / "venv")
