@@ -33,7 +33,7 @@ class TestHost:
     def run(self, code: str, timeout: float = 60) -> subprocess.CompletedProcess:
         """Run Python ``code`` inside the namespace with this interpreter (and its packages)."""
         return subprocess.run(["ip", "netns", "exec", self.name, sys.executable, "-c", code],
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def _ip(*args: str) -> None:
@@ -63,5 +63,5 @@ def network_namespace() -> Iterator[TestHost]:
         _ip("-n", name, "link", "set", "lo", "up")
         yield TestHost(name, host_addr, ns_addr)
     finally:
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)

@@ -64,7 +64,7 @@ def remote_http(host, mport, path, user, password, method="GET", body=None):
 
 
 def test_guest_cannot_use_the_http_api_from_another_host(remote):
-    host, b, mport = remote
+    host, _b, mport = remote
     status, text = remote_http(host, mport, "/api/overview", "guest", "guest")
     assert status == 401
     assert json.loads(text)["reason"] == "User can only log in via localhost"

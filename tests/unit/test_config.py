@@ -124,8 +124,8 @@ def test_env_names_and_config_file_from_env(tmp_path):
 def test_a_misspelled_environment_variable_is_reported_with_a_suggestion():
     s = load_settings(None, environ={"LEVERET_LISTENERS_TCP_DEFAUT": "5673", "LEVERET_MANAGEMENT_TCP_PORT": "1"})
     assert s.port == 5672  # the misspelled one did nothing
-    assert s.startup_warnings == ["environment variable LEVERET_LISTENERS_TCP_DEFAUT is not a Leveret setting "
-                                  "and is ignored (did you mean LEVERET_LISTENERS_TCP_DEFAULT?)"]
+    assert s.startup_warnings == [("environment variable LEVERET_LISTENERS_TCP_DEFAUT is not a Leveret setting "
+                                   "and is ignored (did you mean LEVERET_LISTENERS_TCP_DEFAULT?)")]
 
 
 def test_other_tools_leveret_variables_are_not_reported():

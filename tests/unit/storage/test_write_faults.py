@@ -194,7 +194,7 @@ def test_a_short_write_is_retried_in_place_and_every_record_stays_readable(tmp_p
     assert f.read_payload(offsets[2], 1000) == b"c" * 1000, "unwritten records are read from the buffer"
     offsets.append(f.append(b"d" * 1000))
     assert f.write_out() is True and f.error is None
-    data = open(path, "rb").read()
+    data = Path(path).read_bytes()
     records, good_end, skipped = scan(data, path)
     assert [data[s:s + n] for _, s, n in records] == [b"a" * 1000, b"b" * 1000, b"c" * 1000, b"d" * 1000]
     assert skipped == 0 and good_end == len(data)
