@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from broker import limits
 from broker.errors import AMQPError
 from broker.memory_budget import default_budget
 from broker.queue_args import QueueSettings, effective_settings, validate_arguments
@@ -109,6 +110,7 @@ class QueueRegistry:
             self._assert_equivalence(existing, durable, exclusive, auto_delete, arguments)
             existing.reset_expiry_timer()  # a redeclare renews an x-expires lease
             return existing, False
+        limits.check_queue_limit(self.vhost, name, len(self._queues))
         if arguments.get("x-queue-type") in ("quorum", b"quorum"):
             where = f"queue '{name}' in vhost '{self.vhost.name}'"
             problem = "non-durable" if not durable else "exclusive-owner" if exclusive else \

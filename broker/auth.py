@@ -87,8 +87,11 @@ class User:
     hashing_algorithm: str = SHA256
     # vhost name → permissions; no entry means no access to that vhost.
     permissions: dict[str, Permission] = field(default_factory=dict)
-    # vhost name → exchange name → (write regex, read regex) on routing keys (stored and exported).
+    # vhost name → exchange name → (write regex, read regex) on routing keys, checked by
+    # broker/topic_permissions.py for topic exchanges.
     topic_permissions: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)
+    # RabbitMQ's user limits, "max-connections" and "max-channels" (broker/limits.py enforces them).
+    limits: dict[str, int] = field(default_factory=dict)
 
     def has_tag(self, *tags: str) -> bool:
         return any(t in self.tags for t in tags)

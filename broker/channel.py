@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as spec
 
-from broker import delegate, permissions
+from broker import delegate, permissions, topic_permissions
 from broker.errors import AMQPError
-from broker.exchange import EXCHANGE, QUEUE
+from broker.exchange import EXCHANGE, QUEUE, validate_arguments
 from broker.message import Message
 from broker.queue_consumers import Consumer
 from protocol import fastcodec
@@ -38,7 +38,7 @@ from protocol.constants import (
 from protocol.fastcodec import PublishArgs
 from protocol.frames import FrameError
 from protocol.methods import method_frame
-from protocol.properties import with_properties
+from protocol.properties import MAX_TABLE_DEPTH, TableTooDeep, check_nesting, with_properties
 
 if TYPE_CHECKING:
     from broker.queue_process import QueueProcess
@@ -53,6 +53,9 @@ _FLAG_REPLY_TO = 1 << 9
 _FLAG_EXPIRATION = 1 << 8
 _FLAG_USER_ID = 1 << 4
 _FLAGS_TO_READ = _FLAG_HEADERS | _FLAG_DELIVERY_MODE | _FLAG_REPLY_TO | _FLAG_EXPIRATION | _FLAG_USER_ID
+# Client libraries (client_properties "product") that give basic.qos's global flag its AMQP 0-9-1 meaning on a
+# broker not named RabbitMQ: py-amqp, under kombu and Celery (see Channel._basic_qos).
+SPEC_QOS_CLIENTS = frozenset({"py-amqp"})
 
 
 def _random_tag(prefix: str) -> str:
@@ -109,8 +112,9 @@ class Channel:
         # Consumer acknowledgement timeout: delivery tag → (deadline in loop time, timeout ms), only for
         # consumers of queues with a timeout; checked by one timer per channel.
         self._ack_deadlines: dict[int, tuple[float, int]] = {}
-        # Exchanges this channel was allowed to publish to (checked once, as RabbitMQ caches it).
-        self._may_publish_to: set[str] = set()
+        # Exchanges this channel was allowed to publish to (checked once, as RabbitMQ caches it), each with
+        # the user's topic-permission check of its routing keys, or None (broker/topic_permissions.py).
+        self.publish_checks: dict[str, topic_permissions.TopicCheck | None] = {}
         # Queues this channel published to: it counts as one of their publishers while it is open.
         self.published_to: set[QueueProcess] = set()
         self.counters = reader.node.counters
@@ -204,14 +208,21 @@ class Channel:
     def basic_publish(self, args: PublishArgs, msg: Message) -> None:
         if args.immediate:
             raise AMQPError(NOT_IMPLEMENTED, "immediate=true", CLASS_BASIC, 40)
-        if args.exchange not in self._may_publish_to:
+        try:
+            topic = self.publish_checks[args.exchange]
+        except KeyError:
             permissions.basic_publish(self.reader.user, self.vhost.name, args.exchange)
-            self._may_publish_to.add(args.exchange)
+            topic = self.publish_checks[args.exchange] = topic_permissions.publish_check(
+                self.reader.user, self.vhost.name, args.exchange)
         exchange = self.vhost.check_publishable(args.exchange)
+        if topic is not None:
+            topic.check(exchange, args.routing_key)
         flags = (msg.header[12] << 8) | msg.header[13] if len(msg.header) >= 14 else 0
         persistent = False
         if flags & _FLAGS_TO_READ:
             persistent = self._read_properties(msg, flags)
+            if topic is not None and msg.extra_keys:
+                topic.check_all(exchange, msg.extra_keys)  # CC / BCC keys (RabbitMQ 4.1+ checks them too)
         if self.tx is not None:
             self.tx.append(("publish", (exchange, args, msg, persistent)))
             return
@@ -235,8 +246,16 @@ class Channel:
             msg.expiration_ms = ttl
         if props.headers_span is not None:
             start, end = props.headers_span
-            raw = msg.header[start:end]
-            if b"\x02CC" in raw or b"\x03BCC" in raw:
+            try:
+                check_nesting(msg.header, start, end)
+            except TableTooDeep:
+                # Accepted, it could not be routed by a headers exchange, dead-lettered or shown over HTTP.
+                raise AMQPError(PRECONDITION_FAILED, f"message headers nest tables or arrays more than "
+                                f"{MAX_TABLE_DEPTH} levels deep", CLASS_BASIC, 40) from None
+            header = msg.header
+            # One search in the common case (neither key), two more only if "CC" is there at all.
+            if header.find(b"CC", start, end) >= 0 and (header.find(b"\x02CC", start, end) >= 0
+                                                       or header.find(b"\x03BCC", start, end) >= 0):
                 self._sender_selected(msg)
         if props.reply_to == REPLY_TO:
             if self.reply_consumer is None:
@@ -498,14 +517,35 @@ class Channel:
         return self.last_queue
 
     def _basic_qos(self, m: spec.Basic.Qos) -> None:
+        """Prefetch, with RabbitMQ's meaning of ``global``: false is a limit for each consumer created from
+        now on (existing consumers keep theirs), true is one limit shared by the channel's consumers, in
+        force at once.
+
+        Except for clients in ``SPEC_QOS_CLIENTS`` (py-amqp, the transport of kombu and Celery): there
+        ``global=false`` sets the channel's shared limit, in force at once. kombu chooses the flag from the
+        server's product name (``qos_semantics_matches_spec``): to RabbitMQ 3.3+ it sends ``global=true``;
+        to any other product, Leveret included, ``global=false``, which in AMQP 0-9-1 itself is the channel's
+        limit. Celery changes the prefetch of its running consumer that way: it keeps an ETA / countdown
+        task unacked until it is due and raises the prefetch by one for each it holds
+        (``qos.increment_eventually``). Under RabbitMQ's per-new-consumer meaning the raise never reaches
+        the running consumer, so a worker holding as many ETA tasks as its prefetch took nothing else until
+        they came due. Taking py-amqp's ``global=false`` as the ``global=true`` kombu sends RabbitMQ gives
+        Celery what it gets on RabbitMQ 3.x (tests/integration/test_celery_eta.py).
+        """
         if m.prefetch_size:
             raise AMQPError(NOT_IMPLEMENTED, f"prefetch_size!=0 ({m.prefetch_size})")
-        if m.global_:
+        if m.global_ or self._client_uses_spec_qos():
             self.global_prefetch = m.prefetch_count
             self._kick_consumer_queues()
         else:
             self.prefetch_count = m.prefetch_count
         self.send(spec.Basic.QosOk)
+
+    def _client_uses_spec_qos(self) -> bool:
+        product = self.reader.client_properties.get("product")
+        if isinstance(product, (bytes, bytearray)):
+            product = product.decode(errors="replace")
+        return product in SPEC_QOS_CLIENTS
 
     def _basic_consume(self, m: spec.Basic.Consume) -> None:
         if m.queue == REPLY_TO:
@@ -590,6 +630,8 @@ class Channel:
     def _exchange_declare(self, m: spec.Exchange.Declare) -> None:
         args = dict(m.arguments or {})
         permissions.exchange_declare(self.reader.user, self.vhost.name, m.exchange, args, m.passive)
+        if not m.passive:
+            validate_arguments(m.exchange, self.vhost.name, args)
         self.vhost.declare_exchange(m.exchange, m.exchange_type, m.passive, m.durable, m.auto_delete,
                                     m.internal, args)
         if not m.nowait:
@@ -603,12 +645,14 @@ class Channel:
 
     def _exchange_bind(self, m: spec.Exchange.Bind) -> None:
         permissions.exchange_bind(self.reader.user, self.vhost.name, m.destination, m.source)
+        topic_permissions.check_bind(self.reader.user, self.vhost, m.source, m.routing_key)
         self.vhost.bind(m.source, m.destination, EXCHANGE, m.routing_key, dict(m.arguments or {}))
         if not m.nowait:
             self.send(spec.Exchange.BindOk)
 
     def _exchange_unbind(self, m: spec.Exchange.Unbind) -> None:
         permissions.exchange_bind(self.reader.user, self.vhost.name, m.destination, m.source)
+        topic_permissions.check_bind(self.reader.user, self.vhost, m.source, m.routing_key)
         self.vhost.unbind(m.source, m.destination, EXCHANGE, m.routing_key, dict(m.arguments or {}))
         if not m.nowait:
             self.send(spec.Exchange.UnbindOk)
@@ -640,6 +684,7 @@ class Channel:
         permissions.queue_bind(self.reader.user, self.vhost.name, name, m.exchange)
         if m.exchange == "":
             raise AMQPError(ACCESS_REFUSED, "operation not permitted on the default exchange")
+        topic_permissions.check_bind(self.reader.user, self.vhost, m.exchange, m.routing_key)
         self.vhost.queues.lookup(name, self.reader)
         self.vhost.bind(m.exchange, name, QUEUE, m.routing_key, dict(m.arguments or {}))
         if not m.nowait:
@@ -650,6 +695,7 @@ class Channel:
         permissions.queue_bind(self.reader.user, self.vhost.name, name, m.exchange)
         if m.exchange == "":
             raise AMQPError(ACCESS_REFUSED, "operation not permitted on the default exchange")
+        topic_permissions.check_bind(self.reader.user, self.vhost, m.exchange, m.routing_key)
         queue = self.vhost.queues.get(name)
         if queue is not None:
             self.vhost.queues.check_exclusive_access(queue, self.reader)

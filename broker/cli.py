@@ -1,7 +1,9 @@
 """The ``leveret`` command.
 
 ``leveret serve [--config FILE] [--bind ADDR] [--port N] [--data-dir DIR] [--management-port N]
-[--prometheus-port N] [--log-level L] [--load-definitions FILE] [--set KEY=VALUE ...]`` runs the broker;
+[--prometheus-port N] [--log-level L] [--load-definitions FILE] [--set KEY=VALUE ...] [--force-reset]`` runs
+the broker (``--force-reset``, like ``rabbitmqctl force_reset``, wipes the data directory first: a one-off
+operator action, hence a flag and no configuration key);
 ``leveret ctl VERB ...`` operates a running one over its HTTP API (see broker/ctl.py).
 
 Settings come from built-in defaults < the config file < ``LEVERET_…`` environment variables < these flags.
@@ -63,7 +65,7 @@ def _serve(args: argparse.Namespace) -> int:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; plain asyncio still works
         uvloop = None
-    node = Node(settings)
+    node = Node(settings, force_reset=args.force_reset)
     # A broker holds many long-lived objects (every queued message): with CPython's default thresholds the
     # collector rescans them again and again while queues grow, measured at ~35% of publish throughput.
     # Young collections stay frequent; the older generations, where messages end up, are visited rarely.
@@ -104,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--load-definitions", help="definitions file (RabbitMQ JSON) to import at start")
     serve.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="any configuration key, as in the config file (repeatable)")
+    serve.add_argument("--force-reset", action="store_true",
+                       help="delete everything in the data directory (every message, queue, user and "
+                            "definition) and start as a new node, like rabbitmqctl force_reset")
     serve.set_defaults(func=_serve)
     from broker import ctl
 

@@ -162,8 +162,59 @@ def _user(api: Api, name: str) -> dict[str, Any]:
     return user
 
 
+def _json_arg(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CtlError(f"{what} is not JSON: {exc}", 2) from None
+
+
+def do_limits(api: Api, args: argparse.Namespace) -> str:
+    """rabbitmqctl's limit and topic-permission verbs, over /api/vhost-limits, /api/user-limits and
+    /api/topic-permissions (set_vhost_limits replaces the vhost's limits; set_user_limits adds to the user's)."""
+    verb, vhost = args.verb, args.vhost
+    if verb == "set_vhost_limits":
+        (definition,) = _need(args, 1, "[-p VHOST] DEFINITION (e.g. '{\"max-connections\": 64}')")
+        api.request("PUT", f"/api/parameters/vhost-limits/{q(vhost)}/limits",
+                    {"value": _json_arg(definition, "definition")})
+        return f"Setting vhost limits to \"{definition}\" for vhost \"{vhost}\" ..."
+    if verb == "clear_vhost_limits":
+        _need(args, 0, "[-p VHOST]")
+        for name in (api.get(f"/api/vhost-limits/{q(vhost)}") or [{}])[0].get("value", {}):
+            api.request("DELETE", f"/api/vhost-limits/{q(vhost)}/{q(name)}")
+        return f"Clearing vhost \"{vhost}\" limits ..."
+    if verb == "set_user_limits":
+        name, definition = _need(args, 2, "USERNAME DEFINITION (e.g. '{\"max-channels\": 16}')")
+        parsed = _json_arg(definition, "definition")
+        if not isinstance(parsed, dict):
+            raise CtlError("definition must be a JSON object", 2)
+        _user(api, name)
+        for limit, value in parsed.items():
+            api.request("PUT", f"/api/user-limits/{q(name)}/{q(limit)}", {"value": value})
+        return f"Setting user limits to \"{definition}\" for user \"{name}\" ..."
+    if verb == "clear_user_limits":
+        name, limit = _need(args, 2, "USERNAME LIMIT_NAME|all")
+        api.request("DELETE", f"/api/user-limits/{q(name)}/{q(limit)}")
+        return f"Clearing all limits for user \"{name}\" ..." if limit == "all" else \
+            f"Clearing \"{limit}\" limit for user \"{name}\" ..."
+    if verb == "set_topic_permissions":
+        name, exchange, write, read = _need(args, 4, "[-p VHOST] USERNAME EXCHANGE WRITE READ")
+        api.request("PUT", f"/api/topic-permissions/{q(vhost)}/{q(name)}",
+                    {"exchange": exchange, "write": write, "read": read})
+        return f"Setting topic permissions on \"{exchange}\" for user \"{name}\" in vhost \"{vhost}\" ..."
+    (name,) = _need(args, 1, "[-p VHOST] USERNAME")  # clear_topic_permissions
+    api.request("DELETE", f"/api/topic-permissions/{q(vhost)}/{q(name)}")
+    return f"Clearing topic permissions for user \"{name}\" in vhost \"{vhost}\" ..."
+
+
+LIMIT_VERBS = ("set_vhost_limits", "clear_vhost_limits", "set_user_limits", "clear_user_limits",
+               "set_topic_permissions", "clear_topic_permissions")
+
+
 def do_action(api: Api, args: argparse.Namespace) -> str:
     verb, vhost = args.verb, args.vhost
+    if verb in LIMIT_VERBS:
+        return do_limits(api, args)
     if verb == "add_user":
         name, password = _need(args, 2, "USERNAME PASSWORD")
         if api.get(f"/api/users/{q(name)}", ok_missing=True) is not None:
@@ -302,7 +353,7 @@ def do_action(api: Api, args: argparse.Namespace) -> str:
 ACTIONS = ("add_user", "delete_user", "change_password", "set_user_tags", "set_permissions", "clear_permissions",
            "add_vhost", "delete_vhost", "set_policy", "clear_policy", "purge_queue", "delete_queue",
            "close_connection", "export_definitions", "import_definitions", "status", "set_disk_free_limit",
-           "set_vm_memory_high_watermark")
+           "set_vm_memory_high_watermark", *LIMIT_VERBS)
 
 
 def _bytes_arg(text: str) -> int:

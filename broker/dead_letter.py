@@ -14,9 +14,14 @@ import datetime
 import time
 from typing import Any
 
+import structlog
+
 from broker.message import Message
 from protocol.fastcodec import shortstr
-from protocol.properties import Long, with_properties
+from protocol.frames import FrameError
+from protocol.properties import Long, body_size_of, build_content_header, with_properties
+
+log = structlog.get_logger("leveret.dead_letter")
 
 REJECTED, EXPIRED, MAXLEN, DELIVERY_LIMIT = "rejected", "expired", "maxlen", "delivery_limit"
 
@@ -34,8 +39,14 @@ def _text(value: Any) -> Any:
 def make_dead_letter(msg: Message, queue: str, reason: str, dlx: str, dlrk: str | None,
                      now: float | None = None) -> Message:
     """The message to publish to ``dlx`` after ``msg`` died in ``queue`` for ``reason`` (``now`` in ms)."""
-    props = msg.props
-    headers = msg.headers
+    try:
+        expiration = msg.props.expiration
+        headers = msg.headers
+        readable = True
+    except FrameError:
+        # Publish reads only what it acts on, so a malformed headers table (or a cut property list that
+        # nothing needed to read) can reach a queue. Its death must not fail, nor the reject that caused it.
+        expiration, headers, readable = None, {}, False
     cc = _text_list(headers.get("CC"))
     death_keys = [msg.routing_key, *cc]
     stamp = datetime.datetime.fromtimestamp(int((now if now is not None else time.time() * 1000) / 1000),
@@ -51,8 +62,8 @@ def make_dead_letter(msg: Message, queue: str, reason: str, dlx: str, dlrk: str 
     else:
         entry: dict[str, Any] = {"count": Long(1), "reason": reason, "queue": queue, "time": stamp,
                                  "exchange": msg.exchange, "routing-keys": death_keys}
-        if props.expiration:
-            entry["original-expiration"] = props.expiration
+        if expiration:
+            entry["original-expiration"] = expiration
         deaths.insert(0, entry)
     changes: dict[str, Any] = {"x-death": deaths}
     if "x-first-death-queue" not in headers:
@@ -68,12 +79,28 @@ def make_dead_letter(msg: Message, queue: str, reason: str, dlx: str, dlrk: str 
         routing_key = dlrk
     else:
         routing_key = msg.routing_key
-    # Only the headers and the expiration change; every other property keeps its exact bytes.
-    header = with_properties(msg.header, headers_set=changes, headers_remove=removed, expiration=None)
+    if readable:
+        # Only the headers and the expiration change; every other property keeps its exact bytes.
+        header = with_properties(msg.header, headers_set=changes, headers_remove=removed, expiration=None)
+    else:
+        header = _unreadable_replaced(msg.header, changes, queue)
     out = Message(dlx, routing_key, shortstr(dlx) + shortstr(routing_key), header, msg.body,
                   now if now is not None else time.time() * 1000)
     if dlrk is None and cc:
         out.extra_keys = cc
+    return out
+
+
+def _unreadable_replaced(header: bytes, changes: dict[str, Any], queue: str) -> bytes:
+    """The header of a dead letter whose properties cannot be read: its headers table is replaced by the
+    death headers (the other properties are kept if the list is whole, else dropped)."""
+    try:
+        out = with_properties(header, headers=changes, expiration=None)
+        dropped = "its malformed headers table"
+    except FrameError:
+        out = with_properties(build_content_header(body_size_of(header), b"\x00\x00"), headers=changes)
+        dropped = "its properties (the property list is cut)"
+    log.warning("dead-lettered message could not be read; dropped " + dropped, queue=queue)
     return out
 
 

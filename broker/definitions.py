@@ -9,18 +9,28 @@ comma-separated string). A per-vhost export carries only queues, exchanges, bind
 parameters, without ``vhost`` fields, and imports into the vhost it is posted to.
 
 The node's own metadata (users, vhosts, permissions, policies, parameters) is kept in
-``<data_dir>/metadata.json`` in the same format, written whenever it changes and read at start.
+``<data_dir>/metadata.json`` in the same format, written whenever it changes and read at start (before any
+message file is opened, so that a lost or corrupt file stops the start instead of resetting the node to
+guest/guest; the metadata store records that the file was written, see :func:`read_metadata_file`).
+
+Imports over HTTP can be large (thousands of queues, bindings and users): :func:`parse` runs in a thread
+and refuses nesting the decoder cannot handle, and :func:`import_definitions_async` applies the objects
+in short slices, each one metadata-store transaction, with the event loop free between them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker import PRODUCT, VERSION
+from broker import PRODUCT, VERSION, limits, parameters
 from broker.auth import HASHING_ALGORITHMS, SHA256, hash_password, valid_password_hash
 from broker.errors import AMQPError
 from broker.exchange import EXCHANGE, QUEUE
@@ -47,8 +57,14 @@ def _header(node: Node) -> dict[str, Any]:
             "product_name": PRODUCT, "product_version": VERSION}
 
 
-def _vhost_objects(vh: VHost, with_vhost: bool) -> dict[str, list[dict[str, Any]]]:
+def _vhost_objects(vh: VHost, with_vhost: bool, schema: bool = True) -> dict[str, list[dict[str, Any]]]:
     v = {"vhost": vh.name} if with_vhost else {}
+    policies = [{**v, "name": name, "pattern": p.pattern, "apply-to": p.apply_to, "definition": p.definition,
+                 "priority": p.priority} for name, p in sorted(vh.policies.items())]
+    parameters = [{**v, "component": c, "name": n, "value": value}
+                  for (c, n), value in sorted(getattr(vh, "parameters", {}).items())]
+    if not schema:  # the metadata file: skip walking every queue and binding only to drop them
+        return {"parameters": parameters, "policies": policies, "queues": [], "exchanges": [], "bindings": []}
     queues = [{"name": q.name, **v, "durable": q.durable, "auto_delete": q.auto_delete,
                "arguments": _json_safe(q.arguments)}
               for q in sorted(vh.queues, key=lambda q: q.name) if q.exclusive_owner is None]
@@ -61,10 +77,6 @@ def _vhost_objects(vh: VHost, with_vhost: bool) -> dict[str, list[dict[str, Any]
                  "arguments": _json_safe(b.arguments)}
                 for b in sorted(vh.bindings(), key=lambda b: (b.source, b.kind, b.destination, b.routing_key))
                 if not (b.kind == QUEUE and b.destination in exclusive)]
-    policies = [{**v, "name": name, "pattern": p.pattern, "apply-to": p.apply_to, "definition": p.definition,
-                 "priority": p.priority} for name, p in sorted(vh.policies.items())]
-    parameters = [{**v, "component": c, "name": n, "value": value}
-                  for (c, n), value in sorted(getattr(vh, "parameters", {}).items())]
     return {"parameters": parameters, "policies": policies, "queues": queues, "exchanges": exchanges,
             "bindings": bindings}
 
@@ -79,14 +91,14 @@ def export(node: Node, vhost: str | None = None, schema: bool = True) -> dict[st
     users = sorted(node.users.users.values(), key=lambda u: u.name)
     out = _header(node)
     out["users"] = [{"name": u.name, "password_hash": u.password_hash, "hashing_algorithm": u.hashing_algorithm,
-                     "tags": list(u.tags), "limits": {}} for u in users]
+                     "tags": list(u.tags), "limits": dict(u.limits)} for u in users]
     out["vhosts"] = []
     for name in sorted(node.vhosts):
         vh = node.vhosts[name]
         description, tags = getattr(vh, "description", ""), list(getattr(vh, "tags", []))
         dqt = getattr(vh, "default_queue_type", "classic")
         out["vhosts"].append({"name": name, "description": description, "tags": tags,
-                              "default_queue_type": dqt,
+                              "default_queue_type": dqt, "limits": dict(limits.vhost_limits(vh)) or [],
                               "metadata": {"description": description, "tags": tags, "default_queue_type": dqt}})
     out["permissions"] = [{"user": u.name, "vhost": v, **u.permissions[v].as_dict()}
                           for u in users for v in sorted(u.permissions)]
@@ -96,7 +108,7 @@ def export(node: Node, vhost: str | None = None, schema: bool = True) -> dict[st
     collected: dict[str, list[dict[str, Any]]] = {"parameters": [], "policies": [], "queues": [],
                                                   "exchanges": [], "bindings": []}
     for name in sorted(node.vhosts):
-        for key, rows in _vhost_objects(node.vhosts[name], with_vhost=True).items():
+        for key, rows in _vhost_objects(node.vhosts[name], with_vhost=True, schema=schema).items():
             collected[key].extend(rows)
     out["parameters"] = collected["parameters"]
     out["global_parameters"] = [{"name": n, "value": v} for n, v in sorted(node.global_parameters.items())]
@@ -139,6 +151,11 @@ def _str(item: dict[str, Any], key: str, what: str) -> str:
     return value
 
 
+# The sections of a definitions document that are lists of objects.
+_LIST_KEYS = ("users", "vhosts", "permissions", "topic_permissions", "global_parameters", "parameters",
+              "policies", "operator_policies", "queues", "exchanges", "bindings")
+
+
 def _list(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
     value = data.get(key) or []
     if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
@@ -146,13 +163,17 @@ def _list(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
     return value
 
 
-def import_definitions(node: Node, data: Any, vhost: str | None = None) -> None:
-    """Create or update everything ``data`` defines (``vhost``: a per-vhost file, into that vhost).
-    Raises DefinitionsError naming the first item that cannot be imported."""
+def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[None]:
+    """Apply ``data`` one object at a time, yielding after each, so that a caller on the event loop can
+    let clients in between (:func:`import_definitions_async`). Every step leaves the node consistent: an
+    object is created whole, with its durable definition written, or not at all."""
     if not isinstance(data, dict):
         raise DefinitionsError("definitions must be a JSON object")
     if vhost is not None and vhost not in node.vhosts:
         raise DefinitionsError(f"vhost '{vhost}' does not exist")
+    refused = parameters.unsupported(_list(data, "parameters"), vhost)  # before anything is applied
+    if refused:
+        raise DefinitionsError(refused)
     from broker.management.policies import make_policy
 
     def vhost_of(item: dict[str, Any]) -> VHost:
@@ -174,14 +195,23 @@ def import_definitions(node: Node, data: Any, vhost: str | None = None) -> None:
                 password_hash = u.get("password_hash", "")
                 if not isinstance(password_hash, str) or not valid_password_hash(password_hash):
                     raise DefinitionsError(f"user '{name}': password_hash is not a base64 salted hash")
-            node.users.put(name, password_hash, _tags(u.get("tags")), algorithm)
+            user = node.users.put(name, password_hash, _tags(u.get("tags")), algorithm)
+            try:
+                limits.apply_user_limits(user, u.get("limits"))
+            except limits.LimitError as exc:
+                raise DefinitionsError(f"user '{name}': {exc}") from None
+            yield
         for v in _list(data, "vhosts"):
             name = _str(v, "name", "vhost")
             meta = v.get("metadata") if isinstance(v.get("metadata"), dict) else {}
             description = v.get("description", meta.get("description", "")) or ""
             tags = _tags(v.get("tags", meta.get("tags")))
             dqt = v.get("default_queue_type", meta.get("default_queue_type")) or "classic"
-            node.add_vhost(name, str(description), tags, str(dqt))
+            try:
+                limits.apply_vhost_limits(node.add_vhost(name, str(description), tags, str(dqt)), v.get("limits"))
+            except limits.LimitError as exc:
+                raise DefinitionsError(f"vhost '{name}': {exc}") from None
+            yield
         for p in _list(data, "permissions"):
             user, vh_name = _str(p, "user", "permission"), _str(p, "vhost", "permission")
             if user not in node.users.users:
@@ -193,17 +223,26 @@ def import_definitions(node: Node, data: Any, vhost: str | None = None) -> None:
                                            str(p.get("read", "")))
             except re.error as exc:
                 raise DefinitionsError(f"permission of '{user}' in '{vh_name}': bad regex: {exc}") from None
+            yield
         for tp in _list(data, "topic_permissions"):
             user = node.users.users.get(_str(tp, "user", "topic permission"))
             if user is None:
                 raise DefinitionsError(f"topic permission for unknown user '{tp.get('user')}'")
             user.topic_permissions.setdefault(_str(tp, "vhost", "topic permission"), {})[
                 str(tp.get("exchange", ""))] = (str(tp.get("write", "")), str(tp.get("read", "")))
+            yield
         for gp in _list(data, "global_parameters"):
             node.global_parameters[_str(gp, "name", "global parameter")] = gp.get("value")
+            yield
     for p in _list(data, "parameters"):
         vh = vhost_of(p)
-        vh.parameters[(_str(p, "component", "parameter"), _str(p, "name", "parameter"))] = p.get("value")
+        key = (_str(p, "component", "parameter"), _str(p, "name", "parameter"))
+        try:
+            vh.parameters[key] = parameters.validate(*key, p.get("value"))
+        except parameters.ParameterError as exc:
+            raise DefinitionsError(f"parameter '{key[1]}' of component '{key[0]}' in vhost '{vh.name}': "
+                                   f"{exc.reason}") from None
+        yield
     for key in ("policies", "operator_policies"):
         for p in _list(data, key):
             vh = vhost_of(p)
@@ -212,6 +251,7 @@ def import_definitions(node: Node, data: Any, vhost: str | None = None) -> None:
             except ValueError as exc:
                 raise DefinitionsError(f"policy '{p.get('name')}': {exc}") from None
             vh.set_policy(policy, operator=key == "operator_policies")
+            yield
     try:
         for x in _list(data, "exchanges"):
             name = _str(x, "name", "exchange")
@@ -220,9 +260,11 @@ def import_definitions(node: Node, data: Any, vhost: str | None = None) -> None:
             args = x.get("arguments") or {}
             vhost_of(x).declare_exchange(name, _str(x, "type", "exchange"), False, _bool(x, "durable", True),
                                          _bool(x, "auto_delete", False), _bool(x, "internal", False), args)
+            yield
         for q in _list(data, "queues"):
             vhost_of(q).queues.declare(_str(q, "name", "queue"), False, _bool(q, "durable", True), False,
                                        _bool(q, "auto_delete", False), q.get("arguments") or {}, None)
+            yield
         for b in _list(data, "bindings"):
             vh = vhost_of(b)
             kind = QUEUE if b.get("destination_type", "queue") == "queue" else EXCHANGE
@@ -231,9 +273,104 @@ def import_definitions(node: Node, data: Any, vhost: str | None = None) -> None:
                 raise DefinitionsError(f"binding to unknown queue '{destination}' in vhost '{vh.name}'")
             vh.bind(_str(b, "source", "binding"), destination, kind, str(b.get("routing_key", "")),
                     b.get("arguments") or {})
+            yield
     except AMQPError as exc:
         raise DefinitionsError(exc.text) from None
-    node.metadata_changed()
+
+
+def _guarded_steps(node: Node, data: Any, vhost: str | None) -> Iterator[None]:
+    """The import's steps; a value of the wrong shape deep inside an object (a list where a string
+    belongs, arguments nested too deep to encode) is the document's fault, so a DefinitionsError (HTTP
+    400, one line at start) rather than a Python exception. Whatever was applied is saved either way."""
+    try:
+        yield from _import_steps(node, data, vhost)
+    except (TypeError, ValueError, AttributeError, KeyError, RecursionError) as exc:
+        raise DefinitionsError(f"malformed definitions ({type(exc).__name__}: {exc})") from None
+    finally:
+        node.metadata_changed()
+
+
+def _batch(node: Node) -> AbstractContextManager[None]:
+    """One metadata-store commit (one fsync) for many definitions, instead of one per object. On an
+    error what was applied is committed too: it exists in memory and clients may already use it."""
+    storage = getattr(node, "storage", None)
+    return storage.metadata.transaction(keep_on_error=True) if storage is not None else nullcontext()
+
+
+def import_definitions(node: Node, data: Any, vhost: str | None = None) -> None:
+    """Create or update everything ``data`` defines (``vhost``: a per-vhost file, into that vhost), in
+    one go: for start-up and tools, where nothing else waits on the loop.
+    Raises DefinitionsError naming the first item that cannot be imported."""
+    with _batch(node):
+        for _ in _guarded_steps(node, data, vhost):
+            pass
+
+
+# Work done between two yields to the event loop during an HTTP import: long enough that the commit
+# closing each slice (an fsync) is a small share, short enough that AMQP clients barely notice.
+IMPORT_SLICE_SECONDS = 0.02
+
+
+async def import_definitions_async(node: Node, data: Any, vhost: str | None = None) -> None:
+    """:func:`import_definitions` for the HTTP API: the objects are applied in slices of
+    ``IMPORT_SLICE_SECONDS``, each committed to the metadata store in one transaction, with the event
+    loop free in between, so that a document of thousands of queues, bindings and users does not stall
+    every client for seconds. A transaction never spans an await: other clients' declarations are never
+    part of (or rolled back with) the import's. Runs to the end even if the HTTP client goes away."""
+
+    async def run() -> None:
+        steps = _guarded_steps(node, data, vhost)
+        done = False
+        while not done:
+            deadline = time.monotonic() + IMPORT_SLICE_SECONDS
+            with _batch(node):
+                for _ in steps:
+                    if time.monotonic() >= deadline:
+                        break
+                else:
+                    done = True
+            await asyncio.sleep(0)
+
+    await asyncio.shield(asyncio.ensure_future(run()))
+
+
+# -- JSON documents ------------------------------------------------------------------------------------------------
+
+# Deeper than any real definitions document (a queue argument holding a table of arrays is about eight
+# levels): deeper input is refused before anything recurses over it (encoding arguments, exporting).
+MAX_DEPTH = 100
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests containers more than ``limit`` deep (iterative: no recursion to overflow)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            children: Any = v.values()
+        elif isinstance(v, list):
+            children = v
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def parse(raw: bytes | str) -> Any:
+    """A definitions document from JSON text. Slow for big documents (about 20 ms per MB): the HTTP API
+    calls it in a thread. Raises DefinitionsError for invalid JSON, nesting too deep to parse (the JSON
+    decoder recurses once per level) and nesting deeper than ``MAX_DEPTH``."""
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise DefinitionsError(f"nested deeper than {MAX_DEPTH} levels") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DefinitionsError(str(exc)) from None
+    if _depth_exceeds(data, MAX_DEPTH):
+        raise DefinitionsError(f"nested deeper than {MAX_DEPTH} levels")
+    return data
 
 
 def load_file(node: Node, path: Path) -> None:
@@ -241,41 +378,112 @@ def load_file(node: Node, path: Path) -> None:
     files = sorted(path.glob("*.json")) if path.is_dir() else [path]
     for f in files:
         try:
-            data = json.loads(f.read_text())
+            raw = f.read_bytes()
         except OSError as exc:
             raise DefinitionsError(f"cannot read {f}: {exc.strerror or exc}") from None
-        except ValueError as exc:
+        try:
+            data = parse(raw)
+        except DefinitionsError as exc:
             raise DefinitionsError(f"{f} is not valid JSON: {exc}") from None
         import_definitions(node, data)
 
 
 # -- the node's metadata file ----------------------------------------------------------------------------------
 
+# The metadata-store row that says the node has written its metadata file: from then on the file missing
+# means it was lost (not that the node is new), and the start is refused rather than recreating guest.
+METADATA_WRITTEN = ("node", METADATA_FILE)
+
+
 def save_metadata(node: Node) -> None:
-    """Write users, vhosts, permissions, policies and parameters to ``<data_dir>/metadata.json`` atomically."""
+    """Write users, vhosts, permissions, policies and parameters to ``<data_dir>/metadata.json`` atomically
+    (the new file and its directory entry fsynced). Compact JSON: the C encoder is several times faster
+    than an indented dump, which matters with thousands of users (``python -m json.tool`` reads it)."""
     directory = Path(node.settings.data_dir)
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / METADATA_FILE
     tmp = target.with_suffix(".json.tmp")
+    text = json.dumps(export(node, schema=False), sort_keys=True)
     with open(tmp, "w") as f:
-        json.dump(export(node, schema=False), f, indent=1, sort_keys=True)
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, target)
-
-
-def load_metadata(node: Node) -> bool:
-    """At start: if the node has a metadata file, its users and vhosts replace the defaults. False if none."""
-    path = Path(node.settings.data_dir) / METADATA_FILE
-    if not path.exists():
-        return False
+    fd = os.open(directory, os.O_RDONLY)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise DefinitionsError(f"cannot read {path}: {exc}") from None
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_metadata_file(data_dir: Path, *, written: bool, store_created: bool,
+                       store_path: str) -> dict[str, Any] | None:
+    """At start, before any message file is opened: the node's metadata document, or None for a node
+    that has none yet. ``written``: the metadata store says this file was written; ``store_created``:
+    the metadata store was missing and is new. A lost, empty or unreadable file, or one that outlived
+    its metadata store, raises DefinitionsError naming the file (the start stops)."""
+    path = Path(data_dir) / METADATA_FILE
+    if not path.exists():
+        if written:
+            raise DefinitionsError(
+                f"{path} is missing, but {store_path} records that this node wrote it: the node's users, vhosts "
+                f"and permissions are gone; refusing to start rather than recreate the default user. Restore "
+                f"{METADATA_FILE} from a backup")
+        return None
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DefinitionsError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not raw:
+        raise DefinitionsError(f"{path} is empty (0 bytes): the node's users, vhosts and permissions are gone; "
+                               f"refusing to start. Restore {METADATA_FILE} from a backup")
+    if store_created:
+        raise DefinitionsError(
+            f"{store_path} was missing or empty, but {path} exists: the node's durable exchanges, queues and "
+            f"bindings were in the metadata database; refusing to start. Restore it from a backup")
+    try:
+        data = parse(raw)
+    except DefinitionsError as exc:
+        raise DefinitionsError(f"{path} is corrupt ({exc}); restore it from a backup") from None
+    if not isinstance(data, dict):
+        raise DefinitionsError(f"{path} is corrupt (not a JSON object); restore it from a backup")
+    try:
+        for key in _LIST_KEYS:
+            _list(data, key)
+    except DefinitionsError as exc:
+        raise DefinitionsError(f"{path} is corrupt ({exc}); restore it from a backup") from None
+    return data
+
+
+def apply_metadata(node: Node, data: dict[str, Any]) -> None:
+    """The node's metadata document replaces the default users and vhosts."""
     node.users.users.clear()
     keep = {v.get("name") for v in _list(data, "vhosts")}
     for name in [n for n in node.vhosts if n not in keep]:
         del node.vhosts[name]
-    import_definitions(node, data)
+    import_definitions(node, {**data, "parameters": parameters.supported(_list(data, "parameters"))})
+
+
+def load_metadata(node: Node) -> bool:
+    """If the node has a metadata file, its users and vhosts replace the defaults. False if none."""
+    path = Path(node.settings.data_dir) / METADATA_FILE
+    if not path.exists():
+        return False
+    try:
+        data = parse(path.read_bytes())
+    except OSError as exc:
+        raise DefinitionsError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise DefinitionsError(f"{path} is not a JSON object")
+    apply_metadata(node, data)
     return True
+
+
+def ensure_metadata_file(node: Node) -> None:
+    """After start-up: the metadata file exists (a new node writes its defaults now) and the metadata
+    store records that it does, so that losing it later is noticed. Raises OSError if it cannot be written."""
+    if not (Path(node.settings.data_dir) / METADATA_FILE).exists():
+        save_metadata(node)
+    storage = getattr(node, "storage", None)
+    if storage is not None and storage.metadata.get(*METADATA_WRITTEN) is None:
+        storage.metadata.put(*METADATA_WRITTEN, True)

@@ -11,10 +11,25 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from broker.errors import AMQPError
 from broker.message import Message
+from protocol.constants import PRECONDITION_FAILED
 
 QUEUE = "queue"
 EXCHANGE = "exchange"
+
+
+def validate_arguments(name: str, vhost: str, arguments: dict[str, Any]) -> None:
+    """406 for an exchange argument the broker acts on whose value it cannot use: ``alternate-exchange``
+    names an exchange, so it must be UTF-8 (pamqp hands a long string that is not as ``bytes``)."""
+    ae = arguments.get("alternate-exchange")
+    if isinstance(ae, bytes):
+        try:
+            ae.decode()
+        except UnicodeDecodeError:
+            raise AMQPError(PRECONDITION_FAILED, f"invalid arg 'alternate-exchange' for exchange '{name}' in "
+                            f"vhost '{vhost}': {{invalid_utf8,{ae[:64]!r}}}: the value must be a UTF-8 "
+                            "string") from None
 
 
 def _freeze(value: Any) -> Any:
@@ -251,6 +266,25 @@ class TopicExchange(Exchange):
 _X_MATCH_MODES = ("all", "any", "all-with-x", "any-with-x")
 
 
+def amqp_equal(a: Any, b: Any) -> bool:
+    """Whether two decoded AMQP field values match as RabbitMQ's headers exchange compares them (Erlang's
+    ``==`` on the values): a long string and a byte array with the same bytes match (both are binaries
+    there), numbers match by value whatever their width (1 matches 1.0), but a boolean matches only a
+    boolean (``true`` is not 1, as Python's ``True == 1`` would have it)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (str, bytes, bytearray)) and isinstance(b, (str, bytes, bytearray)):
+        return (a.encode() if isinstance(a, str) else bytes(a)) == (b.encode() if isinstance(b, str) else bytes(b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(amqp_equal(v, b[k]) for k, v in a.items())
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(amqp_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, (str, bytes, bytearray, dict, list, tuple)) or isinstance(b, (str, bytes, bytearray, dict,
+                                                                                     list, tuple)):
+        return False
+    return bool(a == b)
+
+
 class HeadersExchange(Exchange):
     """Matches the message's headers against each binding's arguments (``x-match`` all/any, and the
     ``-with-x`` variants that also compare ``x-`` keys). A binding value of void matches presence only."""
@@ -283,7 +317,7 @@ class HeadersExchange(Exchange):
             if k.startswith("x-") and (not with_x or k == "x-match"):
                 continue
             considered += 1
-            ok = k in headers and (v is None or headers[k] == v)
+            ok = k in headers and (v is None or amqp_equal(headers[k], v))
             if want_all and not ok:
                 return False
             if not want_all and ok:

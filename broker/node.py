@@ -23,7 +23,9 @@ from broker.metrics import GlobalCounters
 from broker.persistence import BackingQueueFactory, DurableDefinitions
 from broker.reader import Reader
 from broker.vhost import VHost
-from storage.node_storage import NodeStorage
+from storage.metadata_store import MetadataStore, MetadataStoreError
+from storage.node_storage import METADATA_FILE as METADATA_DB
+from storage.node_storage import DataDirectoryError, NodeStorage, reset_data_dir
 
 if TYPE_CHECKING:
     from broker.channel import Channel
@@ -33,6 +35,9 @@ log = structlog.get_logger("leveret.node")
 # The RabbitMQ version the HTTP API reports as ``rabbitmq_version``, for tools that switch on it.
 RABBITMQ_COMPAT_VERSION = "3.13.7"
 SHUTDOWN_REASON = "broker forced connection closure with reason 'shutdown'"
+# Appended to a refused start caused by the data directory: the other way out than a backup.
+FORCE_RESET_HINT = ("To discard every message and definition instead and start as a new node, run "
+                    "`leveret serve --force-reset` once")
 
 
 class StartupError(Exception):
@@ -51,8 +56,12 @@ def init_vhost_metadata(vh: VHost, description: str = "", tags: list[str] | None
 
 
 class Node:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, force_reset: bool = False) -> None:
         self.settings = settings
+        # ``leveret serve --force-reset`` (rabbitmqctl force_reset): wipe the data directory at start.
+        self.force_reset = force_reset
+        # The metadata file's document, read (and checked) before the message stores open.
+        self._metadata_doc: dict[str, Any] | None = None
         self.name = f"leveret@{platform.node()}"
         self.cluster_name = settings.cluster_name or self.name
         self.rabbitmq_version = RABBITMQ_COMPAT_VERSION
@@ -174,14 +183,51 @@ class Node:
 
     def open_storage(self) -> None:
         """Open the message stores and the metadata store, recover the durable exchanges, queues (with
-        their messages) and bindings, and from now on open every queue's backing queue from storage."""
-        self.storage = NodeStorage(str(self.settings.data_dir), asyncio.get_running_loop(),
-                                   queue_index_embed_msgs_below=self.settings.queue_index_embed_msgs_below)
-        self.durable_definitions = DurableDefinitions(self.storage)
-        for vh in self.vhosts.values():
-            self._attach_storage(vh)
-        self.durable_definitions.recover(self.vhosts, self.add_vhost)
+        their messages) and bindings, and from now on open every queue's backing queue from storage.
+
+        A data directory whose metadata is missing, empty, unreadable or lost while message data is there
+        stops the start (StartupError, one line naming the file) before any file is changed: recovery
+        would otherwise take every queue for an orphan and delete its messages."""
+        data_dir = str(self.settings.data_dir)
+        if self.force_reset:
+            self._wipe_data_dir(data_dir)
+        try:
+            self.storage = NodeStorage(data_dir, asyncio.get_running_loop(),
+                                       queue_index_embed_msgs_below=self.settings.queue_index_embed_msgs_below,
+                                       check_metadata=self._read_metadata_file)
+            self.durable_definitions = DurableDefinitions(self.storage)
+            for vh in self.vhosts.values():
+                self._attach_storage(vh)
+            self.durable_definitions.recover(self.vhosts, self.add_vhost)
+        except (DataDirectoryError, MetadataStoreError) as exc:
+            raise StartupError(f"{exc}. {FORCE_RESET_HINT}") from None
+        except OSError as exc:
+            raise StartupError(f"cannot open the data directory {data_dir}: {exc}") from None
         self.shutdown_hooks.append(self.close_storage)
+
+    def _read_metadata_file(self, store: MetadataStore | None) -> None:
+        """NodeStorage's check of what the broker keeps beside the metadata store (None: a new one):
+        metadata.json must be there (and readable) if the store says it was written, and must not
+        outlive a lost store."""
+        from broker import definitions
+
+        try:
+            self._metadata_doc = definitions.read_metadata_file(
+                self.settings.data_dir,
+                written=store is not None and store.get(*definitions.METADATA_WRITTEN) is not None,
+                store_created=store is None, store_path=str(self.settings.data_dir / METADATA_DB))
+        except definitions.DefinitionsError as exc:
+            raise DataDirectoryError(str(exc)) from None
+
+    def _wipe_data_dir(self, data_dir: str) -> None:
+        """--force-reset: everything in the data directory goes (except a log file kept there)."""
+        keep = [str(self.settings.log_file)] if self.settings.log_file else []
+        try:
+            removed = reset_data_dir(data_dir, keep)
+        except (OSError, DataDirectoryError) as exc:
+            raise StartupError(f"--force-reset: cannot wipe {data_dir}: {exc}") from None
+        log.warning("force_reset: deleted every message, queue, user and definition of this node; "
+                    "starting as a new node", data_dir=data_dir, removed=removed)
 
     def _attach_storage(self, vh: VHost) -> None:
         if getattr(self, "storage", None) is not None:
@@ -218,13 +264,21 @@ class Node:
         from broker import definitions
 
         self._loading_metadata = True
+        metadata_path = self.settings.data_dir / definitions.METADATA_FILE
         try:
-            if definitions.load_metadata(self):
+            if self._metadata_doc is not None:
+                definitions.apply_metadata(self, self._metadata_doc)
+                self._metadata_doc = None
                 log.info("node metadata recovered", users=len(self.users.users), vhosts=len(self.vhosts))
         except definitions.DefinitionsError as exc:
-            raise StartupError(f"node metadata in {self.settings.data_dir}: {exc}") from None
+            raise StartupError(f"{metadata_path} cannot be applied ({exc}); fix or restore it from a backup. "
+                               f"{FORCE_RESET_HINT}") from None
         finally:
             self._loading_metadata = False
+        try:
+            definitions.ensure_metadata_file(self)
+        except OSError as exc:
+            raise StartupError(f"cannot write {metadata_path}: {exc.strerror or exc}") from None
         if self.settings.load_definitions is not None:
             try:
                 definitions.load_file(self, self.settings.load_definitions)

@@ -23,6 +23,9 @@ connection.open             needs any permission in the vhost (530 NOT_ALLOWED o
 The regexes are unanchored (``re.search``); an empty regex means ``^$``; the default exchange is named
 ``amq.default`` for these checks (so ``'^amq\\.default$'`` grants publishing to it). A refusal is a 403
 ACCESS_REFUSED with RabbitMQ's text: ``access to queue 'q' in vhost '/' refused for user 'u'``.
+
+Topic permissions (routing keys of basic.publish and binding keys of bindings on topic exchanges) are checked
+on top of these by broker/topic_permissions.py.
 """
 
 from __future__ import annotations

@@ -30,10 +30,36 @@ POLICY_KEYS = (
 )
 
 
+def amqp_type_name(value: Any) -> str:
+    """The AMQP field type of a decoded value, by RabbitMQ's names (its reply texts say
+    ``{unacceptable_type,longstr}``, never a Python type). Widths are not kept by decoding: an integer is
+    named ``long`` (what clients send for a Python or Java long)."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "long"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, (str, bytes, bytearray)):
+        return "longstr"
+    if isinstance(value, dict):
+        return "table"
+    if isinstance(value, (list, tuple)):
+        return "array"
+    if value is None:
+        return "void"
+    name = type(value).__name__
+    return {"Decimal": "decimal", "datetime": "timestamp", "struct_time": "timestamp"}.get(name, name)
+
+
+def _unacceptable_type(value: Any) -> str:
+    return f"{{unacceptable_type,{amqp_type_name(value)}}}"
+
+
 def _integer(minimum: int, maximum: int | None = None) -> Callable[[Any], str | None]:
     def check(value: Any) -> str | None:
         if isinstance(value, bool) or not isinstance(value, int):
-            return f"{{unacceptable_type,{type(value).__name__}}}"
+            return _unacceptable_type(value)
         if value < minimum:
             return "{value_zero," + str(value) + "}" if value == 0 else "{value_negative," + str(value) + "}"
         if maximum is not None and value > maximum:
@@ -42,21 +68,39 @@ def _integer(minimum: int, maximum: int | None = None) -> Callable[[Any], str | 
     return check
 
 
+def _not_utf8(value: bytes) -> str:
+    return f"{{invalid_utf8,{value[:64]!r}}}: the value must be a UTF-8 string"
+
+
 def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str | None]:
     def check(value: Any) -> str | None:
-        v = value.decode() if isinstance(value, bytes) else value
-        if v not in choices:
-            return f"{{unacceptable_value,{v!r}}}; expected one of {', '.join(choices)}"
+        if isinstance(value, bytes):
+            try:
+                value = value.decode()
+            except UnicodeDecodeError:
+                return _not_utf8(value)
+        if value not in choices:
+            return f"{{unacceptable_value,{value!r}}}; expected one of {', '.join(choices)}"
         return None
     return check
 
 
 def _string(value: Any) -> str | None:
-    return None if isinstance(value, (str, bytes)) else f"{{unacceptable_type,{type(value).__name__}}}"
+    """A long string. pamqp hands over one that is not UTF-8 as ``bytes``: refused, since it names an
+    exchange or is a routing key (RabbitMQ's names are UTF-8), and decoding it later would fail."""
+    if isinstance(value, str):
+        return None
+    if isinstance(value, bytes):
+        try:
+            value.decode()
+        except UnicodeDecodeError:
+            return _not_utf8(value)
+        return None
+    return _unacceptable_type(value)
 
 
 def _boolean(value: Any) -> str | None:
-    return None if isinstance(value, bool) else f"{{unacceptable_type,{type(value).__name__}}}"
+    return None if isinstance(value, bool) else _unacceptable_type(value)
 
 
 ARGUMENT_CHECKS: dict[str, Callable[[Any], str | None]] = {

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from pamqp import commands as spec
 
-from broker import PRODUCT, VERSION
+from broker import PRODUCT, VERSION, limits
 from broker.auth import User
 from broker.channel import Channel
 from broker.errors import AMQPError
@@ -119,6 +119,9 @@ class Reader(asyncio.Protocol):
         self._sent_since_tick = False
         self._missed_heartbeats = 0
         self._timers: list[asyncio.TimerHandle] = []
+        # Runs from the first byte to connection.open-ok (RabbitMQ's handshake_timeout): a client that
+        # stops anywhere in the handshake, heartbeats negotiated or not, loses its socket.
+        self._handshake_timer: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_event_loop()
         self.connected_at = time.time()
 
@@ -131,7 +134,7 @@ class Reader(asyncio.Protocol):
         self.name = f"{self.peer[0]}:{self.peer[1]} -> {local[0]}:{local[1]}"
         transport.set_write_buffer_limits(high=1 << 20)
         self.node.connections.add(self)
-        self._timers.append(self._loop.call_later(self.settings.handshake_timeout, self._handshake_timeout))
+        self._handshake_timer = self._loop.call_later(self.settings.handshake_timeout, self._handshake_timeout)
         log.info("connection accepted", connection=self.name)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -141,6 +144,8 @@ class Reader(asyncio.Protocol):
         self.state = Reader.CLOSED
         for timer in self._timers:
             timer.cancel()
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
         self._cleanup()
         self.node.connections.discard(self)
         if was_open:
@@ -317,6 +322,7 @@ class Reader(asyncio.Protocol):
         if self.channel_max and len(self.channels) >= self.channel_max:
             raise AMQPError(NOT_ALLOWED, f"number of channels opened ({len(self.channels)}) has reached the "
                             f"negotiated channel_max ({self.channel_max})", 20, 10)
+        limits.check_channel_open(self, self.node.connections)
         self.channels[channel_id] = Channel(self, channel_id)
         self.node.counters.channels_opened += 1
         self.send(method_frame(channel_id, spec.Channel.OpenOk))
@@ -451,16 +457,17 @@ class Reader(asyncio.Protocol):
             self._schedule_heartbeat()
 
     def _open(self, m: spec.Connection.Open) -> None:
-        refusal = self.node.vhost_access_error(self.user, m.virtual_host)
+        refusal = limits.connection_refusal(self.node, self.user, m.virtual_host) \
+            or self.node.vhost_access_error(self.user, m.virtual_host)
         if refusal is not None:
             self.close_connection(NOT_ALLOWED, refusal, CLASS_CONNECTION, 40)
             return
         self.vhost = self.node.vhosts[m.virtual_host]
         self.node.counters.connections_opened += 1
         self.state = Reader.RUNNING
-        for timer in self._timers:
-            timer.cancel()
-        self._timers = [t for t in self._timers if not t.cancelled()]
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
         if self.heartbeat:
             self._schedule_heartbeat()
         self.send(method_frame(0, spec.Connection.OpenOk))
@@ -497,8 +504,12 @@ class Reader(asyncio.Protocol):
         self._timers = [self._loop.call_later(self.heartbeat / 2, self._heartbeat_tick)]
 
     def _handshake_timeout(self) -> None:
+        self._handshake_timer = None
         if self.state < Reader.RUNNING:
-            log.warning("handshake timeout, closing", connection=self.name)
+            stage = {Reader.HANDSHAKE: "protocol header", Reader.STARTING: "connection.start-ok",
+                     Reader.TUNING: "connection.tune-ok", Reader.OPENING: "connection.open"}[self.state]
+            log.warning("handshake timeout, closing", connection=self.name, waiting_for=stage,
+                        timeout=self.settings.handshake_timeout)
             self._close_transport()
 
     # -- errors and closing ----------------------------------------------------------------------------

@@ -20,14 +20,16 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from pamqp import commands, decode, encode
+from pamqp import commands, encode
 
 from protocol.fastcodec import build_content_header
 from protocol.frames import FrameError
 
 __all__ = [
-    "ScannedProperties", "body_size_of", "build_content_header", "check_field_table", "decode_headers",
-    "decode_properties", "encode_field_value", "field_table_entries", "scan_properties", "with_properties",
+    "MAX_TABLE_DEPTH", "ScannedProperties", "TableTooDeep", "body_size_of", "build_content_header",
+    "check_field_table", "check_nesting", "decode_field_table", "decode_headers", "decode_properties",
+    "encode_field_table",
+    "encode_field_value", "field_table_entries", "scan_properties", "with_properties",
 ]
 
 _U16 = struct.Struct(">H")
@@ -111,7 +113,20 @@ _FIXED_SIZES = {ord(t): n for t, n in (("t", 1), ("b", 1), ("B", 1), ("s", 2), (
                                         ("I", 4), ("i", 4), ("f", 4), ("L", 8), ("l", 8), ("d", 8),
                                         ("T", 8), ("D", 5), ("V", 0))}
 _LONG_STRING, _BYTE_ARRAY, _ARRAY, _TABLE = ord("S"), ord("x"), ord("A"), ord("F")
-_MAX_DEPTH = 100  # nested tables/arrays; deeper is refused rather than risking a RecursionError
+# How deep tables and arrays may nest inside a field table (the table itself is level 0, a table in one of
+# its values level 1, ...). Deeper is refused rather than risking a RecursionError in whatever decodes it
+# later: the headers exchange, dead-lettering, the HTTP API. The one limit of the broker: method
+# arguments past it are a frame error (501), message headers past it are refused at publish (406).
+MAX_TABLE_DEPTH = 100
+# A table or array at level MAX_TABLE_DEPTH + 1 is the innermost of MAX_TABLE_DEPTH + 1 nested values, each
+# with a type octet ('F' or 'A') and a 4-byte length, the outermost under a key: a smaller table, or one
+# with fewer 'F' and 'A' octets, cannot be too deep.
+_TOO_DEEP_MIN_SIZE = 4 + 1 + 5 * (MAX_TABLE_DEPTH + 1)
+_NOT_NESTING_TYPES = bytes(b for b in range(256) if b not in b"FA")  # deleted, what is left is counted
+
+
+class TableTooDeep(FrameError):
+    """A well-formed field table whose tables and arrays nest deeper than :data:`MAX_TABLE_DEPTH`."""
 
 
 def _value_end(buf: bytes, pos: int, end: int, depth: int) -> int:
@@ -131,8 +146,8 @@ def _value_end(buf: bytes, pos: int, end: int, depth: int) -> int:
         if pos > end:
             raise FrameError("field value runs past its table")
         if kind == _ARRAY or kind == _TABLE:
-            if depth >= _MAX_DEPTH:
-                raise FrameError("field tables nested too deeply")
+            if depth >= MAX_TABLE_DEPTH:
+                raise TableTooDeep(f"field tables and arrays nested more than {MAX_TABLE_DEPTH} levels deep")
             if kind == _TABLE:
                 _entries(buf, inner, pos, depth + 1, None)
             else:
@@ -181,6 +196,138 @@ def check_field_table(buf: bytes, start: int = 0, end: int | None = None) -> Non
     _entries(buf, start + 4, end, 0, None)
 
 
+# -- field tables, decoded -----------------------------------------------------------------------------------
+
+_UTC = datetime.UTC
+_I32 = struct.Struct(">i")
+_DECIMAL_TEN = _decimal.Decimal(10)
+_FIXED_DECODERS: dict[int, tuple[int, Any]] = {
+    ord(t): (fmt.size, fmt.unpack_from) for t, fmt in (
+        ("b", struct.Struct(">b")), ("B", struct.Struct(">B")), ("s", struct.Struct(">h")),
+        ("u", struct.Struct(">H")), ("U", struct.Struct(">h")), ("I", struct.Struct(">i")),
+        ("i", struct.Struct(">I")), ("l", struct.Struct(">q")), ("L", struct.Struct(">q")),
+        ("f", struct.Struct(">f")), ("d", _DOUBLE))
+}
+_BOOLEAN, _TIMESTAMP, _DECIMAL, _VOID = ord("t"), ord("T"), ord("D"), ord("V")
+
+
+def _timestamp_value(seconds: int) -> datetime.datetime | int:
+    """pamqp's reading of a timestamp (above 2**32 it takes milliseconds); one that no datetime can hold
+    stays an int rather than failing the whole table."""
+    try:
+        return datetime.datetime.fromtimestamp(seconds / 1000.0 if seconds > 0xFFFFFFFF else seconds, tz=_UTC)
+    except (OverflowError, OSError, ValueError):
+        return seconds
+
+
+def _decode_value(buf: bytes, pos: int, end: int, depth: int, strict_keys: bool) -> tuple[Any, int]:
+    """(value, end of the value) for the field value (type octet first) at ``pos``, within ``end``."""
+    if pos >= end:
+        raise FrameError("field value runs past its table")
+    kind = buf[pos]
+    pos += 1
+    fixed = _FIXED_DECODERS.get(kind)
+    if fixed is not None:
+        size, unpack = fixed
+        if pos + size > end:
+            raise FrameError("field value runs past its table")
+        return unpack(buf, pos)[0], pos + size
+    if kind == _LONG_STRING or kind == _BYTE_ARRAY or kind == _ARRAY or kind == _TABLE:
+        if pos + 4 > end:
+            raise FrameError("field value length runs past its table")
+        inner = pos + 4
+        stop = inner + _U32.unpack_from(buf, pos)[0]
+        if stop > end:
+            raise FrameError("field value runs past its table")
+        if kind == _LONG_STRING:
+            raw = buf[inner:stop]
+            try:
+                return raw.decode(), stop
+            except UnicodeDecodeError:
+                return raw, stop  # as pamqp has it: a long string need not be text
+        if kind == _BYTE_ARRAY:
+            return bytearray(buf[inner:stop]), stop
+        if depth >= MAX_TABLE_DEPTH:
+            raise TableTooDeep(f"field tables and arrays nested more than {MAX_TABLE_DEPTH} levels deep")
+        if kind == _TABLE:
+            return _decode_entries(buf, inner, stop, depth + 1, strict_keys), stop
+        items = []
+        while inner < stop:
+            value, inner = _decode_value(buf, inner, stop, depth + 1, strict_keys)
+            items.append(value)
+        return items, stop
+    if kind == _BOOLEAN:
+        if pos + 1 > end:
+            raise FrameError("field value runs past its table")
+        return buf[pos] != 0, pos + 1
+    if kind == _TIMESTAMP:
+        if pos + 8 > end:
+            raise FrameError("field value runs past its table")
+        return _timestamp_value(_U64.unpack_from(buf, pos)[0]), pos + 8
+    if kind == _DECIMAL:
+        if pos + 5 > end:
+            raise FrameError("field value runs past its table")
+        # The value signed, as pamqp reads it (and writes it).
+        return _decimal.Decimal(_I32.unpack_from(buf, pos + 1)[0]) * _DECIMAL_TEN ** -buf[pos], pos + 5
+    if kind == _VOID:
+        return None, pos
+    raise FrameError(f"unknown field value type {bytes([kind])!r}")
+
+
+def _decode_entries(buf: bytes, pos: int, end: int, depth: int, strict_keys: bool) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
+    while pos < end:
+        key_end = pos + 1 + buf[pos]
+        if key_end > end:
+            raise FrameError("field table key runs past its table")
+        raw_key = buf[pos + 1 : key_end]
+        try:
+            key: str | bytes = raw_key.decode()
+        except UnicodeDecodeError:
+            if strict_keys:
+                raise FrameError(f"field table key {raw_key!r} is not UTF-8") from None
+            key = raw_key
+        out[key], pos = _decode_value(buf, key_end, end, depth, strict_keys)
+    return out
+
+
+def decode_field_table(buf: bytes, start: int = 0, end: int | None = None, *,
+                       strict_keys: bool = False) -> dict[Any, Any]:
+    """The field table (4-byte length included) that fills ``buf[start:end]``, decoded in one pass.
+
+    The values are pamqp's (``decode.field_table``) for every table pamqp decodes, but in time linear in
+    the size (pamqp copies the rest of the table at every value: a 128 KiB header of small values took
+    seconds) and without failing where pamqp does on a well-formed table: a key that is not UTF-8 stays
+    ``bytes`` (unless ``strict_keys``, for method arguments), a timestamp no datetime can hold stays an
+    int, and 'U' is a signed 16-bit integer (the 0-9-1 spec's short-int). Malformed, cut or nested past
+    :data:`MAX_TABLE_DEPTH` raises :class:`FrameError` (:class:`TableTooDeep` for the last).
+    """
+    end = len(buf) if end is None else end
+    if start + 4 > end or start + 4 + _U32.unpack_from(buf, start)[0] != end:
+        raise FrameError("field table length does not match its bytes")
+    return _decode_entries(buf, start + 4, end, 0, strict_keys)
+
+
+def check_nesting(buf: bytes, start: int, end: int) -> None:
+    """Raise :class:`TableTooDeep` if the field table ``buf[start:end]`` (4-byte length included) nests
+    tables or arrays more than :data:`MAX_TABLE_DEPTH` levels deep.
+
+    Made for the publish path: a table too small, or with too few ``F``/``A`` octets, to hold that many
+    nested values is passed without being walked (one C-level pass over its bytes, and none below
+    ``_TOO_DEEP_MIN_SIZE``), so ordinary headers cost next to nothing. Only the nesting is checked: a malformed table is not refused here (RabbitMQ does not
+    look at headers at publish either); whoever decodes it later copes with a :class:`FrameError`.
+    """
+    if end - start < _TOO_DEEP_MIN_SIZE or len(buf[start:end].translate(None, _NOT_NESTING_TYPES)) \
+            <= MAX_TABLE_DEPTH:
+        return
+    try:
+        check_field_table(buf, start, end)
+    except TableTooDeep:
+        raise
+    except FrameError:
+        pass
+
+
 def _shortstr_bytes(value: str | bytes, what: str) -> bytes:
     raw = value.encode() if isinstance(value, str) else bytes(value)
     if len(raw) > 255:
@@ -211,6 +358,13 @@ def _table_body(entries: Iterable[tuple[Any, Any]]) -> bytes:
 
 def _long(raw: bytes) -> bytes:
     return _U32.pack(len(raw)) + raw
+
+
+def encode_field_table(table: dict[Any, Any]) -> bytes:
+    """A field table (4-byte length first) with :func:`encode_field_value`'s types: unlike pamqp's
+    encoder it takes ``bytes`` (pamqp's decoding of a long string that is not UTF-8), so a table decoded
+    by pamqp can always be written back."""
+    return _long(_table_body(table.items()))
 
 
 class Long(int):
@@ -257,11 +411,13 @@ def encode_field_value(value: Any) -> bytes:
 
 # -- the property list ---------------------------------------------------------------------------------------
 
-def _property_spans(header_payload: bytes) -> tuple[int, dict[str, tuple[int, int]]]:
+def _property_spans(header_payload: bytes, check_headers: bool = True
+                    ) -> tuple[int, dict[str, tuple[int, int]]]:
     """(flags, name → (start, end)) of each present property, every length checked against the payload.
 
-    The headers table is checked entry by entry, down to nested values. Bytes after the last property
-    are ignored (as pamqp and :func:`scan_properties` ignore them).
+    The headers table is checked entry by entry, down to nested values, unless ``check_headers`` is
+    false (only its length is). Bytes after the last property are ignored (as pamqp and
+    :func:`scan_properties` ignore them).
     """
     size = len(header_payload)
     if size < _PROPS_OFFSET:
@@ -286,36 +442,51 @@ def _property_spans(header_payload: bytes) -> tuple[int, dict[str, tuple[int, in
             end = pos + 8
         if end > size:
             raise FrameError(f"content header cut inside its {name} property")
-        if kind == "t":
+        if kind == "t" and check_headers:
             check_field_table(header_payload, pos, end)
         spans[name] = (pos, end)
         pos = end
     return flags, spans
 
 
-def decode_headers(header_payload: bytes, span: tuple[int, int] | None) -> dict[str, Any]:
-    """The headers table located by :func:`scan_properties`, decoded (empty if absent)."""
+def decode_headers(header_payload: bytes, span: tuple[int, int] | None) -> dict[Any, Any]:
+    """The headers table located by :func:`scan_properties`, decoded (empty if absent) by
+    :func:`decode_field_table`; a malformed table raises :class:`FrameError`."""
     if span is None:
         return {}
-    try:
-        check_field_table(header_payload, span[0], span[1])
-        return decode.field_table(header_payload[span[0] : span[1]])[1]
-    except FrameError:
-        raise
-    except Exception:  # pamqp raises a variety of errors on malformed tables
-        raise FrameError("malformed headers table in content header") from None
+    return decode_field_table(header_payload, span[0], span[1])
 
 
-def decode_properties(header_payload: bytes) -> commands.Basic.Properties:
-    """Every property, decoded by pamqp (off the hot path); a cut or malformed list raises FrameError."""
+def decode_properties(header_payload: bytes, *, skip_headers: bool = False) -> commands.Basic.Properties:
+    """Every property (off the hot path), as pamqp's ``Basic.Properties`` holds them, with pamqp's values
+    wherever pamqp can decode the list. Where it cannot, this does not fail either: a short string that is
+    not UTF-8 stays ``bytes``, and the headers table is read by :func:`decode_field_table`. A cut property
+    list, or a malformed headers table, raises :class:`FrameError`; with ``skip_headers`` the headers
+    are left out (None) instead of decoded, so the other properties of such a message can still be shown.
+    """
+    _flags, spans = _property_spans(header_payload, check_headers=False)
     props = commands.Basic.Properties()
-    try:
-        flags, _spans = _property_spans(header_payload)
-        props.unmarshal(flags, header_payload[_PROPS_OFFSET:])
-    except FrameError:
-        raise
-    except Exception:
-        raise FrameError("malformed content header properties") from None
+    for _bit, name, kind in _FIELDS:
+        span = spans.get(name)
+        if span is None:
+            continue
+        start, end = span
+        value: Any
+        if kind == "s":
+            raw = header_payload[start + 1 : end]
+            try:
+                value = raw.decode()
+            except UnicodeDecodeError:
+                value = raw
+        elif kind == "o":
+            value = header_payload[start]
+        elif kind == "q":
+            value = _timestamp_value(_U64.unpack_from(header_payload, start)[0])
+        elif skip_headers:
+            continue
+        else:
+            value = decode_field_table(header_payload, start, end)
+        setattr(props, name, value)
     return props
 
 
@@ -365,7 +536,8 @@ def with_properties(header_payload: bytes, *, headers_set: dict[str, Any] | None
     for name in changes:
         if name not in _KINDS:
             raise TypeError(f"with_properties() got an unknown property {name!r}")
-    _flags, spans = _property_spans(header_payload)
+    # A headers table replaced whole is not read, so a malformed one can be replaced.
+    _flags, spans = _property_spans(header_payload, check_headers="headers" not in changes)
     removed = {_key_bytes(k) for k in headers_remove}
     edits = {_key_bytes(k): v for k, v in (headers_set or {}).items()}
     edit_headers = bool(removed or edits)

@@ -8,11 +8,21 @@ Layout under ``data_dir``::
     queues/<id>/            one QueueIndex per durable queue (<id> from queue_dir_name)
     queues_transient/<id>/  the paging area of non-durable queues (emptied at every start)
 
-Start: construct ``NodeStorage`` (the message store recovers), read the definitions from ``metadata``,
+Start: construct ``NodeStorage`` (it first checks that the metadata describes the message files, see
+below; then the message store recovers), read the definitions from ``metadata``,
 call :meth:`open_queue` for every durable queue (each recovers its index and gives the store its
 references back), then :meth:`finish_recovery` (drops messages nobody holds, deletes the directories
 of queues that no longer exist). Stop: :meth:`close` (all queues hand their buffers to the kernel, one
 sync, each writes its clean-shutdown terms, then the stores write their snapshots).
+
+The metadata comes first. Recovery trusts it to list every durable queue, and :meth:`finish_recovery`
+deletes the files of the queues it does not list; a metadata file that is missing, empty (0 bytes) or
+without a single row next to queue directories or store segments would make every queue an orphan and
+delete all messages. So before any file is touched, :func:`check_metadata_file` and the constructor
+refuse such a directory with :class:`DataDirectoryError` (the caller decides what the operator may do:
+restore the file, or wipe everything with :func:`reset_data_dir`), and a file SQLite cannot read is a
+:class:`~storage.metadata_store.MetadataStoreError`. Every store gets a marker row when first opened
+(``NODE_KIND``/``STORAGE_KEY``), so "no rows" never means "nothing declared yet".
 """
 
 from __future__ import annotations
@@ -23,15 +33,107 @@ import logging
 import os
 import shutil
 import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Collection
+from typing import Any, Literal
 
 from storage.metadata_store import MetadataStore
+from storage.msg_store import SUFFIX as SEGMENT_SUFFIX
 from storage.msg_store import MsgStore
 from storage.syncer import Syncer
 from storage.variable_queue import VariableQueue
 
 log = logging.getLogger("leveret.storage")
+
+METADATA_FILE = "metadata.sqlite"
+# The row every metadata store gets when a NodeStorage first opens it.
+NODE_KIND, STORAGE_KEY = "node", "storage"
+STORAGE_FORMAT = 1
+
+MetadataFileState = Literal["missing", "empty", "present"]
+
+
+class DataDirectoryError(Exception):
+    """The data directory holds message data its metadata no longer describes: starting would recover
+    nothing and then delete it. The text names the metadata file and what was found; nothing was changed."""
+
+
+def message_data(data_dir: str) -> list[str]:
+    """What in ``data_dir`` holds queue contents: queue index directories and persistent store segments
+    that are not empty (a new node's first segment is, until a message arrives), as paths relative to
+    ``data_dir``, sorted."""
+    found: list[str] = []
+    queues = os.path.join(data_dir, "queues")
+    if os.path.isdir(queues):
+        found += [os.path.join("queues", d) for d in sorted(os.listdir(queues))
+                  if os.path.isdir(os.path.join(queues, d))]
+    store = os.path.join(data_dir, "msg_store_persistent")
+    if os.path.isdir(store):
+        found += [os.path.join("msg_store_persistent", n) for n in sorted(os.listdir(store))
+                  if n.endswith(SEGMENT_SUFFIX) and os.path.getsize(os.path.join(store, n)) > 0]
+    return found
+
+
+def _describe(found: list[str]) -> str:
+    queues = sum(1 for f in found if f.startswith("queues" + os.sep))
+    segments = sum(1 for f in found if f.startswith("msg_store_persistent" + os.sep))
+    parts = [f"{queues} queue director{'y' if queues == 1 else 'ies'} in queues/"] if queues else []
+    parts += [f"{segments} segment file{'' if segments == 1 else 's'} in msg_store_persistent/"] if segments else []
+    parts += [f for f in found if os.sep not in f]
+    return ", ".join(parts)
+
+
+def check_metadata_file(data_dir: str) -> MetadataFileState:
+    """Whether ``metadata.sqlite`` is there, without opening it (SQLite would write to it). Missing or
+    empty is fine for a new node, and a :class:`DataDirectoryError` when queue directories, store
+    segments or the database's own write-ahead log (where a crash leaves the latest commits) exist."""
+    path = os.path.join(data_dir, METADATA_FILE)
+    if not os.path.exists(path):
+        state: MetadataFileState = "missing"
+    elif os.path.getsize(path) == 0:
+        state = "empty"
+    else:
+        return "present"
+    found = message_data(data_dir)
+    wal = path + "-wal"
+    if os.path.isfile(wal) and os.path.getsize(wal) > 0:
+        found.append(METADATA_FILE + "-wal")
+    if found:
+        what = "missing" if state == "missing" else "empty (0 bytes)"
+        raise DataDirectoryError(
+            f"{path} is {what}, but {data_dir} holds {_describe(found)} that only it describes; refusing to "
+            f"start, nothing was changed. Restore {METADATA_FILE} (with its -wal file if it had one) from a backup")
+    return state
+
+
+# Entries only a node's data directory has: --force-reset wipes a directory that holds one of them (or
+# nothing), never one that holds none, such as a home directory given as --data-dir by mistake.
+NODE_ENTRIES = (METADATA_FILE, "metadata.json", "msg_store_persistent", "msg_store_transient", "queues")
+
+
+def reset_data_dir(data_dir: str, keep: Collection[str] = ()) -> list[str]:
+    """Wipe the node: delete everything in ``data_dir`` except the paths in ``keep`` (e.g. a log file
+    that happens to live there). Returns the names deleted; the caller says so loudly. A non-empty
+    directory without any of ``NODE_ENTRIES`` is refused with DataDirectoryError, untouched."""
+    keep_real = {os.path.realpath(k) for k in keep}
+    removed: list[str] = []
+    if not os.path.isdir(data_dir):
+        return removed
+    names = os.listdir(data_dir)
+    if names and not any(n in NODE_ENTRIES for n in names):
+        raise DataDirectoryError(f"{data_dir} does not look like a Leveret data directory (none of "
+                                 f"{', '.join(NODE_ENTRIES)} is there); refusing to delete what it holds")
+    for name in sorted(names):
+        path = os.path.join(data_dir, name)
+        if os.path.realpath(path) in keep_real:
+            continue
+        if any(k.startswith(os.path.realpath(path) + os.sep) for k in keep_real):
+            continue  # a kept file lives below: leave the directory too
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+        removed.append(name)
+    return removed
 
 
 def queue_dir_name(vhost: str, name: str) -> str:
@@ -40,13 +142,21 @@ def queue_dir_name(vhost: str, name: str) -> str:
 
 
 class NodeStorage:
+    """Opens a node's stores in recovery order; refuses (``DataDirectoryError``, ``MetadataStoreError``)
+    a directory whose metadata is missing, empty, unreadable or without rows next to message data,
+    before touching any file. ``check_metadata(store)`` is the caller's own check of what it keeps
+    beside the store, run before the message stores open (``store`` is None when the metadata file was
+    missing or empty: a new node, the file not created yet); whatever it raises stops the
+    construction the same way."""
+
     def __init__(self, data_dir: str, loop: asyncio.AbstractEventLoop | None = None, *,
-                 queue_index_embed_msgs_below: int = 4096, file_size_limit: int = 16 << 20) -> None:
+                 queue_index_embed_msgs_below: int = 4096, file_size_limit: int = 16 << 20,
+                 check_metadata: Callable[[MetadataStore | None], None] | None = None) -> None:
         self.data_dir = data_dir
         os.makedirs(data_dir, exist_ok=True)
         self.embed_below = queue_index_embed_msgs_below
+        self.metadata = self._open_metadata(check_metadata_file(data_dir), check_metadata)
         self.syncer = Syncer(loop)
-        self.metadata = MetadataStore(os.path.join(data_dir, "metadata.sqlite"))
         self.persistent = MsgStore(os.path.join(data_dir, "msg_store_persistent"), syncer=self.syncer,
                                    loop=loop, file_size_limit=file_size_limit)
         self.transient = MsgStore(os.path.join(data_dir, "msg_store_transient"), durable=False, loop=loop,
@@ -55,6 +165,32 @@ class NodeStorage:
         os.makedirs(os.path.join(data_dir, "queues"), exist_ok=True)
         # Weak: a deleted queue's backing queue goes away with its queue process.
         self._queues: weakref.WeakValueDictionary[str, VariableQueue] = weakref.WeakValueDictionary()
+
+    def _open_metadata(self, state: MetadataFileState,
+                       check_metadata: Callable[[MetadataStore | None], None] | None) -> MetadataStore:
+        path = os.path.join(self.data_dir, METADATA_FILE)
+        if state != "present":
+            if check_metadata is not None:
+                check_metadata(None)  # before the file is created: a refused start leaves none behind
+            store = MetadataStore(path)
+        else:
+            store = MetadataStore(path)
+            try:
+                store.check_integrity()
+                found = message_data(self.data_dir) if store.was_empty else []
+                if found:
+                    raise DataDirectoryError(
+                        f"{store.path} holds no definitions, but {self.data_dir} holds {_describe(found)} that "
+                        f"only it describes; refusing to start, nothing was changed. Restore {METADATA_FILE} "
+                        f"from a backup")
+                if check_metadata is not None:
+                    check_metadata(store)
+            except BaseException:
+                store.close()
+                raise
+        if store.get(NODE_KIND, STORAGE_KEY) is None:
+            store.put(NODE_KIND, STORAGE_KEY, {"format": STORAGE_FORMAT})
+        return store
 
     @property
     def was_clean(self) -> bool:
@@ -76,7 +212,8 @@ class NodeStorage:
     def finish_recovery(self) -> None:
         """Every durable queue has been opened: forget whatever none of them holds, including the
         files of queues that no longer exist (after a clean start their messages still hold store
-        references, which are released by recovering and deleting them)."""
+        references, which are released by recovering and deleting them). Safe only because the
+        constructor refused metadata that lists nothing next to message data."""
         root = os.path.join(self.data_dir, "queues")
         orphans = [os.path.join(root, d) for d in os.listdir(root) if os.path.join(root, d) not in self._queues]
         dirty = self.persistent.recovering

@@ -21,6 +21,7 @@ from broker.management import (
     definitions_api,
     exchanges,
     health,
+    limits,
     overview,
     policies,
     queues,
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("leveret.management")
 
-MODULES = (overview, health, connections, exchanges, queues, bindings, vhosts, users, policies, definitions_api)
+MODULES = (overview, health, connections, exchanges, queues, bindings, vhosts, users, policies, limits,
+           definitions_api)
 # Paths answered without credentials (RabbitMQ's UI asks /api/auth before logging in).
 PUBLIC = ("/api/auth",)
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from broker import permissions
+from broker import permissions, topic_permissions
 from broker.exchange import QUEUE
 from broker.management.common import (
     bad_request,
@@ -86,6 +86,7 @@ async def create_binding(request: web.Request) -> web.Response:
         permissions.queue_bind(user, vh.name, destination, source)
     else:
         permissions.exchange_bind(user, vh.name, destination, source)
+    topic_permissions.check_bind(user, vh, source, routing_key)
     vh.bind(source, destination, kind, routing_key, arguments)
     key = properties_key(routing_key, arguments)
     return web.Response(status=201, headers={"Location": key})
@@ -113,6 +114,7 @@ async def delete_binding(request: web.Request) -> web.Response:
         permissions.queue_bind(user, vh.name, b.destination, b.source)
     else:
         permissions.exchange_bind(user, vh.name, b.destination, b.source)
+    topic_permissions.check_bind(user, vh, b.source, b.routing_key)
     vh.unbind(b.source, b.destination, b.kind, b.routing_key, b.arguments)
     return web.Response(status=204)
 

@@ -1,9 +1,13 @@
 """``/api/definitions`` (administrator only): GET exports, POST imports (a JSON body, or the RabbitMQ UI's
-multipart upload with a ``file`` field); ``/api/definitions/{vhost}`` for one vhost."""
+multipart upload with a ``file`` field); ``/api/definitions/{vhost}`` for one vhost.
+
+A POST may carry megabytes: the JSON is parsed in a worker thread and applied in slices that yield to the
+event loop (broker/definitions.py), so AMQP clients keep being served meanwhile. A body that is not JSON,
+or nests deeper than the decoder can follow, is a 400 like any other bad document."""
 
 from __future__ import annotations
 
-import json
+import asyncio
 
 from aiohttp import web
 
@@ -33,11 +37,11 @@ async def post_definitions(request: web.Request) -> web.Response:
     else:
         raw = await request.read()
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        data = await asyncio.to_thread(definitions.parse, raw)
+    except definitions.DefinitionsError as exc:
         raise bad_request(f"failed to decode JSON: {exc}") from None
     try:
-        definitions.import_definitions(node, data, vhost)
+        await definitions.import_definitions_async(node, data, vhost)
     except definitions.DefinitionsError as exc:
         raise bad_request(str(exc)) from None
     return web.Response(status=204)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from pamqp import commands as spec
 
-from broker import delegate, permissions
+from broker import delegate, permissions, topic_permissions
 from broker.errors import AMQPError
 from broker.exchange import EXCHANGE
 from broker.management.common import (
@@ -197,6 +197,7 @@ async def publish(request: web.Request) -> web.Response:
         raise AMQPError(406, f"user_id property set to '{user_id}' but authenticated user was '{user.name}'")
     if name and lookup_exchange(vh, name) is None:
         raise not_found()
+    topic_permissions.check(user, vh, name, routing_key, topic_permissions.WRITE)
     return respond({"routed": publish_message(node, vh, name, routing_key, data, properties)})
 
 

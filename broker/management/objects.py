@@ -355,7 +355,7 @@ def vhost_info(node: Node, vh: VHost) -> dict[str, Any]:
 
 def user_info(user: Any) -> dict[str, Any]:
     return {"name": user.name, "password_hash": user.password_hash, "hashing_algorithm": user.hashing_algorithm,
-            "tags": list(user.tags), "limits": {}}
+            "tags": list(user.tags), "limits": dict(user.limits)}
 
 
 def permission_info(user: Any, vhost: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from broker import parameters
 from broker.management.common import (
     POLICY_TAGS,
     bad_request,
@@ -117,7 +118,7 @@ async def delete_policy(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
-# -- runtime parameters (stored and exported: shovels, federation upstreams, ...) -------------------------------
+# -- runtime parameters: only components Leveret acts on (vhost-limits); shovel and federation are refused ------
 
 def parameter_info(vhost: str, component: str, name: str, value: Any) -> dict[str, Any]:
     return {"vhost": vhost, "component": component, "name": name, "value": value}
@@ -146,8 +147,12 @@ async def put_parameter(request: web.Request) -> web.Response:
     if "value" not in body:
         raise bad_request("value is required")
     key = (request.match_info["component"], request.match_info["name"])
+    try:
+        value = parameters.validate(*key, body["value"])
+    except parameters.ParameterError as exc:
+        raise bad_request(str(exc)) from None
     existed = key in vh.parameters
-    vh.parameters[key] = body["value"]
+    vh.parameters[key] = value
     node_of(request).metadata_changed()
     return web.Response(status=204 if existed else 201)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 from typing import TYPE_CHECKING, Any
 
+import structlog
 from aiohttp import web
 
 from broker import permissions
@@ -26,7 +27,10 @@ from broker.management.common import (
     visible_vhosts,
 )
 from broker.management.objects import binding_info, default_binding_info, queue_info
+from protocol.frames import FrameError
 from protocol.properties import decode_properties
+
+log = structlog.get_logger("leveret.management")
 
 if TYPE_CHECKING:
     from broker.vhost import VHost
@@ -40,7 +44,17 @@ _PROPERTY_NAMES = (("content_type", "content_type"), ("content_encoding", "conte
 
 
 def properties_json(header: bytes) -> dict[str, Any]:
-    props = decode_properties(header)
+    """The properties as RabbitMQ's API shows them. Publish reads only what it acts on, so a message can
+    hold a malformed headers table (shown without it) or a cut property list (shown without properties)."""
+    try:
+        props = decode_properties(header)
+    except FrameError:
+        try:
+            props = decode_properties(header, skip_headers=True)
+        except FrameError:
+            log.warning("message properties cannot be decoded; shown without them")
+            return {}
+        log.warning("message headers table cannot be decoded; shown without it")
     out: dict[str, Any] = {}
     for attr, name in _PROPERTY_NAMES:
         value = getattr(props, attr, None)
@@ -130,6 +144,29 @@ async def get_messages(request: web.Request) -> web.Response:
     counters = node_of(request).counters
     out: list[dict[str, Any]] = []
     taken: list[int] = []
+    try:
+        _take_messages(q, count, truncate, encoding, counters, out, taken)
+    except BaseException:
+        # Whatever went wrong, the messages taken so far go back to the queue, unseen by the client.
+        if taken:
+            q.requeue(taken)
+        raise
+    # Settle after taking them all, so that requeued messages are not fetched twice.
+    if taken:
+        if ackmode.endswith("requeue_true"):
+            q.requeue(taken)
+        elif ackmode == "ack_requeue_false":
+            q.ack(taken)
+            counters.messages_acknowledged += len(taken)
+        else:
+            q.reject_discard(taken)
+    return respond(out)
+
+
+def _take_messages(q: Any, count: int, truncate: int | None, encoding: str, counters: Any,
+                   out: list[dict[str, Any]], taken: list[int]) -> None:
+    """basic.get up to ``count`` messages (without settling them): their JSON into ``out``, their seq ids
+    into ``taken``."""
     for _ in range(max(0, count)):
         got = q.basic_get(False)
         if got is None:
@@ -154,16 +191,6 @@ async def get_messages(request: web.Request) -> web.Response:
                     "routing_key": msg.routing_key, "message_count": left,
                     "properties": properties_json(msg.header), "payload": text,
                     "payload_encoding": payload_encoding})
-    # Settle after taking them all, so that requeued messages are not fetched twice.
-    if taken:
-        if ackmode.endswith("requeue_true"):
-            q.requeue(taken)
-        elif ackmode == "ack_requeue_false":
-            q.ack(taken)
-            counters.messages_acknowledged += len(taken)
-        else:
-            q.reject_discard(taken)
-    return respond(out)
 
 
 def add_routes(router: web.UrlDispatcher) -> None:

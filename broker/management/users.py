@@ -9,6 +9,7 @@ import re
 
 from aiohttp import web
 
+from broker import topic_permissions
 from broker.auth import HASHING_ALGORITHMS, SHA256, hash_password, valid_password_hash
 from broker.management.common import (
     as_tags,
@@ -154,7 +155,7 @@ async def delete_permission(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
-# -- topic permissions (stored and exported; routing-key checks are not enforced yet) ----------------------------
+# -- topic permissions (enforced by broker/topic_permissions.py; a change reaches the user's open channels) -------
 
 def _topic_rows(user, vhost: str | None = None):
     for v in sorted(user.topic_permissions):
@@ -193,6 +194,7 @@ async def put_topic_permission(request: web.Request) -> web.Response:
         except re.error as exc:
             raise bad_request(f"invalid regular expression: {exc}") from None
     user.topic_permissions.setdefault(vhost, {})[exchange] = (write, read)
+    topic_permissions.permissions_changed(node.connections, user.name)
     node.metadata_changed()
     return web.Response(status=201)
 
@@ -203,6 +205,7 @@ async def delete_topic_permission(request: web.Request) -> web.Response:
     vhost, user = _vhost_and_user(request)
     if user.topic_permissions.pop(vhost, None) is None:
         raise not_found()
+    topic_permissions.permissions_changed(node.connections, user.name)
     node.metadata_changed()
     return web.Response(status=204)
 

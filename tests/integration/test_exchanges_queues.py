@@ -696,6 +696,14 @@ def test_headers_values_compare_with_their_type(ch, hx):
     assert _headers_route(ch, hx, {"a": "1"}, [{"a": 1}, {"a": "1"}]) == [1]
 
 
+def test_headers_byte_array_matches_the_same_string_and_true_does_not_match_one(ch, hx):
+    # RabbitMQ compares the values as Erlang terms: a byte array and a long string with the same bytes are
+    # both binaries (equal), a boolean is an atom (not the integer 1), and numbers compare by value.
+    assert _headers_route(ch, hx, {"a": "x"}, [{"a": b"x"}, {"a": "x"}, {"a": b"y"}]) == [0, 1]
+    assert _headers_route(ch, hx, {"a": 1}, [{"a": True}, {"a": 1}]) == [1]
+    assert _headers_route(ch, hx, {"a": True}, [{"a": 1}, {"a": True}, {"a": False}]) == [1]
+
+
 def test_headers_void_binding_value_matches_presence(ch, hx):
     assert _headers_route(ch, hx, {"a": None}, [{"a": 1}, {"a": "zz"}, {"b": 1}, {}]) == [0, 1]
 

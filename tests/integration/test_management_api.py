@@ -489,11 +489,17 @@ def test_policymaker_may_set_policies_but_management_may_not(api, uid):
 
 
 def test_parameters_and_global_parameters(api, uid):
-    path = f"/api/parameters/federation-upstream/%2F/{q(uid)}"
-    assert api("PUT", path, {"value": {"uri": "amqp://elsewhere"}})[0] == 201
-    assert api("GET", path)[1]["value"] == {"uri": "amqp://elsewhere"}
-    assert any(p["name"] == uid for p in api("GET", "/api/parameters/federation-upstream")[1])
+    vh = f"{uid}-vh"
+    api("PUT", f"/api/vhosts/{q(vh)}", {})
+    path = f"/api/parameters/vhost-limits/{q(vh)}/limits"  # the one component Leveret acts on
+    assert api("PUT", path, {"value": {"max-queues": 10}})[0] == 201
+    assert api("GET", path)[1]["value"] == {"max-queues": 10}
+    assert any(p["vhost"] == vh for p in api("GET", "/api/parameters/vhost-limits")[1])
     assert api("DELETE", path)[0] == 204
+    api("DELETE", f"/api/vhosts/{q(vh)}")
+    # Federation is not implemented: refused, not stored (tests/integration/test_limits_enforced.py).
+    assert api("PUT", f"/api/parameters/federation-upstream/%2F/{q(uid)}",
+               {"value": {"uri": "amqp://elsewhere"}})[0] == 400
     gp = f"/api/global-parameters/{q(uid)}"
     assert api("PUT", gp, {"value": "v"})[0] == 201
     assert {"name": uid, "value": "v"} in api("GET", "/api/global-parameters")[1]

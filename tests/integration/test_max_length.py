@@ -283,3 +283,14 @@ def test_invalid_length_arguments_are_406(conn, uid, arg, value):
     assert ei.value.reply_code == 406
     assert ei.value.reply_text.startswith(f"PRECONDITION_FAILED - invalid arg '{arg}'")
     assert conn.is_open
+
+
+@pytest.mark.parametrize(("value", "type_name"), [("ten", "longstr"), (True, "bool"), ({"a": 1}, "table")])
+def test_wrong_type_is_named_by_its_amqp_type(conn, uid, value, type_name):
+    """RabbitMQ's text names the AMQP field type (``{unacceptable_type,longstr}``), not a Python type."""
+    ch = conn.channel()
+    with pytest.raises(ChannelClosedByBroker) as ei:
+        ch.queue_declare(f"{uid}-q", arguments={"x-max-length": value})
+    assert ei.value.reply_code == 406
+    assert ei.value.reply_text == (f"PRECONDITION_FAILED - invalid arg 'x-max-length' for queue '{uid}-q' in "
+                                   f"vhost '/': {{unacceptable_type,{type_name}}}")

@@ -1,0 +1,86 @@
+"""Runtime parameters (``/api/parameters/{component}/{vhost}/{name}``, a definitions file's ``parameters``):
+only components Leveret acts on are accepted.
+
+RabbitMQ keeps a registry of parameter components; a component no plugin registered is refused with 400
+``Validation failed\\n\\ncomponent shovel not found\\n`` (rabbit_runtime_parameters:lookup_component), which
+is what a RabbitMQ without the shovel or federation plugin answers. Leveret registers one component,
+``vhost-limits`` (broker/limits.py). Shovels and federation are RabbitMQ plugins Leveret does not implement:
+their parameters are refused with RabbitMQ's text plus a line naming the missing feature, never stored (a
+stored shovel that moves nothing is worse than a refusal). A definitions file carrying them is refused
+before anything in it is applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import structlog
+
+from broker import limits
+
+log = structlog.get_logger("leveret.parameters")
+
+# RabbitMQ plugin components Leveret does not implement → what to call the missing feature.
+NOT_IMPLEMENTED = {
+    "shovel": "shovel (RabbitMQ's rabbitmq_shovel plugin)",
+    "federation": "federation (RabbitMQ's rabbitmq_federation plugin)",
+    "federation-upstream": "federation (RabbitMQ's rabbitmq_federation plugin)",
+    "federation-upstream-set": "federation (RabbitMQ's rabbitmq_federation plugin)",
+}
+COMPONENTS = (limits.VHOST_LIMITS_COMPONENT,)
+
+
+class ParameterError(ValueError):
+    """A parameter Leveret refuses: ``str()`` is the HTTP API's 400 reason (RabbitMQ's "Validation failed"
+    form), ``reason`` the line that says why (for a definitions error)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"Validation failed\n\n{reason}\n")
+        self.reason = reason.replace("\n", ": ")
+
+
+def _not_found(component: str) -> str:
+    """RabbitMQ's reason for an unregistered component, plus what Leveret lacks when it is a known plugin's."""
+    text = f"component {component} not found"
+    feature = NOT_IMPLEMENTED.get(component)
+    return f"{text}\n{feature} is not implemented by Leveret" if feature else text
+
+
+def validate(component: str, name: str, value: Any) -> Any:
+    """The value to store for parameter ``component``/``name``; raises ParameterError with the reason."""
+    if component == limits.VHOST_LIMITS_COMPONENT:
+        if name != limits.VHOST_LIMITS_KEY[1]:
+            # RabbitMQ stores other names but reads only "limits": refused here rather than ignored.
+            raise ParameterError(f"vhost limits are the parameter 'vhost-limits/limits', not 'vhost-limits/{name}'")
+        try:
+            return limits.validate_vhost_limits(value)
+        except limits.LimitError as exc:
+            raise ParameterError(str(exc)) from None
+    raise ParameterError(_not_found(component))
+
+
+def unsupported(rows: Iterable[Mapping[str, Any]], vhost: str | None = None) -> str | None:
+    """For a definitions import, before anything is applied: why the first parameter of a component
+    Leveret does not have is refused, or None. ``vhost`` is the vhost of a per-vhost file."""
+    for row in rows:
+        component = row.get("component")
+        if isinstance(component, str) and component not in COMPONENTS:
+            where = vhost if vhost is not None else row.get("vhost", "/")
+            return (f"parameter '{row.get('name')}' of component '{component}' in vhost '{where}': "
+                    + _not_found(component).replace("\n", ": "))
+    return None
+
+
+def supported(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The node's metadata file at start: parameters an earlier Leveret stored for components it never
+    acted on (shovels, federation) are dropped with a warning, so that they neither stop the start nor
+    pretend to work."""
+    kept = []
+    for row in rows:
+        if isinstance(row.get("component"), str) and row["component"] not in COMPONENTS:
+            log.warning("dropping a stored parameter of a component Leveret does not implement",
+                        component=row["component"], vhost=row.get("vhost"), name=row.get("name"))
+        else:
+            kept.append(row)
+    return kept
