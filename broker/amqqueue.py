@@ -82,10 +82,15 @@ class QueueRegistry:
             self.check_exclusive_access(q, reader)
         return q
 
-    def check_exclusive_access(self, q: QueueProcess, reader: Reader, strict: bool = False) -> None:
-        """405 unless ``reader`` may use the queue; ``strict`` (an exclusive redeclare) also refuses a
-        queue that is not exclusive, as the declaration's exclusive flag then does not match."""
-        if q.exclusive_owner is not reader and (q.exclusive_owner is not None or strict):
+    def check_exclusive_access(self, q: QueueProcess, reader: Reader | None, strict: bool = False) -> None:
+        """405 unless ``reader`` may use the queue: it is not exclusive, or ``reader`` owns it.
+
+        ``strict`` is RabbitMQ's check on a redeclare (``assert_equivalence``), where the exclusive flag
+        is part of the equivalence: the owner must be exactly ``reader``, which is None for a declaration
+        with exclusive=false. So a shared queue declared exclusive, and an exclusive queue declared
+        non-exclusive (by its own connection too), are both refused."""
+        owner = q.exclusive_owner
+        if owner is not reader and (owner is not None or strict):
             raise AMQPError(
                 RESOURCE_LOCKED,
                 f"cannot obtain exclusive access to locked queue '{q.name}' in vhost '{self.vhost.name}'. "
@@ -106,7 +111,7 @@ class QueueRegistry:
                             f"queue name '{name}' contains reserved prefix 'amq.*'")
         existing = self._queues.get(name)
         if existing is not None:
-            self.check_exclusive_access(existing, reader, strict=exclusive)
+            self.check_exclusive_access(existing, reader if exclusive else None, strict=True)
             self._assert_equivalence(existing, durable, exclusive, auto_delete, arguments)
             existing.reset_expiry_timer()  # a redeclare renews an x-expires lease
             return existing, False

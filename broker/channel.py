@@ -21,6 +21,7 @@ from broker import delegate, permissions, topic_permissions
 from broker.errors import AMQPError
 from broker.exchange import EXCHANGE, QUEUE, validate_arguments
 from broker.message import Message
+from broker.queue_args import amqp_type_name
 from broker.queue_consumers import Consumer
 from protocol import fastcodec
 from protocol.constants import (
@@ -38,7 +39,15 @@ from protocol.constants import (
 from protocol.fastcodec import PublishArgs
 from protocol.frames import FrameError
 from protocol.methods import method_frame
-from protocol.properties import MAX_TABLE_DEPTH, TableTooDeep, check_nesting, with_properties
+from protocol.properties import (
+    MAX_TABLE_DEPTH,
+    TableTooDeep,
+    array_long_strings,
+    check_nesting,
+    field_type_name,
+    table_values,
+    with_properties,
+)
 
 if TYPE_CHECKING:
     from broker.queue_process import QueueProcess
@@ -53,6 +62,9 @@ _FLAG_REPLY_TO = 1 << 9
 _FLAG_EXPIRATION = 1 << 8
 _FLAG_USER_ID = 1 << 4
 _FLAGS_TO_READ = _FLAG_HEADERS | _FLAG_DELIVERY_MODE | _FLAG_REPLY_TO | _FLAG_EXPIRATION | _FLAG_USER_ID
+# The headers of sender-selected distribution, in the order RabbitMQ reads them (?ROUTING_HEADERS).
+_ROUTING_HEADERS = (b"CC", b"BCC")
+_ARRAY = ord("A")
 # Client libraries (client_properties "product") that give basic.qos's global flag its AMQP 0-9-1 meaning on a
 # broker not named RabbitMQ: py-amqp, under kombu and Celery (see Channel._basic_qos).
 SPEC_QOS_CLIENTS = frozenset({"py-amqp"})
@@ -244,6 +256,12 @@ class Channel:
                 raise AMQPError(PRECONDITION_FAILED, f"invalid expiration '{props.expiration}'",
                                 CLASS_BASIC, 40) from None
             msg.expiration_ms = ttl
+        mode = props.delivery_mode
+        if mode != 2 and mode != 1 and flags & _FLAG_DELIVERY_MODE:
+            # rabbit_basic:is_message_persistent/1 knows only 1 and 2 (RabbitMQ up to 3.12; 3.13+ with
+            # message containers takes any other mode as transient).
+            raise AMQPError(PRECONDITION_FAILED, f"invalid message: {{delivery_mode_unknown,{mode}}}",
+                            CLASS_BASIC, 40)
         if props.headers_span is not None:
             start, end = props.headers_span
             try:
@@ -256,7 +274,7 @@ class Channel:
             # One search in the common case (neither key), two more only if "CC" is there at all.
             if header.find(b"CC", start, end) >= 0 and (header.find(b"\x02CC", start, end) >= 0
                                                        or header.find(b"\x03BCC", start, end) >= 0):
-                self._sender_selected(msg)
+                self._sender_selected(msg, start, end)
         if props.reply_to == REPLY_TO:
             if self.reply_consumer is None:
                 raise AMQPError(PRECONDITION_FAILED, "fast reply consumer does not exist", CLASS_BASIC, 40)
@@ -265,18 +283,25 @@ class Channel:
         return props.delivery_mode == 2
 
     @staticmethod
-    def _sender_selected(msg: Message) -> None:
-        """CC and BCC headers add routing keys; BCC is removed before anyone sees the message."""
-        headers = msg.headers
+    def _sender_selected(msg: Message, start: int, end: int) -> None:
+        """CC and BCC headers (the table at ``msg.header[start:end]``) add routing keys; BCC is removed
+        before anyone sees the message. Read from the raw table, as RabbitMQ's ``header_routes`` reads
+        them: each must be an array (else 406 naming the header and its field type), and only its long
+        strings are keys (an integer 7 is not the key "7")."""
+        header = msg.header
+        values = table_values(header, start, end, _ROUTING_HEADERS)
         keys: list[str] = []
-        for name in ("CC", "BCC"):
-            value = headers.get(name)
-            if isinstance(value, (list, tuple)):
-                keys.extend(v.decode(errors="replace") if isinstance(v, (bytes, bytearray)) else str(v)
-                            for v in value)
+        for name in _ROUTING_HEADERS:
+            span = values.get(name)
+            if span is None:
+                continue
+            if header[span[0]] != _ARRAY:
+                raise AMQPError(PRECONDITION_FAILED, f"invalid message: {{unacceptable_type_in_header,"
+                                f"\"{name.decode()}\",{field_type_name(header[span[0]])}}}", CLASS_BASIC, 40)
+            keys.extend(k.decode(errors="replace") for k in array_long_strings(header, *span))
         if keys:
             msg.extra_keys = keys
-        if "BCC" in headers:
+        if b"BCC" in values:
             extra = msg.extra_keys
             msg.replace_header(with_properties(msg.header, headers_remove=["BCC"]))
             msg.extra_keys = extra
@@ -337,9 +362,12 @@ class Channel:
     def flush_confirms(self) -> None:
         """Send the confirms of this tick. Every tag below the oldest publish still waiting for a queue is
         settled, so those acks fold into one with multiple=true; later ones (confirmed out of order) go
-        one by one. Nacks go first."""
+        one by one. Nacks go first. A closed channel sends nothing: once its close (or close-ok) is
+        written, its number belongs to no channel until it is reopened, when it begins anew."""
         acks, nacks = self._confirm_acks, self._confirm_nacks
         self._confirm_acks, self._confirm_nacks = [], []
+        if self.closing:
+            return
         send = self.reader.send
         for tag in nacks:
             send(fastcodec.encode_basic_nack(self.id, tag, False))
@@ -563,8 +591,9 @@ class Channel:
         args = dict(m.arguments or {})
         priority = args.get("x-priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
+            # rabbit_amqqueue:check_int_arg/2's words, printed with ~p (hence the quotes): the AMQP type.
             raise AMQPError(PRECONDITION_FAILED, f"invalid arg 'x-priority' for queue '{queue.name}' in "
-                            f"vhost '{self.vhost.name}': {priority!r} is not an integer")
+                            f"vhost '{self.vhost.name}': \"expected integer, got {amqp_type_name(priority)}\"")
         consumer = Consumer(tag, self, queue, m.no_ack, self.prefetch_count, priority, m.exclusive, args)
         self.consumers[tag] = consumer
         if not m.nowait:
@@ -789,7 +818,11 @@ class Channel:
 
     # -- shutdown ----------------------------------------------------------------------------------------
     def shutdown(self) -> None:
-        """Release everything the channel holds: consumers go, unacked deliveries are requeued."""
+        """Release everything the channel holds: consumers go, unacked deliveries are requeued. Called
+        just before the channel's close or close-ok is sent: confirms already settled this tick go out
+        first (they are true), and from here on the channel writes nothing (``closing``)."""
+        if self._confirm_acks or self._confirm_nacks:
+            self.flush_confirms()
         self.closing = True
         for queue in self.published_to:
             queue.publisher_channels.discard(self)

@@ -27,6 +27,11 @@ class AMQPError(Exception):
 
     @property
     def reply_text(self) -> str:
+        """``CODE_NAME - text``, cut as RabbitMQ cuts it to fit a short string: past 255 octets, the first
+        252 and "..." (``rabbit_binary_generator:amqp_exception_explanation``), so a reader sees it was cut."""
         full = f"{REPLY_TEXTS.get(self.reply_code, 'ERROR')} - {self.text}"
-        return full.encode()[:255].decode(errors="ignore")
+        raw = full.encode()
+        if len(raw) <= 255:
+            return full
+        return raw[:252].decode(errors="ignore") + "..."
 

@@ -8,6 +8,7 @@ import base64
 import os
 import platform
 import signal
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from broker.persistence import BackingQueueFactory, DurableDefinitions
 from broker.reader import Reader
 from broker.vhost import VHost
 from storage.metadata_store import MetadataStore, MetadataStoreError
+from storage.data_dir_lock import DataDirLock, DataDirLocked
 from storage.node_storage import METADATA_FILE as METADATA_DB
 from storage.node_storage import DataDirectoryError, NodeStorage, reset_data_dir
 
@@ -38,6 +40,26 @@ SHUTDOWN_REASON = "broker forced connection closure with reason 'shutdown'"
 # Appended to a refused start caused by the data directory: the other way out than a backup.
 FORCE_RESET_HINT = ("To discard every message and definition instead and start as a new node, run "
                     "`leveret serve --force-reset` once")
+
+
+def _ipv6_loopback_available() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def listen_hosts(bind: str) -> str | list[str] | None:
+    """The addresses a listener binds for ``bind``: the loopback address (the default) means both
+    loopbacks, 127.0.0.1 and ::1 where IPv6 is there, so a client whose ``localhost`` resolves to ::1 is
+    served; 0.0.0.0 or :: means every address of both families (None to asyncio), as RabbitMQ listens."""
+    if bind in ("0.0.0.0", "::", "*"):
+        return None
+    if bind in ("127.0.0.1", "localhost"):
+        return ["127.0.0.1", "::1"] if _ipv6_loopback_available() else ["127.0.0.1"]
+    return bind
 
 
 class StartupError(Exception):
@@ -94,6 +116,7 @@ class Node:
         self.memory_budget: MemoryBudget | None = None
         self.stopping = False
         self._loading_metadata = False
+        self._data_dir_lock: DataDirLock | None = None  # held from start to exit: one broker per directory
 
     # -- vhosts, users, permissions (the HTTP API, ctl and definitions go through these) ----------------------
     def add_vhost(self, name: str, description: str = "", tags: list[str] | None = None,
@@ -189,6 +212,12 @@ class Node:
         stops the start (StartupError, one line naming the file) before any file is changed: recovery
         would otherwise take every queue for an orphan and delete its messages."""
         data_dir = str(self.settings.data_dir)
+        try:
+            self._data_dir_lock = DataDirLock.acquire(data_dir)
+        except DataDirLocked as exc:
+            raise StartupError(str(exc)) from None
+        except OSError as exc:
+            raise StartupError(f"cannot use the data directory {data_dir}: {exc.strerror or exc}") from None
         if self.force_reset:
             self._wipe_data_dir(data_dir)
         try:
@@ -286,19 +315,23 @@ class Node:
                 raise StartupError(f"load_definitions {self.settings.load_definitions}: {exc}") from None
             log.info("definitions loaded", file=str(self.settings.load_definitions))
         loop = asyncio.get_running_loop()
+        hosts = listen_hosts(self.settings.bind)
         try:
-            self._server = await loop.create_server(lambda: Reader(self), self.settings.bind, self.settings.port,
+            self._server = await loop.create_server(lambda: Reader(self), hosts, self.settings.port,
                                                     reuse_address=True, backlog=1024)
         except OSError as exc:
             raise StartupError(f"cannot listen for AMQP on {self.settings.bind}:{self.settings.port}: "
                                f"{exc.strerror or exc}") from None
-        self.listeners.append({"protocol": "amqp", "ip_address": self.settings.bind, "port": self.settings.port})
-        log.info("listening", protocol="amqp", address=self.settings.bind, port=self.settings.port)
+        for sock in self._server.sockets:
+            address = sock.getsockname()[0]
+            self.listeners.append({"protocol": "amqp", "ip_address": address, "port": self.settings.port})
+            log.info("listening", protocol="amqp", address=address, port=self.settings.port)
         await self._start_http()
 
     async def _start_http(self) -> None:
-        """The HTTP API and Prometheus listeners. A port that is taken is logged as an error and skipped:
-        the broker keeps serving AMQP (several brokers on one host, as in the test suite)."""
+        """The HTTP API and Prometheus listeners, on the same addresses as AMQP unless configured. A port
+        that is taken stops the start, naming it, as RabbitMQ does when a listener cannot bind: running
+        on without its API would let ``leveret ctl`` talk to whatever owns the port."""
         from aiohttp import web
 
         from broker import metrics
@@ -311,19 +344,21 @@ class Node:
             if not port:
                 continue
             address = bind or s.bind
+            hosts = listen_hosts(address)
             runner = web.AppRunner(make(self), access_log=None, handle_signals=False)
             await runner.setup()
-            site = web.TCPSite(runner, address, port, reuse_address=True)
-            try:
-                await site.start()
-            except OSError as exc:
-                await runner.cleanup()
-                log.error("listener failed", protocol=protocol, address=address, port=port,
-                          reason=exc.strerror or str(exc))
-                continue
             self._http_runners.append(runner)
-            self.listeners.append({"protocol": protocol, "ip_address": address, "port": port})
-            log.info("listening", protocol=protocol, address=address, port=port)
+            for host in hosts if isinstance(hosts, list) else [hosts]:
+                site = web.TCPSite(runner, host, port, reuse_address=True)
+                try:
+                    await site.start()
+                except OSError as exc:
+                    name = "HTTP API" if protocol == "http" else "Prometheus"
+                    raise StartupError(f"cannot listen for the {name} on {host or 'all addresses'}:{port}: "
+                                       f"{exc.strerror or exc} (management.tcp.port / prometheus.tcp.port; "
+                                       f"0 turns a listener off)") from None
+                self.listeners.append({"protocol": protocol, "ip_address": host or "::", "port": port})
+                log.info("listening", protocol=protocol, address=host or "::", port=port)
 
     async def stop(self) -> None:
         """Graceful shutdown: stop accepting, close every connection with 320 CONNECTION_FORCED, wait for

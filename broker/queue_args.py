@@ -59,7 +59,8 @@ def _unacceptable_type(value: Any) -> str:
 def _integer(minimum: int, maximum: int | None = None) -> Callable[[Any], str | None]:
     def check(value: Any) -> str | None:
         if isinstance(value, bool) or not isinstance(value, int):
-            return _unacceptable_type(value)
+            # RabbitMQ's check_int_arg: the error is a string, shown quoted by the reply's ~p.
+            return f'"expected integer, got {amqp_type_name(value)}"'
         if value < minimum:
             return "{value_zero," + str(value) + "}" if value == 0 else "{value_negative," + str(value) + "}"
         if maximum is not None and value > maximum:

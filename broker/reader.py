@@ -39,6 +39,7 @@ from protocol.constants import (
     IDX_BASIC_REJECT,
     NOT_ALLOWED,
     PROTOCOL_HEADER,
+    TUNE_FRAME_MIN,
     UNEXPECTED_FRAME,
 )
 from protocol.frames import HEARTBEAT_FRAME, BadProtocolHeader, FrameError, FrameParser, encode_frame
@@ -391,6 +392,9 @@ class Reader(asyncio.Protocol):
         method = decode_method(payload)
         state = self.state
         if isinstance(method, spec.Connection.Close):
+            # Channels first (RabbitMQ shuts them down before close-ok): confirms they have ready go out
+            # now, and nothing of theirs can follow close-ok.
+            self._cleanup()
             self.send(method_frame(0, spec.Connection.CloseOk))
             log.info("connection closed", connection=self.name, user=self.user.name,
                      reply_code=method.reply_code, reason=method.reply_text)
@@ -405,6 +409,8 @@ class Reader(asyncio.Protocol):
             self._close_transport()
         elif state == Reader.RUNNING and isinstance(method, (spec.Connection.Blocked, spec.Connection.Unblocked)):
             pass
+        elif state == Reader.RUNNING and isinstance(method, spec.Connection.UpdateSecret):
+            self._update_secret(method)
         else:
             state_name = {Reader.TUNING: "tuning", Reader.OPENING: "opening"}.get(state, "running")
             raise AMQPError(CHANNEL_ERROR, f"unexpected method in connection state {state_name}",
@@ -437,16 +443,21 @@ class Reader(asyncio.Protocol):
                                frame_max=self.settings.frame_max, heartbeat=self.settings.heartbeat))
 
     def _tune_ok(self, m: spec.Connection.TuneOk) -> None:
+        """Check the client's choices as RabbitMQ's ``validate_negotiated_integer_value`` does: 530 naming
+        connection.tune (10/30), the method whose proposal was not kept. frame_max may go down to the
+        spec's 4096; the frames we send are then split to fit (``send_content``)."""
         for field, minimum, client, server in (
-            ("frame_max", FRAME_MIN_SIZE, m.frame_max, self.settings.frame_max),
+            ("frame_max", TUNE_FRAME_MIN, m.frame_max, self.settings.frame_max),
             ("channel_max", 1, m.channel_max, self.settings.channel_max),
         ):
             if client and client < minimum:
-                self.close_connection(NOT_ALLOWED, f"{field}={client} < {minimum} min size", CLASS_CONNECTION, 31)
+                self.close_connection(NOT_ALLOWED, f"negotiated {field} = {client} is lower than the minimum "
+                                      f"allowed value ({minimum})", CLASS_CONNECTION, 30)
                 return
             if server and (client == 0 or client > server):
-                self.close_connection(NOT_ALLOWED, f"negotiated {field} = {client} is higher than the maximum "
-                                      f"allowed value ({server})", CLASS_CONNECTION, 31)
+                detail = " (no limit)" if field == "channel_max" and client == 0 else ""
+                self.close_connection(NOT_ALLOWED, f"negotiated {field} = {client}{detail} is higher than the "
+                                      f"maximum allowed value ({server})", CLASS_CONNECTION, 30)
                 return
         self.frame_max = m.frame_max
         self.parser.frame_max = m.frame_max
@@ -472,6 +483,16 @@ class Reader(asyncio.Protocol):
             self._schedule_heartbeat()
         self.send(method_frame(0, spec.Connection.OpenOk))
         log.info("connection opened", connection=self.name, user=self.user.name, vhost=self.vhost.name)
+
+    def _update_secret(self, m: spec.Connection.UpdateSecret) -> None:
+        """connection.update-secret (an OAuth 2 client refreshing its token): RabbitMQ asks each auth
+        backend whose state can expire to take the new secret, and skips the others. Leveret's users are
+        the internal backend's, whose state never expires (``expiry_timestamp`` is ``never``), so, as in
+        RabbitMQ, the secret is not checked and the same user goes on: update-secret-ok. A backend that
+        checks it would refuse with 530 "New secret was refused by one of the backends"."""
+        log.info("connection: user updated secret", connection=self.name, user=self.user.name,
+                 reason=m.reason if isinstance(m.reason, str) else repr(m.reason))
+        self.send(method_frame(0, spec.Connection.UpdateSecretOk))
 
     def client_capability(self, name: str) -> bool:
         caps = self.client_properties.get("capabilities")

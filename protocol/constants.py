@@ -14,8 +14,11 @@ FRAME_END = 0xCE
 FRAME_END_BYTE = b"\xce"
 # Frame header (type, channel, size) + frame-end octet.
 FRAME_OVERHEAD = 8
-# The smallest frame_max a peer may negotiate, and the limit before tuning.
+# The limit on frames before tuning, and the smallest frame_max the broker itself may be configured with.
 FRAME_MIN_SIZE = 4096 * 2
+# The smallest frame_max a client may ask for in tune-ok: the spec's minimum, RabbitMQ 3.x's ?FRAME_MIN_SIZE
+# (4.1 raised it to 8192, for large OAuth tokens in start-ok; that limit is FRAME_MIN_SIZE above, before tuning).
+TUNE_FRAME_MIN = 4096
 
 # Reply codes.
 REPLY_SUCCESS = 200

@@ -26,10 +26,25 @@ from protocol.fastcodec import build_content_header
 from protocol.frames import FrameError
 
 __all__ = [
-    "MAX_TABLE_DEPTH", "ScannedProperties", "TableTooDeep", "body_size_of", "build_content_header",
-    "check_field_table", "check_nesting", "decode_field_table", "decode_headers", "decode_properties",
+    "FIELD_TYPE_NAMES",
+    "MAX_TABLE_DEPTH",
+    "ScannedProperties",
+    "TableTooDeep",
+    "array_long_strings",
+    "body_size_of",
+    "build_content_header",
+    "check_field_table",
+    "check_nesting",
+    "decode_field_table",
+    "decode_headers",
+    "decode_properties",
     "encode_field_table",
-    "encode_field_value", "field_table_entries", "scan_properties", "with_properties",
+    "encode_field_value",
+    "field_table_entries",
+    "field_type_name",
+    "scan_properties",
+    "table_values",
+    "with_properties",
 ]
 
 _U16 = struct.Struct(">H")
@@ -194,6 +209,44 @@ def check_field_table(buf: bytes, start: int = 0, end: int | None = None) -> Non
     if start + 4 > end or start + 4 + _U32.unpack_from(buf, start)[0] != end:
         raise FrameError("field table length does not match its bytes")
     _entries(buf, start + 4, end, 0, None)
+
+
+# RabbitMQ's names of the field value types (rabbit_binary_parser), which its reply texts show, e.g.
+# ``{unacceptable_type_in_header,"CC",longstr}``. 'U' is not RabbitMQ's; read here as a signed short.
+FIELD_TYPE_NAMES: dict[int, str] = {ord(t): n for t, n in (
+    ("S", "longstr"), ("T", "timestamp"), ("b", "byte"), ("B", "unsignedbyte"), ("s", "short"),
+    ("u", "unsignedshort"), ("U", "short"), ("I", "signedint"), ("i", "unsignedint"), ("d", "double"),
+    ("f", "float"), ("l", "long"), ("L", "long"), ("t", "bool"), ("D", "decimal"), ("F", "table"),
+    ("A", "array"), ("x", "binary"), ("V", "void"))}
+
+
+def field_type_name(kind: int) -> str:
+    """RabbitMQ's name of the field value type octet ``kind`` (never a Python type name)."""
+    return FIELD_TYPE_NAMES.get(kind) or f"unknown type {bytes([kind])!r}"
+
+
+def table_values(buf: bytes, start: int, end: int, keys: tuple[bytes, ...]) -> dict[bytes, tuple[int, int]]:
+    """For each of ``keys`` present in the field table ``buf[start:end]`` (4-byte length included): the
+    span of its value, type octet first. The first entry of a key counts, as RabbitMQ's
+    ``table_lookup`` has it. Malformed tables raise :class:`FrameError`."""
+    out: dict[bytes, tuple[int, int]] = {}
+    for key, entry_start, entry_end in field_table_entries(buf, start, end):
+        if key in keys and key not in out:
+            out[key] = (entry_start + 1 + len(key), entry_end)
+    return out
+
+
+def array_long_strings(buf: bytes, start: int, end: int) -> list[bytes]:
+    """The long-string ('S') elements of the array value ``buf[start:end]`` (type octet 'A' first), in
+    order; elements of other types are skipped, as RabbitMQ's ``header_routes`` skips them."""
+    out: list[bytes] = []
+    pos = start + 5
+    while pos < end:
+        stop = _value_end(buf, pos, end, 1)
+        if buf[pos] == _LONG_STRING:
+            out.append(buf[pos + 5 : stop])
+        pos = stop
+    return out
 
 
 # -- field tables, decoded -----------------------------------------------------------------------------------

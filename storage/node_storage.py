@@ -36,6 +36,7 @@ import weakref
 from collections.abc import Callable, Collection
 from typing import Any, Literal
 
+from storage.data_dir_lock import LOCK_FILE
 from storage.metadata_store import MetadataStore
 from storage.msg_store import SUFFIX as SEGMENT_SUFFIX
 from storage.msg_store import MsgStore
@@ -118,7 +119,7 @@ def reset_data_dir(data_dir: str, keep: Collection[str] = ()) -> list[str]:
     removed: list[str] = []
     if not os.path.isdir(data_dir):
         return removed
-    names = os.listdir(data_dir)
+    names = [n for n in os.listdir(data_dir) if n != LOCK_FILE]  # the running broker's own lock stays
     if names and not any(n in NODE_ENTRIES for n in names):
         raise DataDirectoryError(f"{data_dir} does not look like a Leveret data directory (none of "
                                  f"{', '.join(NODE_ENTRIES)} is there); refusing to delete what it holds")

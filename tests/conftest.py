@@ -50,6 +50,11 @@ class BrokerProcess:
     data_dir: Path | None = None
     log_path: Path | None = None
     extra_args: list[str] = field(default_factory=list)
+    # The HTTP API and Prometheus ports of a Leveret we started: free ports of their own (a taken port
+    # stops the start, so brokers started side by side must not share the defaults). Arguments in
+    # ``extra_args`` come later on the command line and win.
+    management_port: int = 0
+    prometheus_port: int = 0
 
     @property
     def url(self) -> str:
@@ -82,9 +87,12 @@ class BrokerProcess:
     # -- lifecycle of a broker we started ---------------------------------------------------------------
     def start(self, timeout: float = 20.0) -> None:
         assert self.data_dir is not None and self.log_path is not None
+        self.management_port = self.management_port or free_port()
+        self.prometheus_port = self.prometheus_port or free_port()
         cmd = [
             sys.executable, "-m", "broker", "serve",
             "--bind", self.host, "--port", str(self.port), "--data-dir", str(self.data_dir),
+            "--management-port", str(self.management_port), "--prometheus-port", str(self.prometheus_port),
             *self.extra_args,
         ]
         env = dict(os.environ, PYTHONUNBUFFERED="1", LEVERET_LOG_FORMAT="json")

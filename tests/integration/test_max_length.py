@@ -287,10 +287,11 @@ def test_invalid_length_arguments_are_406(conn, uid, arg, value):
 
 @pytest.mark.parametrize(("value", "type_name"), [("ten", "longstr"), (True, "bool"), ({"a": 1}, "table")])
 def test_wrong_type_is_named_by_its_amqp_type(conn, uid, value, type_name):
-    """RabbitMQ's text names the AMQP field type (``{unacceptable_type,longstr}``), not a Python type."""
+    """RabbitMQ's text names the AMQP field type (check_int_arg: ``"expected integer, got longstr"``), not a
+    Python type (the text said ``{unacceptable_type,str}``)."""
     ch = conn.channel()
     with pytest.raises(ChannelClosedByBroker) as ei:
         ch.queue_declare(f"{uid}-q", arguments={"x-max-length": value})
     assert ei.value.reply_code == 406
     assert ei.value.reply_text == (f"PRECONDITION_FAILED - invalid arg 'x-max-length' for queue '{uid}-q' in "
-                                   f"vhost '/': {{unacceptable_type,{type_name}}}")
+                                   f"vhost '/': \"expected integer, got {type_name}\"")

@@ -102,11 +102,12 @@ def queue_exists(b, name: str) -> bool:
 
 
 def files_of(data_dir: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
-    """Every file under ``data_dir`` (relative path → sha256), except names starting with one of ``skip``."""
+    """Every file under ``data_dir`` (relative path → sha256), except names starting with one of ``skip``
+    and the lock file (``leveret.lock``, which each start rewrites with its pid)."""
     out = {}
     for path in sorted(data_dir.rglob("*")):
         rel = str(path.relative_to(data_dir))
-        if path.is_file() and not rel.startswith(skip):
+        if path.is_file() and not rel.startswith(skip) and rel != "leveret.lock":
             out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
     return out
 
