@@ -43,8 +43,8 @@ from storage.segment import (
     CorruptRecord,
     fsync_dir,
     read_framed_file,
+    replace_file,
     scan,
-    write_all,
     write_file_atomically,
 )
 from storage.syncer import Syncer
@@ -292,7 +292,6 @@ class MsgStore:
         with open(path, "rb") as fh:
             data = fh.read()
         records, _, _ = scan(data, path)
-        tmp = path + ".compact"
         moves: list[tuple[int, int, int, int]] = []
         out = bytearray()
         locs = self._locs
@@ -304,25 +303,7 @@ class MsgStore:
             new_start = len(out) + HEADER_SIZE
             out += data[rec_off:start + n]
             moves.append((msg_id, start, new_start, n))
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            write_all(fd, out)  # a short write (full disk) raises: a partial copy must never replace the file
-            if self.durable:
-                os.fsync(fd)
-        except OSError:
-            os.close(fd)
-            fd = -1
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        finally:
-            if fd >= 0:
-                os.close(fd)
-        os.replace(tmp, path)
-        if self.durable:
-            fsync_dir(self.directory)
+        replace_file(path, out, self.durable)  # a partial copy (full disk) never replaces the file
         return file, moves, len(out)
 
     def _apply_results(self) -> None:

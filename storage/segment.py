@@ -293,18 +293,21 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_file_atomically(path: str, payload: bytes) -> None:
-    """Write one framed record to ``path`` via a temporary file, fsync, rename, fsync the directory."""
+def replace_file(path: str, data: bytes | bytearray, durable: bool = True) -> None:
+    """Put ``data`` at ``path`` whole or not at all: written to ``path.tmp`` (every byte, fsynced when
+    ``durable``), renamed over ``path``, directory fsynced. On a failed write (a full disk) the partial
+    temporary file is removed, so it neither takes the space that ran out nor replaces anything."""
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        write_all(fd, frame(payload))
-        os.fsync(fd)
+        write_all(fd, data)
+        if durable:
+            os.fsync(fd)
     except OSError:
         os.close(fd)
         fd = -1
         try:
-            os.unlink(tmp)  # don't leave a partial file taking the space that just ran out
+            os.unlink(tmp)
         except OSError:
             pass
         raise
@@ -312,7 +315,13 @@ def write_file_atomically(path: str, payload: bytes) -> None:
         if fd >= 0:
             os.close(fd)
     os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path) or ".")
+    if durable:
+        fsync_dir(os.path.dirname(path) or ".")
+
+
+def write_file_atomically(path: str, payload: bytes) -> None:
+    """Write one framed record to ``path`` durably and atomically (see :func:`replace_file`)."""
+    replace_file(path, frame(payload))
 
 
 def read_framed_file(path: str) -> bytes | None:

@@ -19,7 +19,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -170,6 +170,23 @@ def start_broker(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
     yield start
     for b in started:
         b.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def raw(broker):
+    """Factory of raw AMQP clients (tests/rawamqp.py) connected to the broker; all closed at teardown."""
+    from rawamqp import RawAMQPClient
+
+    clients: list[RawAMQPClient] = []
+
+    def make(**kw) -> RawAMQPClient:
+        c = RawAMQPClient.for_broker(broker, timeout=kw.pop("timeout", 5.0), **kw)
+        clients.append(c)
+        return c
+
+    yield make
+    for c in clients:
+        c.close()
 
 
 @pytest.fixture

@@ -89,19 +89,6 @@ def assert_broker_serves(broker, uid: str) -> None:
             conn.close()
 
 
-@pytest.fixture
-def raw(broker):
-    """Factory of raw clients connected to the broker; all closed at teardown."""
-    clients: list[RawAMQPClient] = []
-
-    def make(**kw) -> RawAMQPClient:
-        c = RawAMQPClient.for_broker(broker, timeout=kw.pop("timeout", 5.0), **kw)
-        clients.append(c)
-        return c
-
-    yield make
-    for c in clients:
-        c.close()
 
 
 def opened(raw, channel: int | None = 1, **handshake_kw) -> RawAMQPClient:

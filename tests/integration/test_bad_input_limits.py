@@ -67,19 +67,6 @@ def depth(value: object) -> int:
     return 0
 
 
-@pytest.fixture
-def raw(broker):
-    """Factory of raw clients connected to the shared broker; all closed at teardown."""
-    clients: list[RawAMQPClient] = []
-
-    def make(**kw) -> RawAMQPClient:
-        c = RawAMQPClient.for_broker(broker, timeout=kw.pop("timeout", 5.0), **kw)
-        clients.append(c)
-        return c
-
-    yield make
-    for c in clients:
-        c.close()
 
 
 def opened(raw, channel: int = 1) -> RawAMQPClient:

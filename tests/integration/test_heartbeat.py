@@ -29,18 +29,6 @@ from rawamqp import (  # tests/ is on sys.path (rootdir conftest)
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture
-def raw(broker):
-    clients: list[RawAMQPClient] = []
-
-    def make(**kw) -> RawAMQPClient:
-        c = RawAMQPClient.for_broker(broker, timeout=kw.pop("timeout", 5.0), **kw)
-        clients.append(c)
-        return c
-
-    yield make
-    for c in clients:
-        c.close()
 
 
 def watch(c: RawAMQPClient, duration: float, *, send_every: float | None = None,

@@ -35,7 +35,7 @@ import decimal
 import random
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import aiormq
 import pika
@@ -71,19 +71,6 @@ def locked_text(name: str) -> str:
 
 # -- helpers --------------------------------------------------------------------------------------------
 
-@pytest.fixture
-def raw(broker) -> Iterator[Callable[..., RawAMQPClient]]:
-    """Factory of raw clients connected to the broker; all closed at teardown."""
-    clients: list[RawAMQPClient] = []
-
-    def make(**kw) -> RawAMQPClient:
-        c = RawAMQPClient.for_broker(broker, timeout=kw.pop("timeout", 5.0), **kw)
-        clients.append(c)
-        return c
-
-    yield make
-    for c in clients:
-        c.close()
 
 
 def opened(raw: Callable[..., RawAMQPClient], channel: int = 1, **handshake_kw) -> RawAMQPClient:
