@@ -17,9 +17,9 @@ import sys
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable, Iterator
 
 import pytest
 
