@@ -31,11 +31,8 @@ import logging
 import os
 import struct
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 from zlib import crc32
-
-if TYPE_CHECKING:
-    from storage.syncer import Syncer
 
 log = logging.getLogger("leveret.storage")
 
@@ -46,6 +43,13 @@ assert HEADER.size == 12
 HEADER_SIZE = HEADER.size
 # Appends are written to the kernel once this much is buffered, even inside a burst (bounds memory).
 FLUSH_AT = 1 << 20
+
+
+class Syncer(Protocol):
+    """What an append file needs of its syncer (storage.syncer.Syncer): to be told it has new appends.
+    Declared here so that segment does not depend on the syncer that depends on it."""
+
+    def mark(self, f: AppendFile) -> None: ...
 
 
 class CorruptRecord(Exception):
