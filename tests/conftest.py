@@ -55,6 +55,7 @@ class BrokerProcess:
     # ``extra_args`` come later on the command line and win.
     management_port: int = 0
     prometheus_port: int = 0
+    own_http_ports: bool = True  # False: leave the HTTP ports to the configuration (a test of it)
 
     @property
     def url(self) -> str:
@@ -87,13 +88,15 @@ class BrokerProcess:
     # -- lifecycle of a broker we started ---------------------------------------------------------------
     def start(self, timeout: float = 20.0) -> None:
         assert self.data_dir is not None and self.log_path is not None
-        self.management_port = self.management_port or free_port()
-        self.prometheus_port = self.prometheus_port or free_port()
+        ports: list[str] = []
+        if self.own_http_ports:
+            self.management_port = self.management_port or free_port()
+            self.prometheus_port = self.prometheus_port or free_port()
+            ports = ["--management-port", str(self.management_port), "--prometheus-port", str(self.prometheus_port)]
         cmd = [
             sys.executable, "-m", "broker", "serve",
             "--bind", self.host, "--port", str(self.port), "--data-dir", str(self.data_dir),
-            "--management-port", str(self.management_port), "--prometheus-port", str(self.prometheus_port),
-            *self.extra_args,
+            *ports, *self.extra_args,
         ]
         env = dict(os.environ, PYTHONUNBUFFERED="1", LEVERET_LOG_FORMAT="json")
         log = open(self.log_path, "ab")
@@ -159,10 +162,11 @@ def start_broker(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
         pytest.skip("needs a Leveret process of its own")
     started: list[BrokerProcess] = []
 
-    def start(*extra_args: str, data_dir: Path | None = None) -> BrokerProcess:
+    def start(*extra_args: str, data_dir: Path | None = None, own_http_ports: bool = True) -> BrokerProcess:
         n = len(started)
         b = BrokerProcess(host="127.0.0.1", port=free_port(), data_dir=data_dir or tmp_path / f"data{n}",
-                          log_path=tmp_path / f"broker{n}.log", extra_args=list(extra_args))
+                          log_path=tmp_path / f"broker{n}.log", extra_args=list(extra_args),
+                          own_http_ports=own_http_ports)
         b.start()
         started.append(b)
         return b

@@ -62,7 +62,7 @@ def test_ports_from_file_with_command_line_over_it(start_broker, tmp_path):
     mport, pport, other = free_port(), free_port(), free_port()
     conf = tmp_path / "good.conf"
     conf.write_text(f"management.tcp.port = {other}\nprometheus.tcp.port = {pport}\nheartbeat = 30\n")
-    b = start_broker("--config", str(conf), "--management-port", str(mport))
+    b = start_broker("--config", str(conf), "--management-port", str(mport), own_http_ports=False)
     import time
 
     deadline = time.monotonic() + 10
