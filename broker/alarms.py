@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 if TYPE_CHECKING:
+    from broker.config import Settings
     from broker.reader import Reader
 
 log = structlog.get_logger("leveret.alarms")
@@ -41,6 +42,22 @@ def total_memory() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return 8 << 30
+
+
+def configured_memory_limit(settings: Settings) -> int:
+    """The memory high watermark the settings give, in bytes: ``vm_memory_high_watermark.absolute`` if set,
+    else ``vm_memory_high_watermark.relative`` times the machine's RAM."""
+    if settings.vm_memory_high_watermark_absolute:
+        return settings.vm_memory_high_watermark_absolute
+    return int(settings.vm_memory_high_watermark_relative * total_memory())
+
+
+def configured_disk_free_limit(settings: Settings) -> int:
+    """The free-disk limit the settings give, in bytes: ``disk_free_limit.relative`` times the machine's RAM
+    if set (as RabbitMQ's ``{mem_relative, R}``), else ``disk_free_limit.absolute``."""
+    if settings.disk_free_limit_relative is not None:
+        return int(settings.disk_free_limit_relative * total_memory())
+    return settings.disk_free_limit_absolute
 
 
 class AlarmState:

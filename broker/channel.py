@@ -11,16 +11,16 @@ from __future__ import annotations
 import base64
 import bisect
 import os
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as spec
 
-from broker import delegate, permissions, topic_permissions
+from broker import permissions, topic_permissions
 from broker.errors import AMQPError
-from broker.exchange import EXCHANGE, QUEUE, validate_arguments
+from broker.exchange import EXCHANGE, QUEUE, Exchange, validate_arguments
 from broker.message import Message
+from broker.publish import FLAGS_TO_READ, PENDING, REFUSED, REPLY_TO, ROUTED, check_properties
 from broker.queue_args import amqp_type_name
 from broker.queue_consumers import Consumer
 from protocol import fastcodec
@@ -39,32 +39,11 @@ from protocol.constants import (
 from protocol.fastcodec import PublishArgs
 from protocol.frames import FrameError
 from protocol.methods import method_frame
-from protocol.properties import (
-    MAX_TABLE_DEPTH,
-    TableTooDeep,
-    array_long_strings,
-    check_nesting,
-    field_type_name,
-    table_values,
-    with_properties,
-)
 
 if TYPE_CHECKING:
     from broker.queue_process import QueueProcess
     from broker.reader import Reader
 
-REPLY_TO = "amq.rabbitmq.reply-to"
-REPLY_TO_PREFIX = REPLY_TO + "."
-# Content-header flag bits that make the broker look at the properties of a publish.
-_FLAG_HEADERS = 1 << 13
-_FLAG_DELIVERY_MODE = 1 << 12
-_FLAG_REPLY_TO = 1 << 9
-_FLAG_EXPIRATION = 1 << 8
-_FLAG_USER_ID = 1 << 4
-_FLAGS_TO_READ = _FLAG_HEADERS | _FLAG_DELIVERY_MODE | _FLAG_REPLY_TO | _FLAG_EXPIRATION | _FLAG_USER_ID
-# The headers of sender-selected distribution, in the order RabbitMQ reads them (?ROUTING_HEADERS).
-_ROUTING_HEADERS = (b"CC", b"BCC")
-_ARRAY = ord("A")
 # Client libraries (client_properties "product") that give basic.qos's global flag its AMQP 0-9-1 meaning on a
 # broker not named RabbitMQ: py-amqp, under kombu and Celery (see Channel._basic_qos).
 SPEC_QOS_CLIENTS = frozenset({"py-amqp"})
@@ -105,6 +84,8 @@ class Channel:
         self.consumers: dict[str, Consumer] = {}
         self.prefetch_count = 0  # for consumers created from now on (basic.qos global=false)
         self.global_prefetch = 0  # shared by the channel's consumers (basic.qos global=true)
+        # Whether the channel has published (RabbitMQ's publishing mode): an open one counts as a publisher.
+        self.publishing = False
         # Publisher confirms.
         self.confirm = False
         self.publish_seq = 0
@@ -213,11 +194,12 @@ class Channel:
         self._header = None
         self._body_parts = []
         self._body_received = 0
-        msg = Message(args.exchange, args.routing_key, args.names_raw, header, body, time.time() * 1000.0)
+        msg = Message(args.exchange, args.routing_key, args.names_raw, header, body)
         self.basic_publish(args, msg)
 
     # -- publishing ------------------------------------------------------------------------------------
     def basic_publish(self, args: PublishArgs, msg: Message) -> None:
+        self.publishing = True
         if args.immediate:
             raise AMQPError(NOT_IMPLEMENTED, "immediate=true", CLASS_BASIC, 40)
         try:
@@ -231,8 +213,9 @@ class Channel:
             topic.check(exchange, args.routing_key)
         flags = (msg.header[12] << 8) | msg.header[13] if len(msg.header) >= 14 else 0
         persistent = False
-        if flags & _FLAGS_TO_READ:
-            persistent = self._read_properties(msg, flags)
+        if flags & FLAGS_TO_READ:
+            rc = self.reply_consumer
+            persistent = check_properties(msg, flags, self.reader.user, None if rc is None else rc.key)
             if topic is not None and msg.extra_keys:
                 topic.check_all(exchange, msg.extra_keys)  # CC / BCC keys (RabbitMQ 4.1+ checks them too)
         if self.tx is not None:
@@ -240,105 +223,27 @@ class Channel:
             return
         self._route(exchange, args, msg, persistent)
 
-    def _read_properties(self, msg: Message, flags: int) -> bool:
-        """Act on the properties that matter to the broker; returns whether the message is persistent."""
-        props = msg.props
-        if props.user_id is not None and props.user_id != self.reader.user.name \
-                and "impersonator" not in self.reader.user.tags:
-            raise AMQPError(PRECONDITION_FAILED, f"user_id property set to '{props.user_id}' but "
-                            f"authenticated user was '{self.reader.user.name}'", CLASS_BASIC, 40)
-        if props.expiration is not None:
-            try:
-                ttl = int(props.expiration)
-                if ttl < 0 or not props.expiration.isdigit():
-                    raise ValueError
-            except ValueError:
-                raise AMQPError(PRECONDITION_FAILED, f"invalid expiration '{props.expiration}'",
-                                CLASS_BASIC, 40) from None
-            msg.expiration_ms = ttl
-        mode = props.delivery_mode
-        if mode != 2 and mode != 1 and flags & _FLAG_DELIVERY_MODE:
-            # rabbit_basic:is_message_persistent/1 knows only 1 and 2 (RabbitMQ up to 3.12; 3.13+ with
-            # message containers takes any other mode as transient).
-            raise AMQPError(PRECONDITION_FAILED, f"invalid message: {{delivery_mode_unknown,{mode}}}",
-                            CLASS_BASIC, 40)
-        if props.headers_span is not None:
-            start, end = props.headers_span
-            try:
-                check_nesting(msg.header, start, end)
-            except TableTooDeep:
-                # Accepted, it could not be routed by a headers exchange, dead-lettered or shown over HTTP.
-                raise AMQPError(PRECONDITION_FAILED, f"message headers nest tables or arrays more than "
-                                f"{MAX_TABLE_DEPTH} levels deep", CLASS_BASIC, 40) from None
-            header = msg.header
-            # One search in the common case (neither key), two more only if "CC" is there at all.
-            if header.find(b"CC", start, end) >= 0 and (header.find(b"\x02CC", start, end) >= 0
-                                                       or header.find(b"\x03BCC", start, end) >= 0):
-                self._sender_selected(msg, start, end)
-        if props.reply_to == REPLY_TO:
-            if self.reply_consumer is None:
-                raise AMQPError(PRECONDITION_FAILED, "fast reply consumer does not exist", CLASS_BASIC, 40)
-            msg.replace_header(with_properties(msg.header,
-                                               reply_to=REPLY_TO_PREFIX + self.reply_consumer.key))
-        return props.delivery_mode == 2
-
-    @staticmethod
-    def _sender_selected(msg: Message, start: int, end: int) -> None:
-        """CC and BCC headers (the table at ``msg.header[start:end]``) add routing keys; BCC is removed
-        before anyone sees the message. Read from the raw table, as RabbitMQ's ``header_routes`` reads
-        them: each must be an array (else 406 naming the header and its field type), and only its long
-        strings are keys (an integer 7 is not the key "7")."""
-        header = msg.header
-        values = table_values(header, start, end, _ROUTING_HEADERS)
-        keys: list[str] = []
-        for name in _ROUTING_HEADERS:
-            span = values.get(name)
-            if span is None:
-                continue
-            if header[span[0]] != _ARRAY:
-                raise AMQPError(PRECONDITION_FAILED, f"invalid message: {{unacceptable_type_in_header,"
-                                f"\"{name.decode()}\",{field_type_name(header[span[0]])}}}", CLASS_BASIC, 40)
-            keys.extend(k.decode(errors="replace") for k in array_long_strings(header, *span))
-        if keys:
-            msg.extra_keys = keys
-        if b"BCC" in values:
-            extra = msg.extra_keys
-            msg.replace_header(with_properties(msg.header, headers_remove=["BCC"]))
-            msg.extra_keys = extra
-
-    def _route(self, exchange: Any, args: PublishArgs, msg: Message, persistent: bool, tx_seq: int = 0) -> int:
-        """Route and hand over one publish; returns how many queues will confirm it later (after an fsync).
-        ``tx_seq`` (negative) asks for those later confirms on behalf of a tx.commit."""
-        counters = self.counters
-        counters.messages_received += 1
+    def _route(self, exchange: Exchange, args: PublishArgs, msg: Message, persistent: bool,
+               tx_seq: int = 0) -> int:
+        """Publish through the vhost (broker/publish.py), return the message if it is mandatory and went
+        nowhere, and account its confirm. Returns VHost.publish's result, whose ``>> PENDING`` part counts the
+        queues that will confirm it later (after an fsync); ``tx_seq`` (negative) asks for those later
+        confirms on behalf of a tx.commit."""
         if self.confirm:
-            counters.messages_received_confirm += 1
-            self.publish_seq += 1
-        accepted = True
-        pending = 0
-        if exchange.name == "" and msg.routing_key.startswith(REPLY_TO_PREFIX):
-            routed = self.reader.node.deliver_reply(msg)
+            seq = self.publish_seq = self.publish_seq + 1
+            result = self.vhost.publish(exchange, msg, persistent, args.mandatory, self, seq)
         else:
-            queues = self.vhost.route(exchange, msg)
-            routed = len(queues)
-            if queues:
-                accepted, pending = delegate.deliver(queues, msg, persistent, self,
-                                                     self.publish_seq if self.confirm else tx_seq)
-        if routed:
-            counters.messages_routed += 1
-        elif args.mandatory:
-            counters.messages_unroutable_returned += 1
+            result = self.vhost.publish(exchange, msg, persistent, args.mandatory, self, tx_seq)
+        if args.mandatory and not result & ROUTED:
             self.reader.send(fastcodec.encode_basic_return(self.id, NO_ROUTE, "NO_ROUTE", args.names_raw))
             self.reader.send_content(self.id, msg.header, msg.body)
-        else:
-            counters.messages_unroutable_dropped += 1
         if self.confirm:
-            if pending:
-                self._unconfirmed[self.publish_seq] = [pending, accepted]
+            if result >> PENDING:
+                self._unconfirmed[seq] = [result >> PENDING, not result & REFUSED]
             else:
-                (self._confirm_acks if accepted else self._confirm_nacks).append(self.publish_seq)
+                (self._confirm_nacks if result & REFUSED else self._confirm_acks).append(seq)
                 self.reader.confirms_pending(self)
-        return pending
+        return result
 
     def confirm_from_queue(self, seq: int, stored: bool = True) -> None:
         """A queue has this publish on disk (``stored``), or failed to put it there; once every queue it
@@ -358,6 +263,12 @@ class Channel:
             del self._unconfirmed[seq]
             (self._confirm_acks if entry[1] else self._confirm_nacks).append(seq)
             self.reader.confirms_pending(self)
+
+    @property
+    def messages_unconfirmed(self) -> int:
+        """Publishes not yet confirmed to the client (RabbitMQ's ``messages_unconfirmed``): those waiting for
+        their queues' fsync, and those settled this tick whose basic.ack / basic.nack is not written yet."""
+        return len(self._unconfirmed) + len(self._confirm_acks) + len(self._confirm_nacks)
 
     def flush_confirms(self) -> None:
         """Send the confirms of this tick. Every tag below the oldest publish still waiting for a queue is
@@ -779,7 +690,8 @@ class Channel:
                 exchange, args, msg, persistent = item
                 if self.vhost.exchanges.get(exchange.name) is exchange or exchange.name == "":
                     self._tx_seq -= 1  # a token of its own per publish (queues keep them in sets)
-                    self._tx_awaiting_sync += self._route(exchange, args, msg, persistent, self._tx_seq)
+                    result = self._route(exchange, args, msg, persistent, self._tx_seq)
+                    self._tx_awaiting_sync += result >> PENDING
             else:
                 self._settle(item, kind)
         # commit-ok means the transaction's persistent messages are on disk, as a confirm would.

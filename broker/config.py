@@ -179,6 +179,7 @@ class Settings:
     vm_memory_high_watermark_relative: float = 0.4
     vm_memory_high_watermark_absolute: int | None = None
     disk_free_limit_absolute: int = 50 * 1000 * 1000
+    # A multiple of the machine's RAM: when set it is the limit (alarms.py); disk_free_limit.absolute clears it.
     disk_free_limit_relative: float | None = None
     # Off by default (RabbitMQ's is 30 minutes): Celery's ETA tasks stay unacked for long on purpose.
     consumer_timeout: int | None = None
@@ -222,6 +223,16 @@ def _set_user_tag(s: Settings, key: str, value: str) -> None:
 
 def _set_default_permission(s: Settings, key: str, value: str) -> None:
     s.default_permissions = dict(s.default_permissions, **{key.rsplit(".", 1)[1]: parse_regex(value)})
+
+
+def _set_disk_free_limit(s: Settings, key: str, value: str) -> None:
+    """``disk_free_limit.absolute`` and ``.relative`` (a multiple of the machine's RAM, applied at start) are
+    two ways of giving one limit: the one given last wins (file order, then environment, then command line)."""
+    if key.endswith(".relative"):
+        s.disk_free_limit_relative = parse_relative(value)
+    else:
+        s.disk_free_limit_absolute = parse_bytes(value)
+        s.disk_free_limit_relative = None
 
 
 def _set_listener(s: Settings, key: str, value: str) -> None:
@@ -269,9 +280,8 @@ KEYS: dict[str, tuple[Callable[[Settings, str, str], None], str]] = {
                                           "a fraction of RAM above 0 and at most 1, e.g. 0.4"),
     "vm_memory_high_watermark.absolute": (_simple("vm_memory_high_watermark_absolute", parse_bytes),
                                           "a size, e.g. 1GiB"),
-    "disk_free_limit.absolute": (_simple("disk_free_limit_absolute", parse_bytes), "a size, e.g. 50MB"),
-    "disk_free_limit.relative": (_simple("disk_free_limit_relative", parse_relative),
-                                 "a positive multiple of RAM, e.g. 1.5"),
+    "disk_free_limit.absolute": (_set_disk_free_limit, "a size, e.g. 50MB"),
+    "disk_free_limit.relative": (_set_disk_free_limit, "a positive multiple of RAM, e.g. 1.5"),
     "consumer_timeout": (_simple("consumer_timeout", parse_int), "milliseconds"),
     "queue_index_embed_msgs_below": (_simple("queue_index_embed_msgs_below", parse_bytes), "a size in bytes"),
     "cluster_name": (_simple("cluster_name", parse_nonempty), "a name"),

@@ -1,7 +1,7 @@
 """Hands one routed message to every target queue process in one step (RabbitMQ's ``delegate``).
 
-A single node needs no remote batching, so this is where the per-publish fan-out lives, and where
-credit flow will account each hand-over to a queue (seed 003, DESIGN.md §2).
+A single node needs no remote batching, so this is where the per-publish fan-out lives, and where credit
+flow accounts each hand-over to a queue (seed 003, DESIGN.md §2). Called by ``VHost.publish`` only.
 """
 
 from __future__ import annotations
@@ -9,27 +9,28 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from broker.message import Message
+from broker.publish import PENDING, REFUSED, Publisher
 from broker.queue_process import CONFIRM_LATER, REJECTED
 from storage.msg_store import new_msg_id
 
 if TYPE_CHECKING:
-    from broker.channel import Channel
     from broker.queue_process import QueueProcess
 
 
-def deliver(queues: list[QueueProcess], msg: Message, persistent: bool, publisher: Channel | None = None,
-            confirm_seq: int = 0) -> tuple[bool, int]:
+def deliver(queues: list[QueueProcess], msg: Message, persistent: bool, publisher: Publisher | None = None,
+            confirm_seq: int = 0) -> int:
     """Give ``msg`` to each queue (a persistent message stays persistent only in durable queues).
 
-    Returns ``(accepted, pending)``: accepted is False if any queue refused the message (overflow
-    reject-publish; its publisher is then nacked while the queues that took it keep their copy); pending
-    counts the queues that will confirm later, after an fsync (``confirm_seq`` > 0 asks for confirms).
+    Returns the confirm part of broker/publish.py's result: ``REFUSED`` set if any queue refused the message
+    (overflow reject-publish; its publisher is then nacked while the queues that took it keep their copy),
+    and, above ``PENDING``, how many queues will confirm later, after an fsync (``confirm_seq`` asks for
+    confirms: > 0 a confirm-mode channel's sequence number, < 0 a transaction's token).
     A queue with too many publishes awaiting their fsync stops reading the publisher's socket (credit flow).
     """
     token = (publisher, confirm_seq) if confirm_seq else None
     if persistent and len(queues) > 1:
         msg.msg_id = new_msg_id()
-    accepted = True
+    refused = 0
     pending = 0
     for q in queues:
         if publisher is not None and publisher not in q.publisher_channels:
@@ -39,7 +40,7 @@ def deliver(queues: list[QueueProcess], msg: Message, persistent: bool, publishe
         if result == CONFIRM_LATER:
             pending += 1
         elif result == REJECTED:
-            accepted = False
+            refused = REFUSED
         if publisher is not None and q.overloaded:
             q.throttle(publisher.reader)
-    return accepted, pending
+    return (pending << PENDING) | refused

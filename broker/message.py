@@ -34,9 +34,11 @@ class Message:
         self.body = body
         self._props: ScannedProperties | None = None
         self._headers: dict[str, Any] | None = None
-        # Wall-clock ms at publish: per-message and queue TTLs count from here (a requeue keeps it).
+        # Wall-clock ms at publish, stamped by VHost.publish: per-message and queue TTLs count from here (a
+        # requeue keeps it).
         self.published_at = published_at
-        # The ``expiration`` property in ms, once the channel has parsed it (None: no per-message TTL).
+        # The ``expiration`` property in ms, once broker/publish.py's check_properties has parsed it (None: no
+        # per-message TTL).
         self.expiration_ms: int | None = None
         # CC/BCC routing keys (sender-selected distribution): routed to as well as ``routing_key``.
         self.extra_keys: list[str] | None = None

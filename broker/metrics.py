@@ -26,6 +26,7 @@ from broker import PRODUCT, VERSION
 
 if TYPE_CHECKING:
     from broker.node import Node
+    from broker.queue_process import QueueProcess
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PROTOCOL = "amqp091"
@@ -53,6 +54,34 @@ class GlobalCounters:
         # authentication (rabbitmq_auth_attempts_*_total)
         "auth_attempts", "auth_attempts_succeeded", "auth_attempts_failed",
     )
+    # The same fields declared with their type (for readers and type checkers; __init__ zeroes every slot).
+    messages_received: int
+    messages_received_confirm: int
+    messages_routed: int
+    messages_unroutable_dropped: int
+    messages_unroutable_returned: int
+    messages_confirmed: int
+    messages_delivered: int
+    messages_delivered_consume_manual_ack: int
+    messages_delivered_consume_auto_ack: int
+    messages_delivered_get_manual_ack: int
+    messages_delivered_get_auto_ack: int
+    messages_get_empty: int
+    messages_redelivered: int
+    messages_acknowledged: int
+    messages_dead_lettered_expired: int
+    messages_dead_lettered_rejected: int
+    messages_dead_lettered_maxlen: int
+    connections_opened: int
+    connections_closed: int
+    channels_opened: int
+    channels_closed: int
+    queues_declared: int
+    queues_created: int
+    queues_deleted: int
+    auth_attempts: int
+    auth_attempts_succeeded: int
+    auth_attempts_failed: int
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -100,52 +129,48 @@ OBJECT_COUNTER_METRICS = {
     "auth_attempts_failed": ("rabbitmq_auth_attempts_failed_total",
                              "Total number of failed authentication attempts"),
 }
-# Per-queue figures: (metric, help, kind, how to read it from a QueueProcess)
+# Per-queue gauges and counters: (metric, help); their values come from queue_values.
 QUEUE_GAUGES = (
     ("rabbitmq_queue_messages_ready", "Messages ready to be delivered to consumers"),
     ("rabbitmq_queue_messages_unacked", "Messages delivered to consumers but not yet acknowledged"),
     ("rabbitmq_queue_messages", "Sum of ready and unacknowledged messages - total queue depth"),
     ("rabbitmq_queue_messages_ready_bytes", "Size in bytes of ready messages"),
+    ("rabbitmq_queue_messages_unacked_bytes", "Size in bytes of all unacknowledged messages"),
     ("rabbitmq_queue_messages_bytes", "Size in bytes of ready and unacknowledged messages"),
     ("rabbitmq_queue_consumers", "Consumers on a queue"),
     ("leveret_queue_publishers", "Channels that have published to a queue and are still open"),
+    ("leveret_queue_messages_paged_out", "Ready messages whose body is on disk only (paged out: betas and delta)"),
 )
 QUEUE_COUNTERS = (
-    ("rabbitmq_queue_messages_published_total", "Total number of messages published to queues", "published"),
-    ("rabbitmq_queue_messages_delivered_total", "Total number of messages delivered to consumers",
-     "delivered"),
-    ("rabbitmq_queue_messages_redelivered_total", "Total number of messages redelivered to consumers",
-     "redelivered"),
-    ("rabbitmq_queue_messages_acked_total", "Total number of messages acknowledged by consumers", "acked"),
-    ("rabbitmq_queue_get_total", "Total number of messages fetched with basic.get", "get"),
+    ("rabbitmq_queue_messages_published_total", "Total number of messages published to queues"),
+    ("rabbitmq_queue_messages_delivered_total", "Total number of messages delivered to consumers"),
+    ("rabbitmq_queue_messages_redelivered_total", "Total number of messages redelivered to consumers"),
+    ("rabbitmq_queue_messages_acked_total", "Total number of messages acknowledged by consumers"),
+    ("rabbitmq_queue_get_total", "Total number of messages fetched with basic.get"),
 )
 
 
-def queue_figures(q: Any) -> tuple[int, int, int, int, int, int, int]:
-    """(ready, unacked, total, ready_bytes, bytes, consumers, publishers) of one queue process."""
-    bq = q.bq
-    ready = bq.len()
-    unacked = bq.pending_ack_count()
-    try:
-        ready_bytes = bq.ready_bytes()
-    except Exception:
-        ready_bytes = 0
-    unacked_bytes = 0
-    ub = getattr(bq, "unacked_bytes", None)
-    if callable(ub):
-        unacked_bytes = ub()
-    return (ready, unacked, ready + unacked, ready_bytes, ready_bytes + unacked_bytes, q.consumers.count,
-            len(q.publisher_channels))
-
-
-def _memory_limit(settings: Any) -> int:
-    if settings.vm_memory_high_watermark_absolute:
-        return int(settings.vm_memory_high_watermark_absolute)
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return 0
-    return int(total * settings.vm_memory_high_watermark_relative)
+def queue_values(q: QueueProcess) -> dict[str, int]:
+    """Every per-queue metric of one queue process, by name: its figures (``QueueProcess.figures``, read
+    now), consumers and publishers, and its counters (``QueueProcess.stats``)."""
+    f = q.figures()
+    s = q.stats
+    return {
+        "rabbitmq_queue_messages_ready": f.ready,
+        "rabbitmq_queue_messages_unacked": f.unacked,
+        "rabbitmq_queue_messages": f.messages,
+        "rabbitmq_queue_messages_ready_bytes": f.ready_bytes,
+        "rabbitmq_queue_messages_unacked_bytes": f.unacked_bytes,
+        "rabbitmq_queue_messages_bytes": f.bytes,
+        "rabbitmq_queue_consumers": q.consumers.count,
+        "leveret_queue_publishers": len(q.publisher_channels),
+        "leveret_queue_messages_paged_out": f.paged_out,
+        "rabbitmq_queue_messages_published_total": s.published,
+        "rabbitmq_queue_messages_delivered_total": s.delivered,
+        "rabbitmq_queue_messages_redelivered_total": s.redelivered,
+        "rabbitmq_queue_messages_acked_total": s.acked,
+        "rabbitmq_queue_get_total": s.get,
+    }
 
 
 def resident_memory() -> int:
@@ -193,9 +218,9 @@ class RabbitCollector:
         yield from self._node_info()
         # -- objects ------------------------------------------------------------------------------------------
         connections = list(node.connections)
-        channels = [ch for c in connections for ch in list(getattr(c, "channels", {}).values())]
+        channels = [ch for c in connections for ch in list(c.channels.values())]
         queues = [q for vh in list(node.vhosts.values()) for q in vh.queues]
-        consumers = sum(len(getattr(ch, "consumers", {})) for ch in channels)
+        consumers = sum(len(ch.consumers) for ch in channels)
         yield _gauge("rabbitmq_connections", "Connections currently open", len(connections))
         yield _gauge("rabbitmq_channels", "Channels currently open", len(channels))
         yield _gauge("rabbitmq_consumers", "Consumers currently connected", consumers)
@@ -203,31 +228,31 @@ class RabbitCollector:
         yield _gauge("rabbitmq_global_consumers", "Current number of consumers", consumers,
                      {"protocol": PROTOCOL})
         yield _gauge("rabbitmq_global_publishers", "Current number of publishers",
-                     sum(1 for ch in channels if getattr(ch, "publish_seq", 0) or getattr(ch, "published", 0)),
-                     {"protocol": PROTOCOL})
+                     sum(1 for ch in channels if ch.publishing), {"protocol": PROTOCOL})
         counters = node.counters
         for attr, (name, help_) in OBJECT_COUNTER_METRICS.items():
             yield _counter(name[: -len("_total")], help_, getattr(counters, attr))
         for attr, help_ in GLOBAL_MESSAGE_METRICS.items():
             yield _counter(f"rabbitmq_global_{attr}", help_, getattr(counters, attr), {"protocol": PROTOCOL})
-        for reason in ("expired", "rejected", "maxlen"):
+        for reason, value in (("expired", counters.messages_dead_lettered_expired),
+                              ("rejected", counters.messages_dead_lettered_rejected),
+                              ("maxlen", counters.messages_dead_lettered_maxlen)):
             yield _counter("rabbitmq_global_messages_dead_lettered_" + reason,
-                           f"Total number of messages dead-lettered due to {reason}",
-                           getattr(counters, f"messages_dead_lettered_{reason}"),
+                           f"Total number of messages dead-lettered due to {reason}", value,
                            {"queue_type": "rabbit_classic_queue", "dead_letter_strategy": "at_most_once"})
         # -- channels (aggregated) ----------------------------------------------------------------------------
         yield _gauge("rabbitmq_channel_messages_unacked",
                      "Delivered but not yet acknowledged messages",
-                     sum(len(getattr(ch, "unacked", ())) for ch in channels))
+                     sum(len(ch.unacked) for ch in channels))
         yield _gauge("rabbitmq_channel_prefetch", "Total limit of unacknowledged messages for all consumers "
-                     "on a channel", sum(getattr(ch, "global_prefetch", 0) for ch in channels))
+                     "on a channel", sum(ch.global_prefetch for ch in channels))
         # -- queues ---------------------------------------------------------------------------------------
         yield from self._queues(queues)
         # -- resources --------------------------------------------------------------------------------------
         mem = resident_memory()
-        mem_limit = _memory_limit(settings)
+        mem_limit = node.memory_limit
         disk = disk_free(settings.data_dir)
-        disk_limit = settings.disk_free_limit_absolute
+        disk_limit = node.disk_free_limit
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         yield _gauge("rabbitmq_process_resident_memory_bytes", "Memory used in bytes", mem)
         yield _gauge("rabbitmq_resident_memory_limit_bytes", "Memory high watermark in bytes", mem_limit)
@@ -252,9 +277,6 @@ class RabbitCollector:
                      sum(len(vh.exchanges) for vh in node.vhosts.values()))
         yield _gauge("leveret_bindings", "Bindings (all vhosts)",
                      sum(len(vh.bindings()) for vh in node.vhosts.values()))
-        paged = [getattr(q.bq, "paged_out_count", None) for q in queues]
-        yield _gauge("leveret_queue_messages_paged_out", "Messages whose body is on disk only (delta)",
-                     sum(p() for p in paged if callable(p)))
 
     def _node_info(self) -> Iterable[Metric]:
         node = self.node
@@ -270,17 +292,17 @@ class RabbitCollector:
                           VERSION, platform.python_version()], 1)
         yield build
 
-    def _queues(self, queues: list[Any]) -> Iterable[Metric]:
+    def _queues(self, queues: list[QueueProcess]) -> Iterable[Metric]:
         labels = ["vhost", "queue"] if self.per_object else []
         gauges = [GaugeMetricFamily(name, help_, labels=labels) for name, help_ in QUEUE_GAUGES]
         counters = [CounterMetricFamily(name[: -len("_total")], help_, labels=labels)
-                    for name, help_, _attr in QUEUE_COUNTERS]
+                    for name, help_ in QUEUE_COUNTERS]
         sums = [0] * len(gauges)
         csums = [0] * len(counters)
         for q in queues:
-            figures = queue_figures(q)
-            stats = q.stats
-            cvalues = [getattr(stats, attr, 0) for _n, _h, attr in QUEUE_COUNTERS]
+            values = queue_values(q)
+            figures = [values[name] for name, _h in QUEUE_GAUGES]
+            cvalues = [values[name] for name, _h in QUEUE_COUNTERS]
             if self.per_object:
                 lv = [q.vhost.name, q.name]
                 for g, v in zip(gauges, figures):

@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from broker.alarms import AlarmState, ResourceMonitor, total_memory
+from broker.alarms import AlarmState, ResourceMonitor, configured_disk_free_limit, configured_memory_limit
 from broker.auth import User, UserStore
 from broker.config import Settings
 from broker.memory_budget import MemoryBudget, set_memory_limit
 from broker.message import Message
 from broker.metrics import GlobalCounters
 from broker.persistence import BackingQueueFactory, DurableDefinitions
+from broker.publish import REPLY_TO_PREFIX
 from broker.reader import Reader
 from broker.vhost import VHost
 from storage.metadata_store import MetadataStore, MetadataStoreError
@@ -124,7 +125,7 @@ class Node:
         """Create a vhost (idempotent; an existing vhost gets the new description and tags)."""
         vh = self.vhosts.get(name)
         if vh is None:
-            vh = self.vhosts[name] = init_vhost_metadata(VHost(name, self.counters), description, tags,
+            vh = self.vhosts[name] = init_vhost_metadata(VHost(name, self.counters, self), description, tags,
                                                          default_queue_type)
             self._attach_storage(vh)
             log.info("vhost created", vhost=name)
@@ -163,6 +164,20 @@ class Node:
     def alarms(self) -> set[str]:
         return set(self.alarm_state.raised)
 
+    @property
+    def memory_limit(self) -> int:
+        """The memory high watermark in force, in bytes: the configured one, or the one
+        ``ctl set_vm_memory_high_watermark`` set since."""
+        monitor = self.resource_monitor
+        return monitor.memory_limit if monitor is not None else configured_memory_limit(self.settings)
+
+    @property
+    def disk_free_limit(self) -> int:
+        """The free-disk limit in force, in bytes: the configured one (``disk_free_limit.relative`` applied),
+        or the one ``ctl set_disk_free_limit`` set since."""
+        monitor = self.resource_monitor
+        return monitor.disk_free_limit if monitor is not None else configured_disk_free_limit(self.settings)
+
     def metadata_changed(self) -> None:
         """Users, vhosts, permissions, policies or parameters changed: write them to the data directory."""
         if self._loading_metadata:
@@ -184,8 +199,9 @@ class Node:
         self._reply_channels.pop(key, None)
 
     def deliver_reply(self, msg: Message) -> int:
-        """Route a message published to ``amq.rabbitmq.reply-to.<key>``; 0 if that consumer is gone."""
-        channel = self._reply_channels.get(msg.routing_key[len("amq.rabbitmq.reply-to."):])
+        """Route a message published to ``amq.rabbitmq.reply-to.<key>`` (VHost.publish, whose ``ReplyTo`` this
+        node is); 0 if that consumer is gone."""
+        channel = self._reply_channels.get(msg.routing_key[len(REPLY_TO_PREFIX):])
         if channel is None or channel.reply_consumer is None:
             return 0
         channel.deliver_reply(msg)
@@ -193,12 +209,12 @@ class Node:
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def start_resource_monitor(self) -> None:
-        """Memory limit: the absolute watermark if set, else the relative one times the machine's RAM."""
+        """Memory limit: the absolute watermark if set, else the relative one times the machine's RAM; disk
+        limit: the relative one times the machine's RAM if set, else the absolute one."""
         s = self.settings
-        limit = s.vm_memory_high_watermark_absolute or int(s.vm_memory_high_watermark_relative * total_memory())
         s.data_dir.mkdir(parents=True, exist_ok=True)
-        self.resource_monitor = ResourceMonitor(self.alarm_state, self.connections, s.data_dir, limit,
-                                                s.disk_free_limit_absolute)
+        self.resource_monitor = ResourceMonitor(self.alarm_state, self.connections, s.data_dir,
+                                                configured_memory_limit(s), configured_disk_free_limit(s))
         if self.storage is not None:  # the storage tells the disk monitor what it writes and when writes fail
             self.storage.syncer.on_written = self.resource_monitor.note_written
             self.storage.syncer.on_write_failure = self.resource_monitor.set_storage_failing

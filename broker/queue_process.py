@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from broker import dead_letter
 from broker.message import Message
+from broker.publish import ROUTED
 from broker.queue_args import QueueSettings
 from broker.queue_consumers import Consumer, ConsumerSet
 from protocol.properties import Long, with_properties
-from storage.backing_queue import BackingQueue
+from storage.backing_queue import BackingQueue, Figures
 
 if TYPE_CHECKING:
     from broker.reader import Reader
@@ -331,7 +332,9 @@ class QueueProcess:
 
     # -- dead-lettering ----------------------------------------------------------------------------------
     def dead_letter_msgs(self, msgs: list[Message], reason: str) -> None:
-        """Republish to the dead-letter exchange, if there is one (at most once, as classic queues do)."""
+        """Republish to the dead-letter exchange, if there is one (at most once, as classic queues do),
+        through the vhost's one publish path (which drops a dead letter that would come back to a queue it
+        already died in: dead_letter.is_cycle)."""
         dlx_name = self.settings.dlx
         if dlx_name is None or not msgs:
             return
@@ -342,20 +345,12 @@ class QueueProcess:
         now = now_ms()
         counters = vhost.counters
         counter_name = f"messages_dead_lettered_{reason}"
+        if counters is not None and hasattr(counters, counter_name):
+            setattr(counters, counter_name, getattr(counters, counter_name) + len(msgs))
         for msg in msgs:
-            if counters is not None and hasattr(counters, counter_name):
-                setattr(counters, counter_name, getattr(counters, counter_name) + 1)
             dead = dead_letter.make_dead_letter(msg, self.name, reason, dlx_name, self.settings.dlrk, now)
-            queues = vhost.route(exchange, dead)
-            if not queues:
-                continue
-            if reason != dead_letter.REJECTED:
-                deaths = dead_letter.deaths_of(dead)
-                queues = [q for q in queues if not dead_letter.is_cycle(q.name, deaths)]
-            persistent = dead.props.delivery_mode == 2
-            self.stats.dead_lettered += 1
-            for q in queues:
-                q.deliver_or_enqueue(dead, persistent and q.durable)
+            if vhost.publish(exchange, dead, dead.props.delivery_mode == 2, dead_letter=True) & ROUTED:
+                self.stats.dead_lettered += 1
 
     # -- delivering --------------------------------------------------------------------------------------
     def schedule_run(self) -> None:
@@ -507,6 +502,11 @@ class QueueProcess:
     # -- queue-wide operations -------------------------------------------------------------------------------
     def message_count(self) -> int:
         return self.bq.len()
+
+    def figures(self) -> Figures:
+        """The queue's message figures (ready, unacked, their bytes, paged out), for the HTTP API and metrics:
+        asked of the backing queue at a scrape or a request, never per message."""
+        return self.bq.figures()
 
     def purge(self) -> int:
         return self.bq.purge()

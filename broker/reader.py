@@ -72,6 +72,13 @@ _ACCESS_REQUEST = (30 << 16) | 10
 _RUNNING = 4  # Reader.RUNNING, as a module constant for the hot path
 _unpack_index = struct.Struct(">I").unpack_from
 _ACCESS_REQUEST_OK = b"\x00\x1e\x00\x0b\x00\x01"  # class 30, method 11, ticket 1
+# Reasons to pause reading that are the connection's own (resource alarm, fairness); any other reason is a
+# queue withholding credit (credit flow).
+_OWN_PAUSE_REASONS = ("alarm", "turn")
+# How long a connection that credit flow held back is still shown as "flow" (RabbitMQ's 5 seconds).
+FLOW_SHOWN_FOR = 5.0
+# The management API's names of the connection states before and after running.
+_STATE_NAMES = ("starting", "starting", "tuning", "opening", "running", "closing", "closed")
 
 
 def server_properties() -> dict[str, Any]:
@@ -85,6 +92,9 @@ def server_properties() -> dict[str, Any]:
         "information": "Licensed under the Apache License 2.0",
     }
 
+
+# Seconds before the socket of a failed tune-ok is closed (RabbitMQ's handshake failure pause).
+NEGOTIATION_FAILURE_DELAY = 3.0
 
 class Reader(asyncio.Protocol):
     # Connection states, in order.
@@ -112,6 +122,12 @@ class Reader(asyncio.Protocol):
         self._pause_reasons: set[object] = set()
         self.has_published = False
         self.blocked_by_alarm = False
+        # When credit flow last paused reading (loop time; 0.0: never): "flow" in the management API.
+        self.flow_blocked_at = 0.0
+        self.auth_mechanism = ""  # the SASL mechanism of connection.start-ok
+        # Bytes read from and written to the socket (per read and per write, not per frame).
+        self.recv_oct = 0
+        self.send_oct = 0
         self._read_this_turn = 0
         self._out: list[bytes] = []
         self._flush_scheduled = False
@@ -166,6 +182,7 @@ class Reader(asyncio.Protocol):
         if self.state >= Reader.CLOSED:
             return
         self._received_since_tick = True
+        self.recv_oct += len(data)
         self._read_this_turn += len(data)
         if self._read_this_turn > READ_BYTES_PER_TURN and "turn" not in self._pause_reasons:
             self.pause_for("turn")
@@ -367,6 +384,8 @@ class Reader(asyncio.Protocol):
             except (RuntimeError, AttributeError):
                 pass
         self._pause_reasons.add(reason)
+        if reason not in _OWN_PAUSE_REASONS:
+            self.flow_blocked_at = self._loop.time()
 
     def resume_for(self, reason: object) -> None:
         if reason not in self._pause_reasons:
@@ -379,11 +398,21 @@ class Reader(asyncio.Protocol):
                 pass
 
     @property
-    def flow_state(self) -> str:
-        """RabbitMQ's connection states as the management API shows them."""
+    def connection_state(self) -> str:
+        """The state the management API shows (``rabbit_reader``'s ``state``): starting, tuning, opening
+        during the handshake, closing and closed at the end. A running connection is "blocked" once a
+        resource alarm blocked it, "blocking" while an alarm is on and it has not published (it is blocked
+        at its first publish), else "flow" while a queue's credit flow holds its reading back and for
+        ``FLOW_SHOWN_FOR`` seconds after that began, else "running"."""
+        if self.state != Reader.RUNNING:
+            return _STATE_NAMES[self.state]
         if self.blocked_by_alarm:
             return "blocked"
-        if self._pause_reasons:
+        if self.node.alarm_state.active:
+            return "blocking"
+        if self.flow_blocked_at and (
+                self._loop.time() - self.flow_blocked_at < FLOW_SHOWN_FOR
+                or any(r not in _OWN_PAUSE_REASONS for r in self._pause_reasons)):
             return "flow"
         return "running"
 
@@ -424,6 +453,7 @@ class Reader(asyncio.Protocol):
 
     def _start_ok(self, m: spec.Connection.StartOk) -> None:
         self.client_properties = dict(m.client_properties or {})
+        self.auth_mechanism = str(m.mechanism)
         response = m.response.encode("latin-1") if isinstance(m.response, str) else bytes(m.response)
         result = self.node.users.authenticate(m.mechanism, response, self.peer[0], self.settings.loopback_users)
         counters = self.node.counters
@@ -443,21 +473,24 @@ class Reader(asyncio.Protocol):
                                frame_max=self.settings.frame_max, heartbeat=self.settings.heartbeat))
 
     def _tune_ok(self, m: spec.Connection.TuneOk) -> None:
-        """Check the client's choices as RabbitMQ's ``validate_negotiated_integer_value`` does: 530 naming
-        connection.tune (10/30), the method whose proposal was not kept. frame_max may go down to the
-        spec's 4096; the frames we send are then split to fit (``send_content``)."""
+        """Check the client's choices as RabbitMQ's ``validate_negotiated_integer_value`` does. frame_max may
+        go down to the spec's 4096; the frames we send are then split to fit (``send_content``).
+
+        A refused choice gets no connection.close: RabbitMQ (3.10 through 4.x, checked against 3.10.8) logs
+        "failed to negotiate connection parameters", sends nothing and closes the socket after
+        ``NEGOTIATION_FAILURE_DELAY`` seconds, and so does Leveret."""
         for field, minimum, client, server in (
             ("frame_max", TUNE_FRAME_MIN, m.frame_max, self.settings.frame_max),
             ("channel_max", 1, m.channel_max, self.settings.channel_max),
         ):
             if client and client < minimum:
-                self.close_connection(NOT_ALLOWED, f"negotiated {field} = {client} is lower than the minimum "
-                                      f"allowed value ({minimum})", CLASS_CONNECTION, 30)
+                self._fail_negotiation(f"negotiated {field} = {client} is lower than the minimum allowed value "
+                                       f"({minimum})")
                 return
             if server and (client == 0 or client > server):
                 detail = " (no limit)" if field == "channel_max" and client == 0 else ""
-                self.close_connection(NOT_ALLOWED, f"negotiated {field} = {client}{detail} is higher than the "
-                                      f"maximum allowed value ({server})", CLASS_CONNECTION, 30)
+                self._fail_negotiation(f"negotiated {field} = {client}{detail} is higher than the maximum "
+                                       f"allowed value ({server})")
                 return
         self.frame_max = m.frame_max
         self.parser.frame_max = m.frame_max
@@ -466,6 +499,14 @@ class Reader(asyncio.Protocol):
         self.state = Reader.OPENING
         if self.heartbeat:
             self._schedule_heartbeat()
+
+    def _fail_negotiation(self, reason: str) -> None:
+        """Tune-ok broke a limit: nothing more is read or sent; the socket closes after a delay."""
+        log.warning("failed to negotiate connection parameters", connection=self.name, reason=reason)
+        self.state = Reader.CLOSING
+        if self.transport is not None:
+            self.transport.pause_reading()
+        self._timers.append(self._loop.call_later(NEGOTIATION_FAILURE_DELAY, self._close_transport))
 
     def _open(self, m: spec.Connection.Open) -> None:
         refusal = limits.connection_refusal(self.node, self.user, m.virtual_host) \
@@ -632,5 +673,7 @@ class Reader(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         self._sent_since_tick = True
-        transport.write(b"".join(out))
+        data = b"".join(out)
+        self.send_oct += len(data)
+        transport.write(data)
 

@@ -1,4 +1,5 @@
-"""A virtual host: its exchanges, its queue registry, the bindings between them, and routing.
+"""A virtual host: its exchanges, its queue registry, the bindings between them, routing, and
+:meth:`VHost.publish`, the one way a message enters the broker (broker/publish.py).
 
 Routing starts at the exchange a message was published to, follows exchange-to-exchange bindings
 (each exchange visited once, so cycles end) and falls back to an exchange's alternate exchange when that
@@ -7,17 +8,22 @@ exchange's own bindings select nothing, as RabbitMQ does.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
+from broker import delegate, permissions, topic_permissions
 from broker.amqqueue import QueueRegistry
+from broker.dead_letter import deaths_of, is_cycle
 from broker.errors import AMQPError
 from broker.exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Binding, Exchange
 from broker.message import Message
 from broker.policy import Policy, best_match
+from broker.publish import REPLY_TO_PREFIX, ROUTED, Publisher, ReplyTo, check_properties, property_flags
 from broker.queue_args import effective_settings
 from protocol.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED
 
 if TYPE_CHECKING:
+    from broker.auth import User
     from broker.queue_process import QueueProcess
 
 STANDARD_EXCHANGES = (("amq.direct", "direct"), ("amq.fanout", "fanout"), ("amq.topic", "topic"),
@@ -31,10 +37,12 @@ def _fmt(value: Any) -> str:
 
 
 class VHost:
-    def __init__(self, name: str, counters: Any = None) -> None:
+    def __init__(self, name: str, counters: Any = None, replies: ReplyTo | None = None) -> None:
         self.name = name
         # The node's GlobalCounters (broker/metrics.py), if this vhost belongs to a node.
         self.counters = counters
+        # The node's direct reply-to consumers, if this vhost belongs to a node.
+        self.replies = replies
         # Where durable exchanges, queues and bindings are written (broker/persistence.py), once the
         # node's storage is open; None for a vhost that keeps nothing (tests, before start).
         self.durable: Any = None
@@ -223,6 +231,73 @@ class VHost:
                 more |= found_x - visited
         get = self.queues.get
         return [q for q in map(get, queue_names) if q is not None]
+
+    # -- publishing: the one path (broker/publish.py) -----------------------------------------------------
+    def publish(self, exchange: Exchange, msg: Message, persistent: bool, mandatory: bool = False,
+                publisher: Publisher | None = None, confirm_seq: int = 0, dead_letter: bool = False) -> int:
+        """Put ``msg``, published to ``exchange``, into the queues it routes to; returns broker/publish.py's
+        packed result (ROUTED, REFUSED, the queues that confirm later).
+
+        ``persistent``: delivery mode 2 (persistent in the durable queues it reaches). ``mandatory`` only
+        decides which counter an unroutable message goes to; the caller sends basic.return. ``publisher``
+        (a channel) is counted as a publisher of the queues, receives their confirms when ``confirm_seq`` is
+        set (> 0: its confirm sequence number, < 0: a transaction's token) and is paused by credit flow.
+        ``dead_letter``: a queue republishing a dead message: the queues it already died in are skipped (the
+        cycle rule) and the client counters (received, routed, unroutable) are left alone, as in RabbitMQ.
+        TTLs count from here: the message's publish time is stamped now. Direct, no task, no allocation
+        beyond the routing sets: this is the hot path of every basic.publish."""
+        msg.published_at = time.time() * 1000.0
+        result = 0
+        if exchange.name == "":
+            key = msg.routing_key
+            if key.startswith(REPLY_TO_PREFIX) and not dead_letter:
+                # Direct reply-to: straight to the consumer's channel, no queue (a dead letter never is).
+                queues = None
+                if self.replies is not None and self.replies.deliver_reply(msg):
+                    result = ROUTED
+            elif msg.extra_keys is None:
+                q = self.queues.get(key)
+                queues = [q] if q is not None else None
+            else:
+                queues = self.route(exchange, msg)
+        else:
+            queues = self.route(exchange, msg)
+        if queues:
+            if dead_letter:
+                deaths = deaths_of(msg)
+                queues = [q for q in queues if not is_cycle(q.name, deaths)]
+                if not queues:
+                    return 0
+            result = delegate.deliver(queues, msg, persistent, publisher, confirm_seq) | ROUTED
+        if dead_letter:
+            return result
+        counters = self.counters
+        if counters is not None:
+            counters.messages_received += 1
+            if confirm_seq > 0:
+                counters.messages_received_confirm += 1
+            if result:
+                counters.messages_routed += 1
+            elif mandatory:
+                counters.messages_unroutable_returned += 1
+            else:
+                counters.messages_unroutable_dropped += 1
+        return result
+
+    def publish_as(self, user: User, msg: Message, mandatory: bool = False) -> int:
+        """A publish by ``user`` from outside AMQP (the HTTP API; later the Spark writer): the checks a
+        channel's basic.publish makes — write permission on the exchange, the exchange itself, topic
+        permissions of the routing key and the CC / BCC keys, the properties (user-id, expiration, ...) —
+        then :meth:`publish`. Refusals are AMQPErrors with basic.publish's codes and texts."""
+        permissions.basic_publish(user, self.name, msg.exchange)
+        exchange = self.check_publishable(msg.exchange)
+        topic = topic_permissions.publish_check(user, self.name, msg.exchange)
+        if topic is not None:
+            topic.check(exchange, msg.routing_key)
+        persistent = check_properties(msg, property_flags(msg.header), user)
+        if topic is not None and msg.extra_keys:
+            topic.check_all(exchange, msg.extra_keys)
+        return self.publish(exchange, msg, persistent, mandatory)
 
     def check_publishable(self, exchange_name: str) -> Exchange:
         ex = self.exchanges.get(exchange_name)

@@ -25,6 +25,9 @@ Contracts:
   are ignored by both.
 - ``purge`` drops every ready message (pending acks stay) and returns how many it dropped.
 - ``len`` counts ready messages; ``pending_ack_count`` counts the rest; ``ready_bytes`` sums ready sizes.
+- ``figures`` reports the queue's figures (:class:`Figures`: ready and pending-ack messages and bytes, and
+  how many ready messages are paged out, their content on disk only) for statistics and metrics. It is
+  called at a scrape or an API request, never per message, and answers from counters the queue keeps.
 - Confirms: every ``confirm`` id given to ``publish`` / ``publish_delivered`` comes back exactly once
   from ``drain_confirmed``. If the message needs no fsync (not persistent, or the queue not durable) it
   is returned by the very next ``drain_confirmed``; otherwise only after the fsync covering the
@@ -52,7 +55,25 @@ Contracts:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
+
+
+class Figures(NamedTuple):
+    """A backing queue's figures (RabbitMQ's backing-queue ``info`` items), as ``figures()`` reports them."""
+
+    ready: int  # ready messages: len()
+    unacked: int  # messages pending ack: pending_ack_count()
+    ready_bytes: int  # body bytes of the ready messages: ready_bytes()
+    unacked_bytes: int  # body bytes of the messages pending ack
+    paged_out: int  # ready messages whose content is on disk only, not in RAM (0 for a queue that never pages)
+
+    @property
+    def messages(self) -> int:
+        return self.ready + self.unacked
+
+    @property
+    def bytes(self) -> int:
+        return self.ready_bytes + self.unacked_bytes
 
 
 class BackingQueue(Protocol):
@@ -79,6 +100,8 @@ class BackingQueue(Protocol):
     def pending_ack_count(self) -> int: ...
 
     def ready_bytes(self) -> int: ...
+
+    def figures(self) -> Figures: ...
 
     def drain_confirmed(self) -> list[Any]: ...
 

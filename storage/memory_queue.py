@@ -14,6 +14,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from storage.backing_queue import Figures
+
 
 class MsgStatus:
     """One message in the queue (the seed's msg_status, reduced to what memory needs)."""
@@ -40,6 +42,7 @@ class MemoryBackingQueue:
         self._pending: dict[int, MsgStatus] = {}
         self._next_seq_id = 0
         self._ready_bytes = 0
+        self._pending_bytes = 0
         self._confirmed: list[Any] = []
         self.on_confirm: Callable[[], None] | None = None  # never called: nothing is confirmed late
 
@@ -58,6 +61,7 @@ class MemoryBackingQueue:
         seq_id = self._next_seq_id
         self._next_seq_id = seq_id + 1
         self._pending[seq_id] = MsgStatus(seq_id, msg, size, persistent, True, expiry)
+        self._pending_bytes += size
         if confirm is not None:
             self._confirmed.append(confirm)
         return seq_id
@@ -87,6 +91,7 @@ class MemoryBackingQueue:
         if ack_required:
             status.is_delivered = True
             self._pending[status.seq_id] = status
+            self._pending_bytes += status.size
         return status.seq_id, status.msg, delivered
 
     def peek(self) -> Any | None:
@@ -121,6 +126,7 @@ class MemoryBackingQueue:
         for seq_id in seq_ids:
             status = pending.pop(seq_id, None)
             if status is not None:
+                self._pending_bytes -= status.size
                 out.append(status.msg)
         return out
 
@@ -132,6 +138,7 @@ class MemoryBackingQueue:
                 status.is_delivered = True
                 heapq.heappush(self._requeued, status)
                 self._ready_bytes += status.size
+                self._pending_bytes -= status.size
 
     def purge(self) -> int:
         n = len(self._ready) + len(self._requeued)
@@ -151,6 +158,9 @@ class MemoryBackingQueue:
 
     def ready_bytes(self) -> int:
         return self._ready_bytes
+
+    def figures(self) -> Figures:
+        return Figures(self.len(), len(self._pending), self._ready_bytes, self._pending_bytes, 0)
 
     def drain_confirmed(self) -> list[Any]:
         out = self._confirmed
@@ -173,6 +183,7 @@ class MemoryBackingQueue:
     def delete_and_terminate(self) -> int:
         n = self.purge() + len(self._pending)
         self._pending.clear()
+        self._pending_bytes = 0
         return n
 
     def close(self) -> None:

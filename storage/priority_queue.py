@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from storage.backing_queue import BackingQueue
+from storage.backing_queue import BackingQueue, Figures
 
 _SHIFT = 8
 _MASK = (1 << _SHIFT) - 1
@@ -88,6 +88,18 @@ class PriorityBackingQueue:
 
     def ready_bytes(self) -> int:
         return sum(q.ready_bytes() for q in self._queues)
+
+    def figures(self) -> Figures:
+        """The sums of the sub-queues' figures."""
+        ready = unacked = ready_bytes = unacked_bytes = paged_out = 0
+        for q in self._queues:
+            f = q.figures()
+            ready += f.ready
+            unacked += f.unacked
+            ready_bytes += f.ready_bytes
+            unacked_bytes += f.unacked_bytes
+            paged_out += f.paged_out
+        return Figures(ready, unacked, ready_bytes, unacked_bytes, paged_out)
 
     def drain_confirmed(self) -> list[Any]:
         out: list[Any] = []

@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from storage.backing_queue import Figures
 from storage.msg_status import INDEX, STORE, Delta, MsgStatus
 from storage.msg_store import MsgStore, new_msg_id
 from storage.queue_index import SEGMENT_ENTRIES, IndexEntry, QueueIndex, next_segment_boundary, segment_of
@@ -95,6 +96,7 @@ class VariableQueue:
         self.q4: deque[MsgStatus] = deque()
         self.delta = Delta()
         self._pending: dict[int, MsgStatus] = {}
+        self._pending_bytes = 0  # body bytes of the messages pending ack
         self._next_seq_id = 0
         self._len = 0
         self._ready_bytes = 0
@@ -154,6 +156,7 @@ class VariableQueue:
                           confirm: Any = None, msg_id: int | None = None) -> int:
         st = self._new_status(msg, size, persistent, True, expiry, confirm, msg_id)
         self._pending[st.seq_id] = st
+        self._pending_bytes += size
         return st.seq_id
 
     # -- fetching -----------------------------------------------------------------------------------------
@@ -175,6 +178,7 @@ class VariableQueue:
                 st.is_delivered = True
                 st.msg = msg
                 self._pending[st.seq_id] = st
+                self._pending_bytes += st.size
             else:
                 self._forget(st)
             return st.seq_id, msg, delivered
@@ -333,6 +337,7 @@ class VariableQueue:
         for seq_id in seq_ids:
             st = pending.pop(seq_id, None)
             if st is not None:
+                self._pending_bytes -= st.size
                 self._forget(st)
                 out.append(st.msg)
         return out
@@ -362,6 +367,7 @@ class VariableQueue:
         for st in sts:
             self._len += 1
             self._ready_bytes += st.size
+            self._pending_bytes -= st.size
         for st in sts[:i]:
             self._ram_msgs += 1
             self._ram_bytes += st.size
@@ -510,12 +516,18 @@ class VariableQueue:
     def ready_bytes(self) -> int:
         return self._ready_bytes
 
+    def figures(self) -> Figures:
+        """Paged out: the ready messages that are not alphas (betas in q2/q3, and delta)."""
+        return Figures(self._len, len(self._pending), self._ready_bytes, self._pending_bytes,
+                       self._len - self._ram_msgs)
+
     def delete_and_terminate(self) -> int:
         n = self._len + len(self._pending)
         self.purge()
         for st in self._pending.values():
             self._forget(st)
         self._pending.clear()
+        self._pending_bytes = 0
         while self._unconfirmed:  # the queue is gone: nothing left to wait for
             self._confirmed.extend(self._unconfirmed.popleft()[1])
         self._index.delete()
@@ -703,6 +715,7 @@ class VariableQueue:
         assert all(st.msg is not None for part in (q1, q4) for st in part), "alphas hold their message"
         assert all(st.msg is None for part in (q2, q3) for st in part), "betas hold no message"
         assert self._ram_msgs == len(q1) + len(q4)
+        assert self._pending_bytes == sum(st.size for st in self._pending.values())
 
 
 def _identity(x: Any) -> Any:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -25,17 +25,20 @@ from broker.management.objects import (
     iter_consumers,
 )
 
+if TYPE_CHECKING:
+    from broker.reader import Reader
+
 CLOSE_REASON = "Closed via management plugin"
 
 
-def _visible_connections(request: web.Request) -> list[Any]:
+def _visible_connections(request: web.Request) -> list[Reader]:
     node, user = node_of(request), user_of(request)
     vhost = request.match_info.get("vhost")
     if vhost is not None:
         vhost_for(request)
     out = []
     for conn in sorted(node.connections, key=lambda c: c.connected_at):
-        if not sees_all(user) and getattr(conn.user, "name", None) != user.name:
+        if not sees_all(user) and conn.user.name != user.name:
             continue
         if vhost is not None and (conn.vhost is None or conn.vhost.name != vhost):
             continue
@@ -43,7 +46,7 @@ def _visible_connections(request: web.Request) -> list[Any]:
     return out
 
 
-def _connection(request: web.Request) -> Any:
+def _connection(request: web.Request) -> Reader:
     name = request.match_info["name"]
     for conn in _visible_connections(request):
         if conn.name == name:

@@ -1,6 +1,7 @@
 """``/api/exchanges``: list, get, declare (PUT), delete, the bindings an exchange is source or destination
 of, and ``POST .../publish``. Declaring and deleting go through the vhost, as exchange.declare does; the
-default exchange is ``amq.default`` in paths and ``""`` in bodies, as in RabbitMQ."""
+default exchange is ``amq.default`` in paths and ``""`` in bodies, as in RabbitMQ. A publish goes through the
+vhost's one publish path (``VHost.publish_as``: broker/publish.py), as a basic.publish by the user would."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from pamqp import commands as spec
 
-from broker import delegate, permissions, topic_permissions
+from broker import permissions
 from broker.errors import AMQPError
 from broker.exchange import EXCHANGE
 from broker.management.common import (
@@ -36,17 +37,17 @@ from broker.management.objects import (
     lookup_exchange,
 )
 from broker.message import Message
+from broker.publish import REFUSED, ROUTED
+from protocol.constants import PRECONDITION_FAILED
 from protocol.fastcodec import build_content_header, shortstr
 
 if TYPE_CHECKING:
-    from broker.node import Node
     from broker.vhost import VHost
 
 _PROPERTY_NAMES = {"content_type", "content_encoding", "headers", "delivery_mode", "priority", "correlation_id",
                    "reply_to", "expiration", "message_id", "timestamp", "type", "user_id", "app_id",
                    "cluster_id"}
 _INT_PROPERTIES = {"delivery_mode", "priority", "timestamp"}
-REPLY_TO_PREFIX = "amq.rabbitmq.reply-to."
 
 
 def encode_properties(props: dict[str, Any], body_size: int) -> bytes:
@@ -78,29 +79,14 @@ def encode_properties(props: dict[str, Any], body_size: int) -> bytes:
     return build_content_header(body_size, raw)
 
 
-def publish_message(node: Node, vh: VHost, exchange_name: str, routing_key: str, body: bytes,
-                    properties: dict[str, Any]) -> bool:
-    """Route one message as basic.publish does (vhost.route, then the delegate); True if it reached a queue."""
-    exchange = vh.check_publishable(exchange_name)
+def make_message(exchange_name: str, routing_key: str, body: bytes, properties: dict[str, Any]) -> Message:
+    """The message a publish over the API carries (its ``properties`` object as a content header)."""
     header = encode_properties(properties, len(body))
     try:
         names_raw = shortstr(exchange_name) + shortstr(routing_key)
     except ValueError:
         raise bad_request("exchange name and routing key must be at most 255 bytes") from None
-    msg = Message(exchange_name, routing_key, names_raw, header, body)
-    persistent = str(properties.get("delivery_mode", "")) == "2"
-    counters = node.counters
-    counters.messages_received += 1
-    if exchange_name == "" and routing_key.startswith(REPLY_TO_PREFIX):
-        routed = node.deliver_reply(msg)
-    else:
-        queues = vh.route(exchange, msg)
-        routed = delegate.deliver(queues, msg, persistent) if queues else 0
-    if routed:
-        counters.messages_routed += 1
-    else:
-        counters.messages_unroutable_dropped += 1
-    return bool(routed)
+    return Message(exchange_name, routing_key, names_raw, header, body)
 
 
 async def list_exchanges(request: web.Request) -> web.Response:
@@ -190,15 +176,21 @@ async def publish(request: web.Request) -> web.Response:
     if len(data) > node.settings.max_message_size:
         raise bad_request(f"message size {len(data)} is larger than configured max size "
                           f"{node.settings.max_message_size}")
-    user = user_of(request)
-    permissions.basic_publish(user, vh.name, name)
-    user_id = properties.get("user_id")
-    if user_id is not None and user_id != user.name and "impersonator" not in user.tags:
-        raise AMQPError(406, f"user_id property set to '{user_id}' but authenticated user was '{user.name}'")
     if name and lookup_exchange(vh, name) is None:
         raise not_found()
-    topic_permissions.check(user, vh, name, routing_key, topic_permissions.WRITE)
-    return respond({"routed": publish_message(node, vh, name, routing_key, data, properties)})
+    msg = make_message(name, routing_key, data, properties)
+    # As RabbitMQ's plugin publishes: as the user (permissions, topic permissions, user-id, ...), with
+    # mandatory set ({"routed": false} for a return), and a queue's refusal (its nack) answered 400.
+    try:
+        result = vh.publish_as(user_of(request), msg, mandatory=True)
+    except AMQPError as exc:
+        if exc.reply_code != PRECONDITION_FAILED:
+            raise
+        # The channel RabbitMQ publishes on is closed; the API answers its code and text.
+        raise bad_request(f"{exc.reply_code} {exc.reply_text}") from None
+    if result & REFUSED:
+        raise bad_request("rejected Unable to publish message. Check queue limits.")
+    return respond({"routed": bool(result & ROUTED)})
 
 
 def add_routes(router: web.UrlDispatcher) -> None:

@@ -8,7 +8,8 @@ from typing import Any
 from aiohttp import web
 
 from broker.management.common import node_of, require_admin, respond, vhost_for_write
-from broker.management.exchanges import publish_message
+from broker.management.exchanges import make_message
+from broker.publish import ROUTED
 
 ALIVENESS_QUEUE = "aliveness-test"
 # Protocol names RabbitMQ accepts in protocol-listener checks → Leveret's listener protocol.
@@ -71,7 +72,8 @@ async def aliveness_test(request: web.Request) -> web.Response:
     vh = vhost_for_write(request)
     queue, _created = vh.queues.declare(ALIVENESS_QUEUE, False, False, False, False, {}, None)
     queue.purge()
-    routed = publish_message(node_of(request), vh, "", ALIVENESS_QUEUE, b"test_message", {})
+    msg = make_message("", ALIVENESS_QUEUE, b"test_message", {})
+    routed = vh.publish(vh.default_exchange, msg, False) & ROUTED
     got = queue.basic_get(True) if routed else None
     if got is None or got[1].body != b"test_message":
         return failed("aliveness test message was not routed back")

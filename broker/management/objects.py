@@ -2,8 +2,9 @@
 ``messages_unacknowledged``, ``message_stats``, ``consumers``, ...), and the rate sampler behind the
 ``*_details.rate`` fields.
 
-The broker's objects are read with ``getattr`` defaults where a field is newer than the code that reads it,
-so the API keeps answering while the message path grows.
+Every field is read from a declared attribute of the object it describes (a queue's figures from
+``QueueProcess.figures()``, a connection's state from ``Reader.connection_state``, ...): a field the broker
+does not have fails loudly here (and in mypy) instead of showing a default.
 """
 
 from __future__ import annotations
@@ -13,14 +14,19 @@ import hashlib
 import json
 import time
 import urllib.parse
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from broker.exchange import EXCHANGE, QUEUE
 from broker.management.common import json_safe
-from broker.metrics import queue_figures
 
 if TYPE_CHECKING:
+    from broker.channel import Channel
+    from broker.exchange import Exchange
     from broker.node import Node
+    from broker.queue_consumers import Consumer
+    from broker.queue_process import QueueProcess
+    from broker.reader import Reader
     from broker.vhost import VHost
 
 DEFAULT_EXCHANGE_PATH = "amq.default"
@@ -63,9 +69,9 @@ class RateSampler:
                 live.add(key)
                 for name, value in queue_message_counts(q).items():
                     self.observe((key, name), value, now)
-                ready, unacked, total = queue_figures(q)[:3]
-                for name, value in (("messages_ready", ready), ("messages_unacknowledged", unacked),
-                                    ("messages", total)):
+                f = q.figures()
+                for name, value in (("messages_ready", f.ready), ("messages_unacknowledged", f.unacked),
+                                    ("messages", f.messages)):
                     self.observe((key, name), value, now)
         for key in [k for k in self._prev if k[0] != "global" and k[0] not in live]:
             self._prev.pop(key, None)
@@ -100,25 +106,39 @@ def global_message_counts(node: Node) -> dict[str, int]:
     }
 
 
-def queue_message_counts(q: Any) -> dict[str, int]:
+def queue_message_counts(q: QueueProcess) -> dict[str, int]:
     s = q.stats
-    delivered = getattr(s, "delivered", 0)
-    get = getattr(s, "get", 0)
-    return {"publish": getattr(s, "published", 0), "deliver_get": delivered + get, "deliver": delivered,
-            "get": get, "redeliver": getattr(s, "redelivered", 0), "ack": getattr(s, "acked", 0)}
+    return {"publish": s.published, "deliver_get": s.delivered + s.get, "deliver": s.delivered, "get": s.get,
+            "redeliver": s.redelivered, "ack": s.acked}
 
 
 # -- queues -------------------------------------------------------------------------------------------------------
 
-def queue_type(q: Any) -> str:
+def queue_type(q: QueueProcess) -> str:
     t = q.arguments.get("x-queue-type")
     if isinstance(t, bytes):
         t = t.decode(errors="replace")
     return t if isinstance(t, str) and t else "classic"
 
 
-def queue_info(node: Node, q: Any, sampler: RateSampler | None = None) -> dict[str, Any]:
-    ready, unacked, total, ready_bytes, all_bytes, consumers, publishers = queue_figures(q)
+def effective_policy_definition(q: QueueProcess) -> dict[str, Any]:
+    """The queue's policy definition with its operator policy's merged in (RabbitMQ's
+    ``effective_policy_definition``): where both give a number the lower wins, else the operator policy's."""
+    vh = q.vhost
+    policy = vh.policies.get(q.settings.policy) if q.settings.policy is not None else None
+    operator = vh.operator_policies.get(q.settings.operator_policy) if q.settings.operator_policy is not None \
+        else None
+    out = dict(policy.definition) if policy is not None else {}
+    for key, value in (operator.definition.items() if operator is not None else ()):
+        current = out.get(key)
+        numbers = all(isinstance(v, int) and not isinstance(v, bool) for v in (current, value))
+        out[key] = min(current, value) if numbers else value
+    return out
+
+
+def queue_info(node: Node, q: QueueProcess, sampler: RateSampler | None = None) -> dict[str, Any]:
+    f = q.figures()
+    consumers = q.consumers.count
     key = id(q)
     info: dict[str, Any] = {
         "name": q.name,
@@ -131,38 +151,31 @@ def queue_info(node: Node, q: Any, sampler: RateSampler | None = None) -> dict[s
         "type": queue_type(q),
         "state": "running",
         "consumers": consumers,
-        "publishers": publishers,
+        "publishers": len(q.publisher_channels),
         "consumer_capacity": 1.0 if consumers else 0.0,
         "consumer_utilisation": 1.0 if consumers else 0.0,
-        "exclusive_consumer_tag": getattr(getattr(q, "exclusive_consumer", None), "tag", None),
+        "exclusive_consumer_tag": q.exclusive_consumer.tag if q.exclusive_consumer is not None else None,
         "policy": q.settings.policy,
         "operator_policy": q.settings.operator_policy,
-        "effective_policy_definition": json_safe(getattr(q, "effective_policy_definition", None) or {}),
-        "message_bytes": all_bytes,
-        "message_bytes_ready": ready_bytes,
-        "message_bytes_unacknowledged": all_bytes - ready_bytes,
-        "messages_paged_out": _call(q.bq, "paged_out_count"),
+        "effective_policy_definition": json_safe(effective_policy_definition(q)),
+        "message_bytes": f.bytes,
+        "message_bytes_ready": f.ready_bytes,
+        "message_bytes_unacknowledged": f.unacked_bytes,
+        "messages_paged_out": f.paged_out,
         "message_stats": with_details(queue_message_counts(q), sampler, key),
     }
-    for name, value in (("messages", total), ("messages_ready", ready), ("messages_unacknowledged", unacked)):
+    for name, value in (("messages", f.messages), ("messages_ready", f.ready),
+                        ("messages_unacknowledged", f.unacked)):
         info[name] = value
         info[name + "_details"] = {"rate": sampler.rate((key, name)) if sampler else 0.0}
     if q.exclusive_owner is not None:
-        info["owner_pid_details"] = {"name": getattr(q.exclusive_owner, "name", "")}
+        info["owner_pid_details"] = {"name": q.exclusive_owner.name}
     return info
-
-
-def _call(obj: Any, name: str) -> int:
-    fn = getattr(obj, name, None)
-    try:
-        return int(fn()) if callable(fn) else 0
-    except Exception:
-        return 0
 
 
 # -- exchanges and bindings ------------------------------------------------------------------------------------
 
-def exchange_info(node: Node, vh: VHost, ex: Any) -> dict[str, Any]:
+def exchange_info(node: Node, vh: VHost, ex: Exchange) -> dict[str, Any]:
     return {
         "name": ex.name,
         "vhost": vh.name,
@@ -171,8 +184,8 @@ def exchange_info(node: Node, vh: VHost, ex: Any) -> dict[str, Any]:
         "auto_delete": ex.auto_delete,
         "internal": ex.internal,
         "arguments": json_safe(ex.arguments),
-        "user_who_performed_action": getattr(ex, "created_by", "rmq-internal"),
-        "policy": getattr(ex, "policy_name", None),
+        "user_who_performed_action": "rmq-internal",  # exchanges do not record who declared them
+        "policy": None,  # policies apply to queues only (broker/policy.py)
     }
 
 
@@ -232,72 +245,69 @@ def _ms(ts: float) -> int:
     return int(ts * 1000)
 
 
-def connection_info(node: Node, conn: Any) -> dict[str, Any]:
-    transport = getattr(conn, "transport", None)
+def connection_info(node: Node, conn: Reader) -> dict[str, Any]:
+    transport = conn.transport
     local = transport.get_extra_info("sockname") if transport is not None else None
     local = local if isinstance(local, tuple) else ("", 0)
-    user = getattr(conn, "user", None)
-    vhost = getattr(conn, "vhost", None)
-    state = {0: "starting", 1: "starting", 2: "tuning", 3: "opening", 4: "running", 5: "closing",
-             6: "closed"}.get(getattr(conn, "state", 4), "running")
-    props = json_safe(getattr(conn, "client_properties", {}) or {})
+    user = conn.user
+    vhost = conn.vhost
     return {
         "name": conn.name,
         "node": node.name,
         "vhost": vhost.name if vhost is not None else None,
-        "user": user.name if user is not None else "",
-        "user_who_performed_action": user.name if user is not None else "",
-        "state": state,
+        "user": user.name,
+        "user_who_performed_action": user.name,
+        "state": conn.connection_state,
         "type": "network",
         "protocol": "AMQP 0-9-1",
-        "auth_mechanism": getattr(conn, "auth_mechanism", "PLAIN"),
+        "auth_mechanism": conn.auth_mechanism,
         "ssl": False,
         "peer_host": conn.peer[0],
         "peer_port": conn.peer[1],
         "host": str(local[0]),
         "port": int(local[1]) if len(local) > 1 else 0,
-        "channels": len(getattr(conn, "channels", {})),
-        "channel_max": getattr(conn, "channel_max", 0),
-        "frame_max": getattr(conn, "frame_max", 0),
-        "timeout": getattr(conn, "heartbeat", 0),
-        "connected_at": _ms(getattr(conn, "connected_at", 0.0)),
-        "client_properties": props,
-        "recv_oct": getattr(conn, "recv_oct", 0),
-        "send_oct": getattr(conn, "send_oct", 0),
-        "blocked": bool(getattr(conn, "blocked", False)),
+        "channels": len(conn.channels),
+        "channel_max": conn.channel_max,
+        "frame_max": conn.frame_max,
+        "timeout": conn.heartbeat,
+        "connected_at": _ms(conn.connected_at),
+        "client_properties": json_safe(conn.client_properties),
+        "recv_oct": conn.recv_oct,
+        "send_oct": conn.send_oct,
+        "blocked": conn.blocked_by_alarm,
     }
 
 
-def channel_name(conn: Any, ch: Any) -> str:
+def channel_name(conn: Reader, ch: Channel) -> str:
     return f"{conn.name} ({ch.id})"
 
 
-def channel_info(node: Node, conn: Any, ch: Any) -> dict[str, Any]:
-    user = getattr(conn, "user", None)
-    tx = getattr(ch, "tx", None)
+def channel_info(node: Node, conn: Reader, ch: Channel) -> dict[str, Any]:
+    user = conn.user
+    tx = ch.tx
     return {
         "name": channel_name(conn, ch),
         "number": ch.id,
         "node": node.name,
         "vhost": conn.vhost.name if conn.vhost is not None else None,
-        "user": user.name if user is not None else "",
-        "user_who_performed_action": user.name if user is not None else "",
-        "state": "closing" if getattr(ch, "closing", False) else "running",
+        "user": user.name,
+        "user_who_performed_action": user.name,
+        "state": "closing" if ch.closing else "running",
         "connection_details": {"name": conn.name, "peer_host": conn.peer[0], "peer_port": conn.peer[1]},
-        "consumer_count": len(getattr(ch, "consumers", {})),
-        "messages_unacknowledged": len(getattr(ch, "unacked", {})),
-        "messages_unconfirmed": len(getattr(ch, "_confirm_acks", ()) or ()),
+        "consumer_count": len(ch.consumers),
+        "messages_unacknowledged": len(ch.unacked),
+        "messages_unconfirmed": ch.messages_unconfirmed,
         "messages_uncommitted": len(tx) if tx else 0,
         "acks_uncommitted": 0,
-        "prefetch_count": getattr(ch, "prefetch_count", 0),
-        "global_prefetch_count": getattr(ch, "global_prefetch", 0),
-        "confirm": bool(getattr(ch, "confirm", False)),
+        "prefetch_count": ch.prefetch_count,
+        "global_prefetch_count": ch.global_prefetch,
+        "confirm": ch.confirm,
         "transactional": tx is not None,
         "pending_raft_commands": 0,
     }
 
 
-def consumer_info(node: Node, conn: Any, ch: Any, consumer: Any) -> dict[str, Any]:
+def consumer_info(node: Node, conn: Reader, ch: Channel, consumer: Consumer) -> dict[str, Any]:
     q = consumer.queue
     return {
         "consumer_tag": consumer.tag,
@@ -306,25 +316,25 @@ def consumer_info(node: Node, conn: Any, ch: Any, consumer: Any) -> dict[str, An
                             "connection_name": conn.name, "peer_host": conn.peer[0], "peer_port": conn.peer[1],
                             "user": conn.user.name},
         "ack_required": not consumer.no_ack,
-        "exclusive": bool(getattr(consumer, "exclusive", False)),
-        "prefetch_count": getattr(consumer, "prefetch", 0),
-        "arguments": json_safe(getattr(consumer, "arguments", {}) or {}),
+        "exclusive": consumer.exclusive,
+        "prefetch_count": consumer.prefetch,
+        "arguments": json_safe(consumer.arguments),
         "active": True,
         "activity_status": "up",
         "consumer_timeout": node.settings.consumer_timeout,
-        "priority": getattr(consumer, "priority", 0),
+        "priority": consumer.priority,
     }
 
 
-def iter_channels(node: Node):
+def iter_channels(node: Node) -> Iterator[tuple[Reader, Channel]]:
     for conn in list(node.connections):
-        for ch in list(getattr(conn, "channels", {}).values()):
+        for ch in list(conn.channels.values()):
             yield conn, ch
 
 
-def iter_consumers(node: Node):
+def iter_consumers(node: Node) -> Iterator[tuple[Reader, Channel, Consumer]]:
     for conn, ch in iter_channels(node):
-        for consumer in list(getattr(ch, "consumers", {}).values()):
+        for consumer in list(ch.consumers.values()):
             yield conn, ch, consumer
 
 
@@ -333,9 +343,9 @@ def iter_consumers(node: Node):
 def vhost_info(node: Node, vh: VHost) -> dict[str, Any]:
     ready = unacked = 0
     for q in vh.queues:
-        r, u = queue_figures(q)[:2]
-        ready += r
-        unacked += u
+        f = q.figures()
+        ready += f.ready
+        unacked += f.unacked
     description = getattr(vh, "description", "")
     tags = list(getattr(vh, "tags", []))
     dqt = getattr(vh, "default_queue_type", "classic")

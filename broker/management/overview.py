@@ -7,7 +7,7 @@ import os
 import platform
 import resource
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -31,10 +31,13 @@ from broker.management.objects import (
     iter_consumers,
     with_details,
 )
-from broker.metrics import _memory_limit, disk_free, open_fds, queue_figures, resident_memory
+from broker.metrics import disk_free, open_fds, resident_memory
+
+if TYPE_CHECKING:
+    from broker.node import Node
 
 
-def _listeners(node: Any) -> list[dict[str, Any]]:
+def _listeners(node: Node) -> list[dict[str, Any]]:
     return [{"node": node.name, "protocol": entry["protocol"], "ip_address": entry["ip_address"],
              "port": entry["port"], "socket_opts": {}} for entry in node.listeners]
 
@@ -48,12 +51,12 @@ async def get_overview(request: web.Request) -> web.Response:
     ready = unacked = n_queues = 0
     for vh in vhs:
         for q in vh.queues:
-            r, u = queue_figures(q)[:2]
-            ready += r
-            unacked += u
+            f = q.figures()
+            ready += f.ready
+            unacked += f.unacked
             n_queues += 1
     names = {vh.name for vh in vhs}
-    conns = [c for c in node.connections if all_visible or getattr(c.user, "name", None) == user.name]
+    conns = [c for c in node.connections if all_visible or c.user.name == user.name]
     channels = [1 for conn, _ in iter_channels(node) if conn in conns]
     consumers = [1 for conn, _, _ in iter_consumers(node) if conn in conns]
     queue_totals: dict[str, Any] = {}
@@ -97,10 +100,10 @@ async def get_overview(request: web.Request) -> web.Response:
     })
 
 
-def node_info(node: Any) -> dict[str, Any]:
+def node_info(node: Node) -> dict[str, Any]:
     s = node.settings
     mem = resident_memory()
-    mem_limit = _memory_limit(s)
+    mem_limit = node.memory_limit
     disk = disk_free(s.data_dir)
     fd_soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     alarms = node.alarms()
@@ -115,7 +118,7 @@ def node_info(node: Any) -> dict[str, Any]:
         "mem_limit": mem_limit,
         "mem_alarm": "memory" in alarms,
         "disk_free": disk,
-        "disk_free_limit": s.disk_free_limit_absolute,
+        "disk_free_limit": node.disk_free_limit,
         "disk_free_alarm": "disk" in alarms,
         "fd_used": open_fds(),
         "fd_total": fd_soft,

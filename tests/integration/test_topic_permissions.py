@@ -146,6 +146,8 @@ def test_client_id_is_not_expanded_for_amqp_0_9_1(node, user):
 
 
 def test_cc_and_bcc_keys_are_checked(node, user, uid):
+    """Version-specific: RabbitMQ checks CC / BCC keys from 4.0.3 / 4.1.0 on (``check_write_permitted_on_topics``);
+    3.10.8 (Debian's, checked), 3.13.x and 4.0.0-4.0.2 check the routing key only and accept these publishes."""
     b, api = node
     topic_perm(api, user, "amq.topic", write="^mine\\.", read=".*")
     conn = connect(b, user)
@@ -196,6 +198,9 @@ def test_a_change_reaches_an_open_channel(node, user, uid):
     ch = conn.channel()
     ch.confirm_delivery()
     ch.basic_publish("amq.topic", "x.y", b"before")  # no topic permission yet: allowed (and cached)
+    # RabbitMQ keeps allowed topic checks in a per-channel cache (rabbit_channel ``topic_permission_cache``)
+    # that the internal backend clears only when the channel hibernates (idle about 1 s): a change reaches an
+    # open channel at once in Leveret, after that idle time (or for keys not cached) in RabbitMQ.
     topic_perm(api, user, "amq.topic", write="^a\\.", read=".*")
     err = refused(ch.basic_publish, "amq.topic", "x.y", b"after")
     assert err.reply_text == text("x.y", user)

@@ -132,3 +132,17 @@ def test_other_tools_leveret_variables_are_not_reported():
     s = load_settings(None, environ={"LEVERET_CTL_URL": "http://x", "LEVERET_TEST_AMQP_URL": "amqp://",
                                      "LEVERET_CONFIG_FILE": "", "LEVERET_LOG_FORMAT": "json"})
     assert s.startup_warnings == []
+
+
+def test_disk_free_limit_relative_is_applied_and_the_last_given_form_wins(tmp_path):
+    from broker.alarms import configured_disk_free_limit, total_memory
+
+    assert configured_disk_free_limit(Settings()) == 50 * 1000 * 1000
+    p = tmp_path / "l.conf"
+    p.write_text("disk_free_limit.absolute = 1GB\ndisk_free_limit.relative = 1.5\n")
+    s = load_settings(p, environ={})
+    assert configured_disk_free_limit(s) == int(1.5 * total_memory())
+    s = load_settings(p, overrides=[("disk_free_limit.absolute", "2GB")], environ={})
+    assert s.disk_free_limit_relative is None and configured_disk_free_limit(s) == 2 * 10**9
+    p.write_text("disk_free_limit.relative = 1.5\ndisk_free_limit.absolute = 1GB\n")
+    assert configured_disk_free_limit(load_settings(p, environ={})) == 10**9

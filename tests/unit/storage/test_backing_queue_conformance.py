@@ -1,7 +1,8 @@
 """The BackingQueue contracts (storage/backing_queue.py), run against every implementation.
 
 Variants: the in-memory queue; the variable queue non-durable and durable; and both again with a RAM
-target of zero, so that every message goes through the paging paths (betas, delta) as well.
+target of zero, so that every message goes through the paging paths (betas, delta) as well. The priority
+queue's figures are checked over both kinds of sub-queue.
 """
 
 from __future__ import annotations
@@ -13,16 +14,18 @@ from typing import Any
 
 import pytest
 
-from storage.backing_queue import BackingQueue
+from storage.backing_queue import BackingQueue, Figures
 from storage.memory_queue import MemoryBackingQueue
 from storage.node_storage import NodeStorage
+from storage.priority_queue import PriorityBackingQueue
 
 
 class Subject:
-    def __init__(self, bq: BackingQueue, settle: Callable[[], None], durable: bool) -> None:
+    def __init__(self, bq: BackingQueue, settle: Callable[[], None], durable: bool, paging: bool = False) -> None:
         self.bq = bq
         self.settle = settle  # end of a burst: the group-commit flush
         self.durable = durable
+        self.paging = paging  # a RAM target of zero: every ready message is paged out
 
 
 def _memory(tmp_path: Path) -> Subject:
@@ -37,7 +40,7 @@ def _variable(durable: bool, paging: bool) -> Callable[[Path], Subject]:
         if paging:  # every message paged out as far as it goes: betas, then delta
             vq.beta_floor = 1
             vq.set_ram_target(0)
-        return Subject(vq, ns.syncer.flush, durable)
+        return Subject(vq, ns.syncer.flush, durable, paging)
     return make
 
 
@@ -249,9 +252,54 @@ def test_random_operations_match_the_model(subject: Subject, seed: int) -> None:
         assert bq.len() == len(model.ready)
         assert bq.pending_ack_count() == len(model.pending)
         assert bq.ready_bytes() == sum(len(m) for _, m, _ in model.ready)
+        f = bq.figures()
+        assert f[:4] == (len(model.ready), len(model.pending), sum(len(m) for _, m, _ in model.ready),
+                         sum(len(m) for _, m, _ in model.pending.values()))
+        assert 0 <= f.paged_out <= f.ready
         check = getattr(bq, "check_invariants", None)
         if check is not None and rnd.random() < 0.05:
             check()
     bq.requeue(list(model.pending))
     model.requeue(list(model.pending))
     assert drain(bq) == [(s, m, d) for s, m, d in model.ready]
+
+
+def test_figures(subject: Subject) -> None:
+    """Ready and pending-ack messages and bytes, through publish, fetch, requeue and ack; paged out: every
+    ready message with a RAM target of zero, none without paging."""
+    bq = subject.bq
+    assert bq.figures() == Figures(0, 0, 0, 0, 0)
+    for i, size in enumerate([100, 200, 300, 400]):
+        bq.publish(msg(i, size), size, i % 2 == 0)
+    delivered = bq.publish_delivered(msg(4, 50), 50, True)
+    a = bq.fetch(True)
+    b = bq.fetch(True)
+    f = bq.figures()
+    assert f[:4] == (2, 3, 700, 350) and f.messages == 5 and f.bytes == 1050
+    assert f.paged_out == (2 if subject.paging else 0)
+    bq.requeue([b[0]])
+    f = bq.figures()
+    assert f[:4] == (3, 2, 900, 150)
+    assert f.paged_out == (3 if subject.paging else 0)
+    bq.ack([a[0], delivered])
+    assert bq.figures()[:4] == (3, 0, 900, 0)
+    bq.fetch(False)
+    assert bq.figures()[:4] == (2, 0, 700, 0)
+    bq.delete_and_terminate()
+    assert bq.figures() == Figures(0, 0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("kind", ["memory", "variable-paging"])
+def test_priority_queue_figures_are_the_sums_of_its_sub_queues(kind: str, tmp_path: Path) -> None:
+    subjects = [VARIANTS[kind](tmp_path / str(p)) for p in range(3)]
+    bq = PriorityBackingQueue(2, lambda m: int(m[:1]), lambda p: subjects[p].bq)
+    for i, (p, size) in enumerate([(0, 10), (2, 20), (1, 30), (2, 40)]):
+        bq.publish(b"%d-%d" % (p, i) + b"." * (size - 3), size, False)
+    first = bq.fetch(True)  # priority 2 first: 20 bytes
+    assert first is not None and first[1].startswith(b"2-1")
+    f = bq.figures()
+    assert f[:4] == (3, 1, 80, 20)
+    assert f.paged_out == (3 if kind == "variable-paging" else 0)
+    assert f == Figures(*(sum(s.bq.figures()[i] for s in subjects) for i in range(5)))
+    bq.requeue([first[0]])
+    assert bq.figures()[:4] == (4, 0, 100, 0)
