@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-rabbitmq lint clean
+.PHONY: run test test-tools test-rabbitmq lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,7 +21,15 @@ RUN_ARGS := $(if $(PORT),--port $(PORT)) $(if $(BIND),--bind $(BIND)) $(if $(DAT
 run: $(STAMP)
 	$(BIN)/leveret serve $(RUN_ARGS)
 
-test: $(STAMP)
+# The system tools the tests use (network namespaces, tmpfs and loop-mounted ext4 images), installed from
+# Debian when missing (they are on the usual machine already).
+TEST_TOOLS := ip:iproute2 mkfs.ext4:e2fsprogs e2fsck:e2fsprogs losetup:mount mount:mount
+
+test-tools:
+	@missing=""; for t in $(TEST_TOOLS); do command -v $${t%%:*} >/dev/null || missing="$$missing $${t##*:}"; done; \
+	if [ -n "$$missing" ]; then apt-get update -q && apt-get install -y -q $$missing; fi
+
+test: $(STAMP) test-tools
 	$(BIN)/python -m pytest
 
 # The integration tests against a real RabbitMQ (installs and starts one on its own ports; not part of CI).
