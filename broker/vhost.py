@@ -284,7 +284,8 @@ class VHost:
                 counters.messages_unroutable_dropped += 1
         return result
 
-    def publish_as(self, user: User, msg: Message, mandatory: bool = False) -> int:
+    def publish_as(self, user: User, msg: Message, mandatory: bool = False, publisher: Publisher | None = None,
+                   confirm_seq: int = 0) -> int:
         """A publish by ``user`` from outside AMQP (the HTTP API; later the Spark writer): the checks a
         channel's basic.publish makes — write permission on the exchange, the exchange itself, topic
         permissions of the routing key and the CC / BCC keys, the properties (user-id, expiration, ...) —
@@ -297,7 +298,7 @@ class VHost:
         persistent = check_properties(msg, property_flags(msg.header), user)
         if topic is not None and msg.extra_keys:
             topic.check_all(exchange, msg.extra_keys)
-        return self.publish(exchange, msg, persistent, mandatory)
+        return self.publish(exchange, msg, persistent, mandatory, publisher, confirm_seq)
 
     def check_publishable(self, exchange_name: str) -> Exchange:
         ex = self.exchanges.get(exchange_name)

@@ -5,6 +5,7 @@ vhost's one publish path (``VHost.publish_as``: broker/publish.py), as a basic.p
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import datetime
@@ -37,7 +38,7 @@ from broker.management.objects import (
     lookup_exchange,
 )
 from broker.message import Message
-from broker.publish import REFUSED, ROUTED
+from broker.publish import PENDING, REFUSED, ROUTED
 from protocol.constants import PRECONDITION_FAILED
 from protocol.fastcodec import build_content_header, shortstr
 
@@ -181,16 +182,74 @@ async def publish(request: web.Request) -> web.Response:
     msg = make_message(name, routing_key, data, properties)
     # As RabbitMQ's plugin publishes: as the user (permissions, topic permissions, user-id, ...), with
     # mandatory set ({"routed": false} for a return), and a queue's refusal (its nack) answered 400.
+    confirm = HttpConfirm()
     try:
-        result = vh.publish_as(user_of(request), msg, mandatory=True)
+        result = vh.publish_as(user_of(request), msg, mandatory=True, publisher=confirm, confirm_seq=1)
     except AMQPError as exc:
         if exc.reply_code != PRECONDITION_FAILED:
             raise
         # The channel RabbitMQ publishes on is closed; the API answers its code and text.
         raise bad_request(f"{exc.reply_code} {exc.reply_text}") from None
-    if result & REFUSED:
+    stored = True
+    try:
+        if result >> PENDING:
+            # Like RabbitMQ's plugin (a confirm-mode channel, answering after basic.ack): a persistent
+            # message in a durable queue is answered once it is on disk.
+            stored = await asyncio.wait_for(confirm.wait(result >> PENDING), CONFIRM_TIMEOUT)
+    except TimeoutError:
+        stored = False
+    finally:
+        confirm.detach()
+    if result & REFUSED or not stored:
         raise bad_request("rejected Unable to publish message. Check queue limits.")
     return respond({"routed": bool(result & ROUTED)})
+
+
+# Seconds an HTTP publish waits for its persistent message's fsync before answering "rejected".
+CONFIRM_TIMEOUT = 30.0
+
+
+class _NoFlow:
+    """Credit flow pauses a publisher's socket; an HTTP request has none to pause (one message each)."""
+
+    def pause_for(self, reason: object) -> None:
+        pass
+
+    def resume_for(self, reason: object) -> None:
+        pass
+
+
+class HttpConfirm:
+    """An HTTP publish as the publish path's confirm-mode publisher (broker/publish.py ``Publisher``): the
+    queues that must fsync the message report here, and :meth:`wait` returns once all have (False if
+    any failed to store it). One per request, so its confirm token is unique."""
+
+    def __init__(self) -> None:
+        self.reader = _NoFlow()
+        self.published_to: set[Any] = set()
+        self._pending = 0
+        self._stored = True
+        self._done: asyncio.Future[bool] | None = None
+
+    def confirm_from_queue(self, seq: int, stored: bool = True) -> None:
+        self._stored = self._stored and stored
+        self._pending -= 1
+        if self._pending <= 0 and self._done is not None and not self._done.done():
+            self._done.set_result(self._stored)
+
+    async def wait(self, pending: int) -> bool:
+        # Confirms arrive from the syncer's callback on a later loop turn, never during publish_as.
+        self._pending += pending
+        self._done = asyncio.get_running_loop().create_future()
+        if self._pending <= 0:
+            return self._stored
+        return await self._done
+
+    def detach(self) -> None:
+        """No longer counted as a publisher of the queues it published to."""
+        for q in self.published_to:
+            q.publisher_channels.discard(self)
+        self.published_to.clear()
 
 
 def add_routes(router: web.UrlDispatcher) -> None:

@@ -204,3 +204,41 @@ def test_http_publish_to_a_direct_reply_to_consumer(api, node):
         assert http_publish(api, "", "amq.rabbitmq.reply-to.nobody", "lost")[1] == {"routed": False}
     finally:
         conn.close()
+
+
+@pytest.mark.leveret_only
+def test_http_publish_of_a_persistent_message_is_answered_once_it_is_on_disk(tmp_path, monkeypatch):
+    """RabbitMQ's plugin publishes on a confirm-mode channel and answers after basic.ack: a persistent
+    message in a durable queue is on disk when the HTTP answer comes. The disk is made slow (the test hook
+    delays each fsync round by 1 s), so the answer cannot come sooner than that once it waits for the
+    fsync; answered at once (before this change) it came within milliseconds. Then the broker is killed
+    and restarted: the messages are there."""
+    from test_management_api import Http, start_mgmt_broker
+
+    monkeypatch.setenv("LEVERET_TEST_FSYNC_DELAY_MS", "1000")
+    b, mport, _ = start_mgmt_broker(tmp_path)
+    try:
+        http = Http(mport)
+        assert http("PUT", "/api/queues/%2F/durable-http", {"durable": True})[0] in (201, 204)
+        for i in range(2):
+            t0 = time.monotonic()
+            status, body, _ = http("POST", "/api/exchanges/%2F/amq.default/publish",
+                                   {"routing_key": "durable-http", "payload": f"m{i}", "payload_encoding": "string",
+                                    "properties": {"delivery_mode": 2}})
+            waited = time.monotonic() - t0
+            assert (status, body) == (200, {"routed": True})
+            assert waited >= 0.9, f"answered after {waited:.3f} s, before the (1 s) fsync"
+        b.kill9()
+        monkeypatch.delenv("LEVERET_TEST_FSYNC_DELAY_MS")
+        b.start()
+        conn = pika.BlockingConnection(b.pika_params())
+        try:
+            got = []
+            chan = conn.channel()
+            while (m := chan.basic_get("durable-http", auto_ack=True))[0] is not None:
+                got.append(m[2])
+            assert got == [b"m0", b"m1"]
+        finally:
+            conn.close()
+    finally:
+        b.stop()
