@@ -113,7 +113,7 @@ def parse_amqplain(response: bytes) -> tuple[str, str]:
     """AMQPLAIN (kombu's default): a field table without its length prefix, with LOGIN and PASSWORD."""
     try:
         table = decode.field_table(len(response).to_bytes(4, "big") + response)[1]
-    except Exception:
+    except Exception:  # noqa: BLE001
         raise SaslError("AMQPLAIN response is not a field table") from None
     login, password = table.get("LOGIN"), table.get("PASSWORD")
     if login is None or password is None:

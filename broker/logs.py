@@ -51,7 +51,7 @@ def configure_logging(level: str = "info", fmt: str = "auto", console: bool = Tr
         sinks.append((sys.stderr, _LEVELS[level], renderer))
     if file is not None:
         file.parent.mkdir(parents=True, exist_ok=True)
-        sinks.append((open(file, "a", buffering=1), _LEVELS[file_level or level], json_renderer))
+        sinks.append((open(file, "a", buffering=1), _LEVELS[file_level or level], json_renderer))  # noqa: SIM115
     lowest = min((s[1] for s in sinks), default=_LEVELS["none"])
     structlog.configure(
         processors=[

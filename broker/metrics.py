@@ -40,7 +40,7 @@ class GlobalCounters:
     in :data:`COUNTER_METRICS`.
     """
 
-    __slots__ = (
+    __slots__ = (  # noqa: RUF023
         # messages (rabbitmq_global_*_total{protocol="amqp091"})
         "messages_received", "messages_received_confirm", "messages_routed", "messages_unroutable_dropped",
         "messages_unroutable_returned", "messages_confirmed", "messages_delivered",
@@ -326,7 +326,7 @@ def _prometheus_client_version() -> str:
         from importlib.metadata import version
 
         return version("prometheus-client")
-    except Exception:
+    except Exception:  # noqa: BLE001
         return "unknown"
 
 

@@ -25,8 +25,8 @@ from broker.persistence import BackingQueueFactory, DurableDefinitions
 from broker.publish import REPLY_TO_PREFIX
 from broker.reader import Reader
 from broker.vhost import VHost
-from storage.metadata_store import MetadataStore, MetadataStoreError
 from storage.data_dir_lock import DataDirLock, DataDirLocked
+from storage.metadata_store import MetadataStore, MetadataStoreError
 from storage.node_storage import METADATA_FILE as METADATA_DB
 from storage.node_storage import DataDirectoryError, NodeStorage, reset_data_dir
 

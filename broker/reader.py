@@ -247,7 +247,7 @@ class Reader(asyncio.Protocol):
                     self.send(method_frame(0, spec.Connection.CloseOk))
                     self._close_transport()
             return
-        if self.state < Reader.TUNING:
+        if self.state < Reader.TUNING:  # noqa: SIM102
             # Before login nothing but start-ok is acceptable, and a client that has not logged in gets no
             # explanation: the socket is closed (as RabbitMQ does).
             if not (frame_type == FRAME_METHOD and channel_id == 0

@@ -38,7 +38,7 @@ def decode_method(payload: bytes) -> base.Frame:
         raise UnknownMethod(f"unknown method class {index >> 16} method {index & 0xFFFF}", 503)
     try:
         return _unmarshal(cls, payload, 4)
-    except Exception as exc:  # FrameError from the checks, ValueError, UnicodeDecodeError from pamqp
+    except Exception as exc:  # FrameError from the checks, ValueError, UnicodeDecodeError from pamqp  # noqa: BLE001
         raise FrameError(f"malformed {cls.name} method frame: {exc}") from None
 
 

@@ -99,7 +99,7 @@ class BrokerProcess:
             *ports, *self.extra_args,
         ]
         env = dict(os.environ, PYTHONUNBUFFERED="1", LEVERET_LOG_FORMAT="json")
-        log = open(self.log_path, "ab")
+        log = open(self.log_path, "ab")  # noqa: SIM115
         self.process = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

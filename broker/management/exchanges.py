@@ -75,7 +75,7 @@ def encode_properties(props: dict[str, Any], body_size: int) -> bytes:
         values["message_type" if name == "type" else name] = value
     try:
         raw = spec.Basic.Properties(**values).marshal()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001
         raise bad_request(f"invalid message properties: {exc}") from None
     return build_content_header(body_size, raw)
 

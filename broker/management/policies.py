@@ -42,7 +42,7 @@ def validate_policy(body: dict[str, Any], operator: bool = False) -> dict[str, A
     """A policy body checked as RabbitMQ checks it; raises ValueError with the reason."""
     pattern = body.get("pattern")
     if not isinstance(pattern, str):
-        raise ValueError("pattern must be a string (a regular expression)")
+        raise ValueError("pattern must be a string (a regular expression)")  # noqa: TRY004
     try:
         re.compile(pattern)
     except re.error as exc:
@@ -54,7 +54,7 @@ def validate_policy(body: dict[str, Any], operator: bool = False) -> dict[str, A
     if isinstance(priority, str) and priority.lstrip("-").isdigit():
         priority = int(priority)
     if isinstance(priority, bool) or not isinstance(priority, int):
-        raise ValueError("priority must be an integer")
+        raise ValueError("priority must be an integer")  # noqa: TRY004
     apply_to = body.get("apply-to", "queues" if operator else "all")
     if apply_to not in APPLY_TO:
         raise ValueError(f"apply-to must be one of {', '.join(APPLY_TO)}")

@@ -25,6 +25,6 @@ def test_message_larger_than_max_message_size_is_406(start_broker, tmp_path, uid
     assert info.value.reply_text == "PRECONDITION_FAILED - message size 1025 is larger than configured max size 1024"
     ch2 = conn.channel()
     assert ch2.queue_declare(q, passive=True).method.message_count == 1
-    method, _props, body = ch2.basic_get(q, auto_ack=True)
+    _method, _props, body = ch2.basic_get(q, auto_ack=True)
     assert body == b"x" * 1024
     conn.close()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import import_graph  # noqa: E402
+import import_graph
 
 
 def test_protocol_and_storage_import_neither_broker_nor_each_other():
