@@ -17,6 +17,7 @@ import structlog
 
 from broker.alarms import AlarmState, ResourceMonitor, configured_disk_free_limit, configured_memory_limit
 from broker.auth import User, UserStore
+from broker.clock import Clock, LoopClock
 from broker.config import Settings
 from broker.memory_budget import MemoryBudget, set_memory_limit
 from broker.message import Message
@@ -89,6 +90,8 @@ class Node:
         self.cluster_name = settings.cluster_name or self.name
         self.rabbitmq_version = RABBITMQ_COMPAT_VERSION
         self.started_at = time.time()
+        # The one source of time for every part of the node (broker/clock.py); tests may pass a ManualClock.
+        self.clock: Clock = LoopClock()
         self.counters = GlobalCounters()
         # Resource alarms in effect ("memory", "disk"); the monitors add and remove them.
         self.active_alarms: set[str] = set()
@@ -125,7 +128,7 @@ class Node:
         """Create a vhost (idempotent; an existing vhost gets the new description and tags)."""
         vh = self.vhosts.get(name)
         if vh is None:
-            vh = self.vhosts[name] = init_vhost_metadata(VHost(name, self.counters, self), description, tags,
+            vh = self.vhosts[name] = init_vhost_metadata(VHost(name, self.counters, self, self.clock), description, tags,
                                                          default_queue_type)
             self._attach_storage(vh)
             log.info("vhost created", vhost=name)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker import delegate, permissions, topic_permissions
 from broker.amqqueue import QueueRegistry
+from broker.clock import Clock, LoopClock
 from broker.dead_letter import deaths_of, is_cycle
 from broker.errors import AMQPError
 from broker.exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Binding, Exchange
@@ -37,8 +38,11 @@ def _fmt(value: Any) -> str:
 
 
 class VHost:
-    def __init__(self, name: str, counters: Any = None, replies: ReplyTo | None = None) -> None:
+    def __init__(self, name: str, counters: Any = None, replies: ReplyTo | None = None,
+                 clock: Clock | None = None) -> None:
         self.name = name
+        # The one source of time for this vhost's queues, exchanges and dead-lettering (broker/clock.py).
+        self.clock: Clock = clock if clock is not None else LoopClock()
         # The node's GlobalCounters (broker/metrics.py), if this vhost belongs to a node.
         self.counters = counters
         # The node's direct reply-to consumers, if this vhost belongs to a node.
