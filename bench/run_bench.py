@@ -1,6 +1,12 @@
 """``make bench``: scenarios S1–S7 against Leveret and RabbitMQ, alternating, with the ratio table.
 
     python -m bench.run_bench [--quick] [--only S1,S5] [--brokers leveret,rabbitmq] [--no-ceiling]
+    python -m bench.run_bench --quick --only S1,S3,S4,S6 --baseline 5dc03e2   # this tree against a commit
+
+With ``--baseline REF`` the reference broker is not RabbitMQ but Leveret as it was at the git commit REF (checked
+out into a temporary worktree and run with the same interpreter), so a change is measured side by side with the
+commit before it, in one run on one machine; the ratio column is then "this tree / REF" and RESULTS.md is left
+alone (the raw JSON still goes to bench/results/).
 
 Quick mode (``--quick``, or QUICK=1 in the environment) shortens every scenario so that the whole run takes a
 few minutes; full mode uses the sizes of the issue (S5 with 1,000,000 × 1 KiB, S7 up to 10,000 connections).
@@ -67,7 +73,10 @@ def port_free(port: int) -> bool:
 class Leveret:
     name = "leveret"
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, root: Path = ROOT) -> None:
+        # ``root``: the source tree to run (``python -m broker`` with it as the working directory imports its
+        # broker/protocol/storage packages ahead of the installed ones).
+        self.root = root
         self.port = port
         self.proc: subprocess.Popen | None = None
         self.data_dir: str | None = None
@@ -84,7 +93,7 @@ class Leveret:
                "--data-dir", self.data_dir, "--management-port", "0", "--prometheus-port", "0",
                "--log-level", "warning"]
         logf = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, cwd=self.root, stdout=logf, stderr=subprocess.STDOUT)
         logf.close()
         if not wait_port(self.port, 30) or self.proc.poll() is not None:
             self.stop()
@@ -103,6 +112,22 @@ class Leveret:
         if self.data_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
             self.data_dir = None
+
+
+class BaselineLeveret(Leveret):
+    """Leveret at an earlier commit, in the reference slot of the ratio table (``--baseline REF``)."""
+
+    def __init__(self, port: int, ref: str) -> None:
+        self.ref = ref
+        self.worktree = Path(tempfile.mkdtemp(prefix="leveret-baseline-"))
+        subprocess.run(["git", "worktree", "add", "--detach", "--force", str(self.worktree), ref], cwd=ROOT,
+                       check=True, capture_output=True)
+        super().__init__(port, self.worktree)
+        self.log_path = Path(tempfile.gettempdir()) / f"leveret-baseline-bench-{port}.log"
+
+    def remove_worktree(self) -> None:
+        subprocess.run(["git", "worktree", "remove", "--force", str(self.worktree)], cwd=ROOT, capture_output=True)
+        shutil.rmtree(self.worktree, ignore_errors=True)
 
 
 class RabbitMQ:
@@ -353,8 +378,8 @@ def evaluate(sc: Scenario, res: dict[str, list[dict[str, dict]]]) -> list[dict]:
     return rows
 
 
-def table(rows: list[dict]) -> str:
-    lines = ["| scenario | metric | Leveret | RabbitMQ | Leveret / RabbitMQ | target | met |",
+def table(rows: list[dict], reference: str = "RabbitMQ") -> str:
+    lines = [f"| scenario | metric | Leveret | {reference} | Leveret / {reference} | target | met |",
              "|---|---|---:|---:|---:|---|---|"]
     for r in rows:
         if r["unit"] == "bool":
@@ -450,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-ceiling", dest="ceiling", action="store_false")
     ap.add_argument("--no-write", action="store_true",
                     help="do not touch bench/RESULTS.md")
+    ap.add_argument("--baseline", metavar="REF",
+                    help="compare against Leveret at this git commit instead of RabbitMQ (implies --no-write)")
     args = ap.parse_args(argv)
     perf.raise_nofile()
     mode = "quick" if args.quick else "full"
@@ -460,7 +487,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         wanted = {s.strip().upper() for s in args.only.split(",")}
         todo = [s for s in todo if s.id in wanted]
-    brokers = {"leveret": Leveret(args.leveret_port), "rabbitmq": RabbitMQ(args.rabbitmq_port)}
+    reference = "RabbitMQ"
+    if args.baseline:
+        # The reference slot holds Leveret at REF; ratios read "this tree / REF".
+        brokers = {"leveret": Leveret(args.leveret_port),
+                   "rabbitmq": BaselineLeveret(args.rabbitmq_port, args.baseline)}
+        brokers["rabbitmq"].name = f"leveret@{args.baseline}"
+        reference = f"Leveret {args.baseline}"
+        args.no_write = True
+    else:
+        brokers = {"leveret": Leveret(args.leveret_port), "rabbitmq": RabbitMQ(args.rabbitmq_port)}
     names = [b for b in args.brokers.split(",") if b in brokers]
     info = machine_info()
     info["repeat"] = args.repeat
@@ -485,9 +521,11 @@ def main(argv: list[str] | None = None) -> int:
                 b.stop()
             except Exception:  # noqa: BLE001
                 pass
+            if isinstance(b, BaselineLeveret):
+                b.remove_worktree()
     info["elapsed_s"] = round(time.monotonic() - t_start)
     info["load_avg_at_end"] = os.getloadavg()
-    print(table(rows))
+    print(table(rows, reference))
     raw_dir = ROOT / "bench" / "results"
     raw_dir.mkdir(exist_ok=True)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
