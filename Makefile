@@ -36,11 +36,15 @@ test: $(STAMP) test-tools
 test-rabbitmq: $(STAMP)
 	bash tests/rabbitmq/run-against-rabbitmq.sh
 
+# ruff; the import layers of pyproject.toml's [tool.importlinter] (lint-imports); the types ([tool.mypy]).
+# `python tests/import_graph.py` prints the import graph and any cycle the layers contract reports.
 lint: $(STAMP)
 	$(BIN)/ruff check protocol broker storage tests
+	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache leveret-data
+	rm -rf $(VENV) .pytest_cache .mypy_cache .import_linter_cache leveret-data
 
 # The benchmark against RabbitMQ (bench/README.md): `make bench` runs S1–S7 in full, `make bench QUICK=1`
 # in a few minutes; results go to bench/RESULTS.md.

@@ -6,42 +6,49 @@ below ``disk_free_limit``, an alarm is raised: every connection that publishes i
 ``connection.blocked`` if it supports it, and its socket is no longer read), while connections that only
 consume go on. When all alarms have cleared, blocked connections get ``connection.unblocked`` and are read
 again. The monitor also hands the memory budget to whoever wants it (the queues' RAM targets).
+
+The alarms sit below the connections that they block: a connection is anything that satisfies
+:class:`BlockableConnection` (broker/reader.py's ``Reader`` does), and whoever wants to hear of alarms
+registers an :data:`AlarmListener`. So this module imports nothing above it, as RabbitMQ's readers
+register with ``rabbit_alarm`` rather than ``rabbit_alarm`` knowing the reader.
 """
 
 from __future__ import annotations
 
-import asyncio
-import os
-import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
+from broker.clock import Clock, LoopClock, TimerHandle
+from broker.os_probes import data_dir_free, release_free_memory, resident_memory, total_memory
+
 if TYPE_CHECKING:
     from broker.config import Settings
-    from broker.reader import Reader
 
 log = structlog.get_logger("leveret.alarms")
 
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+class BlockableConnection(Protocol):
+    """What an alarm needs of a client connection (``Reader`` satisfies it): whether it has published
+    (only publishers are blocked), and the two calls that block and unblock it."""
+
+    @property
+    def has_published(self) -> bool: ...
+
+    def block_for_alarm(self, reason: str) -> None:
+        """Stop reading the socket (and send ``connection.blocked`` with ``reason`` if the client takes it);
+        the connection adds itself to :attr:`AlarmState.blocked`."""
+        ...
+
+    def unblock_after_alarm(self) -> None:
+        """Every alarm has cleared: read again (and send ``connection.unblocked``)."""
+        ...
 
 
-def resident_memory() -> int:
-    """This process's resident set size in bytes (Linux /proc; 0 where unavailable)."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def total_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 8 << 30
+# Called with the alarms raised ("memory", "disk") each time that set changes.
+AlarmListener = Callable[[set[str]], None]
 
 
 def configured_memory_limit(settings: Settings) -> int:
@@ -65,8 +72,8 @@ class AlarmState:
 
     def __init__(self) -> None:
         self.raised: set[str] = set()
-        self.blocked: set[Reader] = set()
-        self.listeners: list[Callable[[set[str]], None]] = []
+        self.blocked: set[BlockableConnection] = set()
+        self.listeners: list[AlarmListener] = []
 
     @property
     def active(self) -> bool:
@@ -75,7 +82,7 @@ class AlarmState:
     def reason(self) -> str:
         return " & ".join(sorted(f"low on {kind}" for kind in self.raised))
 
-    def raise_alarm(self, kind: str, connections: set[Reader]) -> None:
+    def raise_alarm(self, kind: str, connections: Collection[BlockableConnection]) -> None:
         if kind in self.raised:
             return
         self.raised.add(kind)
@@ -117,22 +124,25 @@ class ResourceMonitor:
     e.g. ENOSPC below the free-space limit's radar): publishers are blocked until the held data is written.
     """
 
-    def __init__(self, alarms: AlarmState, connections: set[Reader], data_dir: Path,
-                 memory_limit: int, disk_free_limit: int, interval: float = 0.5) -> None:
+    def __init__(self, alarms: AlarmState, connections: Collection[BlockableConnection], data_dir: Path,
+                 memory_limit: int, disk_free_limit: int, interval: float = 0.5, clock: Clock | None = None
+                 ) -> None:
         self.alarms = alarms
         self.connections = connections
         self.data_dir = data_dir
         self.memory_limit = memory_limit
         self.disk_free_limit = disk_free_limit
         self.interval = interval
+        # The checks' timers (broker/clock.py): the event loop's, or a ManualClock in tests.
+        self.clock: Clock = clock if clock is not None else LoopClock()
         self.memory_used = 0
         self.disk_free = 0
         self.storage_failing = False
         self.disk_checks = 0  # plain counter (tests)
         self._written_since_check = 0
         self._write_budget = 0  # bytes of writes after which the disk is checked again at once
-        self._handle: asyncio.TimerHandle | None = None
-        self._disk_handle: asyncio.TimerHandle | None = None
+        self._handle: TimerHandle | None = None
+        self._disk_handle: TimerHandle | None = None
 
     def start(self) -> None:
         self.check()
@@ -151,8 +161,6 @@ class ResourceMonitor:
     def check_memory(self) -> None:
         self.memory_used = resident_memory()
         if self.memory_limit and self.memory_used > self.memory_limit:
-            from broker.memory_budget import release_free_memory
-
             release_free_memory()  # freed message memory may still be counted as resident
             self.memory_used = resident_memory()
         if self.memory_limit and self.memory_used > self.memory_limit:
@@ -161,14 +169,11 @@ class ResourceMonitor:
             self.alarms.clear_alarm("memory")
         if self._handle is not None:
             self._handle.cancel()
-        self._handle = asyncio.get_event_loop().call_later(self.interval, self.check_memory)
+        self._handle = self.clock.call_later(self.interval, self.check_memory)
 
     def check_disk(self) -> None:
         self.disk_checks += 1
-        try:
-            self.disk_free = shutil.disk_usage(self.data_dir).free
-        except OSError:
-            self.disk_free = 1 << 62
+        self.disk_free = data_dir_free(self.data_dir)
         if self.disk_free < self.disk_free_limit or self.storage_failing:
             self.alarms.raise_alarm("disk", self.connections)
         else:
@@ -179,7 +184,7 @@ class ResourceMonitor:
         delay = min(self.interval, max(DISK_CHECK_MIN, headroom / DISK_WRITE_RATE))
         if self._disk_handle is not None:
             self._disk_handle.cancel()
-        self._disk_handle = asyncio.get_event_loop().call_later(delay, self.check_disk)
+        self._disk_handle = self.clock.call_later(delay, self.check_disk)
 
     def note_written(self, nbytes: int) -> None:
         """The storage handed ``nbytes`` to the kernel: check the disk now if they may have used up half of

@@ -1,26 +1,39 @@
 """The queue registry of a vhost (RabbitMQ's ``rabbit_amqqueue``): declare, look up and delete queues,
-with RabbitMQ's equivalence and exclusivity rules and its error texts."""
+with RabbitMQ's equivalence and exclusivity rules and its error texts.
+
+What a queue is comes from its type (broker/queue_types.py, chosen by ``x-queue-type``); what store holds its
+messages is the node's choice (``backing_queue_factory``). The registry only keeps the queues by name."""
 
 from __future__ import annotations
 
 import base64
 import os
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker import limits
 from broker.errors import AMQPError
 from broker.memory_budget import default_budget
-from broker.queue_args import QueueSettings, effective_settings, validate_arguments
-from broker.queue_process import QueueProcess
+from broker.queue_args import effective_settings, validate_arguments
+from broker.queue_process import QueueHost, QueueOwner, QueueProcess
+from broker.queue_types import OpenStore, memory_store, queue_type_of
 from protocol.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED
-from storage.backing_queue import BackingQueue
-from storage.memory_queue import MemoryBackingQueue
-from storage.priority_queue import PriorityBackingQueue
 
 if TYPE_CHECKING:
-    from broker.reader import Reader
-    from broker.vhost import VHost
+    from broker.policy import Policy
+
+# The connection that declares a queue (broker/reader.py's Reader), as the registry sees it.
+Reader = QueueOwner
+
+
+class VHost(QueueHost, Protocol):
+    """What the registry asks of its vhost (broker/vhost.py's VHost) beyond what its queues do, declared here so
+    that the registry need not import the layer above it."""
+
+    durable: Any  # broker/persistence.py DurableDefinitions, or None
+
+    def policies_for_queue(self, name: str, queue_type: str = ...) -> tuple[Policy | None, Policy | None]: ...
+
+    def remove_bindings_to_queue(self, queue_name: str) -> None: ...
 
 # The queue arguments RabbitMQ compares on redeclare; others are stored but not compared.
 EQUIVALENCE_ARGS = ("x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key",
@@ -51,18 +64,13 @@ def _arg_value(arguments: dict[str, Any], key: str) -> Any:
     return value
 
 
-def _message_priority(msg: Any) -> int:
-    return msg.props.priority
-
-
 class QueueRegistry:
-    def __init__(self, vhost: VHost, make_backing_queue: Callable[..., BackingQueue] | None = None) -> None:
+    def __init__(self, vhost: VHost, make_backing_queue: OpenStore | None = None) -> None:
         self.vhost = vhost
         self._queues: dict[str, QueueProcess] = {}
-        # Opens a queue's backing queue: (name, durable, priority=None, on_confirm=None) → BackingQueue.
-        # In memory until the node's storage is open (broker/persistence.py BackingQueueFactory).
-        self.backing_queue_factory: Callable[..., BackingQueue] = make_backing_queue or (
-            lambda name, durable, priority=None, on_confirm=None: MemoryBackingQueue())
+        # Opens a queue's store: (name, durable, priority=None, on_confirm=None) → BackingQueue (queue_types
+        # OpenStore). In memory until the node's storage is open (broker/persistence.py BackingQueueFactory).
+        self.backing_queue_factory: OpenStore = make_backing_queue or memory_store
 
     def __len__(self) -> int:
         return len(self._queues)
@@ -98,7 +106,7 @@ class QueueRegistry:
                 "does not match that of the original declaration.")
 
     def declare(self, name: str, passive: bool, durable: bool, exclusive: bool, auto_delete: bool,
-                arguments: dict[str, Any], reader: Reader, server_named: bool = False
+                arguments: dict[str, Any], reader: Reader | None, server_named: bool = False
                 ) -> tuple[QueueProcess, bool]:
         """(queue, created). Applies RabbitMQ's checks in its order: reserved names, passive, equivalence."""
         if passive:
@@ -116,16 +124,13 @@ class QueueRegistry:
             existing.reset_expiry_timer()  # a redeclare renews an x-expires lease
             return existing, False
         limits.check_queue_limit(self.vhost, name, len(self._queues))
-        if arguments.get("x-queue-type") in ("quorum", b"quorum"):
-            where = f"queue '{name}' in vhost '{self.vhost.name}'"
-            problem = "non-durable" if not durable else "exclusive-owner" if exclusive else \
-                "auto-delete" if auto_delete else None
-            if problem:
-                raise AMQPError(PRECONDITION_FAILED, f"invalid property '{problem}' for {where}")
+        queue_type_of(arguments).check_declare(f"queue '{name}' in vhost '{self.vhost.name}'", durable, exclusive,
+                                               auto_delete)
         if exclusive:
             durable = False  # RabbitMQ ignores durable on exclusive queues
         q = self._create(name, durable, reader if exclusive else None, auto_delete, arguments)
         if exclusive:
+            assert reader is not None, "an exclusive queue is declared by a connection"
             reader.exclusive_queues.append(q)
         elif self.vhost.durable is not None:
             self.vhost.durable.queue_declared(self.vhost.name, q)
@@ -137,29 +142,13 @@ class QueueRegistry:
 
     def _create(self, name: str, durable: bool, owner: Reader | None, auto_delete: bool,
                 arguments: dict[str, Any]) -> QueueProcess:
-        settings = effective_settings(arguments, *self.vhost.policies_for_queue(name))
-        holder: list[QueueProcess] = []
-
-        def on_confirm() -> None:  # called on the loop once an fsync covered some of the queue's messages
-            if holder:
-                holder[0].on_confirmed()
-
-        q = QueueProcess(self.vhost, name, durable, owner, auto_delete, arguments,
-                         self._new_backing_queue(name, durable, settings, on_confirm), settings)
-        holder.append(q)
-        set_budget = getattr(q.bq, "set_ram_budget", None)
-        if set_budget is not None:
-            set_budget(default_budget(q))
-        self._queues[name] = q
-        return q
-
-    def _new_backing_queue(self, name: str, durable: bool, settings: QueueSettings,
-                           on_confirm: Callable[[], None]) -> BackingQueue:
-        make = self.backing_queue_factory
-        if settings.max_priority:
-            return PriorityBackingQueue(settings.max_priority, _message_priority,
-                                        lambda p: make(name, durable, p, on_confirm))
-        return make(name, durable, None, on_confirm)
+        qtype = queue_type_of(arguments)
+        settings = effective_settings(arguments, *self.vhost.policies_for_queue(name, qtype.name))
+        q = qtype.new_queue(self.vhost, name, durable, owner, auto_delete, arguments, settings,
+                            self.backing_queue_factory)
+        q.set_ram_budget(default_budget(q))
+        self._queues[name] = q  # type: ignore[assignment]  # every queue type's queue is a Queue
+        return q  # type: ignore[return-value]
 
     def _assert_equivalence(self, q: QueueProcess, durable: bool, exclusive: bool, auto_delete: bool,
                             arguments: dict[str, Any]) -> None:

@@ -1,6 +1,11 @@
-"""One AMQP channel (RabbitMQ's ``rabbit_channel``): assembles publishes from method + header + body,
-routes them, tracks publisher-confirm numbers, mandatory returns, deliveries awaiting ack, prefetch and
-transactions, and answers the channel-level methods.
+"""One AMQP channel (RabbitMQ's ``rabbit_channel``): routes publishes, writes publisher confirms and
+mandatory returns, tracks deliveries awaiting ack (with their consumer timeout), prefetch, and answers the
+channel-level methods.
+
+The pure pieces live beside it, as in RabbitMQ: assembling a publish from its frames in
+broker/command_assembler.py, confirm numbering and folding in broker/confirms.py, the transaction in
+broker/tx.py, the direct reply-to consumer in broker/direct_reply_to.py. Time (the consumer ack timeout) is
+read from the node's clock (broker/clock.py).
 
 The hot methods (basic.publish, its content, basic.ack/nack/reject) are decoded by the fast codec and
 handled without pamqp; everything else goes through :meth:`handle_method`'s table.
@@ -9,20 +14,23 @@ handled without pamqp; everything else goes through :meth:`handle_method`'s tabl
 from __future__ import annotations
 
 import base64
-import bisect
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as spec
 
-from broker import permissions, topic_permissions
+from broker import direct_reply_to, permissions, topic_permissions
+from broker.command_assembler import CommandAssembler
+from broker.confirms import Confirms
+from broker.direct_reply_to import ReplyConsumer
 from broker.errors import AMQPError
 from broker.exchange import EXCHANGE, QUEUE, Exchange, validate_arguments
 from broker.message import Message
 from broker.publish import FLAGS_TO_READ, PENDING, REFUSED, REPLY_TO, ROUTED, check_properties
 from broker.queue_args import amqp_type_name
 from broker.queue_consumers import Consumer
+from broker.tx import COMMIT_FAILED, Transaction
 from protocol import fastcodec
 from protocol.constants import (
     ACCESS_REFUSED,
@@ -34,10 +42,8 @@ from protocol.constants import (
     NOT_FOUND,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
-    UNEXPECTED_FRAME,
 )
 from protocol.fastcodec import PublishArgs
-from protocol.frames import FrameError
 from protocol.methods import method_frame
 
 if TYPE_CHECKING:
@@ -53,30 +59,19 @@ def _random_tag(prefix: str) -> str:
     return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
 
 
-class _ReplyConsumer:
-    """The pseudo-consumer of ``amq.rabbitmq.reply-to`` on this channel (direct reply-to)."""
-
-    __slots__ = ("key", "tag", "tag_raw")
-
-    def __init__(self, tag: str, key: str) -> None:
-        self.tag = tag
-        raw = tag.encode()
-        self.tag_raw = bytes([len(raw)]) + raw
-        self.key = key
-
-
 class Channel:
     def __init__(self, reader: Reader, channel_id: int) -> None:
         self.reader = reader
         self.id = channel_id
         self.vhost = reader.vhost
         self.closing = False
-        # Content assembly: the publish being received.
-        self._publish: PublishArgs | None = None
-        self._header: bytes | None = None
-        self._body_size = 0
-        self._body_parts: list[bytes] = []
-        self._body_received = 0
+        self.clock = reader.node.clock
+        # Content assembly: the publish being received. Its frame handlers are bound here so the reader
+        # calls the assembler's directly (no extra call per frame).
+        self.assembler = CommandAssembler(reader.settings, self._publish_command)
+        self.on_publish = self.assembler.on_publish
+        self.on_header = self.assembler.on_header
+        self.on_body = self.assembler.on_body
         # Deliveries awaiting ack: delivery tag → (queue, seq_id, consumer or None for basic.get).
         self.next_delivery_tag = 1
         self.unacked: dict[int, tuple[QueueProcess, int, Consumer | None]] = {}
@@ -86,24 +81,14 @@ class Channel:
         self.global_prefetch = 0  # shared by the channel's consumers (basic.qos global=true)
         # Whether the channel has published (RabbitMQ's publishing mode): an open one counts as a publisher.
         self.publishing = False
-        # Publisher confirms.
-        self.confirm = False
-        self.publish_seq = 0
-        self._confirm_acks: list[int] = []
-        self._confirm_nacks: list[int] = []
-        # Publishes waiting for queues to confirm (after their fsync): seq → [queues left, accepted].
-        self._unconfirmed: dict[int, list] = {}
-        # Transactions: None, or the publishes and acks waiting for tx.commit.
-        self.tx: list[tuple[str, Any]] | None = None
-        # Committed persistent publishes not yet on disk, and the commits waiting for them to answer.
-        self._tx_seq = 0
-        self._tx_awaiting_sync = 0
-        self._tx_commits_waiting = 0
-        self._tx_store_failed = False  # a committed publish's fsync failed: no commit-ok may be sent
+        # Publisher confirms: None until confirm.select.
+        self.confirms: Confirms | None = None
+        # Transactions: None until tx.select, then the work waiting for tx.commit.
+        self.tx: Transaction | None = None
         self.last_queue: str | None = None
-        self.reply_consumer: _ReplyConsumer | None = None
-        # Consumer acknowledgement timeout: delivery tag → (deadline in loop time, timeout ms), only for
-        # consumers of queues with a timeout; checked by one timer per channel.
+        self.reply_consumer: ReplyConsumer | None = None
+        # Consumer acknowledgement timeout: delivery tag → (deadline on the clock's monotonic seconds,
+        # timeout ms), only for consumers of queues with a timeout; checked by one timer per channel.
         self._ack_deadlines: dict[int, tuple[float, int]] = {}
         # Exchanges this channel was allowed to publish to (checked once, as RabbitMQ caches it), each with
         # the user's topic-permission check of its routing keys, or None (broker/topic_permissions.py).
@@ -139,65 +124,17 @@ class Channel:
     def send(self, cls: type, **values: Any) -> None:
         self.reader.send(method_frame(self.id, cls, **values))
 
-    # -- content assembly --------------------------------------------------------------------------------
-    @property
-    def expecting_content(self) -> bool:
-        return self._publish is not None
-
-    def on_publish(self, payload: bytes) -> None:
-        """basic.publish (the whole method payload): its content frames follow."""
-        self._publish = fastcodec.decode_basic_publish(payload, 4)
-
-    def on_header(self, payload: bytes) -> None:
-        if self._publish is None or self._header is not None:
-            raise AMQPError(UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
-        try:
-            body_size = fastcodec.decode_content_header(payload)
-        except FrameError as exc:
-            raise AMQPError(UNEXPECTED_FRAME, exc.text, CLASS_BASIC, 40) from None
-        max_size = self.reader.settings.max_message_size
-        if body_size > max_size:
-            self._publish = None
-            raise AMQPError(PRECONDITION_FAILED,
-                            f"message size {body_size} is larger than configured max size {max_size}",
-                            CLASS_BASIC, 40)
-        self._header = payload
-        self._body_size = body_size
-        if body_size == 0:
-            self._content_complete(b"")
-
-    def on_body(self, payload: bytes) -> None:
-        if self._header is None:
-            raise AMQPError(UNEXPECTED_FRAME, "expected content header for class 60, got non content "
-                            "header frame instead")
-        received = self._body_received + len(payload)
-        if received > self._body_size:
-            # More body than the header announced. RabbitMQ lets such a message never complete, and the
-            # next frame that is not a body frame is unexpected (505): do the same, keeping nothing.
-            self._body_parts = []
-            self._body_received = self._body_size + 1
-            return
-        if received == self._body_size and not self._body_parts:
-            self._content_complete(payload)
-            return
-        self._body_parts.append(payload)
-        self._body_received = received
-        if received == self._body_size:
-            body = b"".join(self._body_parts)
-            self._content_complete(body)
-
-    def _content_complete(self, body: bytes) -> None:
-        args = self._publish
-        header = self._header
-        assert args is not None and header is not None
-        self._publish = None
-        self._header = None
-        self._body_parts = []
-        self._body_received = 0
-        msg = Message(args.exchange, args.routing_key, args.names_raw, header, body)
-        self.basic_publish(args, msg)
+    # -- content assembly (broker/command_assembler.py) ------------------------------------------------
+    def _publish_command(self, args: PublishArgs, header: bytes, body: bytes) -> None:
+        """A publish the assembler completed."""
+        self.basic_publish(args, Message(args.exchange, args.routing_key, args.names_raw, header, body))
 
     # -- publishing ------------------------------------------------------------------------------------
+    @property
+    def confirm(self) -> bool:
+        """Whether the channel is in confirm mode (confirm.select)."""
+        return self.confirms is not None
+
     def basic_publish(self, args: PublishArgs, msg: Message) -> None:
         self.publishing = True
         if args.immediate:
@@ -219,81 +156,67 @@ class Channel:
             if topic is not None and msg.extra_keys:
                 topic.check_all(exchange, msg.extra_keys)  # CC / BCC keys (RabbitMQ 4.1+ checks them too)
         if self.tx is not None:
-            self.tx.append(("publish", (exchange, args, msg, persistent)))
+            self.tx.add_publish((exchange, args, msg, persistent))
             return
         self._route(exchange, args, msg, persistent)
 
     def _route(self, exchange: Exchange, args: PublishArgs, msg: Message, persistent: bool,
-               tx_seq: int = 0) -> int:
+               tx_token: int = 0) -> int:
         """Publish through the vhost (broker/publish.py), return the message if it is mandatory and went
         nowhere, and account its confirm. Returns VHost.publish's result, whose ``>> PENDING`` part counts the
-        queues that will confirm it later (after an fsync); ``tx_seq`` (negative) asks for those later
+        queues that will confirm it later (after an fsync); ``tx_token`` (negative) asks for those later
         confirms on behalf of a tx.commit."""
-        if self.confirm:
-            seq = self.publish_seq = self.publish_seq + 1
+        confirms = self.confirms
+        if confirms is not None:
+            seq = confirms.seq = confirms.seq + 1
             result = self.vhost.publish(exchange, msg, persistent, args.mandatory, self, seq)
         else:
-            result = self.vhost.publish(exchange, msg, persistent, args.mandatory, self, tx_seq)
+            result = self.vhost.publish(exchange, msg, persistent, args.mandatory, self, tx_token)
         if args.mandatory and not result & ROUTED:
             self.reader.send(fastcodec.encode_basic_return(self.id, NO_ROUTE, "NO_ROUTE", args.names_raw))
             self.reader.send_content(self.id, msg.header, msg.body)
-        if self.confirm:
-            if result >> PENDING:
-                self._unconfirmed[seq] = [result >> PENDING, not result & REFUSED]
-            else:
-                (self._confirm_nacks if result & REFUSED else self._confirm_acks).append(seq)
-                self.reader.confirms_pending(self)
+        if confirms is not None and confirms.published(seq, result >> PENDING, result & REFUSED):
+            self.reader.confirms_pending(self)
         return result
 
     def confirm_from_queue(self, seq: int, stored: bool = True) -> None:
         """A queue has this publish on disk (``stored``), or failed to put it there; once every queue it
         went to has answered, it is confirmed, or nacked if any of them failed."""
         if seq < 0:
-            if not stored:
-                self._tx_store_failed = True
-            self._tx_publish_synced()
+            if self.tx is not None:
+                self._answer_commits(self.tx.synced(1, stored))
             return
-        entry = self._unconfirmed.get(seq)
-        if entry is None or self.closing:
+        confirms = self.confirms
+        if confirms is None or self.closing:
             return
-        if not stored:
-            entry[1] = False
-        entry[0] -= 1
-        if entry[0] == 0:
-            del self._unconfirmed[seq]
-            (self._confirm_acks if entry[1] else self._confirm_nacks).append(seq)
+        if confirms.queue_answered(seq, stored):
             self.reader.confirms_pending(self)
 
     @property
     def messages_unconfirmed(self) -> int:
         """Publishes not yet confirmed to the client (RabbitMQ's ``messages_unconfirmed``): those waiting for
         their queues' fsync, and those settled this tick whose basic.ack / basic.nack is not written yet."""
-        return len(self._unconfirmed) + len(self._confirm_acks) + len(self._confirm_nacks)
+        return 0 if self.confirms is None else self.confirms.messages_unconfirmed
 
     def flush_confirms(self) -> None:
-        """Send the confirms of this tick. Every tag below the oldest publish still waiting for a queue is
-        settled, so those acks fold into one with multiple=true; later ones (confirmed out of order) go
-        one by one. Nacks go first. A closed channel sends nothing: once its close (or close-ok) is
-        written, its number belongs to no channel until it is reopened, when it begins anew."""
-        acks, nacks = self._confirm_acks, self._confirm_nacks
-        self._confirm_acks, self._confirm_nacks = [], []
+        """Send the confirms of this tick, folded as broker/confirms.py says: nacks first, then the acks
+        below the oldest publish still waiting for a queue as one multiple=true ack, the later ones one by
+        one. A closed channel sends nothing: once its close (or close-ok) is written, its number belongs to
+        no channel until it is reopened, when it begins anew."""
+        confirms = self.confirms
+        if confirms is None:
+            return
+        nacks, acks, acked = confirms.take()
         if self.closing:
             return
         send = self.reader.send
+        channel_id = self.id
         for tag in nacks:
-            send(fastcodec.encode_basic_nack(self.id, tag, False))
-        if not acks:
-            return
-        self.counters.messages_confirmed += len(acks)
-        acks.sort()
-        oldest_waiting = next(iter(self._unconfirmed), None)
-        folded = len(acks) if oldest_waiting is None else bisect.bisect_left(acks, oldest_waiting)
-        if folded == 1:
-            send(fastcodec.encode_basic_ack(self.id, acks[0], False))
-        elif folded > 1:
-            send(fastcodec.encode_basic_ack(self.id, acks[folded - 1], True))
-        for tag in acks[folded:]:
-            send(fastcodec.encode_basic_ack(self.id, tag, False))
+            send(fastcodec.encode_basic_nack(channel_id, tag, False))
+        if acked:
+            self.counters.messages_confirmed += acked
+            for tag, multiple in acks:
+                send(fastcodec.encode_basic_ack(channel_id, tag, multiple))
 
     # -- delivering ------------------------------------------------------------------------------------
     def can_deliver(self) -> bool:
@@ -327,10 +250,10 @@ class Channel:
         reader.send_content(self.id, msg.header, msg.body)
 
     def _watch_ack(self, tag: int, timeout_ms: int) -> None:
-        loop = self.reader._loop
-        self._ack_deadlines[tag] = (loop.time() + timeout_ms / 1000.0, timeout_ms)
+        clock = self.clock
+        self._ack_deadlines[tag] = (clock.monotonic() + timeout_ms / 1000.0, timeout_ms)
         if self._ack_timer is None:
-            self._ack_timer = loop.call_later(min(timeout_ms / 1000.0, 1.0), self._check_ack_timeouts)
+            self._ack_timer = clock.call_later(min(timeout_ms / 1000.0, 1.0), self._check_ack_timeouts)
 
     def _check_ack_timeouts(self) -> None:
         """Close the channel (406) if a delivery has waited for its ack longer than the consumer timeout,
@@ -343,8 +266,8 @@ class Channel:
             del deadlines[tag]
         if not deadlines:
             return
-        loop = self.reader._loop
-        now = loop.time()
+        clock = self.clock
+        now = clock.monotonic()
         for deadline, timeout in deadlines.values():
             if deadline <= now:
                 self.reader.channel_error(self.id, AMQPError(
@@ -353,7 +276,7 @@ class Channel:
                     "guide to learn more", 0, 0))
                 return
         soonest = min(d for d, _ in deadlines.values())
-        self._ack_timer = loop.call_later(max(0.01, min(soonest - now, 1.0)), self._check_ack_timeouts)
+        self._ack_timer = clock.call_later(max(0.01, min(soonest - now, 1.0)), self._check_ack_timeouts)
 
     def deliver_reply(self, msg: Message) -> None:
         """A reply for this channel's direct reply-to consumer (no ack, no queue)."""
@@ -426,14 +349,14 @@ class Channel:
     def on_ack(self, tag: int, multiple: bool) -> None:
         pairs = self._collect(tag, multiple)
         if self.tx is not None:
-            self.tx.append(("ack", pairs))
+            self.tx.add_settle("ack", pairs)
             return
         self._settle(pairs, "ack")
 
     def on_nack(self, tag: int, multiple: bool, requeue: bool) -> None:
         pairs = self._collect(tag, multiple)
         if self.tx is not None:
-            self.tx.append(("requeue" if requeue else "discard", pairs))
+            self.tx.add_settle("requeue" if requeue else "discard", pairs)
             return
         self._settle(pairs, "requeue" if requeue else "discard")
 
@@ -512,14 +435,9 @@ class Channel:
         queue.add_consumer(consumer)
 
     def _consume_reply_to(self, m: spec.Basic.Consume) -> None:
-        if not m.no_ack:
-            raise AMQPError(PRECONDITION_FAILED, "reply consumer cannot acknowledge")
-        if self.reply_consumer is not None:
-            raise AMQPError(PRECONDITION_FAILED, "reply consumer already set")
         tag = m.consumer_tag or _random_tag("amq.ctag-")
-        if tag in self.consumers:
-            raise AMQPError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
-        self.reply_consumer = _ReplyConsumer(tag, self.reader.node.register_reply_channel(self))
+        self.reply_consumer = direct_reply_to.start(self.reader.node, self, tag, m.no_ack, self.reply_consumer,
+                                                    self.consumers)
         if not m.nowait:
             self.send(spec.Basic.ConsumeOk, consumer_tag=tag)
 
@@ -528,7 +446,7 @@ class Channel:
         if consumer is not None:
             consumer.queue.remove_consumer(consumer)
         elif self.reply_consumer is not None and self.reply_consumer.tag == m.consumer_tag:
-            self.reader.node.unregister_reply_channel(self.reply_consumer.key)
+            direct_reply_to.stop(self.reader.node, self.reply_consumer)
             self.reply_consumer = None
         if not m.nowait:
             self.send(spec.Basic.CancelOk, consumer_tag=m.consumer_tag)
@@ -670,57 +588,52 @@ class Channel:
     def _confirm_select(self, m: spec.Confirm.Select) -> None:
         if self.tx is not None:
             raise AMQPError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
-        self.confirm = True
+        if self.confirms is None:
+            self.confirms = Confirms()
         if not m.nowait:
             self.send(spec.Confirm.SelectOk)
 
     def _tx_select(self, m: spec.Tx.Select) -> None:
-        if self.confirm:
+        if self.confirms is not None:
             raise AMQPError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
         if self.tx is None:
-            self.tx = []
+            self.tx = Transaction()
         self.send(spec.Tx.SelectOk)
 
     def _tx_commit(self, m: spec.Tx.Commit) -> None:
-        if self.tx is None:
+        tx = self.tx
+        if tx is None:
             raise AMQPError(PRECONDITION_FAILED, "channel is not transactional")
-        work, self.tx = self.tx, []
-        for kind, item in work:
+        for kind, item in tx.commit():
             if kind == "publish":
                 exchange, args, msg, persistent = item
                 if self.vhost.exchanges.get(exchange.name) is exchange or exchange.name == "":
-                    self._tx_seq -= 1  # a token of its own per publish (queues keep them in sets)
-                    result = self._route(exchange, args, msg, persistent, self._tx_seq)
-                    self._tx_awaiting_sync += result >> PENDING
+                    tx.routed(self._route(exchange, args, msg, persistent, tx.next_token()) >> PENDING)
             else:
                 self._settle(item, kind)
         # commit-ok means the transaction's persistent messages are on disk, as a confirm would.
-        self._tx_commits_waiting += 1
-        self._tx_publish_synced(0)
+        self._answer_commits(tx.applied())
 
-    def _tx_publish_synced(self, count: int = 1) -> None:
-        """One of the committed publishes reached the disk; when all have, answer the waiting commits."""
-        self._tx_awaiting_sync -= count
-        if self._tx_awaiting_sync <= 0 and self._tx_store_failed and not self.closing:
+    def _answer_commits(self, answer: int) -> None:
+        """Send the commit-oks the transaction allows (broker/tx.py), or close for a failed store."""
+        if self.closing or not answer:
+            return
+        if answer == COMMIT_FAILED:
             # commit-ok would claim the messages are on disk; there is no tx.commit failure reply in
             # AMQP 0-9-1, so the connection is closed with 541 (the client must assume the commit failed).
-            self._tx_store_failed = False
             self.reader.channel_error(self.id, AMQPError(
                 INTERNAL_ERROR, "tx.commit: the transaction's persistent messages could not be written to disk"))
             return
-        if self._tx_awaiting_sync <= 0 and self._tx_commits_waiting and not self.closing:
-            for _ in range(self._tx_commits_waiting):
-                self.send(spec.Tx.CommitOk)
-            self._tx_commits_waiting = 0
+        for _ in range(answer):
+            self.send(spec.Tx.CommitOk)
 
     def _tx_rollback(self, m: spec.Tx.Rollback) -> None:
         if self.tx is None:
             raise AMQPError(PRECONDITION_FAILED, "channel is not transactional")
         # Acks that are rolled back leave their deliveries unacked again (nothing is requeued).
-        restored = [pair for kind, item in self.tx if kind != "publish" for pair in item]
+        restored = self.tx.rollback()
         if restored:
             self.unacked = dict(sorted([*self.unacked.items(), *restored]))
-        self.tx = []
         self.send(spec.Tx.RollbackOk)
 
     def _channel_flow(self, m: spec.Channel.Flow) -> None:
@@ -733,7 +646,8 @@ class Channel:
         """Release everything the channel holds: consumers go, unacked deliveries are requeued. Called
         just before the channel's close or close-ok is sent: confirms already settled this tick go out
         first (they are true), and from here on the channel writes nothing (``closing``)."""
-        if self._confirm_acks or self._confirm_nacks:
+        confirms = self.confirms
+        if confirms is not None and confirms.settled:
             self.flush_confirms()
         self.closing = True
         for queue in self.published_to:
@@ -743,11 +657,11 @@ class Channel:
             consumer.queue.remove_consumer(consumer)
         self.consumers.clear()
         if self.reply_consumer is not None:
-            self.reader.node.unregister_reply_channel(self.reply_consumer.key)
+            direct_reply_to.stop(self.reader.node, self.reply_consumer)
             self.reply_consumer = None
         if self.tx:
             # Acks still waiting in an uncommitted transaction were never applied: requeue those too.
-            self.unacked.update(pair for kind, item in self.tx if kind != "publish" for pair in item)
+            self.unacked.update(self.tx.held_acks())
         pairs = list(self.unacked.items())
         self.unacked.clear()
         if pairs:
@@ -757,7 +671,6 @@ class Channel:
             self._ack_timer.cancel()
             self._ack_timer = None
         self._ack_deadlines.clear()
-        self._unconfirmed.clear()
-        self._publish = None
-        self._header = None
-        self._body_parts = []
+        if confirms is not None:
+            confirms.clear()
+        self.assembler.reset()

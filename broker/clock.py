@@ -44,27 +44,30 @@ class Clock(Protocol):
 
 
 class LoopClock:
-    """The real clock: the wall clock for timestamps, the event loop's clock and timers for the rest."""
+    """The real clock: the wall clock for timestamps, the event loop's clock and timers for the rest.
 
-    __slots__ = ("_loop",)
+    Parts are often built before the loop runs (and tests build them without one), so the loop is found on first
+    use; from then on ``monotonic`` and ``call_later`` are the loop's own bound methods, stored on the instance,
+    so a reading costs what ``loop.time()`` costs (they are read per delivery when a consumer timeout is set).
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self._loop = loop
+        if loop is not None:
+            self._bind(loop)
 
-    def _event_loop(self) -> asyncio.AbstractEventLoop:
-        # Bound lazily: parts are often built before the loop runs (and tests build them without one).
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-        return self._loop
+    def _bind(self, loop: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
+        self.monotonic = loop.time  # type: ignore[method-assign]
+        self.call_later = loop.call_later  # type: ignore[method-assign]
+        return loop
 
     def now_ms(self) -> float:
         return time.time() * 1000.0
 
     def monotonic(self) -> float:
-        return self._event_loop().time()
+        return self._bind(asyncio.get_running_loop()).time()
 
     def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> TimerHandle:
-        return self._event_loop().call_later(delay, callback, *args)
+        return self._bind(asyncio.get_running_loop()).call_later(delay, callback, *args)
 
 
 class _ManualTimer:

@@ -5,13 +5,13 @@ exchange, with the ``x-death`` history RabbitMQ 3.13+ writes, and the cycle rule
 increments ``count`` and moves that entry to the front, keeping the ``time``, ``exchange`` and
 ``routing-keys`` of the first death. ``x-first-death-*`` are set once, ``x-last-death-*`` every time.
 The message's ``expiration`` is removed (kept as ``original-expiration``); ``BCC`` is always removed, and
-``CC`` too when a dead-letter routing key replaces the original keys.
+``CC`` too when a dead-letter routing key replaces the original keys. The time of a death is the caller's
+(its vhost's clock, broker/clock.py): this module never reads the time itself.
 """
 
 from __future__ import annotations
 
 import datetime
-import time
 from typing import Any
 
 import structlog
@@ -36,9 +36,9 @@ def _text(value: Any) -> Any:
     return value.decode(errors="replace") if isinstance(value, (bytes, bytearray)) else value
 
 
-def make_dead_letter(msg: Message, queue: str, reason: str, dlx: str, dlrk: str | None,
-                     now: float | None = None) -> Message:
-    """The message to publish to ``dlx`` after ``msg`` died in ``queue`` for ``reason`` (``now`` in ms)."""
+def make_dead_letter(msg: Message, queue: str, reason: str, dlx: str, dlrk: str | None, now: float) -> Message:
+    """The message to publish to ``dlx`` after ``msg`` died in ``queue`` for ``reason`` at ``now`` (wall-clock
+    ms since the epoch: ``vhost.clock.now_ms()``; ``x-death`` records it to the second, as RabbitMQ does)."""
     try:
         expiration = msg.props.expiration
         headers = msg.headers
@@ -49,8 +49,7 @@ def make_dead_letter(msg: Message, queue: str, reason: str, dlx: str, dlrk: str 
         expiration, headers, readable = None, {}, False
     cc = _text_list(headers.get("CC"))
     death_keys = [msg.routing_key, *cc]
-    stamp = datetime.datetime.fromtimestamp(int((now if now is not None else time.time() * 1000) / 1000),
-                                            tz=datetime.UTC).replace(tzinfo=None)
+    stamp = datetime.datetime.fromtimestamp(int(now / 1000), tz=datetime.UTC).replace(tzinfo=None)
     deaths = [dict(d) for d in headers.get("x-death") or [] if isinstance(d, dict)]
     for death in deaths:
         death["count"] = Long(int(death.get("count", 1)))  # decoded as int: written back as a long
@@ -84,8 +83,7 @@ def make_dead_letter(msg: Message, queue: str, reason: str, dlx: str, dlrk: str 
         header = with_properties(msg.header, headers_set=changes, headers_remove=removed, expiration=None)
     else:
         header = _unreadable_replaced(msg.header, changes, queue)
-    out = Message(dlx, routing_key, shortstr(dlx) + shortstr(routing_key), header, msg.body,
-                  now if now is not None else time.time() * 1000)
+    out = Message(dlx, routing_key, shortstr(dlx) + shortstr(routing_key), header, msg.body, now)
     if dlrk is None and cc:
         out.extra_keys = cc
     return out

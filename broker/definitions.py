@@ -8,21 +8,24 @@ The format is RabbitMQ's: ``rabbit_version``, ``rabbitmq_version``, ``product_na
 comma-separated string). A per-vhost export carries only queues, exchanges, bindings, policies and
 parameters, without ``vhost`` fields, and imports into the vhost it is posted to.
 
-The node's own metadata (users, vhosts, permissions, policies, parameters) is kept in
-``<data_dir>/metadata.json`` in the same format, written whenever it changes and read at start (before any
-message file is opened, so that a lost or corrupt file stops the start instead of resetting the node to
-guest/guest; the metadata store records that the file was written, see :func:`read_metadata_file`).
+The node's own metadata (users, vhosts, permissions, policies, parameters) is kept in the metadata store
+with everything else (broker/persistence.py), written by the node and vhost methods an import calls. Older
+nodes kept it in ``<data_dir>/metadata.json`` in this format (compact JSON of :func:`export` with
+``schema=False``): :func:`read_metadata_file` reads such a file once at start, before any message file is
+opened (a lost or corrupt one stops the start instead of resetting the node to guest/guest), and the node
+migrates it into the store.
 
-Imports over HTTP can be large (thousands of queues, bindings and users): :func:`parse` runs in a thread
-and refuses nesting the decoder cannot handle, and :func:`import_definitions_async` applies the objects
-in short slices, each one metadata-store transaction, with the event loop free between them.
+Imports can be large (thousands of queues, bindings and users): :func:`parse` runs in a thread and refuses
+nesting the decoder cannot handle; :func:`import_definitions` writes one metadata-store transaction (one
+fsync), and :func:`import_definitions_async` applies the objects in short slices with the event loop free
+between them, recording their writes, and commits them all at the end in one transaction from a worker
+thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import time
 from collections.abc import Iterator
@@ -195,11 +198,11 @@ def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[None]:
                 password_hash = u.get("password_hash", "")
                 if not isinstance(password_hash, str) or not valid_password_hash(password_hash):
                     raise DefinitionsError(f"user '{name}': password_hash is not a base64 salted hash")
-            user = node.users.put(name, password_hash, _tags(u.get("tags")), algorithm)
             try:
-                limits.apply_user_limits(user, u.get("limits"))
+                user_limits = limits.user_limits_of(u.get("limits"))
             except limits.LimitError as exc:
                 raise DefinitionsError(f"user '{name}': {exc}") from None
+            node.put_user(name, password_hash, _tags(u.get("tags")), algorithm, user_limits)
             yield
         for v in _list(data, "vhosts"):
             name = _str(v, "name", "vhost")
@@ -219,26 +222,26 @@ def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[None]:
             if vh_name not in node.vhosts:
                 raise DefinitionsError(f"permission in unknown vhost '{vh_name}'")
             try:
-                node.users.set_permissions(user, vh_name, str(p.get("configure", "")), str(p.get("write", "")),
-                                           str(p.get("read", "")))
+                node.set_permissions(user, vh_name, str(p.get("configure", "")), str(p.get("write", "")),
+                                     str(p.get("read", "")))
             except re.error as exc:
                 raise DefinitionsError(f"permission of '{user}' in '{vh_name}': bad regex: {exc}") from None
             yield
         for tp in _list(data, "topic_permissions"):
-            user = node.users.users.get(_str(tp, "user", "topic permission"))
-            if user is None:
-                raise DefinitionsError(f"topic permission for unknown user '{tp.get('user')}'")
-            user.topic_permissions.setdefault(_str(tp, "vhost", "topic permission"), {})[
-                str(tp.get("exchange", ""))] = (str(tp.get("write", "")), str(tp.get("read", "")))
+            user = _str(tp, "user", "topic permission")
+            if user not in node.users.users:
+                raise DefinitionsError(f"topic permission for unknown user '{user}'")
+            node.set_topic_permission(user, _str(tp, "vhost", "topic permission"), str(tp.get("exchange", "")),
+                                      str(tp.get("write", "")), str(tp.get("read", "")))
             yield
         for gp in _list(data, "global_parameters"):
-            node.global_parameters[_str(gp, "name", "global parameter")] = gp.get("value")
+            node.set_global_parameter(_str(gp, "name", "global parameter"), gp.get("value"))
             yield
     for p in _list(data, "parameters"):
         vh = vhost_of(p)
         key = (_str(p, "component", "parameter"), _str(p, "name", "parameter"))
         try:
-            vh.parameters[key] = parameters.validate(*key, p.get("value"))
+            vh.set_parameter(*key, parameters.validate(*key, p.get("value")))
         except parameters.ParameterError as exc:
             raise DefinitionsError(f"parameter '{key[1]}' of component '{key[0]}' in vhost '{vh.name}': "
                                    f"{exc.reason}") from None
@@ -281,13 +284,12 @@ def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[None]:
 def _guarded_steps(node: Node, data: Any, vhost: str | None) -> Iterator[None]:
     """The import's steps; a value of the wrong shape deep inside an object (a list where a string
     belongs, arguments nested too deep to encode) is the document's fault, so a DefinitionsError (HTTP
-    400, one line at start) rather than a Python exception. Whatever was applied is saved either way."""
+    400, one line at start) rather than a Python exception. Whatever was applied is saved either way
+    (the callers commit on error too)."""
     try:
         yield from _import_steps(node, data, vhost)
     except (TypeError, ValueError, AttributeError, KeyError, RecursionError) as exc:
         raise DefinitionsError(f"malformed definitions ({type(exc).__name__}: {exc})") from None
-    finally:
-        node.metadata_changed()
 
 
 def _batch(node: Node) -> AbstractContextManager[None]:
@@ -313,23 +315,35 @@ IMPORT_SLICE_SECONDS = 0.02
 
 async def import_definitions_async(node: Node, data: Any, vhost: str | None = None) -> None:
     """:func:`import_definitions` for the HTTP API: the objects are applied in slices of
-    ``IMPORT_SLICE_SECONDS``, each committed to the metadata store in one transaction, with the event
-    loop free in between, so that a document of thousands of queues, bindings and users does not stall
-    every client for seconds. A transaction never spans an await: other clients' declarations are never
-    part of (or rolled back with) the import's. Runs to the end even if the HTTP client goes away."""
+    ``IMPORT_SLICE_SECONDS`` with the event loop free in between, so that a document of thousands of
+    queues, bindings and users does not stall every client for seconds. The slices' metadata writes are
+    recorded, not made, and written at the end in one transaction (one fsync) from a worker thread; other
+    clients' writes in between are made at once, never part of (or rolled back with) the import's, and
+    replayed after it so that the last write of a definition wins (storage/metadata_store.py). On a
+    DefinitionsError what was applied is written too, then the error is raised. Runs to the end even if
+    the HTTP client goes away."""
+    storage = getattr(node, "storage", None)
+    store = storage.metadata if storage is not None else None
 
     async def run() -> None:
+        ops = store.open_batch() if store is not None else []
         steps = _guarded_steps(node, data, vhost)
-        done = False
-        while not done:
-            deadline = time.monotonic() + IMPORT_SLICE_SECONDS
-            with _batch(node):
-                for _ in steps:
-                    if time.monotonic() >= deadline:
-                        break
-                else:
-                    done = True
-            await asyncio.sleep(0)
+        try:
+            done = False
+            while not done:
+                deadline = time.monotonic() + IMPORT_SLICE_SECONDS
+                with store.recording(ops) if store is not None else nullcontext():
+                    for _ in steps:
+                        if time.monotonic() >= deadline:
+                            break
+                    else:
+                        done = True
+                await asyncio.sleep(0)
+        finally:
+            if store is not None and ops:
+                await asyncio.to_thread(store.apply, ops)
+            elif store is not None:
+                store.discard(ops)
 
     await asyncio.shield(asyncio.ensure_future(run()))
 
@@ -388,32 +402,12 @@ def load_file(node: Node, path: Path) -> None:
         import_definitions(node, data)
 
 
-# -- the node's metadata file ----------------------------------------------------------------------------------
+# -- an older node's metadata file (migrated into the metadata store at start) ----------------------------------------------------------------------------------
 
-# The metadata-store row that says the node has written its metadata file: from then on the file missing
-# means it was lost (not that the node is new), and the start is refused rather than recreating guest.
+# The metadata-store row by which an older node recorded that it had written its metadata file: while it
+# is there, the file missing means it was lost (not that the node is new), and the start is refused
+# rather than recreating guest. The migration deletes it.
 METADATA_WRITTEN = ("node", METADATA_FILE)
-
-
-def save_metadata(node: Node) -> None:
-    """Write users, vhosts, permissions, policies and parameters to ``<data_dir>/metadata.json`` atomically
-    (the new file and its directory entry fsynced). Compact JSON: the C encoder is several times faster
-    than an indented dump, which matters with thousands of users (``python -m json.tool`` reads it)."""
-    directory = Path(node.settings.data_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / METADATA_FILE
-    tmp = target.with_suffix(".json.tmp")
-    text = json.dumps(export(node, schema=False), sort_keys=True)
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_metadata_file(data_dir: Path, *, written: bool, store_created: bool,
@@ -456,34 +450,9 @@ def read_metadata_file(data_dir: Path, *, written: bool, store_created: bool,
 
 
 def apply_metadata(node: Node, data: dict[str, Any]) -> None:
-    """The node's metadata document replaces the default users and vhosts."""
+    """An older node's metadata document replaces the default users and vhosts (the migration)."""
     node.users.users.clear()
     keep = {v.get("name") for v in _list(data, "vhosts")}
     for name in [n for n in node.vhosts if n not in keep]:
         del node.vhosts[name]
     import_definitions(node, {**data, "parameters": parameters.supported(_list(data, "parameters"))})
-
-
-def load_metadata(node: Node) -> bool:
-    """If the node has a metadata file, its users and vhosts replace the defaults. False if none."""
-    path = Path(node.settings.data_dir) / METADATA_FILE
-    if not path.exists():
-        return False
-    try:
-        data = parse(path.read_bytes())
-    except OSError as exc:
-        raise DefinitionsError(f"cannot read {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise DefinitionsError(f"{path} is not a JSON object")
-    apply_metadata(node, data)
-    return True
-
-
-def ensure_metadata_file(node: Node) -> None:
-    """After start-up: the metadata file exists (a new node writes its defaults now) and the metadata
-    store records that it does, so that losing it later is noticed. Raises OSError if it cannot be written."""
-    if not (Path(node.settings.data_dir) / METADATA_FILE).exists():
-        save_metadata(node)
-    storage = getattr(node, "storage", None)
-    if storage is not None and storage.metadata.get(*METADATA_WRITTEN) is None:
-        storage.metadata.put(*METADATA_WRITTEN, True)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from broker.message import Message
 from broker.publish import PENDING, REFUSED, Publisher
 from broker.queue_process import CONFIRM_LATER, REJECTED
-from storage.msg_store import new_msg_id
+from storage.backing_queue import new_msg_id
 
 if TYPE_CHECKING:
     from broker.queue_process import QueueProcess
@@ -28,7 +28,9 @@ def deliver(queues: list[QueueProcess], msg: Message, persistent: bool, publishe
     A queue with too many publishes awaiting their fsync stops reading the publisher's socket (credit flow).
     """
     token = (publisher, confirm_seq) if confirm_seq else None
-    if persistent and len(queues) > 1:
+    if persistent and msg.msg_id is None:
+        # Its id, once, on the message: every queue (and store) it reaches keeps it under the same id, so a
+        # shared store holds one copy. Transient messages get none: a store numbers its own copy if it pages.
         msg.msg_id = new_msg_id()
     refused = 0
     pending = 0

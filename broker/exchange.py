@@ -1,27 +1,42 @@
-"""Exchanges and their routing: direct, fanout, topic (a trie) and headers.
+"""Exchanges and their routing: direct, fanout, topic (a trie) and headers; the base class a new type extends.
 
 An exchange's ``route(routing_key, msg, queues, exchanges)`` adds the names of the queues and exchanges its bindings
 select to two sets; following exchange-to-exchange bindings and alternate exchanges is the vhost's job,
 since it needs the other exchanges. Bindings are plain records; an exchange keeps them in whatever index
 makes its own routing fast.
+
+RabbitMQ's ``rabbit_exchange_type`` behaviour is the model: besides ``route`` a type may check its declare
+arguments (:meth:`Exchange.validate_arguments`, RabbitMQ's ``validate/1``) and its bindings
+(:meth:`Exchange.validate_binding`, ``validate_binding/2``), and a *stateful* type (one that keeps messages,
+such as ``x-delayed-message``) hears of its life through hooks that do nothing by default: :meth:`on_declare`
+(``create/2``), :meth:`on_recover` (``recover/2``), :meth:`on_delete` (``delete/2``) and :meth:`close` (the node
+stops). Such a type reaches the broker only through the :class:`ExchangeServices` its vhost hands it (the clock,
+timers, the one publish path, routing, durable storage), and may keep a published message instead of routing
+it at once (:attr:`Exchange.holds_messages`, :meth:`Exchange.hold`). How to add a type: broker/exchange_types.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Collection, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from broker.clock import Clock, TimerHandle
 from broker.errors import AMQPError
 from broker.message import Message
 from protocol.constants import PRECONDITION_FAILED
+
+if TYPE_CHECKING:
+    from broker.publish import Publisher
+    from storage.node_storage import NodeStorage
 
 QUEUE = "queue"
 EXCHANGE = "exchange"
 
 
 def validate_arguments(name: str, vhost: str, arguments: dict[str, Any]) -> None:
-    """406 for an exchange argument the broker acts on whose value it cannot use: ``alternate-exchange``
-    names an exchange, so it must be UTF-8 (pamqp hands a long string that is not as ``bytes``)."""
+    """406 for an exchange argument every type acts on whose value it cannot use: ``alternate-exchange``
+    names an exchange, so it must be UTF-8 (pamqp hands a long string that is not as ``bytes``).
+    :meth:`Exchange.validate_arguments` starts with this; a type adds its own checks after it."""
     ae = arguments.get("alternate-exchange")
     if isinstance(ae, bytes):
         try:
@@ -30,6 +45,59 @@ def validate_arguments(name: str, vhost: str, arguments: dict[str, Any]) -> None
             raise AMQPError(PRECONDITION_FAILED, f"invalid arg 'alternate-exchange' for exchange '{name}' in "
                             f"vhost '{vhost}': {{invalid_utf8,{ae[:64]!r}}}: the value must be a UTF-8 "
                             "string") from None
+
+
+class Publish(Protocol):
+    """:meth:`broker.vhost.VHost.publish`, the one publish path (broker/publish.py has the meaning of its
+    arguments and of the int it returns). An exchange that held a message (:meth:`Exchange.hold`) lets it go
+    with ``held=True``: it is then routed by the exchange's bindings as they are at that moment, not held
+    again, and not counted again as a client's publish."""
+
+    def __call__(self, exchange: Exchange, msg: Message, persistent: bool, mandatory: bool = False,
+                 publisher: Publisher | None = None, confirm_seq: int = 0, dead_letter: bool = False,
+                 held: bool = False) -> int: ...
+
+
+class Route(Protocol):
+    """:meth:`broker.vhost.VHost.route`: the queues a message published to ``exchange`` would reach now
+    (exchange-to-exchange bindings and alternate exchanges followed), without publishing it."""
+
+    def __call__(self, exchange: Exchange, msg: Message) -> Collection[object]: ...
+
+
+class DurableStore(Protocol):
+    """What survives a restart (broker/persistence.py's ``DurableDefinitions``): the node's storage, where a
+    stateful exchange keeps its own files (``storage.data_dir``) and schedules its fsyncs."""
+
+    storage: NodeStorage
+
+
+class ExchangeServices:
+    """What a vhost lends its exchanges (one object per vhost, shared by all of them): the only way a
+    stateful exchange type reaches the rest of the broker, so that such a type is one new file.
+
+    ``clock`` is the vhost's clock (broker/clock.py: a test hands a ManualClock), ``call_later`` its timers,
+    ``publish`` the one publish path, ``route`` routing without publishing, ``durable`` the node's durable
+    store (None until the node's storage is open, and in a vhost that keeps nothing, as in unit tests).
+    """
+
+    __slots__ = ("_durable", "clock", "publish", "route", "vhost")
+
+    def __init__(self, vhost: str, clock: Clock, publish: Publish, route: Route,
+                 durable: Callable[[], DurableStore | None] = lambda: None) -> None:
+        self.vhost = vhost
+        self.clock = clock
+        self.publish = publish
+        self.route = route
+        self._durable = durable
+
+    @property
+    def durable(self) -> DurableStore | None:
+        return self._durable()
+
+    def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> TimerHandle:
+        """Run ``callback(*args)`` once, ``delay`` seconds from now, on the vhost's clock."""
+        return self.clock.call_later(delay, callback, *args)
 
 
 def _freeze(value: Any) -> Any:
@@ -58,27 +126,69 @@ class Binding:
 
 
 class Exchange:
-    """The common part: identity, flags and the set of bindings whose source is this exchange."""
+    """The common part: identity, flags, the set of bindings whose source is this exchange, and the hooks of
+    a type's life, which do nothing unless a type needs them (see the module docstring)."""
 
-    type_name = ""
+    # The name clients declare the type by (exchange.declare's ``type``), and what the management UI shows.
+    type_name: str = ""
+    description: ClassVar[str] = ""
+    # A type that keeps a published message instead of routing it at once sets this and implements hold().
+    holds_messages: ClassVar[bool] = False
 
     def __init__(self, name: str, durable: bool = True, auto_delete: bool = False, internal: bool = False,
-                 arguments: dict[str, Any] | None = None) -> None:
+                 arguments: dict[str, Any] | None = None, services: ExchangeServices | None = None) -> None:
         self.name = name
         self.durable = durable
         self.auto_delete = auto_delete
         self.internal = internal
         self.arguments = dict(arguments or {})
         self.bindings: dict[tuple, Binding] = {}
+        self._services = services
+
+    @property
+    def services(self) -> ExchangeServices:
+        """The vhost's services (every exchange a vhost makes has them; one built by hand in a test may not)."""
+        if self._services is None:
+            raise RuntimeError(f"exchange '{self.name}' was built without services; build it with "
+                               "broker.exchange_types.make_exchange")
+        return self._services
+
+    # -- a type's rules and life (RabbitMQ's rabbit_exchange_type callbacks) ----------------------------------
+    @classmethod
+    def validate_arguments(cls, name: str, vhost: str, arguments: dict[str, Any]) -> None:
+        """Raise AMQPError (406, RabbitMQ's text) for a declare argument this type cannot use. Called on every
+        non-passive declare, before the exchange is looked up, as RabbitMQ's ``validate/1``. A type that adds
+        checks calls ``super().validate_arguments(...)`` first."""
+        validate_arguments(name, vhost, arguments)
+
+    def validate_binding(self, binding: Binding) -> str | None:
+        """An error text if this exchange cannot accept the binding's arguments, else None."""
+        return None
+
+    def on_declare(self) -> None:
+        """Just declared (it is in its vhost and, if durable, in the durable store): start what the type keeps."""
+
+    def on_recover(self) -> None:
+        """Just restored at start from the durable store (its bindings come after): pick up what it kept."""
+
+    def on_delete(self) -> None:
+        """Deleted (its bindings are gone; so is its vhost, if that was deleted): drop what it keeps, files too."""
+
+    def close(self) -> None:
+        """The node stops: stop timers and close files, keeping what is durable for on_recover."""
+
+    def hold(self, msg: Message, persistent: bool, publisher: Publisher | None, confirm_seq: int) -> int:
+        """Only for a type with ``holds_messages``: keep ``msg`` (published to this exchange) instead of routing
+        it, and return what :meth:`broker.vhost.VHost.publish` returns (broker/publish.py): ``ROUTED`` unless
+        the publisher should get basic.return, and ``1 << PENDING`` if the type will call
+        ``publisher.confirm_from_queue(confirm_seq)`` itself once the message is safe. Later the type lets the
+        message go through ``services.publish(self, msg, persistent, held=True)``."""
+        raise NotImplementedError
 
     @property
     def alternate_exchange(self) -> str | None:
         ae = self.arguments.get("alternate-exchange")
         return ae if isinstance(ae, str) and ae else None
-
-    def validate_binding(self, binding: Binding) -> str | None:
-        """An error text if this exchange cannot accept the binding's arguments, else None."""
-        return None
 
     def add_binding(self, binding: Binding) -> bool:
         if binding.key in self.bindings:
@@ -129,6 +239,7 @@ def _remove_from(index: dict[Any, tuple[set[str], set[str]]], slot: Any, binding
 
 class DirectExchange(Exchange):
     type_name = "direct"
+    description = "AMQP direct exchange, as per the AMQP specification"
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -151,6 +262,7 @@ class DirectExchange(Exchange):
 
 class FanoutExchange(Exchange):
     type_name = "fanout"
+    description = "AMQP fanout exchange, as per the AMQP specification"
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -192,6 +304,7 @@ class TopicExchange(Exchange):
     """
 
     type_name = "topic"
+    description = "AMQP topic exchange, as per the AMQP specification"
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -290,6 +403,7 @@ class HeadersExchange(Exchange):
     ``-with-x`` variants that also compare ``x-`` keys). A binding value of void matches presence only."""
 
     type_name = "headers"
+    description = "AMQP headers exchange, as per the AMQP specification"
 
     def validate_binding(self, binding: Binding) -> str | None:
         mode = binding.arguments.get("x-match", "all")
@@ -332,10 +446,3 @@ class HeadersExchange(Exchange):
             if self._matches(b.arguments, headers):
                 (queues if b.kind == QUEUE else exchanges).add(b.destination)
 
-
-EXCHANGE_TYPES: dict[str, type[Exchange]] = {
-    "direct": DirectExchange,
-    "fanout": FanoutExchange,
-    "topic": TopicExchange,
-    "headers": HeadersExchange,
-}

@@ -4,7 +4,7 @@
   RabbitMQ they are the vhost's runtime parameter ``vhost-limits`` / ``limits`` (``rabbit_vhost_limit``),
   kept in ``vhost.parameters``; that is how they are listed under ``/api/parameters``, exported in a
   definitions file's ``parameters`` (and as ``limits`` on the vhost object, as RabbitMQ 3.13 writes it),
-  imported, and written to the node's metadata file, so they survive a restart.
+  imported, and written to the node's metadata store, so they survive a restart.
 * User limits (https://www.rabbitmq.com/docs/user-limits): ``max-connections`` and ``max-channels``, on the
   user (``User.limits``), exported and imported as the user object's ``limits``.
 
@@ -98,11 +98,10 @@ def validate_user_limits(definition: Any) -> dict[str, int]:
     return validate(definition, USER_LIMIT_NAMES, "user-limits")
 
 
-def apply_user_limits(user: User, definition: Any) -> None:
-    """A definitions file's user ``limits``: an object replaces the user's limits; absent (or RabbitMQ's
-    empty list) leaves them as they are. Raises LimitError."""
-    if isinstance(definition, dict):
-        user.limits = validate_user_limits(definition)
+def user_limits_of(definition: Any) -> dict[str, int] | None:
+    """A definitions file's user ``limits``: an object is the user's new limits; absent (or RabbitMQ's
+    empty list) is None, which leaves them as they are. Raises LimitError."""
+    return validate_user_limits(definition) if isinstance(definition, dict) else None
 
 
 def apply_vhost_limits(vhost: Any, definition: Any) -> None:
@@ -122,11 +121,12 @@ def vhost_limits(vhost: Any) -> Mapping[str, int]:
 
 
 def set_vhost_limits(vhost: Any, limits: Mapping[str, int]) -> None:
-    """Replace the vhost's limits (validated already); no limits left removes the parameter."""
+    """Replace the vhost's limits (validated already); no limits left removes the parameter. Written to
+    the metadata store by the vhost (``set_parameter`` / ``clear_parameter``), which raises if it cannot."""
     if limits:
-        vhost.parameters[VHOST_LIMITS_KEY] = dict(limits)
+        vhost.set_parameter(*VHOST_LIMITS_KEY, dict(limits))
     else:
-        vhost.parameters.pop(VHOST_LIMITS_KEY, None)
+        vhost.clear_parameter(*VHOST_LIMITS_KEY)
 
 
 def _limit(limits: Mapping[str, int], name: str) -> int | None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import structlog
 
@@ -28,7 +29,7 @@ class _Sinks:
     def __init__(self, sinks: list[tuple[IO[str], int, Any]]) -> None:
         self.sinks = sinks
 
-    def __call__(self, logger: Any, method_name: str, event_dict: dict[str, Any]) -> Any:
+    def __call__(self, logger: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> NoReturn:
         level = _METHOD_LEVELS.get(method_name, logging.INFO)
         for stream, min_level, renderer in self.sinks:
             if level >= min_level:

@@ -4,20 +4,21 @@ Twice a second it compares the process's resident memory with the watermark. Onc
 it (RabbitMQ's default paging ratio), every queue that holds messages in RAM is given a byte budget, in
 proportion to what it holds, so that messages in RAM come back under that half; the variable queues then
 page out (q1/q4 alphas to betas, then betas to delta, seed 000). Below 40% the budgets are lifted.
-Paging itself runs in bounded steps (``timeout``) from the loop, so no single call blocks it for long.
+Paging itself runs in bounded steps (``page``) from the loop, so no single call blocks it for long.
+
+It sees a queue only as a :class:`PagedQueue` (what broker/queue_process.py's QueueProcess offers), never its
+backing queue: a queue type that keeps nothing in RAM answers with no-ops.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Protocol
 
 import structlog
 
 from broker.alarms import ResourceMonitor, resident_memory
-
-if TYPE_CHECKING:
-    from broker.node import Node
 
 log = structlog.get_logger("leveret.memory")
 
@@ -41,12 +42,37 @@ def set_memory_limit(limit: int) -> None:
     _limit = limit
 
 
-def default_budget(queue: Any) -> int | None:
+class PagedQueue(Protocol):
+    """What the memory budget asks of a queue."""
+
+    @property
+    def consumer_count(self) -> int: ...
+
+    def set_ram_budget(self, max_bytes: int | None) -> None: ...
+
+    def ram_bytes(self) -> int: ...
+
+    def needs_paging(self) -> bool: ...
+
+    def page(self) -> None: ...
+
+
+class HasQueues(Protocol):
+    queues: Iterable[PagedQueue]
+
+
+class QueueSource(Protocol):
+    """The node (broker/node.py's Node), as the memory budget sees it: its vhosts, each with its queues."""
+
+    vhosts: Mapping[str, Any]  # each a HasQueues (broker/vhost.py's VHost)
+
+
+def default_budget(queue: PagedQueue) -> int | None:
     """A queue's RAM budget without memory pressure: a short head for a queue nobody reads (16 MiB, or a
     tenth of the watermark if that is less), a quarter of the watermark for a queue being consumed."""
     if not _limit:
-        return None if queue.consumers.count else DEFAULT_QUEUE_BUDGET
-    if queue.consumers.count:
+        return None if queue.consumer_count else DEFAULT_QUEUE_BUDGET
+    if queue.consumer_count:
         return _limit // 4
     return min(DEFAULT_QUEUE_BUDGET, _limit // 10)
 
@@ -73,7 +99,7 @@ _malloc_trim = _find_malloc_trim()
 
 
 class MemoryBudget:
-    def __init__(self, node: Node, monitor: ResourceMonitor | None) -> None:
+    def __init__(self, node: QueueSource, monitor: ResourceMonitor | None) -> None:
         self.node = node
         self.monitor = monitor
         self.limited = False
@@ -88,9 +114,9 @@ class MemoryBudget:
             self._handle.cancel()
             self._handle = None
 
-    def _backing_queues(self) -> list[Any]:
-        return [q.bq for vh in self.node.vhosts.values() for q in vh.queues
-                if hasattr(q.bq, "set_ram_budget")]
+    def _queues(self) -> Iterator[PagedQueue]:
+        for vh in self.node.vhosts.values():
+            yield from vh.queues
 
     def tick(self) -> None:
         try:
@@ -109,7 +135,6 @@ class MemoryBudget:
         limit = self.monitor.memory_limit if self.monitor is not None else 0
         if not limit:
             return
-        bqs = self._backing_queues()
         if used < limit * RELEASE_RATIO:
             if self.limited:
                 self.limited = False
@@ -118,24 +143,22 @@ class MemoryBudget:
             return
         if used < limit * PAGING_RATIO and not self.limited:
             return
-        in_ram = {bq: bq.ram_bytes() for bq in bqs}
+        in_ram = {q: q.ram_bytes() for q in self._queues()}
         queue_ram = sum(in_ram.values())
         baseline = max(0, used - int(queue_ram * OVERHEAD_FACTOR))
         available = max(0, int((limit * PAGING_RATIO - baseline) / OVERHEAD_FACTOR))
         if not self.limited:
             log.info("memory budgets set: paging queues to disk", used=used, limit=limit, in_queues=queue_ram)
         self.limited = True
-        for bq, ram in in_ram.items():
+        for q, ram in in_ram.items():
             share = available * ram // queue_ram if queue_ram else available // max(1, len(in_ram))
-            bq.set_ram_budget(max(MIN_QUEUE_BUDGET, share))
+            q.set_ram_budget(max(MIN_QUEUE_BUDGET, share))
         self.schedule_paging()
 
     def refresh_default_budgets(self) -> None:
         """Without pressure, re-derive each queue's default budget (its mean message size changes)."""
-        for vh in self.node.vhosts.values():
-            for q in vh.queues:
-                if hasattr(q.bq, "set_ram_budget"):
-                    q.bq.set_ram_budget(default_budget(q))
+        for q in self._queues():
+            q.set_ram_budget(default_budget(q))
 
     def schedule_paging(self) -> None:
         if not self._paging_scheduled:
@@ -146,9 +169,9 @@ class MemoryBudget:
         """One bounded step of paging for every queue that needs it; again on the next loop turn."""
         self._paging_scheduled = False
         busy = False
-        for bq in self._backing_queues():
-            if bq.needs_timeout():
-                bq.timeout()
-                busy = busy or bq.needs_timeout()
+        for q in self._queues():
+            if q.needs_paging():
+                q.page()
+                busy = busy or q.needs_paging()
         if busy:
             self.schedule_paging()

@@ -1,8 +1,10 @@
-"""Prometheus metrics under the names of RabbitMQ's ``rabbitmq_prometheus`` plugin, so its stock Grafana
-dashboards and alerts work, plus Leveret's own under ``leveret_``.
+"""The Prometheus exporter (RabbitMQ's ``rabbitmq_prometheus`` plugin): metrics under its names, so its stock
+Grafana dashboards and alerts work, plus Leveret's own under ``leveret_``.
 
-The hot path only adds to plain integers (``node.counters``, ``QueueProcess.stats``); this collector reads
-them when Prometheus scrapes. Nothing here runs per message.
+The hot path only adds to plain integers (``node.counters``, a broker/counters.py record, and
+``QueueProcess.stats``); this collector reads them, and the OS probes of broker/os_probes.py, when
+Prometheus scrapes. Nothing here runs per message. It sits at the top of the broker's layers, beside the
+HTTP API: it reads the node and nothing below imports it.
 
 Endpoints (port ``prometheus.tcp.port``, default 15692): ``/metrics`` sums queue, channel and connection
 figures per node as RabbitMQ does by default; ``/metrics/per-object`` gives one series per queue
@@ -11,18 +13,16 @@ figures per node as RabbitMQ does by default; ``/metrics/per-object`` gives one 
 
 from __future__ import annotations
 
-import os
 import platform
-import resource
-import shutil
-import time
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from broker import PRODUCT, VERSION
+from broker.os_probes import disk_free, max_fds, open_fds, resident_memory, uptime_seconds
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -32,66 +32,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PROTOCOL = "amqp091"
 
 
-class GlobalCounters:
-    """Node-wide counters of RabbitMQ's ``rabbit_global_counters`` (and a few of ``rabbit_core_metrics``).
-
-    Plain integers: the message path adds to them (``node.counters.messages_received += 1``) and the
-    collector reads them at scrape time. Each maps to ``rabbitmq_global_<name>_total`` or the metric named
-    in :data:`COUNTER_METRICS`.
-    """
-
-    __slots__ = (  # noqa: RUF023
-        # messages (rabbitmq_global_*_total{protocol="amqp091"})
-        "messages_received", "messages_received_confirm", "messages_routed", "messages_unroutable_dropped",
-        "messages_unroutable_returned", "messages_confirmed", "messages_delivered",
-        "messages_delivered_consume_manual_ack", "messages_delivered_consume_auto_ack",
-        "messages_delivered_get_manual_ack", "messages_delivered_get_auto_ack", "messages_get_empty",
-        "messages_redelivered", "messages_acknowledged", "messages_dead_lettered_expired",
-        "messages_dead_lettered_rejected", "messages_dead_lettered_maxlen",
-        # objects (rabbitmq_*_total)
-        "connections_opened", "connections_closed", "channels_opened", "channels_closed",
-        "queues_declared", "queues_created", "queues_deleted",
-        # authentication (rabbitmq_auth_attempts_*_total)
-        "auth_attempts", "auth_attempts_succeeded", "auth_attempts_failed",
-    )
-    # The same fields declared with their type (for readers and type checkers; __init__ zeroes every slot).
-    messages_received: int
-    messages_received_confirm: int
-    messages_routed: int
-    messages_unroutable_dropped: int
-    messages_unroutable_returned: int
-    messages_confirmed: int
-    messages_delivered: int
-    messages_delivered_consume_manual_ack: int
-    messages_delivered_consume_auto_ack: int
-    messages_delivered_get_manual_ack: int
-    messages_delivered_get_auto_ack: int
-    messages_get_empty: int
-    messages_redelivered: int
-    messages_acknowledged: int
-    messages_dead_lettered_expired: int
-    messages_dead_lettered_rejected: int
-    messages_dead_lettered_maxlen: int
-    connections_opened: int
-    connections_closed: int
-    channels_opened: int
-    channels_closed: int
-    queues_declared: int
-    queues_created: int
-    queues_deleted: int
-    auth_attempts: int
-    auth_attempts_succeeded: int
-    auth_attempts_failed: int
-
-    def __init__(self) -> None:
-        for name in self.__slots__:
-            setattr(self, name, 0)
-
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-
-# counter attribute → (metric name without _total, help)
+# GlobalCounters field → help; the metric is rabbitmq_global_<field>_total{protocol="amqp091"}.
 GLOBAL_MESSAGE_METRICS = {
     "messages_received": "Total number of messages received from publishers",
     "messages_received_confirm": "Total number of messages received from publishers expecting confirmations",
@@ -114,6 +55,7 @@ GLOBAL_MESSAGE_METRICS = {
     "messages_redelivered": "Total number of messages redelivered to consumers",
     "messages_acknowledged": "Total number of messages acknowledged by consumers",
 }
+# GlobalCounters field → (metric name, help).
 OBJECT_COUNTER_METRICS = {
     "connections_opened": ("rabbitmq_connections_opened_total", "Total number of connections opened"),
     "connections_closed": ("rabbitmq_connections_closed_total",
@@ -173,38 +115,6 @@ def queue_values(q: QueueProcess) -> dict[str, int]:
     }
 
 
-def resident_memory() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def open_fds() -> int:
-    try:
-        return len(os.listdir("/proc/self/fd"))
-    except OSError:
-        return 0
-
-
-def disk_free(path: Any) -> int:
-    p = os.fspath(path)
-    while p and not os.path.exists(p):
-        parent = os.path.dirname(os.path.abspath(p))
-        if parent == p:
-            break
-        p = parent
-    try:
-        return shutil.disk_usage(p or ".").free
-    except OSError:
-        return 0
-
-
-def node_name() -> str:
-    return f"leveret@{platform.node()}"
-
-
 class RabbitCollector:
     """A prometheus-client collector: builds every family from the node's state at scrape time."""
 
@@ -230,10 +140,11 @@ class RabbitCollector:
         yield _gauge("rabbitmq_global_publishers", "Current number of publishers",
                      sum(1 for ch in channels if ch.publishing), {"protocol": PROTOCOL})
         counters = node.counters
-        for attr, (name, help_) in OBJECT_COUNTER_METRICS.items():
-            yield _counter(name[: -len("_total")], help_, getattr(counters, attr))
-        for attr, help_ in GLOBAL_MESSAGE_METRICS.items():
-            yield _counter(f"rabbitmq_global_{attr}", help_, getattr(counters, attr), {"protocol": PROTOCOL})
+        counted = counters.as_dict()  # every declared field: a name missing from it fails here, loudly
+        for field, (name, help_) in OBJECT_COUNTER_METRICS.items():
+            yield _counter(name[: -len("_total")], help_, counted[field])
+        for field, help_ in GLOBAL_MESSAGE_METRICS.items():
+            yield _counter(f"rabbitmq_global_{field}", help_, counted[field], {"protocol": PROTOCOL})
         for reason, value in (("expired", counters.messages_dead_lettered_expired),
                               ("rejected", counters.messages_dead_lettered_rejected),
                               ("maxlen", counters.messages_dead_lettered_maxlen)):
@@ -253,14 +164,13 @@ class RabbitCollector:
         mem_limit = node.memory_limit
         disk = disk_free(settings.data_dir)
         disk_limit = node.disk_free_limit
-        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         yield _gauge("rabbitmq_process_resident_memory_bytes", "Memory used in bytes", mem)
         yield _gauge("rabbitmq_resident_memory_limit_bytes", "Memory high watermark in bytes", mem_limit)
         yield _gauge("rabbitmq_disk_space_available_bytes", "Disk space available in bytes", disk)
         yield _gauge("rabbitmq_disk_space_available_limit_bytes", "Free disk space low watermark in bytes",
                      disk_limit)
         yield _gauge("rabbitmq_process_open_fds", "Open file descriptors", open_fds())
-        yield _gauge("rabbitmq_process_max_fds", "Open file descriptors limit", soft)
+        yield _gauge("rabbitmq_process_max_fds", "Open file descriptors limit", max_fds())
         alarms = node.alarms()
         yield _gauge("rabbitmq_alarms_memory_used_watermark",
                      "is 1 if VM memory watermark threshold is in effect", int("memory" in alarms))
@@ -270,7 +180,7 @@ class RabbitCollector:
                      "is 1 if file descriptor limit is in effect", 0)
         # -- Leveret's own -----------------------------------------------------------------------------------
         yield _gauge("leveret_uptime_seconds", "Seconds since the broker started",
-                     time.time() - node.started_at)
+                     uptime_seconds(node.started_at))
         yield _gauge("leveret_vhosts", "Virtual hosts", len(node.vhosts))
         yield _gauge("leveret_users", "Users", len(node.users.users))
         yield _gauge("leveret_exchanges", "Exchanges (all vhosts, without the default exchange)",
@@ -348,8 +258,8 @@ def render(node: Node, per_object: bool) -> bytes:
     return generate_latest(registry)
 
 
-def make_app(node: Node) -> Any:
-    from aiohttp import web
+def make_app(node: Node) -> web.Application:
+    """The exporter's HTTP app (``prometheus.tcp.port``): /metrics, and per-object series."""
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=render(node, per_object=False), headers={"Content-Type": CONTENT_TYPE})

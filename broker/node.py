@@ -16,20 +16,20 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from broker.alarms import AlarmState, ResourceMonitor, configured_disk_free_limit, configured_memory_limit
-from broker.auth import User, UserStore
+from broker.auth import HASHING_ALGORITHMS, SHA256, Permission, User, UserStore, hash_password
 from broker.clock import Clock, LoopClock
 from broker.config import Settings
+from broker.counters import GlobalCounters
 from broker.memory_budget import MemoryBudget, set_memory_limit
 from broker.message import Message
-from broker.metrics import GlobalCounters
-from broker.persistence import BackingQueueFactory, DurableDefinitions
+from broker.persistence import NODE_METADATA_KEY, BackingQueueFactory, DurableDefinitions
 from broker.publish import REPLY_TO_PREFIX
 from broker.reader import Reader
 from broker.vhost import VHost
 from storage.data_dir_lock import DataDirLock, DataDirLocked
-from storage.metadata_store import MetadataStore, MetadataStoreError
+from storage.metadata_store import MetadataStore, MetadataStoreError, MetadataWriteError
 from storage.node_storage import METADATA_FILE as METADATA_DB
-from storage.node_storage import DataDirectoryError, NodeStorage, reset_data_dir
+from storage.node_storage import NODE_KIND, DataDirectoryError, NodeStorage, reset_data_dir
 
 if TYPE_CHECKING:
     from broker.channel import Channel
@@ -84,7 +84,8 @@ class Node:
         self.settings = settings
         # ``leveret serve --force-reset`` (rabbitmqctl force_reset): wipe the data directory at start.
         self.force_reset = force_reset
-        # The metadata file's document, read (and checked) before the message stores open.
+        # An older node's metadata.json, read (and checked) before the message stores open, to be
+        # migrated into the metadata store at start.
         self._metadata_doc: dict[str, Any] | None = None
         self.name = f"leveret@{platform.node()}"
         self.cluster_name = settings.cluster_name or self.name
@@ -95,6 +96,10 @@ class Node:
         self.counters = GlobalCounters()
         # Resource alarms in effect ("memory", "disk"); the monitors add and remove them.
         self.active_alarms: set[str] = set()
+        # The node's storage (storage/node_storage.py), opened at start before anything listens, and the
+        # writer of every definition into its metadata store (None until then: nothing is written).
+        self.storage: NodeStorage | None = None
+        self.durable_definitions: DurableDefinitions | None = None
         self.users = UserStore()
         self.users.add(settings.default_user, settings.default_pass, list(settings.default_user_tags))
         self.vhosts: dict[str, VHost] = {}
@@ -114,19 +119,22 @@ class Node:
         # Called (and awaited if they return an awaitable) at shutdown, after connections are closed:
         # the place for stores to flush, sync and write their clean-shutdown marker.
         self.shutdown_hooks: list[Callable[[], Awaitable[None] | None]] = []
-        # The node's storage (storage/node_storage.py), opened at start before anything listens.
-        self.storage: NodeStorage | None = None
-        self.durable_definitions: DurableDefinitions | None = None
         self.memory_budget: MemoryBudget | None = None
         self.stopping = False
-        self._loading_metadata = False
         self._data_dir_lock: DataDirLock | None = None  # held from start to exit: one broker per directory
 
-    # -- vhosts, users, permissions (the HTTP API, ctl and definitions go through these) ----------------------
+    # -- vhosts, users, permissions, global parameters (the HTTP API, ctl and definitions go through these) -----
+    # Each method writes its change to the metadata store first (when the node's storage is open) and
+    # then changes memory: a write that fails raises MetadataWriteError and nothing has changed.
     def add_vhost(self, name: str, description: str = "", tags: list[str] | None = None,
                   default_queue_type: str = "classic") -> VHost:
         """Create a vhost (idempotent; an existing vhost gets the new description and tags)."""
         vh = self.vhosts.get(name)
+        new_tags = list(tags or []) if vh is None or tags is not None else list(vh.tags)
+        new_description = description or (vh.description if vh is not None else "")
+        if self.durable_definitions is not None:
+            dqt = default_queue_type if vh is None else vh.default_queue_type
+            self.durable_definitions.vhost_put(name, new_description, new_tags, dqt)
         if vh is None:
             vh = self.vhosts[name] = init_vhost_metadata(VHost(name, self.counters, self, self.clock), description, tags,
                                                          default_queue_type)
@@ -134,25 +142,111 @@ class Node:
             log.info("vhost created", vhost=name)
         else:
             init_vhost_metadata(vh)
-            vh.description = description or vh.description
-            if tags is not None:
-                vh.tags = list(tags)
+            vh.description = new_description
+            vh.tags = new_tags
         return vh
 
     def delete_vhost(self, name: str) -> bool:
-        """Close the vhost's connections (320), delete its queues and every permission in it."""
-        vh = self.vhosts.pop(name, None)
+        """Close the vhost's connections (320), delete its queues and every permission in it. The store
+        forgets all of it in one commit first; then memory, without a write per queue or binding."""
+        vh = self.vhosts.get(name)
         if vh is None:
             return False
+        if self.durable_definitions is not None:
+            self.durable_definitions.vhost_deleted(name)
+        del self.vhosts[name]
+        vh.durable = None  # its rows are gone already
         for conn in list(self.connections):
             if conn.vhost is vh:
                 conn.force_close(f"vhost '{name}' is deleted")
         for q in list(vh.queues):
             vh.queues.delete(q, reason="vhost deleted")
-        if self.durable_definitions is not None:
-            self.durable_definitions.vhost_deleted(name)
         self.users.forget_vhost(name)
         log.info("vhost deleted", vhost=name)
+        return True
+
+    def put_user(self, name: str, password_hash: str, tags: list[str] | None = None,
+                 hashing_algorithm: str = SHA256, limits: dict[str, int] | None = None) -> User:
+        """Create or update a user from a password hash (its permissions are kept; ``limits`` None keeps
+        its limits). Raises ValueError for an unknown hashing algorithm."""
+        if hashing_algorithm not in HASHING_ALGORITHMS:
+            raise ValueError(f"unknown hashing algorithm '{hashing_algorithm}'")
+        existing = self.users.users.get(name)
+        new_limits = dict(limits) if limits is not None else dict(existing.limits) if existing is not None else {}
+        if self.durable_definitions is not None:
+            self.durable_definitions.user_put(User(name, password_hash, list(tags or []), hashing_algorithm,
+                                                   limits=new_limits))
+        user = self.users.put(name, password_hash, tags, hashing_algorithm)
+        user.limits = new_limits
+        return user
+
+    def add_user(self, name: str, password: str, tags: list[str] | None = None) -> User:
+        return self.put_user(name, hash_password(password), tags)
+
+    def set_user_limits(self, name: str, limits: dict[str, int]) -> None:
+        """Replace the user's limits (validated already). Raises KeyError for an unknown user."""
+        user = self.users.users[name]
+        if self.durable_definitions is not None:
+            self.durable_definitions.user_put(User(user.name, user.password_hash, list(user.tags),
+                                                   user.hashing_algorithm, limits=dict(limits)))
+        user.limits = dict(limits)
+
+    def delete_users(self, *names: str) -> int:
+        """Delete users with their permissions (one commit for all); returns how many existed."""
+        users = [self.users.users[n] for n in dict.fromkeys(names) if n in self.users.users]
+        if self.durable_definitions is not None and users:
+            with self.durable_definitions.metadata.transaction():
+                for user in users:
+                    self.durable_definitions.user_deleted(user)
+        for user in users:
+            self.users.delete(user.name)
+        return len(users)
+
+    def set_permissions(self, user: str, vhost: str, configure: str, write: str, read: str) -> None:
+        """Raises KeyError for an unknown user and re.error for a bad regex (before anything is written)."""
+        if user not in self.users.users:
+            raise KeyError(user)
+        permission = Permission(configure, write, read)
+        if self.durable_definitions is not None:
+            self.durable_definitions.permission_set(vhost, user, permission)
+        self.users.users[user].permissions[vhost] = permission
+
+    def clear_permissions(self, user: str, vhost: str) -> bool:
+        u = self.users.users.get(user)
+        if u is None or vhost not in u.permissions:
+            return False
+        if self.durable_definitions is not None:
+            self.durable_definitions.permission_cleared(vhost, user)
+        del u.permissions[vhost]
+        return True
+
+    def set_topic_permission(self, user: str, vhost: str, exchange: str, write: str, read: str) -> None:
+        """Raises KeyError for an unknown user."""
+        u = self.users.users[user]
+        if self.durable_definitions is not None:
+            self.durable_definitions.topic_permission_set(vhost, user, exchange, write, read)
+        u.topic_permissions.setdefault(vhost, {})[exchange] = (write, read)
+
+    def clear_topic_permissions(self, user: str, vhost: str) -> bool:
+        u = self.users.users.get(user)
+        if u is None or vhost not in u.topic_permissions:
+            return False
+        if self.durable_definitions is not None:
+            self.durable_definitions.topic_permissions_cleared(vhost, user)
+        del u.topic_permissions[vhost]
+        return True
+
+    def set_global_parameter(self, name: str, value: Any) -> None:
+        if self.durable_definitions is not None:
+            self.durable_definitions.global_parameter_set(name, value)
+        self.global_parameters[name] = value
+
+    def clear_global_parameter(self, name: str) -> bool:
+        if name not in self.global_parameters:
+            return False
+        if self.durable_definitions is not None:
+            self.durable_definitions.global_parameter_cleared(name)
+        del self.global_parameters[name]
         return True
 
     def vhost_access_error(self, user: User, vhost_name: str) -> str | None:
@@ -180,17 +274,6 @@ class Node:
         or the one ``ctl set_disk_free_limit`` set since."""
         monitor = self.resource_monitor
         return monitor.disk_free_limit if monitor is not None else configured_disk_free_limit(self.settings)
-
-    def metadata_changed(self) -> None:
-        """Users, vhosts, permissions, policies or parameters changed: write them to the data directory."""
-        if self._loading_metadata:
-            return
-        from broker import definitions
-
-        try:
-            definitions.save_metadata(self)
-        except OSError as exc:
-            log.error("cannot save node metadata", reason=str(exc), data_dir=str(self.settings.data_dir))
 
     # -- direct reply-to: amq.rabbitmq.reply-to.<key> names one channel's reply consumer ---------------------
     def register_reply_channel(self, channel: Channel) -> str:
@@ -224,12 +307,20 @@ class Node:
         self.resource_monitor.start()
 
     def open_storage(self) -> None:
-        """Open the message stores and the metadata store, recover the durable exchanges, queues (with
-        their messages) and bindings, and from now on open every queue's backing queue from storage.
+        """Open the message stores and the metadata store, and recover everything in one ordered pass:
+        vhosts, users and permissions, policies and parameters, then the durable exchanges, queues (with
+        their messages) and bindings. From now on every definition is written to the store as it changes
+        and every queue's backing queue is opened from storage.
+
+        A new node writes its defaults (guest, "/") to the store; an older node's ``metadata.json`` is
+        migrated into it once, in one commit, and then renamed ``metadata.json.migrated`` (kept as the
+        operator's backup; it is never read again).
 
         A data directory whose metadata is missing, empty, unreadable or lost while message data is there
         stops the start (StartupError, one line naming the file) before any file is changed: recovery
         would otherwise take every queue for an orphan and delete its messages."""
+        from broker import definitions
+
         data_dir = str(self.settings.data_dir)
         try:
             self._data_dir_lock = DataDirLock.acquire(data_dir)
@@ -239,26 +330,54 @@ class Node:
             raise StartupError(f"cannot use the data directory {data_dir}: {exc.strerror or exc}") from None
         if self.force_reset:
             self._wipe_data_dir(data_dir)
+        json_path = self.settings.data_dir / definitions.METADATA_FILE
         try:
             self.storage = NodeStorage(data_dir, asyncio.get_running_loop(),
                                        queue_index_embed_msgs_below=self.settings.queue_index_embed_msgs_below,
                                        check_metadata=self._read_metadata_file)
-            self.durable_definitions = DurableDefinitions(self.storage)
+            durable = DurableDefinitions(self.storage)
+            migrating = self._metadata_doc is not None
+            if durable.has_node_metadata:
+                counts = durable.recover_node_metadata(self.users, self.vhosts, self.add_vhost, self.global_parameters)
+                log.info("node metadata recovered", **counts)
+            elif self._metadata_doc is not None:
+                try:  # in memory first (nothing is written yet), then saved below in one commit
+                    definitions.apply_metadata(self, self._metadata_doc)
+                except definitions.DefinitionsError as exc:
+                    raise StartupError(f"{json_path} cannot be migrated ({exc}); fix or restore it from a backup. "
+                                       f"{FORCE_RESET_HINT}") from None
+                self._metadata_doc = None
+            self.durable_definitions = durable
             for vh in self.vhosts.values():
                 self._attach_storage(vh)
-            self.durable_definitions.recover(self.vhosts, self.add_vhost)
+            if not durable.has_node_metadata:
+                durable.save_node_metadata(self.users, self.vhosts, self.global_parameters,
+                                           drop=definitions.METADATA_WRITTEN)
+                if migrating:
+                    os.replace(json_path, json_path.with_name(definitions.METADATA_FILE + ".migrated"))
+                    log.info("metadata.json migrated into the metadata store", file=str(json_path),
+                             renamed_to=definitions.METADATA_FILE + ".migrated", users=len(self.users.users),
+                             vhosts=len(self.vhosts))
+            durable.recover(self.vhosts, self.add_vhost)
         except (DataDirectoryError, MetadataStoreError) as exc:
             raise StartupError(f"{exc}. {FORCE_RESET_HINT}") from None
+        except MetadataWriteError as exc:
+            raise StartupError(str(exc)) from None
         except OSError as exc:
             raise StartupError(f"cannot open the data directory {data_dir}: {exc}") from None
         self.shutdown_hooks.append(self.close_storage)
 
     def _read_metadata_file(self, store: MetadataStore | None) -> None:
-        """NodeStorage's check of what the broker keeps beside the metadata store (None: a new one):
-        metadata.json must be there (and readable) if the store says it was written, and must not
-        outlive a lost store."""
+        """NodeStorage's check of an older node's ``metadata.json`` beside the store (None: a new one),
+        read only while the store does not hold the node's metadata yet: it must be there (and readable)
+        if the store says it was written, and must not outlive a lost store."""
         from broker import definitions
 
+        if store is not None and store.get(NODE_KIND, NODE_METADATA_KEY) is not None:
+            if (self.settings.data_dir / definitions.METADATA_FILE).exists():
+                log.warning("ignoring metadata.json: this node's metadata is in its metadata store",
+                            data_dir=str(self.settings.data_dir))
+            return
         try:
             self._metadata_doc = definitions.read_metadata_file(
                 self.settings.data_dir,
@@ -311,26 +430,10 @@ class Node:
         self.memory_budget.start()
         from broker import definitions
 
-        self._loading_metadata = True
-        metadata_path = self.settings.data_dir / definitions.METADATA_FILE
-        try:
-            if self._metadata_doc is not None:
-                definitions.apply_metadata(self, self._metadata_doc)
-                self._metadata_doc = None
-                log.info("node metadata recovered", users=len(self.users.users), vhosts=len(self.vhosts))
-        except definitions.DefinitionsError as exc:
-            raise StartupError(f"{metadata_path} cannot be applied ({exc}); fix or restore it from a backup. "
-                               f"{FORCE_RESET_HINT}") from None
-        finally:
-            self._loading_metadata = False
-        try:
-            definitions.ensure_metadata_file(self)
-        except OSError as exc:
-            raise StartupError(f"cannot write {metadata_path}: {exc.strerror or exc}") from None
         if self.settings.load_definitions is not None:
             try:
                 definitions.load_file(self, self.settings.load_definitions)
-            except definitions.DefinitionsError as exc:
+            except (definitions.DefinitionsError, MetadataWriteError) as exc:
                 raise StartupError(f"load_definitions {self.settings.load_definitions}: {exc}") from None
             log.info("definitions loaded", file=str(self.settings.load_definitions))
         loop = asyncio.get_running_loop()

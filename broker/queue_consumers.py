@@ -4,21 +4,36 @@ Consumers are grouped by priority (``x-priority``, default 0). The next delivery
 with room in the highest priority group that has one, and that consumer moves to the back of its group, so
 equal consumers take turns. A single-active-consumer queue gives everything to the consumer that came
 first; when it goes, the next in order of arrival takes over.
+
+This module sits below the queue process and the channel: it knows a consumer's channel only as a
+:class:`ConsumerChannel` (what the queue asks of it), and its queue not at all beyond holding it.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from broker.channel import Channel
-    from broker.queue_process import QueueProcess
+    from broker.message import Message
+
+
+class ConsumerChannel(Protocol):
+    """What a queue asks of the channel a consumer belongs to (broker/channel.py's Channel)."""
+
+    def can_deliver(self) -> bool: ...
+
+    def can_deliver_no_ack(self) -> bool: ...
+
+    def deliver(self, consumer: Consumer, queue: Any, seq_id: int, msg: Message, redelivered: bool) -> None: ...
+
+    def consumer_cancelled_by_queue(self, consumer: Consumer) -> None: ...
 
 
 class Consumer:
-    """One basic.consume: its channel, its queue, and the prefetch it was given (0 = no limit)."""
+    """One basic.consume: its channel, its queue (a broker/queue_types.py Queue), and the prefetch it was
+    given (0 = no limit)."""
 
     __slots__ = (
         "arguments",
@@ -33,7 +48,7 @@ class Consumer:
         "unacked",
     )
 
-    def __init__(self, tag: str, channel: Channel, queue: QueueProcess, no_ack: bool, prefetch: int,
+    def __init__(self, tag: str, channel: ConsumerChannel, queue: Any, no_ack: bool, prefetch: int,
                  priority: int, exclusive: bool, arguments: dict[str, Any]) -> None:
         self.tag = tag
         raw = tag.encode()

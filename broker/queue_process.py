@@ -8,14 +8,22 @@ hands ready messages to consumers with room until either runs out, yielding to t
 one busy queue cannot starve the rest.
 
 TTL is enforced at the head only, with one timer per queue (``ensure_ttl_timer``), as RabbitMQ does:
-an expired message behind a live one waits, but is never delivered.
+an expired message behind a live one waits, but is never delivered. Each message's deadline is computed
+once, when it is enqueued (its ``expiration`` or the queue's TTL, whichever is shorter), and handed to the
+backing queue as ``expiry``; the head is then judged by ``head_expiry`` and expired messages leave by
+``dropwhile`` (or ``fetchwhile`` when they are dead-lettered), so a paged-out head is never read from disk
+just to learn that it is still alive. Only after a policy changed the TTL of a queue holding messages (their
+deadlines were computed with the old one) does the queue judge its head by reading it
+(``_ttl_from_messages``), until the messages of before the change are gone.
+
+Time comes from the vhost's clock (broker/clock.py): message timestamps, TTL deadlines and timers, and the
+queue's own expiry (``x-expires``), so a test moves time with a ManualClock instead of sleeping.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from broker import dead_letter
 from broker.message import Message
@@ -26,8 +34,40 @@ from protocol.properties import Long, with_properties
 from storage.backing_queue import BackingQueue, Figures
 
 if TYPE_CHECKING:
-    from broker.reader import Reader
-    from broker.vhost import VHost
+    from broker.clock import Clock, TimerHandle
+    from broker.exchange import Exchange
+    from broker.policy import Policy
+
+
+class QueueOwner(Protocol):
+    """The connection an exclusive queue belongs to (broker/reader.py's Reader), as the queue layer sees it."""
+
+    name: str
+    exclusive_queues: list[Any]
+
+
+class QueueDeleter(Protocol):
+    def delete(self, q: Any, reason: str = ...) -> int: ...
+
+
+class QueueHost(Protocol):
+    """What a queue asks of its vhost (broker/vhost.py's VHost), declared here so that the queue layer need not
+    import the layer above it: its clock, counters, policies, the dead-letter exchanges and the one publish
+    path, and the registry that deletes an expired queue."""
+
+    name: str
+    clock: Clock
+    counters: Any  # broker/counters.py GlobalCounters, or None
+    default_exchange: Exchange
+    exchanges: dict[str, Exchange]
+    policies: dict[str, Policy]
+    operator_policies: dict[str, Policy]
+
+    @property
+    def queues(self) -> QueueDeleter: ...
+
+    def publish(self, exchange: Exchange, msg: Message, persistent: bool, mandatory: bool = False,
+                publisher: Any = None, confirm_seq: int = 0, dead_letter: bool = False) -> int: ...
 
 # Deliveries per turn of the deliver loop before yielding to other work.
 DELIVERY_BUDGET = 256
@@ -42,10 +82,6 @@ DELIVER_BACKLOG_HIGH = 2000
 DELIVER_BACKLOG_LOW = 500
 # What deliver_or_enqueue tells the publisher's channel.
 REJECTED, ACCEPTED, CONFIRM_LATER = 0, 1, 2
-
-
-def now_ms() -> float:
-    return time.time() * 1000.0
 
 
 class QueueStats:
@@ -76,16 +112,29 @@ class QueueStats:
 
 
 class QueueProcess:
-    def __init__(self, vhost: VHost, name: str, durable: bool, exclusive_owner: Reader | None,
+    """A classic queue's process; other queue types (broker/queue_types.py) subclass it or stand beside it.
+
+    The backing queue is private: callers outside use the queue's own methods (``figures``, ``purge``,
+    ``set_ram_budget``...), so a queue type may hold its messages any way it likes."""
+
+    # The queue type's name (``x-queue-type``), and whether the queue counts every message's returns
+    # (quorum queues do, for the ``x-delivery-count`` header, whether or not a delivery limit is set).
+    type_name: ClassVar[str] = "classic"
+    counts_deliveries: ClassVar[bool] = False
+
+    def __init__(self, vhost: QueueHost, name: str, durable: bool, exclusive_owner: QueueOwner | None,
                  auto_delete: bool, arguments: dict[str, Any], bq: BackingQueue,
                  settings: QueueSettings) -> None:
         self.vhost = vhost
+        self._clock = vhost.clock
         self.name = name
         self.durable = durable
         self.exclusive_owner = exclusive_owner
         self.auto_delete = auto_delete
         self.arguments = arguments
         self.bq = bq
+        bq.on_confirm = self.on_confirmed
+        bq.on_available = self.schedule_run  # an asynchronous store has brought messages in
         self.settings = settings
         self.consumers = ConsumerSet(single_active=settings.single_active_consumer)
         self.exclusive_consumer: Consumer | None = None
@@ -95,14 +144,19 @@ class QueueProcess:
         # Open channels that have published to this queue (seed 004's "publishers"), kept by delegate.
         self.publisher_channels: set[Any] = set()
         self._run_scheduled = False
-        self._loop = asyncio.get_event_loop()
-        self._ttl_possible = settings.message_ttl is not None
-        self._ttl_timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # bound at the first delivery run
+        recovered = not bq.is_empty()
+        # Whether any message may carry a deadline (a recovered queue's may: their expiries were stored).
+        self._ttl_possible = settings.message_ttl is not None or recovered
+        # Judge the head by its message rather than its stored expiry (see the module docstring): recovered
+        # messages of a TTL queue may have been stored without one.
+        self._ttl_from_messages = settings.message_ttl is not None and recovered
+        self._ttl_timer: TimerHandle | None = None
         self._ttl_timer_at = 0.0
-        self._expiry_timer: asyncio.TimerHandle | None = None
+        self._expiry_timer: TimerHandle | None = None
         # Returns so far, by seq_id, for queues with a delivery limit (and quorum queues).
         self._delivery_counts: dict[int, int] | None = (
-            {} if settings.delivery_limit is not None or settings.queue_type == "quorum" else None)
+            {} if settings.delivery_limit is not None or self.counts_deliveries else None)
         # Publisher confirms waiting for an fsync: the confirm tokens handed to the backing queue.
         self._awaiting_confirm: set[Any] = set()
         # Publishing connections whose reading this queue paused (credit flow).
@@ -117,6 +171,10 @@ class QueueProcess:
         settings.max_priority = self.settings.max_priority
         settings.single_active_consumer = self.settings.single_active_consumer
         settings.queue_type = self.settings.queue_type
+        if settings.message_ttl != self.settings.message_ttl and (
+                not self.bq.is_empty() or self.bq.pending_ack_count()):
+            # The messages held now have deadlines of the old TTL: judge them by reading them.
+            self._ttl_from_messages = self._ttl_possible = True
         self.settings = settings
         if settings.message_ttl is not None:
             self._ttl_possible = True
@@ -145,10 +203,13 @@ class QueueProcess:
             self._awaiting_confirm.add(confirm)
         else:
             confirm = None
-        if self.attempt_delivery(msg, persistent, confirm):
-            return CONFIRM_LATER if confirm is not None else ACCEPTED
-        if msg.expiration_ms is not None:
+        if settings.message_ttl is None and msg.expiration_ms is None:
+            expiry = None
+        else:
+            expiry = self._expiry_of(msg)
             self._ttl_possible = True
+        if self.attempt_delivery(msg, persistent, confirm, expiry):
+            return CONFIRM_LATER if confirm is not None else ACCEPTED
         if settings.message_ttl == 0 and settings.dlx is None:
             # RabbitMQ's shortcut for x-message-ttl 0 without a dead-letter exchange: nobody could take it
             # now and it may not wait, so it is discarded rather than enqueued. Any other expired message
@@ -158,10 +219,7 @@ class QueueProcess:
             if confirm is not None:
                 self._awaiting_confirm.discard(confirm)
             return ACCEPTED
-        if confirm is None:
-            self.bq.publish(msg, len(msg.body), persistent)
-        else:
-            self.bq.publish(msg, len(msg.body), persistent, confirm=confirm, msg_id=msg.msg_id)
+        self.bq.publish(msg, len(msg.body), persistent, expiry, confirm, msg.msg_id)
         if settings.max_length is not None or settings.max_length_bytes is not None:
             self.maybe_drop_head()
         if self._ttl_possible:
@@ -215,8 +273,10 @@ class QueueProcess:
         self.schedule_run()  # the deliver loop is what releases the publisher again
         return True
 
-    def attempt_delivery(self, msg: Message, persistent: bool, confirm: Any = None) -> bool:
-        """Deliver straight to a consumer when nothing is queued ahead of the message."""
+    def attempt_delivery(self, msg: Message, persistent: bool, confirm: Any = None,
+                         expiry: int | None = None) -> bool:
+        """Deliver straight to a consumer when nothing is queued ahead of the message (``expiry``: its
+        deadline, kept in case it is requeued)."""
         if not self.consumers.count or not self.bq.is_empty():
             return False
         consumer = self.consumers.next_with_room()
@@ -225,10 +285,10 @@ class QueueProcess:
         if consumer.no_ack and confirm is None:
             seq_id = -1
         elif confirm is None:
-            seq_id = self.bq.publish_delivered(msg, len(msg.body), persistent)
+            seq_id = self.bq.publish_delivered(msg, len(msg.body), persistent, expiry, None, msg.msg_id)
         else:
             # Written (and fsynced) even though a consumer has it: the confirm promises it is on disk.
-            seq_id = self.bq.publish_delivered(msg, len(msg.body), persistent, confirm=confirm, msg_id=msg.msg_id)
+            seq_id = self.bq.publish_delivered(msg, len(msg.body), persistent, expiry, confirm, msg.msg_id)
             if consumer.no_ack:
                 self.bq.ack([seq_id])
                 seq_id = -1
@@ -262,22 +322,67 @@ class QueueProcess:
 
     # -- TTL -------------------------------------------------------------------------------------------
     def _expires_at(self, msg: Message) -> float | None:
+        """The message's deadline under the queue's current TTL: the shorter of it and its ``expiration``."""
         ttl = self.settings.message_ttl
         mttl = msg.expiration_ms
         if mttl is not None and (ttl is None or mttl < ttl):
             ttl = mttl
         return None if ttl is None else msg.published_at + ttl
 
+    def _expiry_of(self, msg: Message) -> int | None:
+        """The deadline stored with the message, in whole ms as RabbitMQ keeps it (rounded down: a TTL of 0
+        has expired by the time it is looked at)."""
+        at = self._expires_at(msg)
+        return None if at is None else int(at)
+
     def drop_expired_msgs(self) -> None:
-        """Drop (or dead-letter) expired messages at the head; arm the timer for the next head."""
+        """Drop (or dead-letter) expired messages at the head; arm the timer for the next head.
+
+        Judged by the deadlines the backing queue keeps (``head_expiry``), so a paged-out head is not read;
+        messages are read only to dead-letter them (``fetchwhile``)."""
         if not self._ttl_possible or self.deleted:
             return
         bq = self.bq
-        now = now_ms()
+        if self._ttl_from_messages:
+            if bq.is_empty() and not bq.pending_ack_count():
+                self._ttl_from_messages = False  # every message of before the TTL change is gone
+            else:
+                self._drop_expired_by_reading()
+                return
+        expiry = bq.head_expiry()
+        if expiry is None:
+            return
+        now = self._clock.now_ms()
+        if expiry > now:
+            self.ensure_ttl_timer(expiry)
+            return
+
+        def expired(e: int | None) -> bool:
+            return e is not None and e <= now
+
+        if self.settings.dlx is None and not self._delivery_counts:
+            dropped, expiry = bq.dropwhile(expired)
+            self.stats.expired += dropped
+        else:
+            fetched = bq.fetchwhile(expired)
+            seq_ids = [seq_id for seq_id, _, _ in fetched]
+            for seq_id in seq_ids:
+                self._forget(seq_id)
+            bq.ack(seq_ids)
+            self.stats.expired += len(fetched)
+            self.dead_letter_msgs([m for _, m, _ in fetched], dead_letter.EXPIRED)
+            expiry = bq.head_expiry()
+        if expiry is not None:
+            self.ensure_ttl_timer(expiry)
+
+    def _drop_expired_by_reading(self) -> None:
+        """The slow path after a TTL change: each head message's deadline under the current TTL."""
+        bq = self.bq
+        now = self._clock.now_ms()
         expired: list[Message] = []
         next_expiry = None
         while True:
-            head = bq.peek()  # type: ignore[attr-defined]
+            head = bq.peek()
             if head is None:
                 break
             expires_at = self._expires_at(head)
@@ -303,8 +408,8 @@ class QueueProcess:
                 return
             self._ttl_timer.cancel()
         self._ttl_timer_at = at_ms
-        delay = max(0.0, (at_ms - now_ms()) / 1000.0) + 0.001
-        self._ttl_timer = self._loop.call_later(delay, self._ttl_timer_fired)
+        delay = max(0.0, (at_ms - self._clock.now_ms()) / 1000.0) + 0.001
+        self._ttl_timer = self._clock.call_later(delay, self._ttl_timer_fired)
 
     def _ttl_timer_fired(self) -> None:
         self._ttl_timer = None
@@ -318,7 +423,7 @@ class QueueProcess:
             self._expiry_timer = None
         expires = self.settings.expires
         if expires is not None and not self.deleted:
-            self._expiry_timer = self._loop.call_later(expires / 1000.0, self._expiry_timer_fired)
+            self._expiry_timer = self._clock.call_later(expires / 1000.0, self._expiry_timer_fired)
 
     def _expiry_timer_fired(self) -> None:
         self._expiry_timer = None
@@ -342,11 +447,9 @@ class QueueProcess:
         exchange = vhost.default_exchange if dlx_name == "" else vhost.exchanges.get(dlx_name)
         if exchange is None:
             return
-        now = now_ms()
-        counters = vhost.counters
-        counter_name = f"messages_dead_lettered_{reason}"
-        if counters is not None and hasattr(counters, counter_name):
-            setattr(counters, counter_name, getattr(counters, counter_name) + len(msgs))
+        now = self._clock.now_ms()
+        if vhost.counters is not None:
+            vhost.counters.dead_lettered(reason, len(msgs))
         for msg in msgs:
             dead = dead_letter.make_dead_letter(msg, self.name, reason, dlx_name, self.settings.dlrk, now)
             if vhost.publish(exchange, dead, dead.props.delivery_mode == 2, dead_letter=True) & ROUTED:
@@ -357,7 +460,10 @@ class QueueProcess:
         """Run the deliver loop soon (once, however many times this is called before it runs)."""
         if not self._run_scheduled and not self.deleted and self.consumers.count:
             self._run_scheduled = True
-            self._loop.call_soon(self.run_message_queue)
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            loop.call_soon(self.run_message_queue)
 
     def run_message_queue(self) -> None:
         self._run_scheduled = False
@@ -502,6 +608,25 @@ class QueueProcess:
     # -- queue-wide operations -------------------------------------------------------------------------------
     def message_count(self) -> int:
         return self.bq.len()
+
+    # -- memory (broker/memory_budget.py's PagedQueue) ------------------------------------------------------
+    @property
+    def consumer_count(self) -> int:
+        return self.consumers.count
+
+    def set_ram_budget(self, max_bytes: int | None) -> None:
+        """Bound the RAM this queue's ready messages use (None: no bound); paging is done by :meth:`page`."""
+        self.bq.set_ram_budget(max_bytes)
+
+    def ram_bytes(self) -> int:
+        return self.bq.ram_bytes()
+
+    def needs_paging(self) -> bool:
+        return self.bq.needs_timeout()
+
+    def page(self) -> None:
+        """One bounded step of paging towards the budget."""
+        self.bq.timeout()
 
     def figures(self) -> Figures:
         """The queue's message figures (ready, unacked, their bytes, paged out), for the HTTP API and metrics:

@@ -4,6 +4,10 @@ Bytes in go through the sans-IO frame parser; the handshake (start, tune, open),
 connection.close and the channel table live here, and every other frame goes to its channel. Frames
 out are collected in a list and written once per event-loop tick (``_flush``), after each channel with
 pending publisher confirms has added them, so a burst of publishes costs one write and one confirm.
+
+Time (heartbeats, the handshake and close-ok timeouts, when credit flow blocked the connection, when it
+connected) is read from the node's clock (broker/clock.py), so tests can move it without sleeping; only the
+per-tick scheduling (``call_soon``) uses the event loop itself.
 """
 
 from __future__ import annotations
@@ -11,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import platform
 import struct
-import time
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -46,6 +49,7 @@ from protocol.frames import HEARTBEAT_FRAME, BadProtocolHeader, FrameError, Fram
 from protocol.methods import decode_method, method_frame, method_ids, method_index
 
 if TYPE_CHECKING:
+    from broker.clock import Clock, TimerHandle
     from broker.node import Node
     from broker.vhost import VHost
 
@@ -122,25 +126,27 @@ class Reader(asyncio.Protocol):
         self._pause_reasons: set[object] = set()
         self.has_published = False
         self.blocked_by_alarm = False
-        # When credit flow last paused reading (loop time; 0.0: never): "flow" in the management API.
+        # When credit flow last paused reading (the clock's monotonic seconds; 0.0: never): "flow" in the
+        # management API.
         self.flow_blocked_at = 0.0
         self.auth_mechanism = ""  # the SASL mechanism of connection.start-ok
         # Bytes read from and written to the socket (per read and per write, not per frame).
         self.recv_oct = 0
         self.send_oct = 0
         self._read_this_turn = 0
-        self._out: list[bytes] = []
+        self._out: list[bytes | memoryview] = []
         self._flush_scheduled = False
         self._confirm_channels: list[Channel] = []
         self._received_since_tick = True
         self._sent_since_tick = False
         self._missed_heartbeats = 0
-        self._timers: list[asyncio.TimerHandle] = []
+        self._timers: list[TimerHandle] = []
         # Runs from the first byte to connection.open-ok (RabbitMQ's handshake_timeout): a client that
         # stops anywhere in the handshake, heartbeats negotiated or not, loses its socket.
-        self._handshake_timer: asyncio.TimerHandle | None = None
-        self._loop = asyncio.get_event_loop()
-        self.connected_at = time.time()
+        self._handshake_timer: TimerHandle | None = None
+        self.clock: Clock = node.clock
+        self._loop = asyncio.get_event_loop()  # for call_soon: the flush at the end of this tick
+        self.connected_at = self.clock.now_ms() / 1000.0  # seconds since the epoch
 
     # -- transport events ------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -151,7 +157,7 @@ class Reader(asyncio.Protocol):
         self.name = f"{self.peer[0]}:{self.peer[1]} -> {local[0]}:{local[1]}"
         transport.set_write_buffer_limits(high=1 << 20)
         self.node.connections.add(self)
-        self._handshake_timer = self._loop.call_later(self.settings.handshake_timeout, self._handshake_timeout)
+        self._handshake_timer = self.clock.call_later(self.settings.handshake_timeout, self._handshake_timeout)
         log.info("connection accepted", connection=self.name)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -225,7 +231,7 @@ class Reader(asyncio.Protocol):
             return index >> 16, index & 0xFFFF
         if frame_type in (FRAME_HEADER, FRAME_BODY):
             channel = self.channels.get(channel_id)
-            if channel is not None and channel.expecting_content:
+            if channel is not None and channel.assembler.publish is not None:
                 return 60, 40
         return 0, 0
 
@@ -287,9 +293,8 @@ class Reader(asyncio.Protocol):
             if len(payload) < 4:
                 raise FrameError("method frame shorter than its class and method id")
             index = _unpack_index(payload, 0)[0]
-            if channel.expecting_content:
-                raise AMQPError(UNEXPECTED_FRAME, "expected content frame for basic.publish, got a method "
-                                "frame instead", 60, 40)
+            if channel.assembler.publish is not None:
+                channel.assembler.on_method()  # content is awaited: a method frame is unexpected (505)
             if index == IDX_BASIC_PUBLISH:
                 if not self.has_published:
                     self._first_publish()
@@ -385,7 +390,7 @@ class Reader(asyncio.Protocol):
                 pass
         self._pause_reasons.add(reason)
         if reason not in _OWN_PAUSE_REASONS:
-            self.flow_blocked_at = self._loop.time()
+            self.flow_blocked_at = self.clock.monotonic()
 
     def resume_for(self, reason: object) -> None:
         if reason not in self._pause_reasons:
@@ -411,7 +416,7 @@ class Reader(asyncio.Protocol):
         if self.node.alarm_state.active:
             return "blocking"
         if self.flow_blocked_at and (
-                self._loop.time() - self.flow_blocked_at < FLOW_SHOWN_FOR
+                self.clock.monotonic() - self.flow_blocked_at < FLOW_SHOWN_FOR
                 or any(r not in _OWN_PAUSE_REASONS for r in self._pause_reasons)):
             return "flow"
         return "running"
@@ -506,7 +511,7 @@ class Reader(asyncio.Protocol):
         self.state = Reader.CLOSING
         if self.transport is not None:
             self.transport.pause_reading()
-        self._timers.append(self._loop.call_later(NEGOTIATION_FAILURE_DELAY, self._close_transport))
+        self._timers.append(self.clock.call_later(NEGOTIATION_FAILURE_DELAY, self._close_transport))
 
     def _open(self, m: spec.Connection.Open) -> None:
         refusal = limits.connection_refusal(self.node, self.user, m.virtual_host) \
@@ -543,7 +548,7 @@ class Reader(asyncio.Protocol):
     def _schedule_heartbeat(self) -> None:
         for timer in self._timers:
             timer.cancel()
-        self._timers = [self._loop.call_later(self.heartbeat / 2, self._heartbeat_tick)]
+        self._timers = [self.clock.call_later(self.heartbeat / 2, self._heartbeat_tick)]
 
     def _heartbeat_tick(self) -> None:
         """Every half interval: send a heartbeat if we sent nothing; count the halves the peer was silent.
@@ -563,7 +568,7 @@ class Reader(asyncio.Protocol):
         if not self._sent_since_tick:
             self.send(HEARTBEAT_FRAME)
         self._sent_since_tick = False
-        self._timers = [self._loop.call_later(self.heartbeat / 2, self._heartbeat_tick)]
+        self._timers = [self.clock.call_later(self.heartbeat / 2, self._heartbeat_tick)]
 
     def _handshake_timeout(self) -> None:
         self._handshake_timer = None
@@ -616,7 +621,7 @@ class Reader(asyncio.Protocol):
         self._cleanup()
         self.send(method_frame(0, spec.Connection.Close, reply_code=code, reply_text=err.reply_text,
                                class_id=class_id, method_id=method_id))
-        self._timers.append(self._loop.call_later(CLOSE_OK_TIMEOUT, self._close_transport))
+        self._timers.append(self.clock.call_later(CLOSE_OK_TIMEOUT, self._close_transport))
 
     def force_close(self, text: str = "closed via management") -> None:
         self.close_connection(CONNECTION_FORCED, text)

@@ -8,15 +8,17 @@ exchange's own bindings select nothing, as RabbitMQ does.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
+
+import structlog
 
 from broker import delegate, permissions, topic_permissions
 from broker.amqqueue import QueueRegistry
 from broker.clock import Clock, LoopClock
 from broker.dead_letter import deaths_of, is_cycle
 from broker.errors import AMQPError
-from broker.exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Binding, Exchange
+from broker.exchange import EXCHANGE, QUEUE, Binding, Exchange, ExchangeServices
+from broker.exchange_types import exchange_type, make_exchange
 from broker.message import Message
 from broker.policy import Policy, best_match
 from broker.publish import REPLY_TO_PREFIX, ROUTED, Publisher, ReplyTo, check_properties, property_flags
@@ -26,6 +28,8 @@ from protocol.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED
 if TYPE_CHECKING:
     from broker.auth import User
     from broker.queue_process import QueueProcess
+
+log = structlog.get_logger("leveret.vhost")
 
 STANDARD_EXCHANGES = (("amq.direct", "direct"), ("amq.fanout", "fanout"), ("amq.topic", "topic"),
                       ("amq.headers", "headers"), ("amq.match", "headers"))
@@ -52,26 +56,52 @@ class VHost:
         self.durable: Any = None
         self.exchanges: dict[str, Exchange] = {}
         self.queues = QueueRegistry(self)
+        # What every exchange of this vhost is built with (broker/exchange_types.py).
+        self.exchange_services = ExchangeServices(name, self.clock, self.publish, self.route, lambda: self.durable)
         # The default exchange is not in ``exchanges``: it cannot be declared, bound or deleted.
-        self.default_exchange: Exchange = EXCHANGE_TYPES["direct"]("", durable=True)
+        self.default_exchange: Exchange = self._make_exchange("direct", "")
         self.policies: dict[str, Policy] = {}
         self.operator_policies: dict[str, Policy] = {}
         for ex_name, ex_type in STANDARD_EXCHANGES:
-            self.exchanges[ex_name] = EXCHANGE_TYPES[ex_type](ex_name, durable=True)
+            self.exchanges[ex_name] = self._make_exchange(ex_type, ex_name)
 
-    # -- policies ----------------------------------------------------------------------------------------
+    # -- policies and runtime parameters -------------------------------------------------------------------
+    # Runtime parameters, (component, name) → value; set by the node (broker/node.py init_vhost_metadata).
+    parameters: dict[tuple[str, str], Any]
+
     def policies_for_queue(self, name: str, queue_type: str = "classic") -> tuple[Policy | None, Policy | None]:
         return best_match(self.policies, name, queue_type), best_match(self.operator_policies, name, queue_type)
 
     def set_policy(self, policy: Policy, operator: bool = False) -> None:
+        """Written to the metadata store first (raises if it cannot, nothing changed), then applied."""
+        if self.durable is not None:
+            self.durable.policy_set(self.name, policy, operator)
         (self.operator_policies if operator else self.policies)[policy.name] = policy
         self.apply_policies()
 
     def clear_policy(self, name: str, operator: bool = False) -> bool:
-        removed = (self.operator_policies if operator else self.policies).pop(name, None) is not None
-        if removed:
-            self.apply_policies()
-        return removed
+        policies = self.operator_policies if operator else self.policies
+        if name not in policies:
+            return False
+        if self.durable is not None:
+            self.durable.policy_cleared(self.name, name, operator)
+        del policies[name]
+        self.apply_policies()
+        return True
+
+    def set_parameter(self, component: str, name: str, value: Any) -> None:
+        """A runtime parameter (validated already; ``parameters`` is set up by the node), stored first."""
+        if self.durable is not None:
+            self.durable.parameter_set(self.name, component, name, value)
+        self.parameters[(component, name)] = value
+
+    def clear_parameter(self, component: str, name: str) -> bool:
+        if (component, name) not in self.parameters:
+            return False
+        if self.durable is not None:
+            self.durable.parameter_cleared(self.name, component, name)
+        del self.parameters[(component, name)]
+        return True
 
     def apply_policies(self) -> None:
         """Policies changed: every queue takes its (possibly new) effective settings at once."""
@@ -80,6 +110,11 @@ class VHost:
                                                                                       q.settings.queue_type)))
 
     # -- exchanges --------------------------------------------------------------------------------------
+    def _make_exchange(self, type_name: str, name: str) -> Exchange:
+        cls = exchange_type(type_name)
+        assert cls is not None, type_name
+        return make_exchange(cls, name, self.exchange_services)
+
     def lookup_exchange(self, name: str) -> Exchange:
         ex = self.exchanges.get(name)
         if ex is None:
@@ -94,11 +129,12 @@ class VHost:
             return self.lookup_exchange(name), False
         if name == "":
             raise AMQPError(ACCESS_REFUSED, "operation not permitted on the default exchange")
-        cls = EXCHANGE_TYPES.get(type_name)
+        cls = exchange_type(type_name)
         if cls is None:
             # RabbitMQ 3.10 answers 503 COMMAND_INVALID (a connection error); 3.13+ a 406 channel error.
             # Leveret follows the newer behaviour.
             raise AMQPError(PRECONDITION_FAILED, f"unknown exchange type '{type_name}'")
+        cls.validate_arguments(name, self.name, arguments)
         existing = self.exchanges.get(name)
         if existing is not None:
             where = f"for exchange '{name}' in vhost '{self.name}'"
@@ -116,20 +152,27 @@ class VHost:
             return existing, False
         if name.startswith("amq."):
             raise AMQPError(ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'")
-        ex = cls(name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments)
+        ex = make_exchange(cls, name, self.exchange_services, durable=durable, auto_delete=auto_delete,
+                           internal=internal, arguments=arguments)
         self.exchanges[name] = ex
         if self.durable is not None:
             self.durable.exchange_declared(self.name, ex)
+        ex.on_declare()
         return ex, True
 
     def restore_exchange(self, name: str, type_name: str, auto_delete: bool, internal: bool,
                          arguments: dict[str, Any]) -> None:
         """Recovery: a durable exchange as it was declared (unknown types are skipped with a log line)."""
-        cls = EXCHANGE_TYPES.get(type_name)
-        if cls is None or name in self.exchanges:
+        if name in self.exchanges:
             return
-        self.exchanges[name] = cls(name, durable=True, auto_delete=auto_delete, internal=internal,
-                                   arguments=arguments)
+        cls = exchange_type(type_name)
+        if cls is None:
+            log.warning("durable exchange of an unknown type not recovered", vhost=self.name, exchange=name,
+                        type=type_name)
+            return
+        ex = self.exchanges[name] = make_exchange(cls, name, self.exchange_services, durable=True,
+                                                  auto_delete=auto_delete, internal=internal, arguments=arguments)
+        ex.on_recover()
 
     def delete_exchange(self, name: str, if_unused: bool) -> None:
         if name == "":
@@ -153,6 +196,16 @@ class VHost:
         for other in list(self.exchanges.values()):
             for binding in other.bindings_to(EXCHANGE, name):
                 self._unbind(other, binding)
+        ex.on_delete()
+
+    def stop_exchanges(self, vhost_deleted: bool = False) -> None:
+        """The node stops (each exchange's ``close``: what is durable stays for ``on_recover``) or this vhost
+        is deleted (``on_delete``: what exchanges keep goes, files too)."""
+        for ex in list(self.exchanges.values()):
+            if vhost_deleted:
+                ex.on_delete()
+            else:
+                ex.close()
 
     # -- bindings ---------------------------------------------------------------------------------------
     def bind(self, source: str, destination: str, kind: str, routing_key: str,
@@ -238,7 +291,8 @@ class VHost:
 
     # -- publishing: the one path (broker/publish.py) -----------------------------------------------------
     def publish(self, exchange: Exchange, msg: Message, persistent: bool, mandatory: bool = False,
-                publisher: Publisher | None = None, confirm_seq: int = 0, dead_letter: bool = False) -> int:
+                publisher: Publisher | None = None, confirm_seq: int = 0, dead_letter: bool = False,
+                held: bool = False) -> int:
         """Put ``msg``, published to ``exchange``, into the queues it routes to; returns broker/publish.py's
         packed result (ROUTED, REFUSED, the queues that confirm later).
 
@@ -248,9 +302,11 @@ class VHost:
         set (> 0: its confirm sequence number, < 0: a transaction's token) and is paused by credit flow.
         ``dead_letter``: a queue republishing a dead message: the queues it already died in are skipped (the
         cycle rule) and the client counters (received, routed, unroutable) are left alone, as in RabbitMQ.
-        TTLs count from here: the message's publish time is stamped now. Direct, no task, no allocation
-        beyond the routing sets: this is the hot path of every basic.publish."""
-        msg.published_at = time.time() * 1000.0
+        An exchange that ``holds_messages`` keeps the message (Exchange.hold answers for it) unless ``held``:
+        the exchange letting go of a message it held (not counted again as a client's publish).
+        TTLs count from here: the message's publish time is stamped now, on the vhost's clock. Direct, no task,
+        no allocation beyond the routing sets: this is the hot path of every basic.publish."""
+        msg.published_at = self.clock.now_ms()
         result = 0
         if exchange.name == "":
             key = msg.routing_key
@@ -264,6 +320,9 @@ class VHost:
                 queues = [q] if q is not None else None
             else:
                 queues = self.route(exchange, msg)
+        elif exchange.holds_messages and not held:
+            queues = None
+            result = exchange.hold(msg, persistent, publisher, confirm_seq)
         else:
             queues = self.route(exchange, msg)
         if queues:
@@ -273,7 +332,7 @@ class VHost:
                 if not queues:
                     return 0
             result = delegate.deliver(queues, msg, persistent, publisher, confirm_seq) | ROUTED
-        if dead_letter:
+        if dead_letter or held:
             return result
         counters = self.counters
         if counters is not None:

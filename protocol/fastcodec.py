@@ -151,11 +151,13 @@ def encode_basic_nack(channel: int, delivery_tag: int, multiple: bool, requeue: 
     return _method_frame(channel, BASIC_NACK, _TAG_BITS.pack(delivery_tag, bits))
 
 
-def encode_content(channel: int, header_payload: bytes, body: bytes, frame_max: int) -> list[bytes]:
+def encode_content(channel: int, header_payload: bytes, body: bytes, frame_max: int
+                   ) -> list[bytes | memoryview]:
     """The content header frame (its payload as received, properties untouched) and the body frames,
-    each body frame at most ``frame_max`` bytes in all (0 = no limit)."""
+    each body frame at most ``frame_max`` bytes in all (0 = no limit). A body larger than one frame is
+    cut into views of it, not copies (the writer joins them once)."""
     head = _FRAME_HEAD.pack
-    out = [head(FRAME_HEADER, channel, len(header_payload)), header_payload, b"\xce"]
+    out: list[bytes | memoryview] = [head(FRAME_HEADER, channel, len(header_payload)), header_payload, b"\xce"]
     size = len(body)
     if not size:
         return out

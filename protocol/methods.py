@@ -33,7 +33,7 @@ def method_index(payload: bytes) -> int:
 def decode_method(payload: bytes) -> base.Frame:
     """A method frame's payload → the pamqp method object."""
     index = method_index(payload)
-    cls = commands.INDEX_MAPPING.get(index)
+    cls: type[base.Frame] | None = commands.INDEX_MAPPING.get(index)
     if cls is None:
         raise UnknownMethod(f"unknown method class {index >> 16} method {index & 0xFFFF}", 503)
     try:
@@ -82,6 +82,7 @@ def _unmarshal(cls: type[base.Frame], data: bytes, pos: int) -> base.Frame:
         end = pos + length
         if end > size:
             raise FrameError(f"cut inside its {name} field")
+        value: object
         if kind == "table":
             # Checked and decoded in one linear pass (pamqp's table decoder is quadratic in the entries).
             value = decode_field_table(data, pos, end, strict_keys=True)

@@ -2,16 +2,25 @@
 
 Modelled on RabbitMQ's ``rabbit_backing_queue`` behaviour. A queue's messages are identified by ``seq_id``,
 an integer the backing queue assigns in publish order; a message is *ready* (waiting in the queue) or
-*pending ack* (fetched, not yet acked). Every implementation runs the conformance suite in
-``tests/unit/storage/test_backing_queue_conformance.py``.
+*pending ack* (fetched, not yet acked). Every implementation, the priority queue included, runs the
+conformance suite in ``tests/unit/storage/test_backing_queue_conformance.py``.
+
+The Protocol below is exactly what the broker calls (its queue process, the memory budget and the queue
+registry): no caller probes for optional members, so every implementation has them all, as no-ops where
+they mean nothing (a store that cannot page ignores its RAM budget). A new store (a PostgreSQL one, say)
+is one new module implementing this Protocol, one line where the node chooses the store that opens its
+queues, and one variant in the conformance suite's ``VARIANTS``. Which implementation a queue gets (a
+plain store, or a :class:`~storage.priority_queue.PriorityBackingQueue` of them) is decided in one place,
+``broker/queue_types.py``'s ``new_backing_queue``.
 
 Messages are opaque: the owner passes the message (bytes, or any object when the implementation was
 given an encode/decode pair), its ``size`` (body bytes, for ``ready_bytes`` and the decision to embed
 it in the index), whether it is ``persistent`` (delivery_mode 2; it is kept across restarts only if the
 queue is durable too), an optional ``expiry`` (absolute, in the owner's clock units, e.g. ms; stored,
-never interpreted), an optional ``confirm`` id (opaque) and an optional ``msg_id`` (an int from
-``storage.msg_store.new_msg_id``, the same for every queue one message is routed to, so the message
-store keeps one copy).
+never interpreted: the owner's TTL deadline), an optional ``confirm`` id (opaque) and an optional
+``msg_id`` (an int from :func:`new_msg_id`, assigned once on the message by the broker and so the same for
+every queue one message is routed to, which lets a shared store keep one copy; None lets a store number
+its own copy when it needs to).
 
 Contracts:
 - ``publish`` appends a ready message and returns its seq_id, larger than every seq_id given before.
@@ -42,11 +51,18 @@ Contracts:
   the two.
 - TTL works at the head only: ``head_expiry`` is the head's stored expiry; ``dropwhile(pred)`` drops
   head messages while ``pred(expiry)`` is true and returns ``(dropped, new head's expiry)``;
-  ``fetchwhile(pred)`` instead fetches them with ack required (for dead-lettering). ``peek`` returns
-  the head message without taking it.
+  ``fetchwhile(pred)`` instead fetches them with ack required (for dead-lettering). None of the three
+  reads a paged-out message from disk except ``fetchwhile`` for the messages it takes. ``peek`` returns
+  the head message without taking it (it may read it from disk: the owner uses it only on a slow path).
+- Availability: ``fetch`` may answer None while ``len()`` is not 0 when the implementation is still
+  bringing messages in (an asynchronous store); it then calls ``on_available()`` (an attribute the owner
+  sets, like ``on_confirm``) on the event loop thread once they can be fetched, and the owner runs its
+  deliveries again. A synchronous store never answers None while it holds ready messages, and never
+  calls ``on_available``.
 - Memory: ``set_ram_budget(bytes | None)`` bounds the RAM the queue's ready messages use (None: no
   bound), paging to disk where the implementation can; ``needs_timeout()`` is True while that work is
-  unfinished, and the owner then calls ``timeout()`` soon (each call does a bounded step).
+  unfinished, and the owner then calls ``timeout()`` soon (each call does a bounded step). ``ram_bytes()``
+  estimates the RAM the ready messages hold (contents and bookkeeping), for sharing a budget out.
 - ``delete_and_terminate`` drops everything, ready and pending ack, releases any storage and returns how
   many messages it dropped. ``close`` is a clean shutdown: a durable queue's persistent messages (ready
   and pending ack) come back on the next start, the pending ones as ready and delivered.
@@ -54,8 +70,20 @@ Contracts:
 
 from __future__ import annotations
 
+import itertools
+import os
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, Protocol
+
+_id_base = int.from_bytes(os.urandom(8), "little") << 64
+_id_counter = itertools.count(1)
+
+
+def new_msg_id() -> int:
+    """A node-unique message id: a random per-process prefix (so ids never repeat across restarts) and a
+    counter. The broker gives one to a message once, before routing it to its queues, so every queue (and
+    every store) sees the same id and a shared store keeps one copy."""
+    return _id_base | next(_id_counter)
 
 
 class Figures(NamedTuple):
@@ -78,6 +106,7 @@ class Figures(NamedTuple):
 
 class BackingQueue(Protocol):
     on_confirm: Callable[[], None] | None
+    on_available: Callable[[], None] | None
 
     def publish(self, msg: Any, size: int, persistent: bool, expiry: int | None = None,
                 confirm: Any = None, msg_id: int | None = None) -> int: ...
@@ -120,6 +149,8 @@ class BackingQueue(Protocol):
     def needs_timeout(self) -> bool: ...
 
     def timeout(self) -> None: ...
+
+    def ram_bytes(self) -> int: ...
 
     def delete_and_terminate(self) -> int: ...
 

@@ -45,6 +45,7 @@ class MemoryBackingQueue:
         self._pending_bytes = 0
         self._confirmed: list[Any] = []
         self.on_confirm: Callable[[], None] | None = None  # never called: nothing is confirmed late
+        self.on_available: Callable[[], None] | None = None  # never called: every ready message is at hand
 
     def publish(self, msg: Any, size: int, persistent: bool, expiry: int | None = None,
                 confirm: Any = None, msg_id: int | None = None) -> int:
@@ -113,12 +114,14 @@ class MemoryBackingQueue:
             n += 1
 
     def fetchwhile(self, pred: Callable[[int | None], bool]) -> list[tuple[int, Any, bool]]:
-        out = []
+        out: list[tuple[int, Any, bool]] = []
         while True:
             status = self._head()
             if status is None or not pred(status.expiry):
                 return out
-            out.append(self.fetch(True))  # type: ignore[arg-type]
+            fetched = self.fetch(True)
+            assert fetched is not None  # the head exists
+            out.append(fetched)
 
     def ack(self, seq_ids: Iterable[int]) -> list[Any]:
         pending = self._pending
@@ -179,6 +182,10 @@ class MemoryBackingQueue:
 
     def timeout(self) -> None:
         pass
+
+    def ram_bytes(self) -> int:
+        """Everything is in RAM: the ready messages' bytes (what a budget could ask it to give up)."""
+        return self._ready_bytes
 
     def delete_and_terminate(self) -> int:
         n = self.purge() + len(self._pending)

@@ -1,8 +1,13 @@
-"""Durable definitions (vhosts, users, permissions, exchanges, queues, bindings, policies) in SQLite.
+"""The node's one metadata store: every durable definition (vhosts, users, permissions, topic
+permissions, policies, operator policies, runtime and global parameters, exchanges, queues, bindings)
+in SQLite, as RabbitMQ keeps all of them in one Mnesia/Khepri database.
 
-One table of ``(kind, key) -> value``: the broker decides what a kind and a key are (for example kind
-``"queue"``, key ``("/", "orders")``; a tuple key is joined with U+001F) and values are anything msgpack
-encodes. SQLite gives atomic, crash-safe updates for free, which files of our own would have to earn.
+Schema: one table, ``defs (kind TEXT, key TEXT, value BLOB, PRIMARY KEY (kind, key))``. The broker
+decides what a kind and a key are (broker/persistence.py lists them: for example kind ``"queue"``, key
+``("/", "orders")``; a tuple key is joined with U+001F and comes back as a tuple) and a value is a
+plain dict (or any value) msgpack encodes. Keys of per-vhost kinds start with the vhost, so a vhost's
+rows go with one :meth:`delete_prefix` each. SQLite gives atomic, crash-safe updates for free, which
+files of our own would have to earn.
 
 Durability: WAL journal with ``synchronous=FULL``, so every committed change is fsynced before the call
 returns. In WAL mode ``NORMAL`` survives a process crash but may lose the last commits on a power cut;
@@ -11,7 +16,14 @@ commit is cheap enough. Batch many changes (a definitions import, a vhost's dele
 :meth:`transaction` to pay it once.
 
 Calls block the caller for the commit's fsync (about a millisecond); the broker calls this from the
-event loop only for rare administrative changes, never per message.
+event loop only for rare administrative changes, never per message. Long batches (a definitions import
+of thousands of objects) are recorded with :meth:`deferred` while they are applied in memory and
+written by :meth:`apply` in one transaction from a worker thread; a lock keeps the event loop's own
+writes out of that transaction. ``commits`` counts the commits (each one fsync), for tests.
+
+A write that fails (a full disk, a read-only file) raises :class:`MetadataWriteError` and leaves the
+store as it was (the statement or the whole transaction is rolled back): the caller changes nothing in
+memory, so that memory never holds what a restart would not bring back.
 
 A file that is not a SQLite database, or whose pages are damaged, raises :class:`MetadataStoreError` (one
 line naming the file) rather than sqlite3's exception: the node must stop with a message the operator can
@@ -21,7 +33,8 @@ act on, before anything is recovered from the message files this store describes
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -29,9 +42,18 @@ import msgpack
 
 SEP = "\x1f"
 
+# A recorded write (see MetadataStore.deferred): ("put", kind, key, value), ("delete", kind, key, None)
+# or ("delete_prefix", kind, prefix, None).
+Op = tuple[str, str, "str | tuple[str, ...]", Any]
+
 
 class MetadataStoreError(Exception):
     """The metadata file cannot be used: not a SQLite database, or corrupt. The text names the file."""
+
+
+class MetadataWriteError(Exception):
+    """A change could not be written (disk full, read-only, I/O error); the store is unchanged. The text
+    names the file and SQLite's reason."""
 
 
 def _key(key: str | tuple[str, ...]) -> str:
@@ -66,6 +88,10 @@ class MetadataStore:
             self._db.close()
             raise self._error(exc) from None
         self._depth = 0
+        self.commits = 0  # commits made (each one fsync), for tests and the curious
+        self._lock = threading.RLock()
+        self._recording: list[Op] | None = None
+        self._pending: list[list[Op]] = []
 
     def _error(self, exc: Exception) -> MetadataStoreError:
         return MetadataStoreError(f"{self.path} is not a readable metadata database ({exc})")
@@ -80,10 +106,50 @@ class MetadataStore:
         if rows != ["ok"]:
             raise MetadataStoreError(f"{self.path} is corrupt (sqlite quick_check: {'; '.join(rows[:3])})")
 
+    # -- writing -------------------------------------------------------------------------------------------
     def put(self, kind: str, key: str | tuple[str, ...], value: Any) -> None:
-        self._db.execute("INSERT OR REPLACE INTO defs (kind, key, value) VALUES (?, ?, ?)",
-                         (kind, _key(key), msgpack.packb(value, use_bin_type=True)))
+        self._write(("put", kind, key, value))
 
+    def delete(self, kind: str, key: str | tuple[str, ...]) -> bool:
+        """Whether a row was deleted (always True while recording: the write happens later)."""
+        return self._write(("delete", kind, key, None)) > 0
+
+    def delete_prefix(self, kind: str, prefix: tuple[str, ...]) -> int:
+        """Delete every key of ``kind`` starting with the parts ``prefix`` (e.g. all of one vhost)."""
+        return self._write(("delete_prefix", kind, prefix, None))
+
+    def _write(self, op: Op) -> int:
+        if self._recording is not None:
+            self._recording.append(op)
+            return 1
+        with self._lock:
+            try:
+                n = self._execute(op)
+            except sqlite3.Error as exc:
+                raise self._write_error(exc) from None
+            if self._depth == 0:
+                self.commits += 1
+            # A batch recorded earlier and not applied yet replays its writes later: the writes made since
+            # are replayed after them, so that the last write of a key still wins.
+            for pending in self._pending:
+                pending.append(op)
+        return n
+
+    def _execute(self, op: Op) -> int:
+        action, kind, key, value = op
+        if action == "put":
+            return self._db.execute("INSERT OR REPLACE INTO defs (kind, key, value) VALUES (?, ?, ?)",
+                                    (kind, _key(key), msgpack.packb(value, use_bin_type=True))).rowcount
+        if action == "delete":
+            return self._db.execute("DELETE FROM defs WHERE kind = ? AND key = ?", (kind, _key(key))).rowcount
+        start = SEP.join(key) + SEP
+        return self._db.execute("DELETE FROM defs WHERE kind = ? AND key >= ? AND key < ?",
+                                (kind, start, start + "\U0010ffff")).rowcount
+
+    def _write_error(self, exc: Exception) -> MetadataWriteError:
+        return MetadataWriteError(f"cannot write to {self.path}: {exc}")
+
+    # -- reading -------------------------------------------------------------------------------------------
     def get(self, kind: str, key: str | tuple[str, ...]) -> Any | None:
         try:
             row = self._db.execute("SELECT value FROM defs WHERE kind = ? AND key = ?",
@@ -91,15 +157,6 @@ class MetadataStore:
             return None if row is None else msgpack.unpackb(row[0], raw=False, strict_map_key=False)
         except (sqlite3.DatabaseError, ValueError, msgpack.UnpackException) as exc:
             raise self._error(exc) from None
-
-    def delete(self, kind: str, key: str | tuple[str, ...]) -> bool:
-        return self._db.execute("DELETE FROM defs WHERE kind = ? AND key = ?", (kind, _key(key))).rowcount > 0
-
-    def delete_prefix(self, kind: str, prefix: tuple[str, ...]) -> int:
-        """Delete every key of ``kind`` starting with the parts ``prefix`` (e.g. all of one vhost)."""
-        start = SEP.join(prefix) + SEP
-        return self._db.execute("DELETE FROM defs WHERE kind = ? AND key >= ? AND key < ?",
-                                (kind, start, start + "\U0010ffff")).rowcount
 
     def items(self, kind: str) -> list[tuple[str | tuple[str, ...], Any]]:
         """Every ``(key, value)`` of ``kind``, by key; tuple keys come back as tuples. Recovery reads
@@ -114,26 +171,91 @@ class MetadataStore:
     def kinds(self) -> list[str]:
         return [r[0] for r in self._db.execute("SELECT DISTINCT kind FROM defs ORDER BY kind")]
 
+    # -- transactions ----------------------------------------------------------------------------------------
     @contextmanager
     def transaction(self, *, keep_on_error: bool = False) -> Iterator[None]:
-        """Group changes into one atomic commit (one fsync). Nests: only the outermost commits.
+        """Group changes into one atomic commit (one fsync). Nests: only the outermost commits. A commit
+        that fails rolls everything back and raises :class:`MetadataWriteError`.
 
         ``keep_on_error``: an exception still commits what was written before it, for callers (a
         definitions import) whose in-memory state already holds those changes, so that the store never
         falls behind what clients were told exists."""
-        if self._depth == 0:
-            self._db.execute("BEGIN IMMEDIATE")
-        self._depth += 1
-        try:
+        if self._recording is not None:  # recording a batch: it is applied in one transaction later
             yield
-        except BaseException:
+            return
+        self._lock.acquire()
+        try:
+            if self._depth == 0:
+                try:
+                    self._db.execute("BEGIN IMMEDIATE")
+                except sqlite3.Error as exc:
+                    raise self._write_error(exc) from None
+            self._depth += 1
+            try:
+                yield
+            except BaseException:
+                self._depth -= 1
+                if self._depth == 0:
+                    if keep_on_error:
+                        self._commit()
+                    else:
+                        self._rollback()
+                raise
             self._depth -= 1
             if self._depth == 0:
-                self._db.execute("COMMIT" if keep_on_error else "ROLLBACK")
-            raise
-        self._depth -= 1
-        if self._depth == 0:
+                self._commit()
+        finally:
+            self._lock.release()
+
+    def _commit(self) -> None:
+        try:
             self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._rollback()
+            raise self._write_error(exc) from None
+        self.commits += 1
+
+    def _rollback(self) -> None:
+        if self._db.in_transaction:  # SQLite ends the transaction itself on some errors (SQLITE_FULL)
+            self._db.execute("ROLLBACK")
+
+    # -- batches written later, in one transaction (definitions imports) ---------------------------------------
+    def open_batch(self) -> list[Op]:
+        """A batch to record writes into (:meth:`recording`), written by :meth:`apply` or dropped by
+        :meth:`discard`. Until then, every write made directly is also appended to it (see ``_write``)."""
+        ops: list[Op] = []
+        with self._lock:
+            self._pending.append(ops)
+        return ops
+
+    @contextmanager
+    def recording(self, ops: list[Op]) -> Iterator[None]:
+        """While inside, writes are appended to ``ops`` instead of being made (the caller applies them
+        later with :meth:`apply`). Only for code that does not wait in between (one slice of an import)."""
+        previous, self._recording = self._recording, ops
+        try:
+            yield
+        finally:
+            self._recording = previous
+
+    def apply(self, ops: Sequence[Op]) -> None:
+        """Write a recorded batch in one transaction (one fsync). Safe to call from a worker thread: the
+        lock keeps other writes out until it is committed. Raises MetadataWriteError, writing nothing."""
+        with self._lock:
+            self.discard(ops)
+            batch = list(ops)
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                for op in batch:
+                    self._execute(op)
+            except sqlite3.Error as exc:
+                self._rollback()
+                raise self._write_error(exc) from None
+            self._commit()
+
+    def discard(self, ops: Sequence[Op]) -> None:
+        with self._lock:
+            self._pending = [p for p in self._pending if p is not ops]
 
     def close(self) -> None:
         self._db.close()

@@ -1,9 +1,9 @@
 """The shared message store (RabbitMQ's ``rabbit_msg_store``): one persistent and one transient per node.
 
 Messages too big to embed in a queue index live here, once each however many queues hold them: a
-message is keyed by its ``msg_id`` (an int from :func:`new_msg_id`, the same for every queue a message
-is routed to) and carries a reference count; :meth:`MsgStore.write` stores it, :meth:`incref` adds a
-reference to a stored one, :meth:`remove` drops one. At zero the record is dead.
+message is keyed by its ``msg_id`` (an int from :func:`storage.backing_queue.new_msg_id`, the same for every
+queue a message is routed to) and carries a reference count; :meth:`MsgStore.write` stores it,
+:meth:`incref` adds a reference to a stored one, :meth:`remove` drops one. At zero the record is dead.
 
 On disk: ``<dir>/<n:08d>.msgs`` segment files of records (see :mod:`storage.segment`) whose payload is
 the 16-byte little-endian msg id followed by the message bytes. Files fill to ``file_size_limit``; a file
@@ -27,7 +27,6 @@ above one live in a second, usually tiny, dict.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 import queue
@@ -59,18 +58,10 @@ M64 = (1 << 64) - 1
 SUFFIX = ".msgs"
 SNAPSHOT = "clean.snapshot"
 
-_id_base = int.from_bytes(os.urandom(8), "little") << 64
-_id_counter = itertools.count(1)
 
 
 # The current file is replaced by a fresh one when all its records are dead and it is at least this big.
 ROLL_DEAD_CURRENT_ABOVE = 1 << 20
-
-
-def new_msg_id() -> int:
-    """A node-unique message id: a random per-process prefix (so ids never repeat across restarts) and a
-    counter. Give the same id to every queue a message is routed to so the store keeps one copy."""
-    return _id_base | next(_id_counter)
 
 
 def _loc(file: int, off: int, n: int) -> int:

@@ -2,7 +2,9 @@
 
 Layout under ``data_dir``::
 
-    metadata.sqlite         durable definitions (MetadataStore)
+    metadata.sqlite         every durable definition of the node (MetadataStore): users, vhosts,
+                            permissions, policies, parameters, exchanges, queues, bindings
+    metadata.json.migrated  an older node's users/vhosts file, kept as a backup after its migration
     msg_store_persistent/   the persistent MsgStore
     msg_store_transient/    the transient MsgStore (emptied at every start)
     queues/<id>/            one QueueIndex per durable queue (<id> from queue_dir_name)
@@ -108,7 +110,8 @@ def check_metadata_file(data_dir: str) -> MetadataFileState:
 
 # Entries only a node's data directory has: --force-reset wipes a directory that holds one of them (or
 # nothing), never one that holds none, such as a home directory given as --data-dir by mistake.
-NODE_ENTRIES = (METADATA_FILE, "metadata.json", "msg_store_persistent", "msg_store_transient", "queues")
+NODE_ENTRIES = (METADATA_FILE, "metadata.json", "metadata.json.migrated", "msg_store_persistent",
+                "msg_store_transient", "queues")
 
 
 def reset_data_dir(data_dir: str, keep: Collection[str] = ()) -> list[str]:

@@ -4,6 +4,11 @@
 itself; the seq_id this queue hands out packs the sub-queue's seq_id and the priority,
 ``sub_seq_id << 8 | priority``, so acks and requeues find their sub-queue without a lookup table and
 seq_ids still grow with publish order within a priority.
+
+The head of the queue (for TTL: ``head_expiry``, ``dropwhile``, ``fetchwhile``, ``peek``) is the head of
+the highest priority that has a ready message, the one ``fetch`` would take. The sub-queues' ``on_confirm``
+and ``on_available`` are forwarded to this queue's own, which its owner sets like any backing queue's.
+Every member of the BackingQueue Protocol is here, so it runs the conformance suite like the others.
 """
 
 from __future__ import annotations
@@ -25,19 +30,42 @@ class PriorityBackingQueue:
         self.max_priority = max_priority
         self._priority_of = priority_of
         self._queues = [make_queue(p) for p in range(max_priority + 1)]
+        self.on_confirm: Callable[[], None] | None = None
+        self.on_available: Callable[[], None] | None = None
+        for q in self._queues:
+            q.on_confirm = self._sub_confirmed
+            q.on_available = self._sub_available
+
+    def _sub_confirmed(self) -> None:
+        if self.on_confirm is not None:
+            self.on_confirm()
+
+    def _sub_available(self) -> None:
+        if self.on_available is not None:
+            self.on_available()
 
     def _sub(self, msg: Any) -> tuple[int, BackingQueue]:
         p = self._priority_of(msg)
         p = 0 if p < 0 else min(p, self.max_priority)
         return p, self._queues[p]
 
-    def publish(self, msg: Any, size: int, persistent: bool, **kw: Any) -> int:
-        p, q = self._sub(msg)
-        return (q.publish(msg, size, persistent, **kw) << _SHIFT) | p
+    def _head_queue(self) -> tuple[int, BackingQueue] | None:
+        """The highest priority with a ready message, and its sub-queue."""
+        for p in range(self.max_priority, -1, -1):
+            q = self._queues[p]
+            if not q.is_empty():
+                return p, q
+        return None
 
-    def publish_delivered(self, msg: Any, size: int, persistent: bool, **kw: Any) -> int:
+    def publish(self, msg: Any, size: int, persistent: bool, expiry: int | None = None,
+                confirm: Any = None, msg_id: int | None = None) -> int:
         p, q = self._sub(msg)
-        return (q.publish_delivered(msg, size, persistent, **kw) << _SHIFT) | p
+        return (q.publish(msg, size, persistent, expiry, confirm, msg_id) << _SHIFT) | p
+
+    def publish_delivered(self, msg: Any, size: int, persistent: bool, expiry: int | None = None,
+                          confirm: Any = None, msg_id: int | None = None) -> int:
+        p, q = self._sub(msg)
+        return (q.publish_delivered(msg, size, persistent, expiry, confirm, msg_id) << _SHIFT) | p
 
     def fetch(self, ack_required: bool) -> tuple[int, Any, bool] | None:
         for p in range(self.max_priority, -1, -1):
@@ -49,13 +77,40 @@ class PriorityBackingQueue:
                     return (seq_id << _SHIFT) | p, msg, delivered
         return None
 
+    # -- the head: TTL -------------------------------------------------------------------------------------
     def peek(self) -> Any | None:
-        for p in range(self.max_priority, -1, -1):
-            q = self._queues[p]
-            if not q.is_empty():
-                return q.peek()  # type: ignore[attr-defined]
-        return None
+        head = self._head_queue()
+        return None if head is None else head[1].peek()
 
+    def head_expiry(self) -> int | None:
+        head = self._head_queue()
+        return None if head is None else head[1].head_expiry()
+
+    def dropwhile(self, pred: Callable[[int | None], bool]) -> tuple[int, int | None]:
+        """Drop from the head while ``pred`` holds, going down the priorities as each one empties."""
+        dropped = 0
+        while True:
+            head = self._head_queue()
+            if head is None:
+                return dropped, None
+            q = head[1]
+            n, expiry = q.dropwhile(pred)
+            dropped += n
+            if not q.is_empty():
+                return dropped, expiry
+
+    def fetchwhile(self, pred: Callable[[int | None], bool]) -> list[tuple[int, Any, bool]]:
+        out: list[tuple[int, Any, bool]] = []
+        while True:
+            head = self._head_queue()
+            if head is None:
+                return out
+            p, q = head
+            out.extend(((seq_id << _SHIFT) | p, msg, delivered) for seq_id, msg, delivered in q.fetchwhile(pred))
+            if not q.is_empty():
+                return out
+
+    # -- acks ---------------------------------------------------------------------------------------------
     def _split(self, seq_ids: Iterable[int]) -> dict[int, list[int]]:
         by_priority: dict[int, list[int]] = {}
         for seq_id in seq_ids:
@@ -74,6 +129,7 @@ class PriorityBackingQueue:
             if p < len(self._queues):
                 self._queues[p].requeue(ids)
 
+    # -- queue-wide -----------------------------------------------------------------------------------------
     def purge(self) -> int:
         return sum(q.purge() for q in self._queues)
 
@@ -116,21 +172,23 @@ class PriorityBackingQueue:
     def delete_and_terminate(self) -> int:
         return sum(q.delete_and_terminate() for q in self._queues)
 
-    # Memory budget: shared out evenly between the sub-queues that hold messages.
+    def close(self) -> None:
+        for q in self._queues:
+            q.close()
+
+    # -- memory: the budget is shared out evenly between the sub-queues that hold messages ---------------
     def set_ram_budget(self, max_bytes: int | None) -> None:
         busy = [q for q in self._queues if not q.is_empty()] or self._queues
         for q in self._queues:
-            setter = getattr(q, "set_ram_budget", None)
-            if setter is not None:
-                setter(None if max_bytes is None else (max_bytes // len(busy) if q in busy else 0))
+            q.set_ram_budget(None if max_bytes is None else (max_bytes // len(busy) if q in busy else 0))
 
     def needs_timeout(self) -> bool:
-        return any(getattr(q, "needs_timeout", lambda: False)() for q in self._queues)
+        return any(q.needs_timeout() for q in self._queues)
 
     def timeout(self) -> None:
         for q in self._queues:
-            if getattr(q, "needs_timeout", lambda: False)():
-                q.timeout()  # type: ignore[attr-defined]
+            if q.needs_timeout():
+                q.timeout()
 
     def ram_bytes(self) -> int:
-        return sum(getattr(q, "ram_bytes", lambda: 0)() for q in self._queues)
+        return sum(q.ram_bytes() for q in self._queues)

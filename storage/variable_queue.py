@@ -35,9 +35,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from storage.backing_queue import Figures
+from storage.backing_queue import Figures, new_msg_id
 from storage.msg_status import INDEX, STORE, Delta, MsgStatus
-from storage.msg_store import MsgStore, new_msg_id
+from storage.msg_store import MsgStore
 from storage.queue_index import SEGMENT_ENTRIES, IndexEntry, QueueIndex, next_segment_boundary, segment_of
 from storage.syncer import Syncer
 
@@ -89,6 +89,7 @@ class VariableQueue:
         self._decode = decode or _identity
         self._embed_below = embed_below
         self.on_confirm = on_confirm
+        self.on_available: Callable[[], None] | None = None  # never called: a fetch loads what it needs at once
         self._index = QueueIndex(directory, syncer, durable)
         self.q1: deque[MsgStatus] = deque()
         self.q2: deque[MsgStatus] = deque()
@@ -237,7 +238,8 @@ class VariableQueue:
                 st = MsgStatus(e.seq_id, e.msg_id, None, e.persistent, e.delivered or e.seq_id < self._dirty_floor,
                                e.body_pos < 0, True, STORE if e.body_pos < 0 else INDEX, e.size, e.expiry,
                                e.body_pos)
-                if st.msg_in_store and not (self._pstore if e.persistent else self._tstore).contains(e.msg_id):
+                if st.msg_in_store and (e.msg_id is None or
+                                        not (self._pstore if e.persistent else self._tstore).contains(e.msg_id)):
                     log.error("storage: message %d of %s lost from the store; dropped", e.seq_id,
                               self._index.directory)
                     self._drop_lost(st)
@@ -321,7 +323,7 @@ class VariableQueue:
 
     def fetchwhile(self, pred: Callable[[int | None], bool]) -> list[tuple[int, Any, bool]]:
         """Fetch (ack required) head messages while ``pred(expiry)`` holds: for dead-lettering them."""
-        out = []
+        out: list[tuple[int, Any, bool]] = []
         while True:
             st = self._head()
             if st is None or not pred(st.expiry):

@@ -91,8 +91,8 @@ async def error_middleware(request: web.Request,
         if exc.status == 404 and exc.content_type != "application/json":
             raise web.HTTPNotFound(text='{"error":"Object Not Found","reason":"Not Found"}',
                                    content_type="application/json") from None
-        if exc.status == 405 and exc.content_type != "application/json":
-            raise web.HTTPMethodNotAllowed(request.method, getattr(exc, "allowed_methods", ()),
+        if isinstance(exc, web.HTTPMethodNotAllowed) and exc.content_type != "application/json":
+            raise web.HTTPMethodNotAllowed(request.method, exc.allowed_methods,
                                            text='{"error":"Method Not Allowed","reason":"Method Not Allowed"}',
                                            content_type="application/json") from None
         raise

@@ -4,12 +4,12 @@ binding's ``properties_key`` in ``Location``), get and delete one by its propert
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from broker import permissions, topic_permissions
-from broker.exchange import QUEUE
+from broker.exchange import QUEUE, Binding
 from broker.management.common import (
     bad_request,
     body_of,
@@ -56,7 +56,7 @@ def _endpoints(request: web.Request, vh: VHost) -> tuple[str, str, str]:
     return source, destination, kind
 
 
-def _between(vh: VHost, source: str, destination: str, kind: str) -> list[Any]:
+def _between(vh: VHost, source: str, destination: str, kind: str) -> list[Binding]:
     ex = lookup_exchange(vh, source)
     if ex is None:
         return []
@@ -92,7 +92,7 @@ async def create_binding(request: web.Request) -> web.Response:
     return web.Response(status=201, headers={"Location": key})
 
 
-def _find(request: web.Request, vh: VHost) -> Any:
+def _find(request: web.Request, vh: VHost) -> Binding:
     source, destination, kind = _endpoints(request, vh)
     props = request.match_info["props"]
     for b in _between(vh, source, destination, kind):

@@ -17,6 +17,7 @@ from pamqp import commands as spec
 from broker import permissions
 from broker.errors import AMQPError
 from broker.exchange import EXCHANGE
+from broker.exchange_types import EXCHANGE_TYPES
 from broker.management.common import (
     as_bool,
     bad_request,
@@ -114,7 +115,7 @@ async def put_exchange(request: web.Request) -> web.Response:
     body = await body_of(request)
     type_name = body.get("type")
     if not isinstance(type_name, str) or not type_name:
-        raise bad_request("type is required (direct, fanout, topic or headers)")
+        raise bad_request(f"type is required (one of {', '.join(sorted(EXCHANGE_TYPES))})")
     arguments = body.get("arguments") or {}
     if not isinstance(arguments, dict):
         raise bad_request("arguments must be an object")

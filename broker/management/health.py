@@ -97,8 +97,7 @@ async def set_resource_limits(request: web.Request) -> web.Response:
         return respond({"error": "bad_request", "reason": "limits must be non-negative integers (bytes)"},
                        status=400)
     node.set_resource_limits(disk_free_limit=disk, memory_limit=memory)
-    return respond({"disk_free_limit": node.resource_monitor.disk_free_limit,
-                    "vm_memory_high_watermark": node.resource_monitor.memory_limit})
+    return respond({"disk_free_limit": node.disk_free_limit, "vm_memory_high_watermark": node.memory_limit})
 
 
 def add_routes(router: web.UrlDispatcher) -> None:

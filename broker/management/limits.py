@@ -3,8 +3,8 @@ rabbit_mgmt_wm_user_limit(s)): list, set one limit (``PUT .../{name}`` with ``{"
 (``DELETE .../{name}``, 204; for a user ``all`` clears every limit). Setting and clearing need the
 administrator tag; the lists are shown to every API user (vhost limits only for the vhosts it may see).
 
-The limits are validated and enforced by broker/limits.py; a change is written to the node's metadata file
-at once, and takes effect for the next connection, channel or queue (open ones are not closed, as in
+The limits are validated and enforced by broker/limits.py; a change is written to the node's metadata store
+at once (a write that fails is a 500 and changes nothing), and takes effect for the next connection, channel or queue (open ones are not closed, as in
 RabbitMQ)."""
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ async def put_vhost_limit(request: web.Request) -> web.Response:
         limits.set_vhost_limits(vh, limits.validate_vhost_limits(merged))
     except limits.LimitError as exc:
         raise bad_request(f"Validation failed\n\n{exc}\n") from None  # a runtime parameter's error
-    node_of(request).metadata_changed()
     return web.Response(status=204)
 
 
@@ -61,7 +60,6 @@ async def delete_vhost_limit(request: web.Request) -> web.Response:
     vh = vhost_for(request)
     remaining = {k: v for k, v in limits.vhost_limits(vh).items() if k != request.match_info["name"]}
     limits.set_vhost_limits(vh, remaining)
-    node_of(request).metadata_changed()
     return web.Response(status=204)
 
 
@@ -85,10 +83,10 @@ async def put_user_limit(request: web.Request) -> web.Response:
     user = _user(request)
     value = await _value(request)
     try:
-        user.limits.update(limits.validate_user_limits({request.match_info["name"]: value}))
+        new = limits.validate_user_limits({request.match_info["name"]: value})
     except limits.LimitError as exc:
         raise bad_request(str(exc)) from None
-    node_of(request).metadata_changed()
+    node_of(request).set_user_limits(user.name, {**user.limits, **new})
     return web.Response(status=204)
 
 
@@ -96,11 +94,8 @@ async def delete_user_limit(request: web.Request) -> web.Response:
     require_admin(request)
     user = _user(request)
     name = request.match_info["name"]
-    if name == "all":
-        user.limits.clear()
-    else:
-        user.limits.pop(name, None)
-    node_of(request).metadata_changed()
+    remaining = {} if name == "all" else {k: v for k, v in user.limits.items() if k != name}
+    node_of(request).set_user_limits(user.name, remaining)
     return web.Response(status=204)
 
 

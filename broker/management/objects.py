@@ -21,8 +21,9 @@ from broker.exchange import EXCHANGE, QUEUE
 from broker.management.common import json_safe
 
 if TYPE_CHECKING:
+    from broker.auth import User
     from broker.channel import Channel
-    from broker.exchange import Exchange
+    from broker.exchange import Binding, Exchange
     from broker.node import Node
     from broker.queue_consumers import Consumer
     from broker.queue_process import QueueProcess
@@ -189,12 +190,12 @@ def exchange_info(node: Node, vh: VHost, ex: Exchange) -> dict[str, Any]:
     }
 
 
-def all_exchanges(vh: VHost) -> list[Any]:
+def all_exchanges(vh: VHost) -> list[Exchange]:
     """The default exchange first (as RabbitMQ lists it, name ""), then the others by name."""
     return [vh.default_exchange, *sorted(vh.exchanges.values(), key=lambda e: e.name)]
 
 
-def lookup_exchange(vh: VHost, path_name: str) -> Any | None:
+def lookup_exchange(vh: VHost, path_name: str) -> Exchange | None:
     if path_name in (DEFAULT_EXCHANGE_PATH, ""):
         return vh.default_exchange
     return vh.exchanges.get(path_name)
@@ -210,7 +211,7 @@ def properties_key(routing_key: str, arguments: dict[str, Any]) -> str:
     return f"{rk}~{base64.urlsafe_b64encode(digest[:12]).decode().rstrip('=')}"
 
 
-def binding_info(vh: VHost, b: Any) -> dict[str, Any]:
+def binding_info(vh: VHost, b: Binding) -> dict[str, Any]:
     return {
         "source": b.source,
         "vhost": vh.name,
@@ -363,11 +364,11 @@ def vhost_info(node: Node, vh: VHost) -> dict[str, Any]:
     }
 
 
-def user_info(user: Any) -> dict[str, Any]:
+def user_info(user: User) -> dict[str, Any]:
     return {"name": user.name, "password_hash": user.password_hash, "hashing_algorithm": user.hashing_algorithm,
             "tags": list(user.tags), "limits": dict(user.limits)}
 
 
-def permission_info(user: Any, vhost: str) -> dict[str, Any]:
+def permission_info(user: User, vhost: str) -> dict[str, Any]:
     p = user.permissions[vhost]
     return {"user": user.name, "vhost": vhost, **p.as_dict()}

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from broker import PRODUCT, VERSION
-from broker.exchange import EXCHANGE_TYPES
+from broker.exchange_types import EXCHANGE_TYPES
 from broker.management.common import (
     bad_request,
     body_of,
@@ -25,13 +25,12 @@ from broker.management.common import (
     visible_vhosts,
 )
 from broker.management.objects import (
-    EXCHANGE_TYPE_DESCRIPTIONS,
     global_message_counts,
     iter_channels,
     iter_consumers,
     with_details,
 )
-from broker.metrics import disk_free, open_fds, resident_memory
+from broker.os_probes import disk_free, open_fds, resident_memory
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -69,7 +68,7 @@ async def get_overview(request: web.Request) -> web.Response:
         "rates_mode": "basic",
         "sample_retention_policies": {"global": [600, 3600, 28800, 86400], "basic": [600, 3600],
                                       "detailed": [600]},
-        "exchange_types": [{"name": t, "description": EXCHANGE_TYPE_DESCRIPTIONS.get(t, ""), "enabled": True}
+        "exchange_types": [{"name": t, "description": EXCHANGE_TYPES[t].description, "enabled": True}
                            for t in sorted(EXCHANGE_TYPES)],
         "product_version": VERSION,
         "product_name": PRODUCT,

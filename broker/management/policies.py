@@ -102,7 +102,6 @@ async def put_policy(request: web.Request) -> web.Response:
         raise bad_request(str(exc)) from None
     existed = name in getattr(vh, _store(request))
     vh.set_policy(policy, operator)
-    node_of(request).metadata_changed()
     return web.Response(status=204 if existed else 201)
 
 
@@ -114,7 +113,6 @@ async def delete_policy(request: web.Request) -> web.Response:
     vh = vhost_for(request)
     if not vh.clear_policy(request.match_info["name"], _store(request) == "operator_policies"):
         raise not_found()
-    node_of(request).metadata_changed()
     return web.Response(status=204)
 
 
@@ -152,17 +150,15 @@ async def put_parameter(request: web.Request) -> web.Response:
     except parameters.ParameterError as exc:
         raise bad_request(str(exc)) from None
     existed = key in vh.parameters
-    vh.parameters[key] = value
-    node_of(request).metadata_changed()
+    vh.set_parameter(*key, value)
     return web.Response(status=204 if existed else 201)
 
 
 async def delete_parameter(request: web.Request) -> web.Response:
     require_tags(request, POLICY_TAGS, "policymaker")
     vh = vhost_for(request)
-    if vh.parameters.pop((request.match_info["component"], request.match_info["name"]), None) is None:
+    if not vh.clear_parameter(request.match_info["component"], request.match_info["name"]):
         raise not_found()
-    node_of(request).metadata_changed()
     return web.Response(status=204)
 
 
@@ -189,17 +185,15 @@ async def put_global_parameter(request: web.Request) -> web.Response:
         raise bad_request("value is required")
     name = request.match_info["name"]
     existed = name in node.global_parameters
-    node.global_parameters[name] = body["value"]
-    node.metadata_changed()
+    node.set_global_parameter(name, body["value"])
     return web.Response(status=204 if existed else 201)
 
 
 async def delete_global_parameter(request: web.Request) -> web.Response:
     require_admin(request)
     node = node_of(request)
-    if node.global_parameters.pop(request.match_info["name"], None) is None:
+    if not node.clear_global_parameter(request.match_info["name"]):
         raise not_found()
-    node.metadata_changed()
     return web.Response(status=204)
 
 

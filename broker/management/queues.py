@@ -36,11 +36,6 @@ if TYPE_CHECKING:
     from broker.vhost import VHost
 
 ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
-_PROPERTY_NAMES = (("content_type", "content_type"), ("content_encoding", "content_encoding"),
-                   ("headers", "headers"), ("delivery_mode", "delivery_mode"), ("priority", "priority"),
-                   ("correlation_id", "correlation_id"), ("reply_to", "reply_to"), ("expiration", "expiration"),
-                   ("message_id", "message_id"), ("timestamp", "timestamp"), ("message_type", "type"),
-                   ("user_id", "user_id"), ("app_id", "app_id"), ("cluster_id", "cluster_id"))
 
 
 def properties_json(header: bytes) -> dict[str, Any]:
@@ -55,12 +50,13 @@ def properties_json(header: bytes) -> dict[str, Any]:
             log.warning("message properties cannot be decoded; shown without them")
             return {}
         log.warning("message headers table cannot be decoded; shown without it")
-    out: dict[str, Any] = {}
-    for attr, name in _PROPERTY_NAMES:
-        value = getattr(props, attr, None)
-        if value is not None and not (name == "cluster_id" and value == ""):
-            out[name] = json_safe(value)
-    return out
+    shown = (("content_type", props.content_type), ("content_encoding", props.content_encoding),
+             ("headers", props.headers), ("delivery_mode", props.delivery_mode), ("priority", props.priority),
+             ("correlation_id", props.correlation_id), ("reply_to", props.reply_to),
+             ("expiration", props.expiration), ("message_id", props.message_id),
+             ("timestamp", props.timestamp), ("type", props.message_type), ("user_id", props.user_id),
+             ("app_id", props.app_id), ("cluster_id", None if props.cluster_id == "" else props.cluster_id))
+    return {name: json_safe(value) for name, value in shown if value is not None}
 
 
 async def list_queues(request: web.Request) -> web.Response:

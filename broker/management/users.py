@@ -69,17 +69,15 @@ async def put_user(request: web.Request) -> web.Response:
         password_hash, algorithm = existing.password_hash, existing.hashing_algorithm
     else:
         raise bad_request("Either password or password_hash must be set")
-    node.users.put(name, password_hash, tags, algorithm)
-    node.metadata_changed()
+    node.put_user(name, password_hash, tags, algorithm)
     return web.Response(status=204 if existing is not None else 201)
 
 
 async def delete_user(request: web.Request) -> web.Response:
     require_admin(request)
     node = node_of(request)
-    if not node.users.delete(request.match_info["user"]):
+    if not node.delete_users(request.match_info["user"]):
         raise not_found()
-    node.metadata_changed()
     return web.Response(status=204)
 
 
@@ -90,9 +88,7 @@ async def bulk_delete(request: web.Request) -> web.Response:
     names = body.get("users")
     if not isinstance(names, list):
         raise bad_request("users must be a list of names")
-    for name in names:
-        node.users.delete(str(name))
-    node.metadata_changed()
+    node.delete_users(*(str(name) for name in names))
     return web.Response(status=204)
 
 
@@ -138,10 +134,9 @@ async def put_permission(request: web.Request) -> web.Response:
         regexes.append(value)
     existed = vhost in user.permissions
     try:
-        node.users.set_permissions(user.name, vhost, *regexes)
+        node.set_permissions(user.name, vhost, *regexes)
     except re.error as exc:
         raise bad_request(f"invalid regular expression: {exc}") from None
-    node.metadata_changed()
     return web.Response(status=204 if existed else 201)
 
 
@@ -149,9 +144,8 @@ async def delete_permission(request: web.Request) -> web.Response:
     require_admin(request)
     node = node_of(request)
     vhost, user = _vhost_and_user(request)
-    if not node.users.clear_permissions(user.name, vhost):
+    if not node.clear_permissions(user.name, vhost):
         raise not_found()
-    node.metadata_changed()
     return web.Response(status=204)
 
 
@@ -193,9 +187,8 @@ async def put_topic_permission(request: web.Request) -> web.Response:
             re.compile(regex)
         except re.error as exc:
             raise bad_request(f"invalid regular expression: {exc}") from None
-    user.topic_permissions.setdefault(vhost, {})[exchange] = (write, read)
+    node.set_topic_permission(user.name, vhost, exchange, write, read)
     topic_permissions.permissions_changed(node.connections, user.name)
-    node.metadata_changed()
     return web.Response(status=201)
 
 
@@ -203,10 +196,9 @@ async def delete_topic_permission(request: web.Request) -> web.Response:
     require_admin(request)
     node = node_of(request)
     vhost, user = _vhost_and_user(request)
-    if user.topic_permissions.pop(vhost, None) is None:
+    if not node.clear_topic_permissions(user.name, vhost):
         raise not_found()
     topic_permissions.permissions_changed(node.connections, user.name)
-    node.metadata_changed()
     return web.Response(status=204)
 
 

@@ -46,7 +46,6 @@ async def put_vhost(request: web.Request) -> web.Response:
         raise bad_request(f"default_queue_type must be one of {', '.join(QUEUE_TYPES)}")
     existed = name in node.vhosts
     node.add_vhost(name, description, as_tags(body.get("tags")) if "tags" in body else None, dqt)
-    node.metadata_changed()
     return web.Response(status=204 if existed else 201)
 
 
@@ -55,7 +54,6 @@ async def delete_vhost(request: web.Request) -> web.Response:
     node = node_of(request)
     if not node.delete_vhost(request.match_info["vhost"]):
         raise not_found()
-    node.metadata_changed()
     return web.Response(status=204)
 
 

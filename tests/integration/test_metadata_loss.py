@@ -1,13 +1,14 @@
 """Metadata lost or corrupted at start (issue 9, "Durability defects").
 
-The metadata (``metadata.sqlite``: durable exchanges, queues, bindings; ``metadata.json``: users, vhosts,
-permissions) is what recovery trusts to say which queue files belong to a live queue; the files of every
+The metadata (``metadata.sqlite``: users, vhosts, permissions, policies, durable exchanges, queues, bindings;
+an older node also kept users, vhosts and permissions in ``metadata.json``, which the next start migrates
+into the store) is what recovery trusts to say which queue files belong to a live queue; the files of every
 queue it does not list are deleted as orphans. So a data directory holding message data without its
 metadata must not start: the broker exits non-zero with one line naming the file and what to do, and
 changes nothing, byte for byte. Putting the metadata back brings every message back, which proves that
 nothing was deleted. ``leveret serve --force-reset`` is the explicit way to start over, like
-``rabbitmqctl force_reset``. A metadata file that cannot be read (random bytes, damaged pages, JSON of the
-wrong shape) is one line as well, never a Python traceback.
+``rabbitmqctl force_reset``. A metadata file that cannot be read (random bytes, damaged pages, an older
+node's JSON of the wrong shape) is one line as well, never a Python traceback.
 
 Each test fills a durable queue through a Leveret of its own (``start_broker``), stops it (SIGTERM or
 ``kill -9``), damages a metadata file, and then runs ``python -m broker serve`` directly, since the start
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import pika
 import pytest
+from old_metadata import downgrade, old_document, rabbit_hash
 from pika.exceptions import ChannelClosedByBroker
 
 pytestmark = [pytest.mark.leveret_only, pytest.mark.timeout(240)]
@@ -240,14 +242,30 @@ def test_force_reset_wipes_the_node_and_starts_fresh(start_broker):
     assert not queue_exists(b2, QUEUE)
     indexes, segments = message_files(files_of(data))
     assert indexes == [] and sum((data / s).stat().st_size for s in segments) < BIG  # the old messages are gone
-    assert (data / "metadata.json").exists()  # a new node writes its metadata at once
+    assert not (data / "metadata.json").exists()  # a new node writes its metadata to the store, at once
+    db = sqlite3.connect(data / "metadata.sqlite")
+    assert db.execute("SELECT COUNT(*) FROM defs WHERE kind = 'user'").fetchone()[0] == 1
+    db.close()
     fill(b2, 5)  # the fresh node works, and its data survives a normal restart (no reset, no refusal)
     stop(b2, "sigterm")
     b3 = own_broker(start_broker, data_dir=data)
     assert drain(b3) == [body_of(i) for i in range(5)]
 
 
-# -- 2. metadata.json lost ----------------------------------------------------------------------------------------
+# -- 2. an older node's metadata.json lost (before its migration into the store) ----------------------------------
+
+
+def as_older_node(data_dir: Path, *, app_user: bool = False) -> None:
+    """The stopped node's directory as an older Leveret left it: users, vhosts and permissions in
+    metadata.json, the store recording that the file was written."""
+    users = [{"name": "guest", "password_hash": rabbit_hash("guest"), "tags": ["administrator"], "limits": {},
+              "hashing_algorithm": "rabbit_password_hashing_sha256"}]
+    permissions = [{"user": "guest", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"}]
+    if app_user:
+        users.append({"name": "app", "password_hash": rabbit_hash("app-pw"), "tags": [], "limits": {},
+                      "hashing_algorithm": "rabbit_password_hashing_sha256"})
+        permissions.append({"user": "app", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"})
+    downgrade(data_dir, old_document(users=users, vhosts=[{"name": "/"}], permissions=permissions))
 
 
 def definitions_with_a_user(tmp_path: Path) -> Path:
@@ -265,6 +283,7 @@ def test_lost_metadata_json_stops_the_start(start_broker, tmp_path, damage):
     fill(b, 30)
     stop(b, "sigterm")
     data = b.data_dir
+    as_older_node(data, app_user=True)
     json_path = data / "metadata.json"
     backup = json_path.read_bytes()
     if damage == "delete":
@@ -278,9 +297,10 @@ def test_lost_metadata_json_stops_the_start(start_broker, tmp_path, damage):
     assert files_of(data) == before  # the users were not replaced by guest/guest, nothing else changed
 
     json_path.write_bytes(backup)
-    b2 = own_broker(start_broker, data_dir=data)
+    b2 = own_broker(start_broker, data_dir=data)  # migrated now
     with channel(b2, "app", "app-pw") as ch:
         assert ch.queue_declare(QUEUE, passive=True).method.message_count == 30
+    assert not json_path.exists() and (data / "metadata.json.migrated").exists()
 
 
 def test_metadata_json_without_its_sqlite_stops_the_start(start_broker):
@@ -289,6 +309,7 @@ def test_metadata_json_without_its_sqlite_stops_the_start(start_broker):
     with channel(b) as ch:
         ch.exchange_declare("metadata-loss-x", "topic", durable=True)
     stop(b, "sigterm")
+    as_older_node(b.data_dir)
     sqlite_path = b.data_dir / "metadata.sqlite"
     sqlite_path.unlink()
     assert_refused(serve(b.data_dir), sqlite_path, "metadata.json")
@@ -339,6 +360,7 @@ def test_corrupt_metadata_json_is_one_line_not_a_traceback(start_broker, content
     fill(b, 30)
     stop(b, "sigterm")
     data = b.data_dir
+    as_older_node(data)
     json_path = data / "metadata.json"
     backup = json_path.read_bytes()
     json_path.write_bytes(content)

@@ -3,9 +3,11 @@ their passwords), and export → fresh node → import → export gives the same
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -135,7 +137,7 @@ async def test_bad_definitions_are_refused_with_a_reason(tmp_path, bad, fragment
     assert fragment in str(info.value)
 
 
-async def test_load_file_and_metadata_file(tmp_path):
+async def test_load_file(tmp_path):
     path = tmp_path / "defs.json"
     path.write_text(json.dumps(RABBITMQ_313))
     node = fresh_node(tmp_path)
@@ -144,10 +146,130 @@ async def test_load_file_and_metadata_file(tmp_path):
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(definitions.DefinitionsError, match="not valid JSON"):
         definitions.load_file(node, tmp_path / "broken.json")
-    # The node wrote its metadata; a new node on the same data directory reads it back.
-    node.users.delete("guest")
-    node.metadata_changed()
-    again = fresh_node(tmp_path)
-    assert definitions.load_metadata(again)
-    assert set(again.users.users) == {"admin", "shopper"}
-    assert again.vhosts["shop"].policies["cap"].priority == 1
+
+
+# -- the one metadata store: written by the domain, read back in one ordered pass ---------------------------------
+
+def opened_node(tmp_path: Path, name: str = "n") -> Node:
+    """A node with its storage open (as at start, before it listens); close with ``close``."""
+    node = fresh_node(tmp_path, name)
+    node.open_storage()
+    return node
+
+
+def close(node: Node) -> None:
+    node.close_storage()
+    node._data_dir_lock.release()
+
+
+async def test_everything_imported_is_back_after_a_restart(tmp_path):
+    node = opened_node(tmp_path)
+    definitions.import_definitions(node, json.loads(json.dumps(RABBITMQ_313)))
+    node.vhosts["shop"].set_parameter("vhost-limits", "limits", {"max-queues": 7})
+    node.set_user_limits("admin", {"max-channels": 3})
+    node.vhosts["/"].set_policy(node.vhosts["shop"].policies["cap"].__class__(
+        "op", "^x", {"max-length": 5}, 2, "queues", "/"), operator=True)
+    node.delete_users("guest")
+    exported = definitions.export(node)
+    assert not (tmp_path / "n" / "metadata.json").exists()  # one store: no JSON file beside it
+    close(node)
+
+    again = opened_node(tmp_path)
+    assert definitions.export(again) == exported
+    assert "guest" not in again.users.users
+    assert again.vhosts["/"].operator_policies["op"].definition == {"max-length": 5}
+    assert again.users.users["admin"].limits == {"max-channels": 3}
+    # queues came back after their vhost and policies: the policy applies to the recovered queue
+    assert again.vhosts["shop"].queues.get("orders").settings.max_length == 1000
+    close(again)
+
+
+def bulk_document(vhost: str, n: int) -> dict:
+    return {"vhosts": [{"name": vhost}],
+            "permissions": [{"user": "guest", "vhost": vhost, "configure": ".*", "write": ".*", "read": ".*"}],
+            "policies": [{"vhost": vhost, "name": "p", "pattern": "^q", "definition": {"max-length": 9}}],
+            "exchanges": [{"name": "x", "vhost": vhost, "type": "direct"}],
+            "queues": [{"name": f"q{i}", "vhost": vhost} for i in range(n)],
+            "bindings": [{"source": "x", "vhost": vhost, "destination": f"q{i}", "destination_type": "queue",
+                          "routing_key": f"k{i}"} for i in range(n)]}
+
+
+def rows_of(node: Node, vhost: str) -> int:
+    md = node.storage.metadata
+    return sum(1 for kind in md.kinds() for key, _ in md.items(kind)
+               if key == vhost or (isinstance(key, tuple) and key[0] == vhost))
+
+
+async def test_an_import_of_1000_queues_and_bindings_and_a_vhost_deletion_are_one_commit_each(tmp_path, monkeypatch):
+    node = opened_node(tmp_path)
+    md = node.storage.metadata
+    before = md.commits
+    definitions.import_definitions(node, bulk_document("bulk", 1000))
+    assert md.commits - before == 1
+    assert rows_of(node, "bulk") == 1 + 1 + 1 + 1 + 1000 + 1000  # vhost, permission, policy, exchange, q, b
+
+    # Over HTTP the import runs in slices (the loop is free in between) and still commits once, in a thread.
+    monkeypatch.setattr(definitions, "IMPORT_SLICE_SECONDS", 0.001)  # many slices
+    threads: list[str] = []
+    apply = md.apply
+    monkeypatch.setattr(md, "apply", lambda ops: (threads.append(threading.current_thread().name), apply(ops)))
+    before = md.commits
+    await definitions.import_definitions_async(node, bulk_document("bulk2", 1000))
+    assert md.commits - before == 1
+    assert threads and threads[0] != threading.main_thread().name
+    assert rows_of(node, "bulk2") == 2004
+
+    before = md.commits
+    assert node.delete_vhost("bulk")
+    assert md.commits - before == 1
+    assert rows_of(node, "bulk") == 0 and "bulk" not in node.users.users["guest"].permissions
+    close(node)
+    again = opened_node(tmp_path)
+    assert "bulk" not in again.vhosts and len(again.vhosts["bulk2"].queues.get("q5").name) == 2
+    close(again)
+
+
+async def test_writes_between_the_slices_of_an_import_keep_their_order(tmp_path, monkeypatch):
+    """A client deleting a queue the import created, between two slices, is not undone by the import's
+    commit at the end."""
+    node = opened_node(tmp_path)
+    monkeypatch.setattr(definitions, "IMPORT_SLICE_SECONDS", 0.0)
+    doc = {**bulk_document("mix", 50), "bindings": []}
+    task = asyncio.ensure_future(definitions.import_definitions_async(node, doc))
+    while node.vhosts.get("mix") is None or node.vhosts["mix"].queues.get("q3") is None:
+        await asyncio.sleep(0)
+    node.vhosts["mix"].queues.delete(node.vhosts["mix"].queues.get("q3"))
+    await task
+    assert node.storage.metadata.get("queue", ("mix", "q3")) is None
+    assert node.storage.metadata.get("queue", ("mix", "q4")) is not None
+    close(node)
+
+
+async def test_a_write_that_fails_changes_nothing(tmp_path):
+    """The store refuses writes (SQLite's query_only, as a read-only file would): each change raises and
+    memory is as it was; after a restart the node is the same."""
+    node = opened_node(tmp_path)
+    definitions.import_definitions(node, bulk_document("keep", 3))
+    before = definitions.export(node)
+    node.storage.metadata._db.execute("PRAGMA query_only = ON")
+    from broker.policy import Policy
+    from storage.metadata_store import MetadataWriteError
+
+    keep = node.vhosts["keep"]
+    for change in (lambda: node.add_user("new", "pw"), lambda: node.add_vhost("new"),
+                   lambda: node.set_permissions("guest", "keep", "", "", ""),
+                   lambda: node.clear_permissions("guest", "keep"), lambda: node.delete_users("guest"),
+                   lambda: node.set_topic_permission("guest", "keep", "amq.topic", "a", "b"),
+                   lambda: node.set_global_parameter("g", 1), lambda: node.set_user_limits("guest", {"max-channels": 1}),
+                   lambda: keep.set_policy(Policy("p2", ".*", {"max-length": 1})), lambda: keep.clear_policy("p"),
+                   lambda: keep.set_parameter("vhost-limits", "limits", {"max-queues": 1}),
+                   lambda: node.delete_vhost("keep"),
+                   lambda: definitions.import_definitions(node, bulk_document("new", 2))):
+        with pytest.raises(MetadataWriteError):
+            change()
+    assert node.vhosts["keep"] is keep and keep.queues.get("q1") is not None
+    assert definitions.export(node) == before
+    close(node)
+    again = opened_node(tmp_path)
+    assert definitions.export(again) == before
+    close(again)

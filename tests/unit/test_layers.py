@@ -1,15 +1,28 @@
 """The layering rules that hold today, checked on every import (module level, TYPE_CHECKING and inside
 functions) by tests/import_graph.py: protocol/ and storage/ never import broker/ nor each other, and
-neither has a cycle. (broker/ itself still has one knot; ``python tests/import_graph.py`` shows it.)"""
+neither has a cycle; the bottom of the metrics stack (counters, OS probes) and the alarms import nothing
+above them. (broker/ itself still has one knot; ``python tests/import_graph.py`` shows it, and
+``lint-imports`` lists the arrows that break pyproject.toml's layers contract.)"""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import sys
+import tomllib
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import import_graph
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def _arrows_from(module: str) -> set[str]:
+    return {b for a, b, _kind in import_graph.edges() if a == module}
 
 
 def test_protocol_and_storage_import_neither_broker_nor_each_other():
@@ -28,3 +41,51 @@ def test_protocol_and_storage_have_no_import_cycle():
 def test_the_graph_tool_finds_a_cycle():
     # The tool itself can fail: a known two-module circle is reported.
     assert import_graph.strongly_connected(["a", "b", "c"], [("a", "b"), ("b", "a"), ("b", "c")]) == [["a", "b"]]
+
+
+def test_counters_and_os_probes_sit_at_the_bottom():
+    # The hot path counts into broker.counters and everything reads broker.os_probes: neither may reach up.
+    assert {"broker.counters", "broker.os_probes"} <= set(import_graph.modules())
+    assert _arrows_from("broker.counters") <= {"broker.errors", "protocol.constants"}
+    assert _arrows_from("broker.os_probes") == set()
+
+
+def test_alarms_call_connections_through_a_protocol_not_an_import():
+    # alarms -> reader (blocking publishers) and alarms -> memory_budget (malloc_trim) were upward and
+    # sideways arrows; the alarms now declare BlockableConnection and use the OS probes.
+    assert _arrows_from("broker.alarms") <= {"broker.config", "broker.os_probes", "broker.clock"}
+
+
+def test_the_http_api_reads_the_os_probes_not_the_exporter():
+    # broker.metrics is the Prometheus exporter only: the HTTP API sits beside it and must not import it.
+    importers = {a for a, b, _kind in import_graph.edges() if b == "broker.metrics"}
+    assert not {m for m in importers if m.startswith("broker.management")}
+    assert "broker.os_probes" in _arrows_from("broker.management.overview")
+
+
+def _layers_contract() -> list[str]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (contract,) = [c for c in config["contracts"] if c["type"] == "layers"]
+    return contract["layers"]
+
+
+def test_every_broker_module_has_a_layer():
+    # A new module of broker/ must be placed in pyproject.toml's layers contract (or it escapes it).
+    placed = set()
+    for layer in _layers_contract():
+        for name in layer.replace(":", "|").split("|"):
+            placed.add(name.strip().strip("()"))
+    top = {m.split(".")[1] for m in import_graph.modules() if m.startswith("broker.")}
+    missing = sorted(f"broker.{m}" for m in top if f"broker.{m}" not in placed)
+    assert missing == [], f"add these to a layer of [tool.importlinter] in pyproject.toml: {missing}"
+
+
+def test_import_linter_keeps_the_protocol_and_storage_contracts():
+    lint_imports = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    if lint_imports is None:
+        pytest.skip("import-linter is not installed (pip install -e '.[dev]')")
+    result = subprocess.run([lint_imports, "--no-cache", "--contract", "protocol-storage-no-broker",
+                             "--contract", "protocol-storage-independent"], cwd=ROOT, capture_output=True,
+                            text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 kept, 0 broken" in result.stdout

@@ -129,11 +129,11 @@ def test_a_dead_letter_skips_client_counters_and_queues_it_died_in(vh):
     vh.declare_exchange("dlx", "fanout", False, False, False, False, {})
     vh.bind("dlx", "src", "queue", "", {})
     vh.bind("dlx", "other", "queue", "", {})
-    dead = dead_letter.make_dead_letter(message("", "src"), "src", dead_letter.EXPIRED, "dlx", None)
+    dead = dead_letter.make_dead_letter(message("", "src"), "src", dead_letter.EXPIRED, "dlx", None, vh.clock.now_ms())
     assert vh.publish(vh.exchanges["dlx"], dead, False, dead_letter=True) == ROUTED
     assert (vh.queues.get("src").message_count(), other.message_count()) == (0, 1)
     assert vh.counters.values() == {}
-    only_src = dead_letter.make_dead_letter(message("", "src"), "src", dead_letter.EXPIRED, "", "src")
+    only_src = dead_letter.make_dead_letter(message("", "src"), "src", dead_letter.EXPIRED, "", "src", vh.clock.now_ms())
     assert vh.publish(vh.default_exchange, only_src, False, dead_letter=True) == 0  # a cycle: dropped
 
 

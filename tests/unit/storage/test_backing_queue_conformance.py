@@ -1,8 +1,10 @@
 """The BackingQueue contracts (storage/backing_queue.py), run against every implementation.
 
 Variants: the in-memory queue; the variable queue non-durable and durable; and both again with a RAM
-target of zero, so that every message goes through the paging paths (betas, delta) as well. The priority
-queue's figures are checked over both kinds of sub-queue.
+target of zero, so that every message goes through the paging paths (betas, delta) as well; the priority
+queue over memory and over paging durable variable queues (every message of the suite at one priority, not
+0, so the packed seq_ids are exercised; the tests at the end mix priorities). A new store is one more entry
+in ``VARIANTS``.
 """
 
 from __future__ import annotations
@@ -44,12 +46,32 @@ def _variable(durable: bool, paging: bool) -> Callable[[Path], Subject]:
     return make
 
 
+def _priority(sub: Callable[[Path], Subject]) -> Callable[[Path], Subject]:
+    """A priority queue of three sub-queues made by ``sub``; the suite's messages (bytes) all have priority 2."""
+    def make(tmp_path: Path) -> Subject:
+        subjects = [sub(tmp_path / f"p{p}") for p in range(3)]
+        bq = PriorityBackingQueue(2, _priority_of, lambda p: subjects[p].bq)
+
+        def settle() -> None:
+            for s in subjects:
+                s.settle()
+        return Subject(bq, settle, subjects[0].durable, subjects[0].paging)
+    return make
+
+
+def _priority_of(m: Any) -> int:
+    """``b"<digit>:..."`` messages carry their priority; the suite's own messages (``b"m..."``) are at 2."""
+    return int(m[:1]) if m[1:2] == b":" else 2
+
+
 VARIANTS = {
     "memory": _memory,
     "variable": _variable(False, False),
     "variable-durable": _variable(True, False),
     "variable-paging": _variable(False, True),
     "variable-durable-paging": _variable(True, True),
+    "priority-memory": _priority(_memory),
+    "priority-variable-durable-paging": _priority(_variable(True, True)),
 }
 
 
@@ -186,8 +208,10 @@ def test_ttl_at_the_head(subject: Subject) -> None:
 
 def test_ram_budget_interface(subject: Subject) -> None:
     bq = subject.bq
+    assert bq.ram_bytes() == 0 or subject.paging  # an empty queue holds (next to) nothing
     for i in range(100):
         bq.publish(msg(i, 1000), 1000, False)
+    assert bq.ram_bytes() > 0
     bq.set_ram_budget(10_000)
     while bq.needs_timeout():
         bq.timeout()
@@ -303,3 +327,37 @@ def test_priority_queue_figures_are_the_sums_of_its_sub_queues(kind: str, tmp_pa
     assert f == Figures(*(sum(s.bq.figures()[i] for s in subjects) for i in range(5)))
     bq.requeue([first[0]])
     assert bq.figures()[:4] == (4, 0, 100, 0)
+
+
+def test_callbacks_are_attributes_the_owner_sets(subject: Subject) -> None:
+    """``on_confirm`` and ``on_available`` are plain attributes, None until the owner sets them; a
+    synchronous store answers every fetch while it holds ready messages (so it never needs on_available)."""
+    bq = subject.bq
+    assert bq.on_confirm is None and bq.on_available is None
+    woken: list[str] = []
+    bq.on_confirm = lambda: woken.append("confirm")
+    bq.on_available = lambda: woken.append("available")
+    for i in range(30):
+        bq.publish(msg(i), 10, True, confirm=i)
+    subject.settle()
+    if subject.durable:  # the fsync's completion is announced
+        assert "confirm" in woken
+    assert sorted(bq.drain_confirmed()) == list(range(30))
+    while not bq.is_empty():
+        assert bq.fetch(False) is not None
+    assert "available" not in woken
+
+
+@pytest.mark.parametrize("kind", ["priority-memory", "priority-variable-durable-paging"])
+def test_priority_queue_serves_and_expires_the_highest_priority_first(kind: str, tmp_path: Path) -> None:
+    bq = VARIANTS[kind](tmp_path).bq
+    for i, (p, expiry) in enumerate([(0, 10), (1, 20), (2, 30), (1, 40), (0, None)]):
+        bq.publish(b"%d:%d" % (p, i), 3, False, expiry=expiry)
+    assert bq.head_expiry() == 30 and bq.peek() == b"2:2"
+    # Priority 2 empties, then priority 1's head (20) is dropped and its next (40) stops the walk.
+    assert bq.dropwhile(lambda e: e is not None and e <= 35) == (2, 40)
+    got = bq.fetchwhile(lambda e: e is not None)
+    assert [m for _, m, _ in got] == [b"1:3", b"0:0"] and bq.pending_ack_count() == 2
+    assert bq.head_expiry() is None and bq.len() == 1
+    assert bq.ack([s for s, _, _ in got]) == [b"1:3", b"0:0"]
+    assert [m for _, m, _ in drain(bq)] == [b"0:4"]

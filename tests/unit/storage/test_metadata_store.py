@@ -55,3 +55,57 @@ def test_definitions_survive_reopen_and_are_fsync_safe(tmp_path: Path) -> None:
     assert md2._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     md.close()
     md2.close()
+
+
+def test_commits_are_counted_and_a_transaction_is_one(tmp_path: Path) -> None:
+    md = MetadataStore(str(tmp_path / "m.sqlite"))
+    start = md.commits
+    md.put("user", "a", {})
+    md.delete("user", "a")
+    assert md.commits == start + 2
+    with md.transaction():
+        for i in range(100):
+            md.put("queue", ("/", f"q{i}"), {})
+        md.delete_prefix("queue", ("/",))
+    assert md.commits == start + 3
+    md.close()
+
+
+def test_a_recorded_batch_is_one_commit_and_later_writes_still_win(tmp_path: Path) -> None:
+    """What an HTTP definitions import does: record slices, write them in one commit at the end; a write
+    made directly in between (another client) is replayed after the batch, so it is not undone."""
+    md = MetadataStore(str(tmp_path / "m.sqlite"))
+    ops = md.open_batch()
+    with md.recording(ops):
+        md.put("queue", ("/", "a"), {"n": 1})
+        md.put("queue", ("/", "b"), {"n": 1})
+        with md.transaction():  # a nested transaction while recording is part of the batch
+            md.put("queue", ("/", "c"), {"n": 1})
+    assert md.items("queue") == []
+    md.delete("queue", ("/", "b"))  # another client deletes what the import created
+    md.put("queue", ("/", "a"), {"n": 2})
+    start = md.commits
+    md.apply(ops)
+    assert md.commits == start + 1
+    assert md.items("queue") == [(("/", "a"), {"n": 2}), (("/", "c"), {"n": 1})]
+    md.put("queue", ("/", "d"), {})  # the batch is no longer pending: nothing more is appended to it
+    assert len(ops) == 5
+    md.close()
+
+
+def test_a_failed_write_raises_and_leaves_the_store_as_it_was(tmp_path: Path) -> None:
+    from storage.metadata_store import MetadataWriteError
+
+    md = MetadataStore(str(tmp_path / "m.sqlite"))
+    md.put("user", "a", {})
+    md._db.execute("PRAGMA query_only = ON")  # as a read-only file would
+    with pytest.raises(MetadataWriteError, match="m.sqlite"):
+        md.put("user", "b", {})
+    with pytest.raises(MetadataWriteError), md.transaction():
+        md.delete("user", "a")
+    md._db.execute("PRAGMA query_only = OFF")
+    assert [k for k, _ in md.items("user")] == ["a"]
+    with md.transaction():  # usable again
+        md.put("user", "c", {})
+    assert [k for k, _ in md.items("user")] == ["a", "c"]
+    md.close()

@@ -7,7 +7,8 @@ import asyncio
 import os
 from pathlib import Path
 
-from storage.msg_store import MsgStore, new_msg_id
+from storage.backing_queue import new_msg_id
+from storage.msg_store import MsgStore
 from storage.segment import HEADER_SIZE, frame, scan
 from storage.syncer import Syncer
 

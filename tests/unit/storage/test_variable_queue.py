@@ -157,7 +157,7 @@ def test_shared_message_stored_once_across_queues(harness) -> None:
     h = harness(durable=True)
     ns = h.ns
     qs = [ns.open_queue("/", f"fan{i}", True) for i in range(10)]
-    from storage.msg_store import new_msg_id
+    from storage.backing_queue import new_msg_id
     mid = new_msg_id()
     for q in qs:
         q.publish(b"z" * 10_000, 10_000, True, msg_id=mid)

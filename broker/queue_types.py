@@ -1,0 +1,212 @@
+"""Queue types (RabbitMQ's ``rabbit_queue_type``): what kind of queue ``x-queue-type`` asks for, chosen from
+one registry, :data:`QUEUE_TYPES`.
+
+A queue type answers two questions for the queue registry (broker/amqqueue.py): may a queue of this type be
+declared with these properties (``check_declare``: RabbitMQ's ``rabbit_queue_type:declare`` refusals), and
+what object is such a queue (``new_queue``). That object is the :class:`Queue` seam: the members the rest of
+the broker (channel, delegate, vhost, management, metrics, memory budget) uses, in RabbitMQ's terms:
+
+- **deliver**: ``deliver_or_enqueue`` (with ``overloaded`` / ``throttle`` for credit flow);
+- **consume**: ``add_consumer`` / ``remove_consumer``, and ``schedule_run`` when a consumer gets room;
+- **settle**: ``ack``, ``requeue``, ``reject_discard``;
+- **dequeue**: ``basic_get``;
+- **info / figures**: ``figures``, ``message_count``, ``stats``, ``consumers``, ``type_name``...;
+- **lifecycle**: ``apply_settings`` (policies), ``reset_expiry_timer``, ``purge``, ``terminate``;
+- **memory**: ``set_ram_budget``, ``ram_bytes``, ``needs_paging``, ``page`` (no-ops for a queue holding no RAM).
+
+Nobody outside a queue touches its backing queue. Classic and quorum queues are both
+broker/queue_process.py's QueueProcess over a backing queue built by :func:`new_backing_queue` (plain, or one
+per priority); a quorum queue differs (on one node) only in its declare rules and in counting every
+message's returns (``x-delivery-count``).
+
+**Adding a queue type** (a stream, say) is one new class and one registry line::
+
+    class StreamQueueType:
+        name = "stream"
+
+        def check_declare(self, where, durable, exclusive, auto_delete): ...  # 406 as RabbitMQ's stream does
+
+        def new_queue(self, vhost, name, durable, owner, auto_delete, arguments, settings, open_store):
+            return StreamQueue(...)  # any class with the members of ``Queue`` (its own log, offsets...)
+
+    QUEUE_TYPES = {..., "stream": StreamQueueType()}
+
+(``x-queue-type`` values are also checked at declare by broker/queue_args.py's ``QUEUE_TYPES``, which names
+the accepted values; keep it in step.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from broker.errors import AMQPError
+from broker.queue_args import QueueSettings
+from broker.queue_consumers import Consumer, ConsumerSet
+from broker.queue_process import QueueHost, QueueOwner, QueueProcess, QueueStats
+from protocol.constants import PRECONDITION_FAILED
+from storage.backing_queue import BackingQueue, Figures
+from storage.memory_queue import MemoryBackingQueue
+from storage.priority_queue import PriorityBackingQueue
+
+if TYPE_CHECKING:
+    from broker.message import Message
+
+# Opens one store-backed queue: (queue name, durable, priority or None, on_confirm) → BackingQueue. The node
+# hands the registry one once its storage is open (broker/persistence.py BackingQueueFactory); until then
+# queues are in memory (:func:`memory_store`). The store is the node's choice; the queue type's is above it.
+OpenStore = Callable[..., BackingQueue]
+
+
+def memory_store(name: str, durable: bool, priority: int | None = None,
+                 on_confirm: Callable[[], None] | None = None) -> BackingQueue:
+    """The store of a node without storage (tests, before start): everything in RAM."""
+    return MemoryBackingQueue()
+
+
+def _message_priority(msg: Message) -> int:
+    return msg.props.priority
+
+
+def new_backing_queue(open_store: OpenStore, name: str, durable: bool, settings: QueueSettings) -> BackingQueue:
+    """The one place a queue's backing queue is built: one store-backed queue, or, for ``x-max-priority``,
+    a PriorityBackingQueue of one per priority (RabbitMQ's ``rabbit_priority_queue`` wrapping). The queue
+    process sets its ``on_confirm`` / ``on_available`` callbacks itself."""
+    if settings.max_priority:
+        return PriorityBackingQueue(settings.max_priority, _message_priority,
+                                    lambda p: open_store(name, durable, p, None))
+    return open_store(name, durable, None, None)
+
+
+class Queue(Protocol):
+    """What the broker outside a queue may use of it (see the module docstring); QueueProcess is one."""
+
+    name: str
+    vhost: QueueHost
+    durable: bool
+    auto_delete: bool
+    exclusive_owner: QueueOwner | None
+    arguments: dict[str, Any]
+    settings: QueueSettings
+    stats: QueueStats
+    consumers: ConsumerSet
+    exclusive_consumer: Consumer | None
+    publisher_channels: set[Any]
+    deleted: bool
+    type_name: ClassVar[str]
+
+    # deliver
+    def deliver_or_enqueue(self, msg: Message, persistent: bool, confirm: Any = None) -> int: ...
+
+    @property
+    def overloaded(self) -> bool: ...
+
+    def throttle(self, reader: Any) -> None: ...
+
+    # consume
+    def add_consumer(self, consumer: Consumer) -> None: ...
+
+    def remove_consumer(self, consumer: Consumer) -> None: ...
+
+    def schedule_run(self) -> None: ...
+
+    # settle
+    def ack(self, seq_ids: list[int]) -> None: ...
+
+    def requeue(self, seq_ids: list[int]) -> None: ...
+
+    def reject_discard(self, seq_ids: list[int]) -> None: ...
+
+    # dequeue
+    def basic_get(self, no_ack: bool) -> tuple[int, Message, bool, int] | None: ...
+
+    # info
+    def figures(self) -> Figures: ...
+
+    def message_count(self) -> int: ...
+
+    # lifecycle
+    def apply_settings(self, settings: QueueSettings) -> None: ...
+
+    def reset_expiry_timer(self) -> None: ...
+
+    def purge(self) -> int: ...
+
+    def terminate(self) -> int: ...
+
+    # memory
+    @property
+    def consumer_count(self) -> int: ...
+
+    def set_ram_budget(self, max_bytes: int | None) -> None: ...
+
+    def ram_bytes(self) -> int: ...
+
+    def needs_paging(self) -> bool: ...
+
+    def page(self) -> None: ...
+
+
+class QueueType(Protocol):
+    """One kind of queue: its declare rules and how its queues are made."""
+
+    name: str  # the x-queue-type value; also the policy target ("classic" matches apply-to classic_queues)
+
+    def check_declare(self, where: str, durable: bool, exclusive: bool, auto_delete: bool) -> None: ...
+
+    def new_queue(self, vhost: QueueHost, name: str, durable: bool, owner: QueueOwner | None, auto_delete: bool,
+                  arguments: dict[str, Any], settings: QueueSettings, open_store: OpenStore) -> Queue: ...
+
+
+class ClassicQueueType:
+    """RabbitMQ's ``rabbit_classic_queue``: any properties; the queue process over a (variable) backing queue."""
+
+    name = "classic"
+    process: ClassVar[type[QueueProcess]] = QueueProcess
+
+    def check_declare(self, where: str, durable: bool, exclusive: bool, auto_delete: bool) -> None:
+        pass
+
+    def new_queue(self, vhost: QueueHost, name: str, durable: bool, owner: QueueOwner | None, auto_delete: bool,
+                  arguments: dict[str, Any], settings: QueueSettings, open_store: OpenStore) -> Queue:
+        return self.process(vhost, name, durable, owner, auto_delete, arguments,
+                            new_backing_queue(open_store, name, durable, settings), settings)
+
+
+class QuorumQueue(QueueProcess):
+    """A quorum queue on one node: a queue process that counts every message's returns, so a redelivery
+    carries ``x-delivery-count`` whether or not ``x-delivery-limit`` is set (as RabbitMQ's quorum queues do)."""
+
+    type_name = "quorum"
+    counts_deliveries = True
+
+
+class QuorumQueueType(ClassicQueueType):
+    """RabbitMQ's ``rabbit_quorum_queue``: durable, shared and lasting (its declare refusals and their texts)."""
+
+    name = "quorum"
+    process = QuorumQueue
+
+    def check_declare(self, where: str, durable: bool, exclusive: bool, auto_delete: bool) -> None:
+        problem = "non-durable" if not durable else "exclusive-owner" if exclusive else \
+            "auto-delete" if auto_delete else None
+        if problem:
+            raise AMQPError(PRECONDITION_FAILED, f"invalid property '{problem}' for {where}")
+
+
+# The registry: x-queue-type → its queue type. A new type is one line here (and its class).
+QUEUE_TYPES: dict[str, QueueType] = {
+    "classic": ClassicQueueType(),
+    "quorum": QuorumQueueType(),
+}
+
+
+def queue_type_of(arguments: dict[str, Any]) -> QueueType:
+    """The type ``x-queue-type`` names (classic when absent). Arguments were validated before, so an
+    unknown name cannot reach here; it would be a KeyError."""
+    value = arguments.get("x-queue-type")
+    if value is None:
+        return QUEUE_TYPES["classic"]
+    if isinstance(value, (bytes, bytearray)):
+        value = value.decode(errors="replace")
+    return QUEUE_TYPES[value or "classic"]

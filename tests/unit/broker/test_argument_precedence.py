@@ -1,0 +1,118 @@
+"""Where a queue's effective settings come from (broker/queue_args.py ``effective_settings``), by RabbitMQ's
+documented precedence (docs/queues#optional-arguments-precedence, REFERENCE.md §1.5): a client's ``x-``
+argument beats the policy; an operator policy beats both for the keys it may set (expires, message-ttl,
+max-length, max-length-bytes, delivery-limit), the lower number winning; an operator policy's other keys are
+ignored, and queue type, max priority and single active consumer never come from a policy."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from broker.policy import Policy
+from broker.queue_args import POLICY_KEYS, effective_settings
+from broker.vhost import VHost
+
+NUMERIC = {  # setting attribute → (policy key, argument)
+    "message_ttl": ("message-ttl", "x-message-ttl"),
+    "expires": ("expires", "x-expires"),
+    "max_length": ("max-length", "x-max-length"),
+    "max_length_bytes": ("max-length-bytes", "x-max-length-bytes"),
+    "delivery_limit": ("delivery-limit", "x-delivery-limit"),
+}
+
+
+def policy(definition: dict, name: str = "p") -> Policy:
+    return Policy(name, ".*", definition)
+
+
+def test_the_operator_policy_keys_are_the_numeric_limits():
+    assert {key for key, _arg, operator in POLICY_KEYS if operator} == {key for key, _ in NUMERIC.values()}
+
+
+@pytest.mark.parametrize("attr", sorted(NUMERIC))
+def test_numeric_limits(attr):
+    key, arg = NUMERIC[attr]
+
+    def value(arguments: dict, pol: dict | None = None, op: dict | None = None) -> int | None:
+        s = effective_settings(arguments, policy(pol) if pol is not None else None,
+                               policy(op, "op") if op is not None else None)
+        return getattr(s, attr)
+
+    assert value({}) is None
+    assert value({arg: 50}) == 50
+    assert value({}, {key: 70}) == 70
+    # The argument beats the policy, lower or higher.
+    assert value({arg: 50}, {key: 70}) == 50
+    assert value({arg: 90}, {key: 70}) == 90
+    # The operator policy: alone it applies; against an argument or a policy the lower value wins.
+    assert value({}, None, {key: 30}) == 30
+    assert value({arg: 50}, None, {key: 30}) == 30
+    assert value({arg: 10}, None, {key: 30}) == 10
+    assert value({}, {key: 70}, {key: 30}) == 30
+    assert value({}, {key: 20}, {key: 30}) == 20
+    # All three: the argument has already beaten the policy, then meets the operator policy.
+    assert value({arg: 50}, {key: 5}, {key: 30}) == 30
+    assert value({arg: 10}, {key: 5}, {key: 30}) == 10
+    assert value({arg: 0}, {key: 5}, {key: 30}) == 0  # zero is a value (max-length 0), not "unset"
+
+
+def test_other_keys_argument_beats_policy_and_operator_policies_cannot_set_them():
+    pol = policy({"dead-letter-exchange": "pdlx", "dead-letter-routing-key": "prk", "overflow": "reject-publish",
+                  "consumer-timeout": 1000})
+    op = policy({"dead-letter-exchange": "odlx", "overflow": "drop-head", "consumer-timeout": 5,
+                 "queue-mode": "lazy"}, "op")
+    s = effective_settings({}, pol, op)
+    assert (s.dlx, s.dlrk, s.overflow, s.consumer_timeout) == ("pdlx", "prk", "reject-publish", 1000)
+    s = effective_settings({"x-dead-letter-exchange": "adlx", "x-dead-letter-routing-key": "ark",
+                            "x-overflow": "reject-publish-dlx", "x-consumer-timeout": 2000}, pol, op)
+    assert (s.dlx, s.dlrk, s.overflow, s.consumer_timeout) == ("adlx", "ark", "reject-publish-dlx", 2000)
+    s = effective_settings({}, None, op)
+    assert (s.dlx, s.overflow, s.consumer_timeout) == (None, "drop-head", None)  # drop-head: the default
+
+
+def test_bytes_values_of_string_arguments_are_read_as_text():
+    s = effective_settings({"x-dead-letter-exchange": b"dlx", "x-overflow": b"reject-publish"})
+    assert (s.dlx, s.overflow) == ("dlx", "reject-publish")
+
+
+def test_queue_type_priority_and_single_active_consumer_come_only_from_arguments():
+    pol = policy({"x-queue-type": "quorum", "x-max-priority": 5, "x-single-active-consumer": True,
+                  "max-priority": 5, "queue-type": "quorum", "single-active-consumer": True})
+    s = effective_settings({}, pol, policy(pol.definition, "op"))
+    assert (s.queue_type, s.max_priority, s.single_active_consumer) == ("classic", None, False)
+    s = effective_settings({"x-queue-type": "quorum", "x-max-priority": 5, "x-single-active-consumer": True}, pol)
+    assert (s.queue_type, s.max_priority, s.single_active_consumer) == ("quorum", 5, True)
+
+
+def test_the_settings_name_the_policies_that_applied():
+    s = effective_settings({}, policy({"max-length": 1}, "pol"), policy({"max-length": 2}, "oper"))
+    assert (s.policy, s.operator_policy) == ("pol", "oper")
+    s = effective_settings({})
+    assert (s.policy, s.operator_policy) == (None, None)
+
+
+@pytest.fixture
+def vh():
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    yield VHost("/")
+    asyncio.set_event_loop(None)
+    loop.close()
+
+
+def test_a_vhost_applies_the_highest_priority_policy_of_each_kind(vh):
+    q = vh.queues.declare("orders", False, False, False, False, {"x-max-length": 100}, None)[0]
+    vh.policies["low"] = Policy("low", "^ord", {"max-length": 5, "message-ttl": 1000}, priority=1)
+    vh.policies["high"] = Policy("high", "^orders$", {"message-ttl": 2000}, priority=2)
+    vh.policies["other"] = Policy("other", "^nothing", {"message-ttl": 1}, priority=9)
+    vh.operator_policies["cap"] = Policy("cap", ".*", {"max-length": 50, "message-ttl": 60000})
+    vh.apply_policies()
+    s = q.settings
+    # "high" applies (one policy per queue); the argument beats it for max-length; the operator policy caps
+    # max-length at 50 and leaves the lower TTL of "high".
+    assert (s.policy, s.operator_policy, s.max_length, s.message_ttl) == ("high", "cap", 50, 2000)
+    del vh.operator_policies["cap"]
+    vh.apply_policies()
+    assert (q.settings.operator_policy, q.settings.max_length, q.settings.message_ttl) == (None, 100, 2000)
