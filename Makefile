@@ -29,7 +29,8 @@ test-tools:
 	@missing=""; for t in $(TEST_TOOLS); do command -v $${t%%:*} >/dev/null || missing="$$missing $${t##*:}"; done; \
 	if [ -n "$$missing" ]; then apt-get update -q && apt-get install -y -q $$missing; fi
 
-test: $(STAMP) test-tools
+# The lint (ruff, the import-linter layer contracts, mypy) runs first: a broken layer fails the suite.
+test: $(STAMP) test-tools lint
 	$(BIN)/python -m pytest
 
 # The integration tests against a real RabbitMQ (installs and starts one on its own ports; not part of CI).

@@ -16,7 +16,7 @@ from __future__ import annotations
 import base64
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pamqp import commands as spec
 
@@ -25,11 +25,12 @@ from broker.command_assembler import CommandAssembler
 from broker.confirms import Confirms
 from broker.direct_reply_to import ReplyConsumer
 from broker.errors import AMQPError
-from broker.exchange import EXCHANGE, QUEUE, Exchange, validate_arguments
+from broker.exchange import EXCHANGE, QUEUE, Exchange
 from broker.message import Message
 from broker.publish import FLAGS_TO_READ, PENDING, REFUSED, REPLY_TO, ROUTED, check_properties
 from broker.queue_args import amqp_type_name
 from broker.queue_consumers import Consumer
+from broker.queue_process import QueueOwner
 from broker.tx import COMMIT_FAILED, Transaction
 from protocol import fastcodec
 from protocol.constants import (
@@ -47,8 +48,11 @@ from protocol.fastcodec import PublishArgs
 from protocol.methods import method_frame
 
 if TYPE_CHECKING:
+    from broker.auth import User
+    from broker.config import Settings
+    from broker.node import Node
     from broker.queue_process import QueueProcess
-    from broker.reader import Reader
+    from broker.vhost import VHost
 
 # Client libraries (client_properties "product") that give basic.qos's global flag its AMQP 0-9-1 meaning on a
 # broker not named RabbitMQ: py-amqp, under kombu and Celery (see Channel._basic_qos).
@@ -59,8 +63,32 @@ def _random_tag(prefix: str) -> str:
     return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
 
 
+class ChannelConnection(QueueOwner, Protocol):
+    """What a channel needs of the connection it belongs to (broker/reader.py's Reader is one): who is
+    connected and to which vhost, the node, the connection's socket writes, the calls back up that a
+    channel makes (a channel error, "this channel has confirms to send"), and, as the owner of exclusive
+    queues, what the queue layer needs (``QueueOwner``)."""
+
+    node: Node
+    settings: Settings
+    user: User
+    vhost: VHost
+    client_properties: dict[str, Any]
+    writable: bool
+
+    def client_capability(self, name: str) -> bool: ...
+
+    def channel_error(self, channel_id: int, exc: AMQPError) -> None: ...
+
+    def send(self, data: bytes) -> None: ...
+
+    def send_content(self, channel_id: int, header: bytes, body: bytes) -> None: ...
+
+    def confirms_pending(self, channel: Channel) -> None: ...
+
+
 class Channel:
-    def __init__(self, reader: Reader, channel_id: int) -> None:
+    def __init__(self, reader: ChannelConnection, channel_id: int) -> None:
         self.reader = reader
         self.id = channel_id
         self.vhost = reader.vhost
@@ -442,7 +470,7 @@ class Channel:
             self.send(spec.Basic.ConsumeOk, consumer_tag=tag)
 
     def _basic_cancel(self, m: spec.Basic.Cancel) -> None:
-        consumer = self.consumers.pop(m.consumer_tag, None)
+        consumer = self.consumers.pop(m.consumer_tag or "", None)
         if consumer is not None:
             consumer.queue.remove_consumer(consumer)
         elif self.reply_consumer is not None and self.reply_consumer.tag == m.consumer_tag:
@@ -488,8 +516,6 @@ class Channel:
     def _exchange_declare(self, m: spec.Exchange.Declare) -> None:
         args = dict(m.arguments or {})
         permissions.exchange_declare(self.reader.user, self.vhost.name, m.exchange, args, m.passive)
-        if not m.passive:
-            validate_arguments(m.exchange, self.vhost.name, args)
         self.vhost.declare_exchange(m.exchange, m.exchange_type, m.passive, m.durable, m.auto_delete,
                                     m.internal, args)
         if not m.nowait:

@@ -37,6 +37,8 @@ from broker import PRODUCT, VERSION, limits, parameters
 from broker.auth import HASHING_ALGORITHMS, SHA256, hash_password, valid_password_hash
 from broker.errors import AMQPError
 from broker.exchange import EXCHANGE, QUEUE
+from broker.json_values import json_safe
+from broker.policy import make_policy
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -49,12 +51,6 @@ class DefinitionsError(Exception):
     pass
 
 
-def _json_safe(value: Any) -> Any:
-    from broker.management.common import json_safe
-
-    return json_safe(value)
-
-
 def _header(node: Node) -> dict[str, Any]:
     return {"rabbit_version": node.rabbitmq_version, "rabbitmq_version": node.rabbitmq_version,
             "product_name": PRODUCT, "product_version": VERSION}
@@ -65,19 +61,19 @@ def _vhost_objects(vh: VHost, with_vhost: bool, schema: bool = True) -> dict[str
     policies = [{**v, "name": name, "pattern": p.pattern, "apply-to": p.apply_to, "definition": p.definition,
                  "priority": p.priority} for name, p in sorted(vh.policies.items())]
     parameters = [{**v, "component": c, "name": n, "value": value}
-                  for (c, n), value in sorted(getattr(vh, "parameters", {}).items())]
+                  for (c, n), value in sorted(vh.parameters.items())]
     if not schema:  # the metadata file: skip walking every queue and binding only to drop them
         return {"parameters": parameters, "policies": policies, "queues": [], "exchanges": [], "bindings": []}
     queues = [{"name": q.name, **v, "durable": q.durable, "auto_delete": q.auto_delete,
-               "arguments": _json_safe(q.arguments)}
+               "arguments": json_safe(q.arguments)}
               for q in sorted(vh.queues, key=lambda q: q.name) if q.exclusive_owner is None]
     exchanges = [{"name": ex.name, **v, "type": ex.type_name, "durable": ex.durable,
-                  "auto_delete": ex.auto_delete, "internal": ex.internal, "arguments": _json_safe(ex.arguments)}
+                  "auto_delete": ex.auto_delete, "internal": ex.internal, "arguments": json_safe(ex.arguments)}
                  for ex in sorted(vh.exchanges.values(), key=lambda e: e.name) if not ex.name.startswith("amq.")]
     exclusive = {q.name for q in vh.queues if q.exclusive_owner is not None}
     bindings = [{"source": b.source, **v, "destination": b.destination,
                  "destination_type": "queue" if b.kind == QUEUE else "exchange", "routing_key": b.routing_key,
-                 "arguments": _json_safe(b.arguments)}
+                 "arguments": json_safe(b.arguments)}
                 for b in sorted(vh.bindings(), key=lambda b: (b.source, b.kind, b.destination, b.routing_key))
                 if not (b.kind == QUEUE and b.destination in exclusive)]
     return {"parameters": parameters, "policies": policies, "queues": queues, "exchanges": exchanges,
@@ -98,8 +94,7 @@ def export(node: Node, vhost: str | None = None, schema: bool = True) -> dict[st
     out["vhosts"] = []
     for name in sorted(node.vhosts):
         vh = node.vhosts[name]
-        description, tags = getattr(vh, "description", ""), list(getattr(vh, "tags", []))
-        dqt = getattr(vh, "default_queue_type", "classic")
+        description, tags, dqt = vh.description, list(vh.tags), vh.default_queue_type
         out["vhosts"].append({"name": name, "description": description, "tags": tags,
                               "default_queue_type": dqt, "limits": dict(limits.vhost_limits(vh)) or [],
                               "metadata": {"description": description, "tags": tags, "default_queue_type": dqt}})
@@ -177,7 +172,6 @@ def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[None]:
     refused = parameters.unsupported(_list(data, "parameters"), vhost)  # before anything is applied
     if refused:
         raise DefinitionsError(refused)
-    from broker.management.policies import make_policy
 
     def vhost_of(item: dict[str, Any]) -> VHost:
         name = vhost if vhost is not None else item.get("vhost", node.settings.default_vhost)
@@ -206,7 +200,7 @@ def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[None]:
             yield
         for v in _list(data, "vhosts"):
             name = _str(v, "name", "vhost")
-            meta = v.get("metadata") if isinstance(v.get("metadata"), dict) else {}
+            meta: dict[str, Any] = v["metadata"] if isinstance(v.get("metadata"), dict) else {}
             description = v.get("description", meta.get("description", "")) or ""
             tags = _tags(v.get("tags", meta.get("tags")))
             dqt = v.get("default_queue_type", meta.get("default_queue_type")) or "classic"
@@ -239,11 +233,11 @@ def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[None]:
             yield
     for p in _list(data, "parameters"):
         vh = vhost_of(p)
-        key = (_str(p, "component", "parameter"), _str(p, "name", "parameter"))
+        component, name = _str(p, "component", "parameter"), _str(p, "name", "parameter")
         try:
-            vh.set_parameter(*key, parameters.validate(*key, p.get("value")))
+            vh.set_parameter(component, name, parameters.validate(component, name, p.get("value")))
         except parameters.ParameterError as exc:
-            raise DefinitionsError(f"parameter '{key[1]}' of component '{key[0]}' in vhost '{vh.name}': "
+            raise DefinitionsError(f"parameter '{name}' of component '{component}' in vhost '{vh.name}': "
                                    f"{exc.reason}") from None
         yield
     for key in ("policies", "operator_policies"):

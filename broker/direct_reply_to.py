@@ -11,10 +11,21 @@ broker/publish.py.
 from __future__ import annotations
 
 from collections.abc import Container
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.errors import AMQPError
 from protocol.constants import NOT_ALLOWED, PRECONDITION_FAILED
+
+if TYPE_CHECKING:
+    from broker.message import Message
+
+
+class ReplyChannel(Protocol):
+    """A channel that consumes ``amq.rabbitmq.reply-to`` (broker/channel.py's Channel), as the registry sees it."""
+
+    reply_consumer: ReplyConsumer | None
+
+    def deliver_reply(self, msg: Message) -> None: ...
 
 
 class ReplyRegistry(Protocol):

@@ -116,8 +116,7 @@ def apply_vhost_limits(vhost: Any, definition: Any) -> None:
 
 def vhost_limits(vhost: Any) -> Mapping[str, int]:
     """The vhost's limits (empty if none); ``vhost`` is a broker.vhost.VHost."""
-    parameters = getattr(vhost, "parameters", None)
-    return (parameters.get(VHOST_LIMITS_KEY) if parameters else None) or {}
+    return vhost.parameters.get(VHOST_LIMITS_KEY) or {}
 
 
 def set_vhost_limits(vhost: Any, limits: Mapping[str, int]) -> None:

@@ -18,7 +18,8 @@ from typing import Any, Protocol
 
 import structlog
 
-from broker.alarms import ResourceMonitor, resident_memory
+from broker.alarms import ResourceMonitor
+from broker.os_probes import release_free_memory, resident_memory
 
 log = structlog.get_logger("leveret.memory")
 
@@ -64,7 +65,8 @@ class HasQueues(Protocol):
 class QueueSource(Protocol):
     """The node (broker/node.py's Node), as the memory budget sees it: its vhosts, each with its queues."""
 
-    vhosts: Mapping[str, Any]  # each a HasQueues (broker/vhost.py's VHost)
+    @property
+    def vhosts(self) -> Mapping[str, Any]: ...  # each a HasQueues (broker/vhost.py's VHost)
 
 
 def default_budget(queue: PagedQueue) -> int | None:
@@ -75,27 +77,6 @@ def default_budget(queue: PagedQueue) -> int | None:
     if queue.consumer_count:
         return _limit // 4
     return min(DEFAULT_QUEUE_BUDGET, _limit // 10)
-
-
-def release_free_memory() -> None:
-    """Give memory freed by paged-out messages back to the OS. glibc keeps freed blocks of this size in
-    its heap, so the resident size (which the memory alarm reads) would otherwise stay high for good."""
-    if _malloc_trim is not None:
-        _malloc_trim(0)
-
-
-def _find_malloc_trim() -> Any:
-    try:
-        import ctypes
-        import ctypes.util
-
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc.malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-_malloc_trim = _find_malloc_trim()
 
 
 class MemoryBudget:

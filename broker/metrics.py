@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from broker import PRODUCT, VERSION
 from broker.os_probes import disk_free, max_fds, open_fds, resident_memory, uptime_seconds
+from broker.reader import open_connections
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -127,7 +128,7 @@ class RabbitCollector:
         settings = node.settings
         yield from self._node_info()
         # -- objects ------------------------------------------------------------------------------------------
-        connections = list(node.connections)
+        connections = open_connections(node)
         channels = [ch for c in connections for ch in list(c.channels.values())]
         queues = [q for vh in list(node.vhosts.values()) for q in vh.queues]
         consumers = sum(len(ch.consumers) for ch in channels)

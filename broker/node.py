@@ -1,92 +1,59 @@
-"""The node: the broker's shared state (settings, users, vhosts, connections, counters) and its listeners
-(AMQP, the HTTP API, Prometheus), start-up (definitions) and graceful shutdown."""
+"""The node: the broker's shared state — settings, users and permissions, vhosts, global parameters, open
+connections, counters, alarms, the storage once it is open — and the domain methods that change it (each writes
+the metadata store first, then memory).
+
+Starting and stopping it (storage recovery, listeners, signals) is broker/server.py's job; the node does not
+know the reader: it sees connections through :class:`ClientConnection`, which the reader satisfies."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import os
 import platform
-import signal
-import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
 
-from broker.alarms import AlarmState, ResourceMonitor, configured_disk_free_limit, configured_memory_limit
+from broker.alarms import (
+    AlarmState,
+    BlockableConnection,
+    ResourceMonitor,
+    configured_disk_free_limit,
+    configured_memory_limit,
+)
 from broker.auth import HASHING_ALGORITHMS, SHA256, Permission, User, UserStore, hash_password
 from broker.clock import Clock, LoopClock
 from broker.config import Settings
 from broker.counters import GlobalCounters
+from broker.direct_reply_to import ReplyChannel
+from broker.limits import Connection as LimitedConnection
 from broker.memory_budget import MemoryBudget, set_memory_limit
 from broker.message import Message
-from broker.persistence import NODE_METADATA_KEY, BackingQueueFactory, DurableDefinitions
+from broker.persistence import BackingQueueFactory, DurableDefinitions
 from broker.publish import REPLY_TO_PREFIX
-from broker.reader import Reader
+from broker.topic_permissions import TopicCheckingConnection
 from broker.vhost import VHost
-from storage.data_dir_lock import DataDirLock, DataDirLocked
-from storage.metadata_store import MetadataStore, MetadataStoreError, MetadataWriteError
-from storage.node_storage import METADATA_FILE as METADATA_DB
-from storage.node_storage import NODE_KIND, DataDirectoryError, NodeStorage, reset_data_dir
-
-if TYPE_CHECKING:
-    from broker.channel import Channel
+from storage.node_storage import NodeStorage
 
 log = structlog.get_logger("leveret.node")
 
 # The RabbitMQ version the HTTP API reports as ``rabbitmq_version``, for tools that switch on it.
 RABBITMQ_COMPAT_VERSION = "3.13.7"
-SHUTDOWN_REASON = "broker forced connection closure with reason 'shutdown'"
-# Appended to a refused start caused by the data directory: the other way out than a backup.
-FORCE_RESET_HINT = ("To discard every message and definition instead and start as a new node, run "
-                    "`leveret serve --force-reset` once")
 
+class ClientConnection(BlockableConnection, LimitedConnection, TopicCheckingConnection, Protocol):
+    """What the node and the modules below it need of an open client connection (broker/reader.py's Reader
+    is one): what the alarms, the limits and the topic-permission cache use, and a way to close it with 320
+    CONNECTION_FORCED. Modules above the reader read the node's connections as readers
+    (``broker.reader.open_connections``)."""
 
-def _ipv6_loopback_available() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
-            s.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
-
-
-def listen_hosts(bind: str) -> str | list[str] | None:
-    """The addresses a listener binds for ``bind``: the loopback address (the default) means both
-    loopbacks, 127.0.0.1 and ::1 where IPv6 is there, so a client whose ``localhost`` resolves to ::1 is
-    served; 0.0.0.0 or :: means every address of both families (None to asyncio), as RabbitMQ listens."""
-    if bind in ("0.0.0.0", "::", "*"):
-        return None
-    if bind in ("127.0.0.1", "localhost"):
-        return ["127.0.0.1", "::1"] if _ipv6_loopback_available() else ["127.0.0.1"]
-    return bind
-
-
-class StartupError(Exception):
-    """Start-up cannot go on (a port taken, a definitions file that does not load): one line for stderr."""
-
-
-def init_vhost_metadata(vh: VHost, description: str = "", tags: list[str] | None = None,
-                        default_queue_type: str = "classic") -> VHost:
-    """The operator-facing attributes of a vhost, kept on the VHost object (set only where missing)."""
-    for attr, value in (("description", description), ("tags", list(tags or [])),
-                        ("default_queue_type", default_queue_type), ("policies", {}),
-                        ("operator_policies", {}), ("parameters", {}), ("limits", {})):
-        if not hasattr(vh, attr):
-            setattr(vh, attr, value)
-    return vh
+    def force_close(self, text: str = ...) -> None: ...
 
 
 class Node:
-    def __init__(self, settings: Settings, *, force_reset: bool = False) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        # ``leveret serve --force-reset`` (rabbitmqctl force_reset): wipe the data directory at start.
-        self.force_reset = force_reset
-        # An older node's metadata.json, read (and checked) before the message stores open, to be
-        # migrated into the metadata store at start.
-        self._metadata_doc: dict[str, Any] | None = None
         self.name = f"leveret@{platform.node()}"
         self.cluster_name = settings.cluster_name or self.name
         self.rabbitmq_version = RABBITMQ_COMPAT_VERSION
@@ -108,20 +75,19 @@ class Node:
         self.users.set_permissions(settings.default_user, settings.default_vhost, perms["configure"],
                                    perms["write"], perms["read"])
         self.global_parameters: dict[str, Any] = {}
-        self.connections: set[Reader] = set()
+        self.connections: set[ClientConnection] = set()
         # Memory and disk alarms (broker/alarms.py); the monitor that raises them starts with the node.
         self.alarm_state = AlarmState()
         self.resource_monitor: ResourceMonitor | None = None
-        self._reply_channels: dict[str, Channel] = {}
-        self._server: asyncio.base_events.Server | None = None
-        self._http_runners: list[Any] = []
+        self._reply_channels: dict[str, ReplyChannel] = {}
+        # What the server listens on (broker/server.py fills it; the HTTP API's overview lists it).
         self.listeners: list[dict[str, Any]] = []
         # Called (and awaited if they return an awaitable) at shutdown, after connections are closed:
         # the place for stores to flush, sync and write their clean-shutdown marker.
         self.shutdown_hooks: list[Callable[[], Awaitable[None] | None]] = []
         self.memory_budget: MemoryBudget | None = None
+        # Set by the server when a graceful shutdown begins (the health checks answer 503 from then on).
         self.stopping = False
-        self._data_dir_lock: DataDirLock | None = None  # held from start to exit: one broker per directory
 
     # -- vhosts, users, permissions, global parameters (the HTTP API, ctl and definitions go through these) -----
     # Each method writes its change to the metadata store first (when the node's storage is open) and
@@ -136,12 +102,11 @@ class Node:
             dqt = default_queue_type if vh is None else vh.default_queue_type
             self.durable_definitions.vhost_put(name, new_description, new_tags, dqt)
         if vh is None:
-            vh = self.vhosts[name] = init_vhost_metadata(VHost(name, self.counters, self, self.clock), description, tags,
-                                                         default_queue_type)
+            vh = self.vhosts[name] = VHost(name, self.counters, self, self.clock, description=new_description,
+                                           tags=new_tags, default_queue_type=default_queue_type)
             self._attach_storage(vh)
             log.info("vhost created", vhost=name)
         else:
-            init_vhost_metadata(vh)
             vh.description = new_description
             vh.tags = new_tags
         return vh
@@ -161,6 +126,7 @@ class Node:
                 conn.force_close(f"vhost '{name}' is deleted")
         for q in list(vh.queues):
             vh.queues.delete(q, reason="vhost deleted")
+        vh.stop_exchanges(vhost_deleted=True)
         self.users.forget_vhost(name)
         log.info("vhost deleted", vhost=name)
         return True
@@ -276,7 +242,7 @@ class Node:
         return monitor.disk_free_limit if monitor is not None else configured_disk_free_limit(self.settings)
 
     # -- direct reply-to: amq.rabbitmq.reply-to.<key> names one channel's reply consumer ---------------------
-    def register_reply_channel(self, channel: Channel) -> str:
+    def register_reply_channel(self, channel: ReplyChannel) -> str:
         key = base64.urlsafe_b64encode(os.urandom(18)).decode()
         self._reply_channels[key] = channel
         return key
@@ -293,111 +259,8 @@ class Node:
         channel.deliver_reply(msg)
         return 1
 
-    # -- lifecycle -------------------------------------------------------------------------------------------
-    def start_resource_monitor(self) -> None:
-        """Memory limit: the absolute watermark if set, else the relative one times the machine's RAM; disk
-        limit: the relative one times the machine's RAM if set, else the absolute one."""
-        s = self.settings
-        s.data_dir.mkdir(parents=True, exist_ok=True)
-        self.resource_monitor = ResourceMonitor(self.alarm_state, self.connections, s.data_dir,
-                                                configured_memory_limit(s), configured_disk_free_limit(s))
-        if self.storage is not None:  # the storage tells the disk monitor what it writes and when writes fail
-            self.storage.syncer.on_written = self.resource_monitor.note_written
-            self.storage.syncer.on_write_failure = self.resource_monitor.set_storage_failing
-        self.resource_monitor.start()
-
-    def open_storage(self) -> None:
-        """Open the message stores and the metadata store, and recover everything in one ordered pass:
-        vhosts, users and permissions, policies and parameters, then the durable exchanges, queues (with
-        their messages) and bindings. From now on every definition is written to the store as it changes
-        and every queue's backing queue is opened from storage.
-
-        A new node writes its defaults (guest, "/") to the store; an older node's ``metadata.json`` is
-        migrated into it once, in one commit, and then renamed ``metadata.json.migrated`` (kept as the
-        operator's backup; it is never read again).
-
-        A data directory whose metadata is missing, empty, unreadable or lost while message data is there
-        stops the start (StartupError, one line naming the file) before any file is changed: recovery
-        would otherwise take every queue for an orphan and delete its messages."""
-        from broker import definitions
-
-        data_dir = str(self.settings.data_dir)
-        try:
-            self._data_dir_lock = DataDirLock.acquire(data_dir)
-        except DataDirLocked as exc:
-            raise StartupError(str(exc)) from None
-        except OSError as exc:
-            raise StartupError(f"cannot use the data directory {data_dir}: {exc.strerror or exc}") from None
-        if self.force_reset:
-            self._wipe_data_dir(data_dir)
-        json_path = self.settings.data_dir / definitions.METADATA_FILE
-        try:
-            self.storage = NodeStorage(data_dir, asyncio.get_running_loop(),
-                                       queue_index_embed_msgs_below=self.settings.queue_index_embed_msgs_below,
-                                       check_metadata=self._read_metadata_file)
-            durable = DurableDefinitions(self.storage)
-            migrating = self._metadata_doc is not None
-            if durable.has_node_metadata:
-                counts = durable.recover_node_metadata(self.users, self.vhosts, self.add_vhost, self.global_parameters)
-                log.info("node metadata recovered", **counts)
-            elif self._metadata_doc is not None:
-                try:  # in memory first (nothing is written yet), then saved below in one commit
-                    definitions.apply_metadata(self, self._metadata_doc)
-                except definitions.DefinitionsError as exc:
-                    raise StartupError(f"{json_path} cannot be migrated ({exc}); fix or restore it from a backup. "
-                                       f"{FORCE_RESET_HINT}") from None
-                self._metadata_doc = None
-            self.durable_definitions = durable
-            for vh in self.vhosts.values():
-                self._attach_storage(vh)
-            if not durable.has_node_metadata:
-                durable.save_node_metadata(self.users, self.vhosts, self.global_parameters,
-                                           drop=definitions.METADATA_WRITTEN)
-                if migrating:
-                    os.replace(json_path, json_path.with_name(definitions.METADATA_FILE + ".migrated"))
-                    log.info("metadata.json migrated into the metadata store", file=str(json_path),
-                             renamed_to=definitions.METADATA_FILE + ".migrated", users=len(self.users.users),
-                             vhosts=len(self.vhosts))
-            durable.recover(self.vhosts, self.add_vhost)
-        except (DataDirectoryError, MetadataStoreError) as exc:
-            raise StartupError(f"{exc}. {FORCE_RESET_HINT}") from None
-        except MetadataWriteError as exc:
-            raise StartupError(str(exc)) from None
-        except OSError as exc:
-            raise StartupError(f"cannot open the data directory {data_dir}: {exc}") from None
-        self.shutdown_hooks.append(self.close_storage)
-
-    def _read_metadata_file(self, store: MetadataStore | None) -> None:
-        """NodeStorage's check of an older node's ``metadata.json`` beside the store (None: a new one),
-        read only while the store does not hold the node's metadata yet: it must be there (and readable)
-        if the store says it was written, and must not outlive a lost store."""
-        from broker import definitions
-
-        if store is not None and store.get(NODE_KIND, NODE_METADATA_KEY) is not None:
-            if (self.settings.data_dir / definitions.METADATA_FILE).exists():
-                log.warning("ignoring metadata.json: this node's metadata is in its metadata store",
-                            data_dir=str(self.settings.data_dir))
-            return
-        try:
-            self._metadata_doc = definitions.read_metadata_file(
-                self.settings.data_dir,
-                written=store is not None and store.get(*definitions.METADATA_WRITTEN) is not None,
-                store_created=store is None, store_path=str(self.settings.data_dir / METADATA_DB))
-        except definitions.DefinitionsError as exc:
-            raise DataDirectoryError(str(exc)) from None
-
-    def _wipe_data_dir(self, data_dir: str) -> None:
-        """--force-reset: everything in the data directory goes (except a log file kept there)."""
-        keep = [str(self.settings.log_file)] if self.settings.log_file else []
-        try:
-            removed = reset_data_dir(data_dir, keep)
-        except (OSError, DataDirectoryError) as exc:
-            raise StartupError(f"--force-reset: cannot wipe {data_dir}: {exc}") from None
-        log.warning("force_reset: deleted every message, queue, user and definition of this node; "
-                    "starting as a new node", data_dir=data_dir, removed=removed)
-
     def _attach_storage(self, vh: VHost) -> None:
-        if getattr(self, "storage", None) is not None:
+        if self.storage is not None:
             vh.durable = self.durable_definitions
             vh.queues.backing_queue_factory = BackingQueueFactory(self.storage, vh.name)
 
@@ -421,107 +284,3 @@ class Node:
             set_memory_limit(memory_limit)
         monitor.stop()
         monitor.check()
-
-    async def start(self) -> None:
-        self.open_storage()
-        self.start_resource_monitor()
-        set_memory_limit(self.resource_monitor.memory_limit)
-        self.memory_budget = MemoryBudget(self, self.resource_monitor)
-        self.memory_budget.start()
-        from broker import definitions
-
-        if self.settings.load_definitions is not None:
-            try:
-                definitions.load_file(self, self.settings.load_definitions)
-            except (definitions.DefinitionsError, MetadataWriteError) as exc:
-                raise StartupError(f"load_definitions {self.settings.load_definitions}: {exc}") from None
-            log.info("definitions loaded", file=str(self.settings.load_definitions))
-        loop = asyncio.get_running_loop()
-        hosts = listen_hosts(self.settings.bind)
-        try:
-            self._server = await loop.create_server(lambda: Reader(self), hosts, self.settings.port,
-                                                    reuse_address=True, backlog=1024)
-        except OSError as exc:
-            raise StartupError(f"cannot listen for AMQP on {self.settings.bind}:{self.settings.port}: "
-                               f"{exc.strerror or exc}") from None
-        for sock in self._server.sockets:
-            address = sock.getsockname()[0]
-            self.listeners.append({"protocol": "amqp", "ip_address": address, "port": self.settings.port})
-            log.info("listening", protocol="amqp", address=address, port=self.settings.port)
-        await self._start_http()
-
-    async def _start_http(self) -> None:
-        """The HTTP API and Prometheus listeners, on the same addresses as AMQP unless configured. A port
-        that is taken stops the start, naming it, as RabbitMQ does when a listener cannot bind: running
-        on without its API would let ``leveret ctl`` talk to whatever owns the port."""
-        from aiohttp import web
-
-        from broker import metrics
-        from broker.management.app import make_app
-
-        s = self.settings
-        for protocol, port, bind, make in (("http", s.management_port, s.management_bind, make_app),
-                                           ("http/prometheus", s.prometheus_port, s.prometheus_bind,
-                                            metrics.make_app)):
-            if not port:
-                continue
-            address = bind or s.bind
-            hosts = listen_hosts(address)
-            runner = web.AppRunner(make(self), access_log=None, handle_signals=False)
-            await runner.setup()
-            self._http_runners.append(runner)
-            for host in hosts if isinstance(hosts, list) else [hosts]:
-                site = web.TCPSite(runner, host, port, reuse_address=True)
-                try:
-                    await site.start()
-                except OSError as exc:
-                    name = "HTTP API" if protocol == "http" else "Prometheus"
-                    raise StartupError(f"cannot listen for the {name} on {host or 'all addresses'}:{port}: "
-                                       f"{exc.strerror or exc} (management.tcp.port / prometheus.tcp.port; "
-                                       f"0 turns a listener off)") from None
-                self.listeners.append({"protocol": protocol, "ip_address": host or "::", "port": port})
-                log.info("listening", protocol=protocol, address=host or "::", port=port)
-
-    async def stop(self) -> None:
-        """Graceful shutdown: stop accepting, close every connection with 320 CONNECTION_FORCED, wait for
-        them (at most ``leveret.shutdown_timeout``), run the shutdown hooks, close the HTTP listeners."""
-        self.stopping = True
-        if self._server is not None:
-            self._server.close()
-        for conn in list(self.connections):
-            conn.force_close(SHUTDOWN_REASON)
-        deadline = time.monotonic() + self.settings.shutdown_timeout
-        while self.connections and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        for conn in list(self.connections):
-            if conn.transport is not None:
-                conn.transport.close()
-        for hook in self.shutdown_hooks:
-            try:
-                result = hook()
-                if result is not None:
-                    await result
-            except Exception:
-                log.exception("shutdown hook failed")
-        for runner in self._http_runners:
-            await runner.cleanup()
-        self._http_runners.clear()
-        log.info("stopped")
-
-    async def run_until_signalled(self) -> None:
-        await self.start()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-
-        def on_signal(signame: str) -> None:
-            if stop.is_set():
-                log.warning("second signal, exiting at once", signal=signame)
-                os._exit(1)
-            log.info("signal received, shutting down", signal=signame)
-            stop.set()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal, sig.name)
-        await stop.wait()
-        log.info("shutting down")
-        await self.stop()

@@ -254,9 +254,9 @@ class DurableDefinitions:
                 users.users[name].topic_permissions.setdefault(vhost, {})[exchange] = (v["write"], v["read"])
         for kind in ("policy", "operator_policy"):
             for (vhost, name), v in rows[kind]:
-                vh = vhosts.get(vhost)
-                if vh is not None:
-                    store = vh.operator_policies if kind == "operator_policy" else vh.policies
+                holder = vhosts.get(vhost)
+                if holder is not None:
+                    store = holder.operator_policies if kind == "operator_policy" else holder.policies
                     store[name] = Policy(name, v["pattern"], v["definition"], v["priority"], v["apply-to"], vhost)
         for (vhost, component, name), value in rows["parameter"]:
             if vhost in vhosts:
@@ -280,10 +280,10 @@ class DurableDefinitions:
             vh.queues.restore(name, v["auto_delete"], _untable(v["arguments"]))
             counts["queue"] += 1
         for (vhost, source, kind, dest, rk, _h), v in self.metadata.items("binding"):
-            vh = vhosts.get(vhost)
-            ex = vh.exchanges.get(source) if vh is not None else None
-            if ex is None or (kind == QUEUE and vh.queues.get(dest) is None) or \
-                    (kind == EXCHANGE and dest not in vh.exchanges):
+            owner = vhosts.get(vhost)
+            ex = owner.exchanges.get(source) if owner is not None else None
+            if owner is None or ex is None or (kind == QUEUE and owner.queues.get(dest) is None) or \
+                    (kind == EXCHANGE and dest not in owner.exchanges):
                 continue
             ex.add_binding(Binding(source, dest, kind, rk, _untable(v["arguments"])))
             counts["binding"] += 1

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 APPLY_TO = ("queues", "classic_queues", "quorum_queues", "streams", "exchanges", "all")
+# The order the HTTP API names them in when it refuses one.
+APPLY_TO_IN_ERRORS = ("all", "queues", "exchanges", "classic_queues", "quorum_queues", "streams")
 
 
 @dataclass
@@ -52,3 +54,33 @@ def best_match(policies: dict[str, Policy], queue_name: str, queue_type: str = "
     if not matching:
         return None
     return max(matching, key=lambda p: (p.priority, p.name))
+
+
+def make_policy(vhost: str, name: str, body: dict[str, Any], operator: bool = False) -> Policy:
+    """A Policy from a policy body as the HTTP API and definitions files carry it; ValueError if invalid."""
+    p = validate_policy(body, operator)
+    return Policy(name, p["pattern"], p["definition"], p["priority"], p["apply-to"], vhost)
+
+
+def validate_policy(body: dict[str, Any], operator: bool = False) -> dict[str, Any]:
+    """A policy body (the HTTP API's or a definitions file's) checked as RabbitMQ checks it; raises ValueError
+    with the reason."""
+    pattern = body.get("pattern")
+    if not isinstance(pattern, str):
+        raise ValueError("pattern must be a string (a regular expression)")  # noqa: TRY004
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"invalid pattern: {exc}") from None
+    definition = body.get("definition")
+    if not isinstance(definition, dict) or not definition:
+        raise ValueError("definition must be a non-empty object")
+    priority = body.get("priority", 0)
+    if isinstance(priority, str) and priority.lstrip("-").isdigit():
+        priority = int(priority)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError("priority must be an integer")  # noqa: TRY004
+    apply_to = body.get("apply-to", "queues" if operator else "all")
+    if apply_to not in APPLY_TO:
+        raise ValueError(f"apply-to must be one of {', '.join(APPLY_TO_IN_ERRORS)}")
+    return {"pattern": pattern, "definition": definition, "priority": priority, "apply-to": apply_to}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import platform
 import struct
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 from pamqp import commands as spec
@@ -150,7 +150,9 @@ class Reader(asyncio.Protocol):
 
     # -- transport events ------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # A stream server's transports are asyncio.Transport (read and write); tests hand in look-alikes.
+        transport = cast(asyncio.Transport, transport)
+        self.transport = transport
         peer = transport.get_extra_info("peername") or ("", 0)
         local = transport.get_extra_info("sockname") or ("", 0)
         self.peer = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else (str(peer), 0)
@@ -682,3 +684,9 @@ class Reader(asyncio.Protocol):
         self.send_oct += len(data)
         transport.write(data)
 
+
+def open_connections(node: Node) -> list[Reader]:
+    """The node's client connections as readers, for the modules above the reader (the HTTP API, the
+    exporter, the server). The node holds them as ``ClientConnection`` (it sits below the reader); every one
+    it holds is a Reader, so the check only narrows the type."""
+    return [conn for conn in node.connections if isinstance(conn, Reader)]

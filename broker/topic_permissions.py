@@ -140,12 +140,14 @@ class _ChannelLike(Protocol):
     publish_checks: dict[str, Any]
 
 
-class _ConnectionLike(Protocol):
+class TopicCheckingConnection(Protocol):
+    """What the cache's invalidation needs of a client connection (a broker.reader.Reader)."""
+
     user: User
     channels: dict[int, _ChannelLike]
 
 
-def permissions_changed(connections: Iterable[_ConnectionLike], username: str) -> None:
+def permissions_changed(connections: Iterable[TopicCheckingConnection], username: str) -> None:
     """``username``'s topic permissions changed: its open channels forget what they checked, so their next
     publish to each exchange is checked against the new permissions (RabbitMQ lets cached results live
     until the channel idles)."""

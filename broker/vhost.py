@@ -27,6 +27,7 @@ from protocol.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED
 
 if TYPE_CHECKING:
     from broker.auth import User
+    from broker.counters import GlobalCounters
     from broker.queue_process import QueueProcess
 
 log = structlog.get_logger("leveret.vhost")
@@ -42,12 +43,20 @@ def _fmt(value: Any) -> str:
 
 
 class VHost:
-    def __init__(self, name: str, counters: Any = None, replies: ReplyTo | None = None,
-                 clock: Clock | None = None) -> None:
+    def __init__(self, name: str, counters: GlobalCounters | None = None, replies: ReplyTo | None = None,
+                 clock: Clock | None = None, *, description: str = "", tags: list[str] | None = None,
+                 default_queue_type: str = "classic") -> None:
         self.name = name
+        # What the operator said about it (the HTTP API's vhost object; RabbitMQ's vhost metadata).
+        self.description = description
+        self.tags: list[str] = list(tags or [])
+        self.default_queue_type = default_queue_type
+        # Runtime parameters, (component, name) → value: vhost-limits (broker/limits.py reads them here), and
+        # whatever a definitions import carries (federation upstreams, ...).
+        self.parameters: dict[tuple[str, str], Any] = {}
         # The one source of time for this vhost's queues, exchanges and dead-lettering (broker/clock.py).
         self.clock: Clock = clock if clock is not None else LoopClock()
-        # The node's GlobalCounters (broker/metrics.py), if this vhost belongs to a node.
+        # The node's GlobalCounters (broker/counters.py), if this vhost belongs to a node.
         self.counters = counters
         # The node's direct reply-to consumers, if this vhost belongs to a node.
         self.replies = replies
@@ -66,9 +75,6 @@ class VHost:
             self.exchanges[ex_name] = self._make_exchange(ex_type, ex_name)
 
     # -- policies and runtime parameters -------------------------------------------------------------------
-    # Runtime parameters, (component, name) → value; set by the node (broker/node.py init_vhost_metadata).
-    parameters: dict[tuple[str, str], Any]
-
     def policies_for_queue(self, name: str, queue_type: str = "classic") -> tuple[Policy | None, Policy | None]:
         return best_match(self.policies, name, queue_type), best_match(self.operator_policies, name, queue_type)
 

@@ -158,8 +158,9 @@ class MetadataStore:
         except (sqlite3.DatabaseError, ValueError, msgpack.UnpackException) as exc:
             raise self._error(exc) from None
 
-    def items(self, kind: str) -> list[tuple[str | tuple[str, ...], Any]]:
-        """Every ``(key, value)`` of ``kind``, by key; tuple keys come back as tuples. Recovery reads
+    def items(self, kind: str) -> list[tuple[Any, Any]]:
+        """Every ``(key, value)`` of ``kind``, by key: a key is a str, or a tuple of str for a kind with a
+        composite key (typed Any: its shape is the kind's, known to the caller). Recovery reads
         through this, so a damaged page or record is a :class:`MetadataStoreError`."""
         try:
             rows = self._db.execute("SELECT key, value FROM defs WHERE kind = ? ORDER BY key", (kind,)).fetchall()

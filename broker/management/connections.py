@@ -24,6 +24,7 @@ from broker.management.objects import (
     iter_channels,
     iter_consumers,
 )
+from broker.reader import open_connections
 
 if TYPE_CHECKING:
     from broker.reader import Reader
@@ -37,7 +38,7 @@ def _visible_connections(request: web.Request) -> list[Reader]:
     if vhost is not None:
         vhost_for(request)
     out = []
-    for conn in sorted(node.connections, key=lambda c: c.connected_at):
+    for conn in sorted(open_connections(node), key=lambda c: c.connected_at):
         if not sees_all(user) and conn.user.name != user.name:
             continue
         if vhost is not None and (conn.vhost is None or conn.vhost.name != vhost):

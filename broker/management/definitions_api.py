@@ -33,7 +33,7 @@ async def post_definitions(request: web.Request) -> web.Response:
     if request.content_type.startswith("multipart/"):
         form = await request.post()
         upload = form.get("file")
-        raw = upload.file.read() if hasattr(upload, "file") else str(upload or "").encode()
+        raw = upload.file.read() if isinstance(upload, web.FileField) else str(upload or "").encode()
     else:
         raw = await request.read()
     try:

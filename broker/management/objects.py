@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from broker.exchange import EXCHANGE, QUEUE
-from broker.management.common import json_safe
+from broker.json_values import json_safe
+from broker.reader import open_connections
 
 if TYPE_CHECKING:
     from broker.auth import User
@@ -31,12 +32,6 @@ if TYPE_CHECKING:
     from broker.vhost import VHost
 
 DEFAULT_EXCHANGE_PATH = "amq.default"
-EXCHANGE_TYPE_DESCRIPTIONS = {
-    "direct": "AMQP direct exchange, as per the AMQP specification",
-    "fanout": "AMQP fanout exchange, as per the AMQP specification",
-    "topic": "AMQP topic exchange, as per the AMQP specification",
-    "headers": "AMQP headers exchange, as per the AMQP specification",
-}
 
 
 # -- rates ----------------------------------------------------------------------------------------------------------
@@ -116,10 +111,8 @@ def queue_message_counts(q: QueueProcess) -> dict[str, int]:
 # -- queues -------------------------------------------------------------------------------------------------------
 
 def queue_type(q: QueueProcess) -> str:
-    t = q.arguments.get("x-queue-type")
-    if isinstance(t, bytes):
-        t = t.decode(errors="replace")
-    return t if isinstance(t, str) and t else "classic"
+    """The queue's type name as the HTTP API shows it ("classic", "quorum"; broker/queue_types.py)."""
+    return q.type_name
 
 
 def effective_policy_definition(q: QueueProcess) -> dict[str, Any]:
@@ -328,7 +321,7 @@ def consumer_info(node: Node, conn: Reader, ch: Channel, consumer: Consumer) -> 
 
 
 def iter_channels(node: Node) -> Iterator[tuple[Reader, Channel]]:
-    for conn in list(node.connections):
+    for conn in open_connections(node):
         for ch in list(conn.channels.values()):
             yield conn, ch
 
@@ -347,9 +340,9 @@ def vhost_info(node: Node, vh: VHost) -> dict[str, Any]:
         f = q.figures()
         ready += f.ready
         unacked += f.unacked
-    description = getattr(vh, "description", "")
-    tags = list(getattr(vh, "tags", []))
-    dqt = getattr(vh, "default_queue_type", "classic")
+    description = vh.description
+    tags = list(vh.tags)
+    dqt = vh.default_queue_type
     return {
         "name": vh.name,
         "description": description,

@@ -31,6 +31,7 @@ from broker.management.objects import (
     with_details,
 )
 from broker.os_probes import disk_free, open_fds, resident_memory
+from broker.reader import open_connections
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -55,7 +56,7 @@ async def get_overview(request: web.Request) -> web.Response:
             unacked += f.unacked
             n_queues += 1
     names = {vh.name for vh in vhs}
-    conns = [c for c in node.connections if all_visible or c.user.name == user.name]
+    conns = [c for c in open_connections(node) if all_visible or c.user.name == user.name]
     channels = [1 for conn, _ in iter_channels(node) if conn in conns]
     consumers = [1 for conn, _, _ in iter_consumers(node) if conn in conns]
     queue_totals: dict[str, Any] = {}

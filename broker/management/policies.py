@@ -5,7 +5,6 @@ apply them to the vhost's queues at once (broker/policy.py, broker/queue_args.py
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from aiohttp import web
@@ -24,41 +23,11 @@ from broker.management.common import (
     vhost_for,
     visible_vhosts,
 )
-from broker.policy import Policy
-
-APPLY_TO = ("all", "queues", "exchanges", "classic_queues", "quorum_queues", "streams")
+from broker.policy import Policy, make_policy
 
 
 def policy_info(vhost: str, name: str, policy: Policy) -> dict[str, Any]:
     return {**policy.as_json(), "vhost": vhost, "name": name}
-
-
-def make_policy(vhost: str, name: str, body: dict[str, Any], operator: bool = False) -> Policy:
-    p = validate_policy(body, operator)
-    return Policy(name, p["pattern"], p["definition"], p["priority"], p["apply-to"], vhost)
-
-
-def validate_policy(body: dict[str, Any], operator: bool = False) -> dict[str, Any]:
-    """A policy body checked as RabbitMQ checks it; raises ValueError with the reason."""
-    pattern = body.get("pattern")
-    if not isinstance(pattern, str):
-        raise ValueError("pattern must be a string (a regular expression)")  # noqa: TRY004
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise ValueError(f"invalid pattern: {exc}") from None
-    definition = body.get("definition")
-    if not isinstance(definition, dict) or not definition:
-        raise ValueError("definition must be a non-empty object")
-    priority = body.get("priority", 0)
-    if isinstance(priority, str) and priority.lstrip("-").isdigit():
-        priority = int(priority)
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise ValueError("priority must be an integer")  # noqa: TRY004
-    apply_to = body.get("apply-to", "queues" if operator else "all")
-    if apply_to not in APPLY_TO:
-        raise ValueError(f"apply-to must be one of {', '.join(APPLY_TO)}")
-    return {"pattern": pattern, "definition": definition, "priority": priority, "apply-to": apply_to}
 
 
 def _store(request: web.Request) -> str:

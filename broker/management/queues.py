@@ -12,11 +12,11 @@ from aiohttp import web
 
 from broker import permissions
 from broker.exchange import QUEUE
+from broker.json_values import json_safe
 from broker.management.common import (
     as_bool,
     bad_request,
     body_of,
-    json_safe,
     node_of,
     not_found,
     respond,

@@ -180,7 +180,7 @@ async def put_topic_permission(request: web.Request) -> web.Response:
     vhost, user = _vhost_and_user(request)
     body = await body_of(request)
     exchange, write, read = body.get("exchange"), body.get("write", ".*"), body.get("read", ".*")
-    if not all(isinstance(v, str) for v in (exchange, write, read)):
+    if not (isinstance(exchange, str) and isinstance(write, str) and isinstance(read, str)):
         raise bad_request("exchange, write and read must be strings")
     for regex in (write, read):
         try:

@@ -16,6 +16,7 @@ from broker import definitions
 from broker.auth import check_password
 from broker.config import Settings
 from broker.node import Node
+from broker.server import Server
 
 
 def rabbit_hash(password: str, salt: bytes, algo=hashlib.sha256) -> str:
@@ -152,14 +153,21 @@ async def test_load_file(tmp_path):
 
 def opened_node(tmp_path: Path, name: str = "n") -> Node:
     """A node with its storage open (as at start, before it listens); close with ``close``."""
-    node = fresh_node(tmp_path, name)
-    node.open_storage()
-    return node
+    server = Server(fresh_node(tmp_path, name))
+    server.open_storage()
+    _servers[id(server.node)] = server
+    return server.node
+
+
+# The server that opened each node's storage (it holds the data directory's lock until close()).
+_servers: dict[int, Server] = {}
 
 
 def close(node: Node) -> None:
     node.close_storage()
-    node._data_dir_lock.release()
+    lock = _servers.pop(id(node))._data_dir_lock
+    assert lock is not None
+    lock.release()
 
 
 async def test_everything_imported_is_back_after_a_restart(tmp_path):

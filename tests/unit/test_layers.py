@@ -1,8 +1,8 @@
-"""The layering rules that hold today, checked on every import (module level, TYPE_CHECKING and inside
-functions) by tests/import_graph.py: protocol/ and storage/ never import broker/ nor each other, and
-neither has a cycle; the bottom of the metrics stack (counters, OS probes) and the alarms import nothing
-above them. (broker/ itself still has one knot; ``python tests/import_graph.py`` shows it, and
-``lint-imports`` lists the arrows that break pyproject.toml's layers contract.)"""
+"""The layering rules, checked on every import (module level, TYPE_CHECKING and inside functions) by
+tests/import_graph.py: protocol/ and storage/ never import broker/ nor each other; no module of the three
+packages is part of an import cycle; the bottom of the metrics stack (counters, OS probes) and the alarms
+import nothing above them; the node does not know the reader nor the server; and import-linter keeps every
+contract of pyproject.toml, the broker's layers included (``make lint`` runs it too)."""
 
 from __future__ import annotations
 
@@ -80,12 +80,25 @@ def test_every_broker_module_has_a_layer():
     assert missing == [], f"add these to a layer of [tool.importlinter] in pyproject.toml: {missing}"
 
 
-def test_import_linter_keeps_the_protocol_and_storage_contracts():
+def test_no_import_cycle_anywhere():
+    # Counting every arrow, TYPE_CHECKING and function-local imports included (the issue measured a 26-module
+    # knot in broker/ this way): calls back up go through Protocols declared in the lower module instead.
+    arrows = [(a, b) for a, b, _ in import_graph.edges()]
+    assert import_graph.strongly_connected(import_graph.modules(), arrows) == []
+
+
+def test_the_node_knows_neither_the_reader_nor_the_server():
+    # The node is shared state below the reader; starting listeners and storage is broker.server's job.
+    assert not _arrows_from("broker.node") & {"broker.reader", "broker.server", "broker.channel",
+                                               "broker.definitions", "broker.metrics"}
+    assert not any(b.startswith("broker.management") for b in _arrows_from("broker.node"))
+    assert not any(b.startswith("broker.management") for b in _arrows_from("broker.definitions"))
+
+
+def test_import_linter_keeps_every_contract():
     lint_imports = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
     if lint_imports is None:
-        pytest.skip("import-linter is not installed (pip install -e '.[dev]')")
-    result = subprocess.run([lint_imports, "--no-cache", "--contract", "protocol-storage-no-broker",
-                             "--contract", "protocol-storage-independent"], cwd=ROOT, capture_output=True,
-                            text=True, check=False)
+        pytest.fail("import-linter is not installed (pip install -e '.[dev]' installs it)")
+    result = subprocess.run([lint_imports, "--no-cache"], cwd=ROOT, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 kept, 0 broken" in result.stdout
+    assert "3 kept, 0 broken" in result.stdout

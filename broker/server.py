@@ -1,0 +1,278 @@
+"""The server: builds a node and starts everything around it — the data directory lock and the storage
+(with the one ordered recovery pass), the resource monitor and memory budget, the definitions file, the AMQP,
+HTTP API and Prometheus listeners, signals — and shuts it all down gracefully.
+
+This is the top of the broker (only ``cli`` sits above it): the node (broker/node.py) is the shared state
+every connection, the HTTP API and the exporter read and change; nothing below imports this module. RabbitMQ
+splits the same way (rabbit_sup / rabbit_networking start what rabbit_vhost, rabbit_auth_backend_internal and
+friends hold).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import time
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from broker import definitions, metrics
+from broker.alarms import ResourceMonitor, configured_disk_free_limit, configured_memory_limit
+from broker.management.app import make_app
+from broker.memory_budget import MemoryBudget, set_memory_limit
+from broker.node import Node
+from broker.persistence import NODE_METADATA_KEY, DurableDefinitions
+from broker.reader import Reader, open_connections
+from storage.data_dir_lock import DataDirLock, DataDirLocked
+from storage.metadata_store import MetadataStore, MetadataStoreError, MetadataWriteError
+from storage.node_storage import METADATA_FILE as METADATA_DB
+from storage.node_storage import NODE_KIND, DataDirectoryError, NodeStorage, reset_data_dir
+
+log = structlog.get_logger("leveret.server")
+
+SHUTDOWN_REASON = "broker forced connection closure with reason 'shutdown'"
+# Appended to a refused start caused by the data directory: the other way out than a backup.
+FORCE_RESET_HINT = ("To discard every message and definition instead and start as a new node, run "
+                    "`leveret serve --force-reset` once")
+
+
+def _ipv6_loopback_available() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def listen_hosts(bind: str) -> str | list[str] | None:
+    """The addresses a listener binds for ``bind``: the loopback address (the default) means both
+    loopbacks, 127.0.0.1 and ::1 where IPv6 is there, so a client whose ``localhost`` resolves to ::1 is
+    served; 0.0.0.0 or :: means every address of both families (None to asyncio), as RabbitMQ listens."""
+    if bind in ("0.0.0.0", "::", "*"):
+        return None
+    if bind in ("127.0.0.1", "localhost"):
+        return ["127.0.0.1", "::1"] if _ipv6_loopback_available() else ["127.0.0.1"]
+    return bind
+
+
+class StartupError(Exception):
+    """Start-up cannot go on (a port taken, a definitions file that does not load): one line for stderr."""
+
+
+class Server:
+    """Starts and stops one node. ``force_reset``: ``leveret serve --force-reset`` (rabbitmqctl force_reset)
+    wipes the data directory at start."""
+
+    def __init__(self, node: Node, *, force_reset: bool = False) -> None:
+        self.node = node
+        self.force_reset = force_reset
+        # An older node's metadata.json, read (and checked) before the message stores open, to be
+        # migrated into the metadata store at start.
+        self._metadata_doc: dict[str, Any] | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._http_runners: list[Any] = []
+        self._data_dir_lock: DataDirLock | None = None  # held from start to exit: one broker per directory
+
+    def start_resource_monitor(self) -> ResourceMonitor:
+        """Memory limit: the absolute watermark if set, else the relative one times the machine's RAM; disk
+        limit: the relative one times the machine's RAM if set, else the absolute one."""
+        s = self.node.settings
+        s.data_dir.mkdir(parents=True, exist_ok=True)
+        self.node.resource_monitor = ResourceMonitor(self.node.alarm_state, self.node.connections, s.data_dir,
+                                                configured_memory_limit(s), configured_disk_free_limit(s),
+                                                     clock=self.node.clock)
+        if self.node.storage is not None:  # the storage tells the disk monitor what it writes and when writes fail
+            self.node.storage.syncer.on_written = self.node.resource_monitor.note_written
+            self.node.storage.syncer.on_write_failure = self.node.resource_monitor.set_storage_failing
+        self.node.resource_monitor.start()
+        return self.node.resource_monitor
+
+    def open_storage(self) -> None:
+        """Open the message stores and the metadata store, and recover everything in one ordered pass:
+        vhosts, users and permissions, policies and parameters, then the durable exchanges, queues (with
+        their messages) and bindings. From now on every definition is written to the store as it changes
+        and every queue's backing queue is opened from storage.
+
+        A new node writes its defaults (guest, "/") to the store; an older node's ``metadata.json`` is
+        migrated into it once, in one commit, and then renamed ``metadata.json.migrated`` (kept as the
+        operator's backup; it is never read again).
+
+        A data directory whose metadata is missing, empty, unreadable or lost while message data is there
+        stops the start (StartupError, one line naming the file) before any file is changed: recovery
+        would otherwise take every queue for an orphan and delete its messages."""
+        data_dir = str(self.node.settings.data_dir)
+        try:
+            self._data_dir_lock = DataDirLock.acquire(data_dir)
+        except DataDirLocked as exc:
+            raise StartupError(str(exc)) from None
+        except OSError as exc:
+            raise StartupError(f"cannot use the data directory {data_dir}: {exc.strerror or exc}") from None
+        if self.force_reset:
+            self._wipe_data_dir(data_dir)
+        json_path = self.node.settings.data_dir / definitions.METADATA_FILE
+        try:
+            self.node.storage = NodeStorage(data_dir, asyncio.get_running_loop(),
+                                       queue_index_embed_msgs_below=self.node.settings.queue_index_embed_msgs_below,
+                                       check_metadata=self._read_metadata_file)
+            durable = DurableDefinitions(self.node.storage)
+            migrating = self._metadata_doc is not None
+            if durable.has_node_metadata:
+                counts = durable.recover_node_metadata(self.node.users, self.node.vhosts, self.node.add_vhost, self.node.global_parameters)
+                log.info("node metadata recovered", **counts)
+            elif self._metadata_doc is not None:
+                try:  # in memory first (nothing is written yet), then saved below in one commit
+                    definitions.apply_metadata(self.node, self._metadata_doc)
+                except definitions.DefinitionsError as exc:
+                    raise StartupError(f"{json_path} cannot be migrated ({exc}); fix or restore it from a backup. "
+                                       f"{FORCE_RESET_HINT}") from None
+                self._metadata_doc = None
+            self.node.durable_definitions = durable
+            for vh in self.node.vhosts.values():
+                self.node._attach_storage(vh)
+            if not durable.has_node_metadata:
+                durable.save_node_metadata(self.node.users, self.node.vhosts, self.node.global_parameters,
+                                           drop=definitions.METADATA_WRITTEN)
+                if migrating:
+                    os.replace(json_path, json_path.with_name(definitions.METADATA_FILE + ".migrated"))
+                    log.info("metadata.json migrated into the metadata store", file=str(json_path),
+                             renamed_to=definitions.METADATA_FILE + ".migrated", users=len(self.node.users.users),
+                             vhosts=len(self.node.vhosts))
+            durable.recover(self.node.vhosts, self.node.add_vhost)
+        except (DataDirectoryError, MetadataStoreError) as exc:
+            raise StartupError(f"{exc}. {FORCE_RESET_HINT}") from None
+        except MetadataWriteError as exc:
+            raise StartupError(str(exc)) from None
+        except OSError as exc:
+            raise StartupError(f"cannot open the data directory {data_dir}: {exc}") from None
+        self.node.shutdown_hooks.append(self.node.close_storage)
+
+    def _read_metadata_file(self, store: MetadataStore | None) -> None:
+        """NodeStorage's check of an older node's ``metadata.json`` beside the store (None: a new one),
+        read only while the store does not hold the node's metadata yet: it must be there (and readable)
+        if the store says it was written, and must not outlive a lost store."""
+        if store is not None and store.get(NODE_KIND, NODE_METADATA_KEY) is not None:
+            if (self.node.settings.data_dir / definitions.METADATA_FILE).exists():
+                log.warning("ignoring metadata.json: this node's metadata is in its metadata store",
+                            data_dir=str(self.node.settings.data_dir))
+            return
+        try:
+            self._metadata_doc = definitions.read_metadata_file(
+                self.node.settings.data_dir,
+                written=store is not None and store.get(*definitions.METADATA_WRITTEN) is not None,
+                store_created=store is None, store_path=str(self.node.settings.data_dir / METADATA_DB))
+        except definitions.DefinitionsError as exc:
+            raise DataDirectoryError(str(exc)) from None
+
+    def _wipe_data_dir(self, data_dir: str) -> None:
+        """--force-reset: everything in the data directory goes (except a log file kept there)."""
+        keep = [str(self.node.settings.log_file)] if self.node.settings.log_file else []
+        try:
+            removed = reset_data_dir(data_dir, keep)
+        except (OSError, DataDirectoryError) as exc:
+            raise StartupError(f"--force-reset: cannot wipe {data_dir}: {exc}") from None
+        log.warning("force_reset: deleted every message, queue, user and definition of this node; "
+                    "starting as a new node", data_dir=data_dir, removed=removed)
+
+    async def start(self) -> None:
+        self.open_storage()
+        monitor = self.start_resource_monitor()
+        set_memory_limit(monitor.memory_limit)
+        self.node.memory_budget = MemoryBudget(self.node, monitor)
+        self.node.memory_budget.start()
+        if self.node.settings.load_definitions is not None:
+            try:
+                definitions.load_file(self.node, self.node.settings.load_definitions)
+            except (definitions.DefinitionsError, MetadataWriteError) as exc:
+                raise StartupError(f"load_definitions {self.node.settings.load_definitions}: {exc}") from None
+            log.info("definitions loaded", file=str(self.node.settings.load_definitions))
+        loop = asyncio.get_running_loop()
+        hosts = listen_hosts(self.node.settings.bind)
+        try:
+            self._server = await loop.create_server(lambda: Reader(self.node), hosts, self.node.settings.port,
+                                                    reuse_address=True, backlog=1024)
+        except OSError as exc:
+            raise StartupError(f"cannot listen for AMQP on {self.node.settings.bind}:{self.node.settings.port}: "
+                               f"{exc.strerror or exc}") from None
+        for sock in self._server.sockets:
+            address = sock.getsockname()[0]
+            self.node.listeners.append({"protocol": "amqp", "ip_address": address, "port": self.node.settings.port})
+            log.info("listening", protocol="amqp", address=address, port=self.node.settings.port)
+        await self._start_http()
+
+    async def _start_http(self) -> None:
+        """The HTTP API and Prometheus listeners, on the same addresses as AMQP unless configured. A port
+        that is taken stops the start, naming it, as RabbitMQ does when a listener cannot bind: running
+        on without its API would let ``leveret ctl`` talk to whatever owns the port."""
+        s = self.node.settings
+        for protocol, port, bind, make in (("http", s.management_port, s.management_bind, make_app),
+                                           ("http/prometheus", s.prometheus_port, s.prometheus_bind,
+                                            metrics.make_app)):
+            if not port:
+                continue
+            address = bind or s.bind
+            hosts = listen_hosts(address)
+            runner = web.AppRunner(make(self.node), access_log=None, handle_signals=False)
+            await runner.setup()
+            self._http_runners.append(runner)
+            for host in hosts if isinstance(hosts, list) else [hosts]:
+                site = web.TCPSite(runner, host, port, reuse_address=True)
+                try:
+                    await site.start()
+                except OSError as exc:
+                    name = "HTTP API" if protocol == "http" else "Prometheus"
+                    raise StartupError(f"cannot listen for the {name} on {host or 'all addresses'}:{port}: "
+                                       f"{exc.strerror or exc} (management.tcp.port / prometheus.tcp.port; "
+                                       f"0 turns a listener off)") from None
+                self.node.listeners.append({"protocol": protocol, "ip_address": host or "::", "port": port})
+                log.info("listening", protocol=protocol, address=host or "::", port=port)
+
+    async def stop(self) -> None:
+        """Graceful shutdown: stop accepting, close every connection with 320 CONNECTION_FORCED, wait for
+        them (at most ``leveret.shutdown_timeout``), run the shutdown hooks, close the HTTP listeners."""
+        self.node.stopping = True
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.node.connections):
+            conn.force_close(SHUTDOWN_REASON)
+        deadline = time.monotonic() + self.node.settings.shutdown_timeout
+        while self.node.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for conn in open_connections(self.node):
+            if conn.transport is not None:
+                conn.transport.close()
+        for vh in list(self.node.vhosts.values()):  # stateful exchange types stop their timers, flush state
+            vh.stop_exchanges()
+        for hook in self.node.shutdown_hooks:
+            try:
+                result = hook()
+                if result is not None:
+                    await result
+            except Exception:
+                log.exception("shutdown hook failed")
+        for runner in self._http_runners:
+            await runner.cleanup()
+        self._http_runners.clear()
+        log.info("stopped")
+
+    async def run_until_signalled(self) -> None:
+        await self.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def on_signal(signame: str) -> None:
+            if stop.is_set():
+                log.warning("second signal, exiting at once", signal=signame)
+                os._exit(1)
+            log.info("signal received, shutting down", signal=signame)
+            stop.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal, sig.name)
+        await stop.wait()
+        log.info("shutting down")
+        await self.stop()
