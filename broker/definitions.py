@@ -289,7 +289,7 @@ def _guarded_steps(node: Node, data: Any, vhost: str | None) -> Iterator[None]:
 def _batch(node: Node) -> AbstractContextManager[None]:
     """One metadata-store commit (one fsync) for many definitions, instead of one per object. On an
     error what was applied is committed too: it exists in memory and clients may already use it."""
-    storage = getattr(node, "storage", None)
+    storage = node.storage
     return storage.metadata.transaction(keep_on_error=True) if storage is not None else nullcontext()
 
 
@@ -316,7 +316,7 @@ async def import_definitions_async(node: Node, data: Any, vhost: str | None = No
     replayed after it so that the last write of a definition wins (storage/metadata_store.py). On a
     DefinitionsError what was applied is written too, then the error is raised. Runs to the end even if
     the HTTP client goes away."""
-    storage = getattr(node, "storage", None)
+    storage = node.storage
     store = storage.metadata if storage is not None else None
 
     async def run() -> None:

@@ -1,20 +1,30 @@
 """Queue arguments and policies → the settings a queue process acts on.
 
-A queue's effective settings come from three places, with RabbitMQ's precedence: the client's ``x-``
-arguments beat the policy that matches the queue; an operator policy beats both for the numeric limits it
-sets, the lower number winning. Argument values are checked at declare with RabbitMQ's error texts (406).
+A queue's effective settings come from three places, with RabbitMQ's precedence (its queue process's
+``args_policy_lookup`` and ``merge_policy_value``, checked against RabbitMQ 3.10 and read in 3.13's source):
+
+- the numeric limits (``message-ttl``, ``expires``, ``max-length``, ``max-length-bytes``, ``delivery-limit``,
+  ``consumer-timeout``): the lowest of the argument, the policy and the operator policy applies (an argument
+  of 5 under a policy of 2 holds 2 messages);
+- the other keys (dead-letter exchange and routing key, ``overflow``, ``queue-mode``): the client's argument
+  beats the policy; except that a quorum queue takes ``overflow`` and ``expires`` from the policy first, as
+  RabbitMQ's quorum queues do.
+
+Argument values are checked at declare with RabbitMQ's error texts (406).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from broker.errors import AMQPError
 from protocol.constants import PRECONDITION_FAILED
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
-QUEUE_TYPES = ("classic", "quorum")
+# The accepted ``x-queue-type`` values: broker/queue_types.py's registry fills it (this module sits below it),
+# so a new queue type is accepted here without an edit.
+QUEUE_TYPES: list[str] = []
 # Policy keys for queues: (policy key, argument, may an operator policy set it).
 POLICY_KEYS = (
     ("message-ttl", "x-message-ttl", True),
@@ -73,7 +83,7 @@ def _not_utf8(value: bytes) -> str:
     return f"{{invalid_utf8,{value[:64]!r}}}: the value must be a UTF-8 string"
 
 
-def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str | None]:
+def _one_of(choices: Sequence[str]) -> Callable[[Any], str | None]:
     def check(value: Any) -> str | None:
         if isinstance(value, bytes):
             try:
@@ -180,23 +190,44 @@ class QueueSettings:
         return self.max_length is not None or self.max_length_bytes is not None
 
 
+# Keys whose lowest value among argument, policy and operator policy applies (RabbitMQ's ``res_min``).
+LOWEST_WINS = frozenset({"message-ttl", "expires", "max-length", "max-length-bytes", "delivery-limit",
+                         "consumer-timeout"})
+# Keys a quorum queue takes from its policy before its argument (RabbitMQ's ``policyHasPrecedence``).
+QUORUM_POLICY_FIRST = frozenset({"overflow", "expires"})
+
+
+def _policy_value(key: str, from_policy: Any, from_operator_policy: Any) -> Any:
+    """The policy side of a key (RabbitMQ's ``rabbit_policy:get``): the operator policy's value merged with
+    the policy's — the lower number for a numeric limit, the operator's otherwise."""
+    if from_operator_policy is None:
+        return from_policy
+    if from_policy is None:
+        return from_operator_policy
+    if key in LOWEST_WINS and isinstance(from_policy, int) and isinstance(from_operator_policy, int):
+        return min(from_policy, from_operator_policy)
+    return from_operator_policy
+
+
 def effective_settings(arguments: dict[str, Any], policy: Any = None, operator_policy: Any = None
                        ) -> QueueSettings:
     """Merge arguments, policy and operator policy (each policy: an object with ``name`` and
     ``definition``) into the settings, with RabbitMQ's precedence."""
-    values: dict[str, Any] = {}
-    if policy is not None:
-        for key, arg, _op in POLICY_KEYS:
-            if key in policy.definition:
-                values[arg] = policy.definition[key]
-    for key, value in arguments.items():
-        values[key] = value
-    if operator_policy is not None:
-        for key, arg, allowed in POLICY_KEYS:
-            if allowed and key in operator_policy.definition:
-                op_value = operator_policy.definition[key]
-                current = values.get(arg)
-                values[arg] = op_value if not isinstance(current, int) else min(current, op_value)
+    values: dict[str, Any] = dict(arguments)
+    quorum = _text(arguments.get("x-queue-type")) == "quorum"
+    for key, arg, operator_may_set in POLICY_KEYS:
+        from_policy = _policy_value(key, policy.definition.get(key) if policy is not None else None,
+                                    operator_policy.definition.get(key)
+                                    if operator_policy is not None and operator_may_set else None)
+        if from_policy is None:
+            continue
+        current = values.get(arg)
+        if current is None:
+            values[arg] = from_policy
+        elif quorum and key in QUORUM_POLICY_FIRST:
+            values[arg] = from_policy
+        elif key in LOWEST_WINS and isinstance(current, int) and not isinstance(current, bool):
+            values[arg] = min(current, from_policy)
     s = QueueSettings()
     s.message_ttl = values.get("x-message-ttl")
     s.expires = values.get("x-expires")
@@ -210,6 +241,6 @@ def effective_settings(arguments: dict[str, Any], policy: Any = None, operator_p
     s.single_active_consumer = bool(arguments.get("x-single-active-consumer", False))
     s.consumer_timeout = values.get("x-consumer-timeout")
     s.queue_type = _text(arguments.get("x-queue-type", "classic"))
-    s.policy = getattr(policy, "name", None)
-    s.operator_policy = getattr(operator_policy, "name", None)
+    s.policy = policy.name if policy is not None else None
+    s.operator_policy = operator_policy.name if operator_policy is not None else None
     return s

@@ -31,8 +31,7 @@ message's returns (``x-delivery-count``).
 
     QUEUE_TYPES = {..., "stream": StreamQueueType()}
 
-(``x-queue-type`` values are also checked at declare by broker/queue_args.py's ``QUEUE_TYPES``, which names
-the accepted values; keep it in step.)
+(The registry also tells broker/queue_args.py which ``x-queue-type`` values a declare may name.)
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from broker import queue_args
 from broker.errors import AMQPError
 from broker.queue_args import QueueSettings
 from broker.queue_consumers import Consumer, ConsumerSet
@@ -199,6 +199,7 @@ QUEUE_TYPES: dict[str, QueueType] = {
     "classic": ClassicQueueType(),
     "quorum": QuorumQueueType(),
 }
+queue_args.QUEUE_TYPES[:] = QUEUE_TYPES  # what x-queue-type may name at declare (checked below this module)
 
 
 def queue_type_of(arguments: dict[str, Any]) -> QueueType:

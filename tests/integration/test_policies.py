@@ -84,15 +84,21 @@ def test_policy_max_length_applies_at_once_and_is_lifted_when_cleared(node, ch, 
     ch.queue_delete(q)
 
 
-def test_client_argument_beats_policy_and_operator_policy_beats_both(node, ch, uid):
+def test_the_lowest_of_argument_policy_and_operator_policy_limits_the_queue(node, ch, uid):
+    # RabbitMQ 3.10, checked by hand with rabbitmqctl set_policy / set_operator_policy: x-max-length 5 under
+    # a max-length 2 policy holds 2 (and x-max-length 2 under 5 holds 2); an operator policy of 3 over an
+    # argument of 5 holds 3.
     api = node[1]
     q = f"{uid}-prec"
     ch.queue_declare(q, arguments={"x-max-length": 5})
     set_policy(api, f"{uid}-p", f"^{q}$", {"max-length": 2})
     publish(ch, q, 8)
-    assert ready(ch, q) == 5  # the argument wins over the policy
+    assert ready(ch, q) == 2  # the policy's lower number applies
+    clear_policy(api, f"{uid}-p")
+    set_policy(api, f"{uid}-p", f"^{q}$", {"max-length": 9})
     set_policy(api, f"{uid}-op", f"^{q}$", {"max-length": 3}, operator=True)
-    assert ready(ch, q) == 3  # the operator policy's lower number wins
+    publish(ch, q, 8)
+    assert ready(ch, q) == 3  # the operator policy's lower number applies
     clear_policy(api, f"{uid}-op", operator=True)
     clear_policy(api, f"{uid}-p")
     ch.queue_delete(q)

@@ -43,18 +43,20 @@ def test_numeric_limits(attr):
     assert value({}) is None
     assert value({arg: 50}) == 50
     assert value({}, {key: 70}) == 70
-    # The argument beats the policy, lower or higher.
+    # Argument against policy: the lower applies (RabbitMQ 3.10 holds 2 messages for x-max-length 5 under a
+    # max-length 2 policy, and 2 for x-max-length 2 under 5; 3.13's queue process resolves with min too).
     assert value({arg: 50}, {key: 70}) == 50
-    assert value({arg: 90}, {key: 70}) == 90
+    assert value({arg: 90}, {key: 70}) == 70
     # The operator policy: alone it applies; against an argument or a policy the lower value wins.
     assert value({}, None, {key: 30}) == 30
     assert value({arg: 50}, None, {key: 30}) == 30
     assert value({arg: 10}, None, {key: 30}) == 10
     assert value({}, {key: 70}, {key: 30}) == 30
     assert value({}, {key: 20}, {key: 30}) == 20
-    # All three: the argument has already beaten the policy, then meets the operator policy.
-    assert value({arg: 50}, {key: 5}, {key: 30}) == 30
-    assert value({arg: 10}, {key: 5}, {key: 30}) == 10
+    # All three: the lowest of the three.
+    assert value({arg: 50}, {key: 5}, {key: 30}) == 5
+    assert value({arg: 10}, {key: 50}, {key: 30}) == 10
+    assert value({arg: 40}, {key: 50}, {key: 30}) == 30
     assert value({arg: 0}, {key: 5}, {key: 30}) == 0  # zero is a value (max-length 0), not "unset"
 
 
@@ -67,7 +69,10 @@ def test_other_keys_argument_beats_policy_and_operator_policies_cannot_set_them(
     assert (s.dlx, s.dlrk, s.overflow, s.consumer_timeout) == ("pdlx", "prk", "reject-publish", 1000)
     s = effective_settings({"x-dead-letter-exchange": "adlx", "x-dead-letter-routing-key": "ark",
                             "x-overflow": "reject-publish-dlx", "x-consumer-timeout": 2000}, pol, op)
-    assert (s.dlx, s.dlrk, s.overflow, s.consumer_timeout) == ("adlx", "ark", "reject-publish-dlx", 2000)
+    # consumer-timeout is a limit: the lower of argument and policy (RabbitMQ's channel resolves it with min).
+    assert (s.dlx, s.dlrk, s.overflow, s.consumer_timeout) == ("adlx", "ark", "reject-publish-dlx", 1000)
+    s = effective_settings({"x-consumer-timeout": 500}, pol, op)
+    assert s.consumer_timeout == 500
     s = effective_settings({}, None, op)
     assert (s.dlx, s.overflow, s.consumer_timeout) == (None, "drop-head", None)  # drop-head: the default
 
@@ -116,3 +121,13 @@ def test_a_vhost_applies_the_highest_priority_policy_of_each_kind(vh):
     del vh.operator_policies["cap"]
     vh.apply_policies()
     assert (q.settings.operator_policy, q.settings.max_length, q.settings.message_ttl) == (None, 100, 2000)
+
+
+def test_a_quorum_queue_takes_overflow_and_expires_from_its_policy_first():
+    # RabbitMQ's quorum queue resolves these two with policyHasPrecedence (3.13 rabbit_quorum_queue).
+    pol = policy({"overflow": "reject-publish", "expires": 90_000, "max-length": 7})
+    args = {"x-queue-type": "quorum", "x-overflow": "drop-head", "x-expires": 60_000, "x-max-length": 9}
+    s = effective_settings(args, pol)
+    assert (s.overflow, s.expires, s.max_length) == ("reject-publish", 90_000, 7)
+    classic = effective_settings({k: v for k, v in args.items() if k != "x-queue-type"}, pol)
+    assert (classic.overflow, classic.expires, classic.max_length) == ("drop-head", 60_000, 7)
