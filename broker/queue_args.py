@@ -222,9 +222,7 @@ def effective_settings(arguments: dict[str, Any], policy: Any = None, operator_p
         if from_policy is None:
             continue
         current = values.get(arg)
-        if current is None:
-            values[arg] = from_policy
-        elif quorum and key in QUORUM_POLICY_FIRST:
+        if current is None or (quorum and key in QUORUM_POLICY_FIRST):
             values[arg] = from_policy
         elif key in LOWEST_WINS and isinstance(current, int) and not isinstance(current, bool):
             values[arg] = min(current, from_policy)
