@@ -125,7 +125,7 @@ class QueueRegistry:
             return existing, False
         limits.check_queue_limit(self.vhost, name, len(self._queues))
         queue_type_of(arguments).check_declare(f"queue '{name}' in vhost '{self.vhost.name}'", durable, exclusive,
-                                               auto_delete)
+                                               auto_delete, server_named)
         if exclusive:
             durable = False  # RabbitMQ ignores durable on exclusive queues
         q = self._create(name, durable, reader if exclusive else None, auto_delete, arguments)

@@ -276,6 +276,9 @@ class Channel:
         reader = self.reader
         reader.send(fastcodec.encode_basic_deliver(self.id, consumer.tag_raw, tag, redelivered, msg.names_raw))
         reader.send_content(self.id, msg.header, msg.body)
+        tracer = self.vhost.tracing
+        if tracer is not None:
+            tracer.delivered(queue.name, msg, redelivered, self)  # the firehose (broker/trace.py)
 
     def _watch_ack(self, tag: int, timeout_ms: int) -> None:
         clock = self.clock
@@ -458,9 +461,9 @@ class Channel:
                             f"vhost '{self.vhost.name}': \"expected integer, got {amqp_type_name(priority)}\"")
         consumer = Consumer(tag, self, queue, m.no_ack, self.prefetch_count, priority, m.exclusive, args)
         self.consumers[tag] = consumer
+        queue.add_consumer(consumer)  # may refuse it (a stream's rules) before consume-ok; delivers only later
         if not m.nowait:
             self.send(spec.Basic.ConsumeOk, consumer_tag=tag)
-        queue.add_consumer(consumer)
 
     def _consume_reply_to(self, m: spec.Basic.Consume) -> None:
         tag = m.consumer_tag or _random_tag("amq.ctag-")
@@ -503,6 +506,9 @@ class Channel:
             self.unacked[tag] = (queue, seq_id, None)
         self.reader.send(fastcodec.encode_basic_get_ok(self.id, tag, redelivered, msg.names_raw, left))
         self.reader.send_content(self.id, msg.header, msg.body)
+        tracer = self.vhost.tracing
+        if tracer is not None:
+            tracer.delivered(queue.name, msg, redelivered, self)
 
     def _basic_recover(self, m: spec.Basic.Recover) -> None:
         if not m.requeue:

@@ -253,6 +253,15 @@ def do_action(api: Api, args: argparse.Namespace) -> str:
         api.request("PUT", f"/api/vhosts/{q(name)}", {"description": args.description or "",
                                                       "tags": args.tags or ""})
         return f"Adding vhost \"{name}\" ..."
+    if verb in ("trace_on", "trace_off"):
+        _need(args, 0, "[-p VHOST]")
+        # rabbitmqctl answers "enabled" even for a vhost that does not exist; a PUT would create it here.
+        if api.get(f"/api/vhosts/{q(vhost)}", ok_missing=True) is None:
+            raise CtlError(f"vhost '{vhost}' does not exist")
+        on = verb == "trace_on"
+        api.request("PUT", f"/api/vhosts/{q(vhost)}", {"tracing": on})
+        return (f"Starting tracing for vhost \"{vhost}\" ...\nTrace enabled for vhost {vhost}" if on else
+                f"Stopping tracing for vhost \"{vhost}\" ...\nTrace disabled for vhost {vhost}")
     if verb == "delete_vhost":
         (name,) = _need(args, 1, "VHOST")
         api.request("DELETE", f"/api/vhosts/{q(name)}")
@@ -351,7 +360,7 @@ def do_action(api: Api, args: argparse.Namespace) -> str:
 
 
 ACTIONS = ("add_user", "delete_user", "change_password", "set_user_tags", "set_permissions", "clear_permissions",
-           "add_vhost", "delete_vhost", "set_policy", "clear_policy", "purge_queue", "delete_queue",
+           "add_vhost", "delete_vhost", "trace_on", "trace_off", "set_policy", "clear_policy", "purge_queue", "delete_queue",
            "close_connection", "export_definitions", "import_definitions", "status", "set_disk_free_limit",
            "set_vm_memory_high_watermark", *LIMIT_VERBS)
 

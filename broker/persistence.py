@@ -46,6 +46,7 @@ from broker.policy import Policy
 from protocol.fastcodec import shortstr
 from storage.backing_queue import BackingQueue
 from storage.node_storage import NODE_KIND, NodeStorage
+from storage.stream_log import StreamLog
 
 if TYPE_CHECKING:
     from broker.queue_process import QueueProcess
@@ -293,11 +294,19 @@ class DurableDefinitions:
 
 class BackingQueueFactory:
     """Opens the backing queue of a queue: a variable queue over the node's stores (paging to disk under
-    memory pressure; persistent messages of durable queues survive restarts)."""
+    memory pressure; persistent messages of durable queues survive restarts); and the log of a stream
+    (broker/stream_queue.py's StreamOpener), whose payloads are messages in this module's format."""
+
+    encode_message = staticmethod(encode_message)
+    decode_message = staticmethod(decode_message)
 
     def __init__(self, storage: NodeStorage, vhost: str) -> None:
         self.storage = storage
         self.vhost = vhost
+
+    def open_stream(self, name: str, max_segment_size_bytes: int) -> StreamLog:
+        """The stream's log in the node's stream store (the same stream again at a restart)."""
+        return self.storage.open_stream(self.vhost, name, max_segment_size_bytes=max_segment_size_bytes)
 
     def __call__(self, name: str, durable: bool, priority: int | None = None,
                  on_confirm: Callable[[], None] | None = None) -> BackingQueue:

@@ -37,7 +37,7 @@ class Policy:
             raise ValueError(f"invalid regular expression '{self.pattern}': {exc}") from None
 
     def applies_to_queue(self, name: str, queue_type: str = "classic") -> bool:
-        if self.apply_to not in ("queues", "all", f"{queue_type}_queues"):
+        if self.apply_to not in ("queues", "all", "streams" if queue_type == "stream" else f"{queue_type}_queues"):
             return False
         return self._regex.search(name) is not None
 

@@ -8,13 +8,20 @@ A queue's effective settings come from three places, with RabbitMQ's precedence 
   of 5 under a policy of 2 holds 2 messages);
 - the other keys (dead-letter exchange and routing key, ``overflow``, ``queue-mode``): the client's argument
   beats the policy; except that a quorum queue takes ``overflow`` and ``expires`` from the policy first, as
-  RabbitMQ's quorum queues do.
+  RabbitMQ's quorum queues do;
+- a stream's retention and segment size (``max-length-bytes``, ``max-age``, ``stream-max-segment-size-bytes``):
+  the policy beats the argument, as RabbitMQ's stream queue resolves them (its ``policy_precedence``).
+
+A stream refuses the arguments of the other queue types (``x-message-ttl``, ``x-max-length``...) with
+RabbitMQ 3.10's text ("... of queue type rabbit_stream_queue"); ``x-max-age`` is RabbitMQ's duration: a
+positive integer and one of the units Y (365 days), M (30 days), D, h, m, s.
 
 Argument values are checked at declare with RabbitMQ's error texts (406).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,7 +44,19 @@ POLICY_KEYS = (
     ("delivery-limit", "x-delivery-limit", True),
     ("consumer-timeout", "x-consumer-timeout", False),
     ("queue-mode", "x-queue-mode", False),
+    ("max-age", "x-max-age", False),
+    ("stream-max-segment-size-bytes", "x-stream-max-segment-size-bytes", False),
 )
+# The arguments a stream refuses (RabbitMQ 3.10: known queue arguments outside the stream type's list).
+STREAM_REFUSED_ARGS = ("x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key",
+                       "x-max-length", "x-max-priority", "x-overflow", "x-queue-mode", "x-single-active-consumer",
+                       "x-delivery-limit")
+# Keys a stream takes from its policy before its argument (RabbitMQ's stream ``policy_precedence``).
+STREAM_POLICY_FIRST = frozenset({"max-length-bytes", "max-age", "stream-max-segment-size-bytes"})
+# RabbitMQ's duration units (``rabbit_amqqueue:check_max_age``), in ms: x-max-age and x-stream-offset intervals.
+DURATION_UNITS_MS = {"Y": 365 * 86_400_000, "M": 30 * 86_400_000, "D": 86_400_000, "h": 3_600_000,
+                     "m": 60_000, "s": 1000}
+_DURATION = re.compile(r"([0-9]+)([YMDhms])")
 
 
 def amqp_type_name(value: Any) -> str:
@@ -110,6 +129,25 @@ def _string(value: Any) -> str | None:
     return _unacceptable_type(value)
 
 
+def parse_duration(value: Any) -> int | None:
+    """RabbitMQ's duration ("7D", "12h", "30m", "10s", "1Y", "1M") in ms; None if it is not one (a unit
+    missing or unknown, a value of 0, a fraction)."""
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).decode(errors="replace")
+    if not isinstance(value, str):
+        return None
+    match = _DURATION.fullmatch(value)
+    if match is None or int(match.group(1)) <= 0:
+        return None
+    return int(match.group(1)) * DURATION_UNITS_MS[match.group(2)]
+
+
+def _max_age(value: Any) -> str | None:
+    if not isinstance(value, (str, bytes, bytearray)):
+        return _unacceptable_type(value)
+    return None if parse_duration(value) is not None else "invalid_max_age"
+
+
 def _boolean(value: Any) -> str | None:
     return None if isinstance(value, bool) else _unacceptable_type(value)
 
@@ -128,6 +166,8 @@ ARGUMENT_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "x-queue-mode": _one_of(("default", "lazy")),
     "x-delivery-limit": _integer(0),
     "x-consumer-timeout": _integer(0),
+    "x-max-age": _max_age,
+    "x-stream-max-segment-size-bytes": _integer(0),
 }
 
 
@@ -139,6 +179,11 @@ def validate_arguments(arguments: dict[str, Any], queue: str, vhost: str) -> Non
             if problem:
                 raise AMQPError(PRECONDITION_FAILED,
                                 f"invalid arg '{key}' for queue '{queue}' in vhost '{vhost}': {problem}")
+    if _text(arguments.get("x-queue-type")) == "stream":
+        for key in STREAM_REFUSED_ARGS:
+            if key in arguments:
+                raise AMQPError(PRECONDITION_FAILED, f"invalid arg '{key}' for queue '{queue}' in vhost '{vhost}' "
+                                "of queue type rabbit_stream_queue")
     if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
         raise AMQPError(PRECONDITION_FAILED, "invalid arg 'x-dead-letter-routing-key' for queue "
                         f"'{queue}' in vhost '{vhost}': Key x-dead-letter-routing-key should be specified "
@@ -158,9 +203,11 @@ class QueueSettings:
         "dlrk",
         "dlx",
         "expires",
+        "max_age_ms",
         "max_length",
         "max_length_bytes",
         "max_priority",
+        "max_segment_size_bytes",
         "message_ttl",
         "operator_policy",
         "overflow",
@@ -179,6 +226,9 @@ class QueueSettings:
         self.dlrk: str | None = None
         self.delivery_limit: int | None = None
         self.max_priority: int | None = None
+        # Streams: retention by age (x-max-age, in ms) and the size of a segment file.
+        self.max_age_ms: int | None = None
+        self.max_segment_size_bytes: int | None = None
         self.single_active_consumer = False
         self.consumer_timeout: int | None = None
         self.queue_type = "classic"
@@ -214,7 +264,9 @@ def effective_settings(arguments: dict[str, Any], policy: Any = None, operator_p
     """Merge arguments, policy and operator policy (each policy: an object with ``name`` and
     ``definition``) into the settings, with RabbitMQ's precedence."""
     values: dict[str, Any] = dict(arguments)
-    quorum = _text(arguments.get("x-queue-type")) == "quorum"
+    queue_type = _text(arguments.get("x-queue-type"))
+    quorum = queue_type == "quorum"
+    stream = queue_type == "stream"
     for key, arg, operator_may_set in POLICY_KEYS:
         from_policy = _policy_value(key, policy.definition.get(key) if policy is not None else None,
                                     operator_policy.definition.get(key)
@@ -222,7 +274,7 @@ def effective_settings(arguments: dict[str, Any], policy: Any = None, operator_p
         if from_policy is None:
             continue
         current = values.get(arg)
-        if current is None or (quorum and key in QUORUM_POLICY_FIRST):
+        if current is None or (quorum and key in QUORUM_POLICY_FIRST) or (stream and key in STREAM_POLICY_FIRST):
             values[arg] = from_policy
         elif key in LOWEST_WINS and isinstance(current, int) and not isinstance(current, bool):
             values[arg] = min(current, from_policy)
@@ -238,6 +290,9 @@ def effective_settings(arguments: dict[str, Any], policy: Any = None, operator_p
     s.max_priority = arguments.get("x-max-priority") or None  # never from a policy
     s.single_active_consumer = bool(arguments.get("x-single-active-consumer", False))
     s.consumer_timeout = values.get("x-consumer-timeout")
+    s.max_age_ms = parse_duration(values.get("x-max-age"))
+    segment = values.get("x-stream-max-segment-size-bytes")
+    s.max_segment_size_bytes = segment if isinstance(segment, int) and not isinstance(segment, bool) else None
     s.queue_type = _text(arguments.get("x-queue-type", "classic"))
     s.policy = policy.name if policy is not None else None
     s.operator_policy = operator_policy.name if operator_policy is not None else None

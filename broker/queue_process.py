@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from broker.clock import Clock, TimerHandle
     from broker.exchange import Exchange
     from broker.policy import Policy
+    from broker.trace import Tracer
 
 
 class QueueOwner(Protocol):
@@ -62,6 +63,8 @@ class QueueHost(Protocol):
     exchanges: dict[str, Exchange]
     policies: dict[str, Policy]
     operator_policies: dict[str, Policy]
+    # broker/trace.py's Tracer while the vhost traces, else None (acks and dead-letterings are traced here).
+    tracing: Tracer | None
 
     @property
     def queues(self) -> QueueDeleter: ...
@@ -441,9 +444,12 @@ class QueueProcess:
         through the vhost's one publish path (which drops a dead letter that would come back to a queue it
         already died in: dead_letter.is_cycle)."""
         dlx_name = self.settings.dlx
+        vhost = self.vhost
+        tracer = vhost.tracing
+        if tracer is not None and msgs:
+            tracer.dead_lettered(self.name, msgs, reason, dlx_name)
         if dlx_name is None or not msgs:
             return
-        vhost = self.vhost
         exchange = vhost.default_exchange if dlx_name == "" else vhost.exchanges.get(dlx_name)
         if exchange is None:
             return
@@ -545,7 +551,11 @@ class QueueProcess:
         if self._delivery_counts:
             for seq_id in seq_ids:
                 self._delivery_counts.pop(seq_id, None)
-        self.stats.acked += len(self.bq.ack(seq_ids))
+        acked = self.bq.ack(seq_ids)
+        self.stats.acked += len(acked)
+        tracer = self.vhost.tracing
+        if tracer is not None:
+            tracer.acked(self.name, acked)  # here, not in the channel: the queue has the messages
 
     def requeue(self, seq_ids: list[int]) -> None:
         """Back to their original places, marked redelivered; over the delivery limit they die instead."""

@@ -17,7 +17,8 @@ the broker (channel, delegate, vhost, management, metrics, memory budget) uses, 
 Nobody outside a queue touches its backing queue. Classic and quorum queues are both
 broker/queue_process.py's QueueProcess over a backing queue built by :func:`new_backing_queue` (plain, or one
 per priority); a quorum queue differs (on one node) only in its declare rules and in counting every
-message's returns (``x-delivery-count``).
+message's returns (``x-delivery-count``). A stream is broker/stream_queue.py's StreamQueue over a log
+(storage/stream_log.py), beside QueueProcess rather than under it.
 
 **Adding a queue type** (a stream, say) is one new class and one registry line::
 
@@ -41,9 +42,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from broker import queue_args
 from broker.errors import AMQPError
+from broker.memory_budget import PagedQueue
 from broker.queue_args import QueueSettings
 from broker.queue_consumers import Consumer, ConsumerSet
 from broker.queue_process import QueueHost, QueueOwner, QueueProcess, QueueStats
+from broker.stream_queue import StreamQueueType
 from protocol.constants import PRECONDITION_FAILED
 from storage.backing_queue import BackingQueue, Figures
 from storage.memory_queue import MemoryBackingQueue
@@ -78,7 +81,7 @@ def new_backing_queue(open_store: OpenStore, name: str, durable: bool, settings:
     return open_store(name, durable, None, None)
 
 
-class Queue(Protocol):
+class Queue(PagedQueue, Protocol):
     """What the broker outside a queue may use of it (see the module docstring); QueueProcess is one."""
 
     name: str
@@ -134,17 +137,7 @@ class Queue(Protocol):
 
     def terminate(self) -> int: ...
 
-    # memory
-    @property
-    def consumer_count(self) -> int: ...
-
-    def set_ram_budget(self, max_bytes: int | None) -> None: ...
-
-    def ram_bytes(self) -> int: ...
-
-    def needs_paging(self) -> bool: ...
-
-    def page(self) -> None: ...
+    # memory: the members the memory budget uses (broker/memory_budget.py's PagedQueue, inherited)
 
 
 class QueueType(Protocol):
@@ -152,7 +145,8 @@ class QueueType(Protocol):
 
     name: str  # the x-queue-type value; also the policy target ("classic" matches apply-to classic_queues)
 
-    def check_declare(self, where: str, durable: bool, exclusive: bool, auto_delete: bool) -> None: ...
+    def check_declare(self, where: str, durable: bool, exclusive: bool, auto_delete: bool,
+                      server_named: bool = False) -> None: ...
 
     def new_queue(self, vhost: QueueHost, name: str, durable: bool, owner: QueueOwner | None, auto_delete: bool,
                   arguments: dict[str, Any], settings: QueueSettings, open_store: OpenStore) -> Queue: ...
@@ -164,7 +158,8 @@ class ClassicQueueType:
     name = "classic"
     process: ClassVar[type[QueueProcess]] = QueueProcess
 
-    def check_declare(self, where: str, durable: bool, exclusive: bool, auto_delete: bool) -> None:
+    def check_declare(self, where: str, durable: bool, exclusive: bool, auto_delete: bool,
+                      server_named: bool = False) -> None:
         pass
 
     def new_queue(self, vhost: QueueHost, name: str, durable: bool, owner: QueueOwner | None, auto_delete: bool,
@@ -187,7 +182,8 @@ class QuorumQueueType(ClassicQueueType):
     name = "quorum"
     process = QuorumQueue
 
-    def check_declare(self, where: str, durable: bool, exclusive: bool, auto_delete: bool) -> None:
+    def check_declare(self, where: str, durable: bool, exclusive: bool, auto_delete: bool,
+                      server_named: bool = False) -> None:
         problem = "non-durable" if not durable else "exclusive-owner" if exclusive else \
             "auto-delete" if auto_delete else None
         if problem:
@@ -198,6 +194,7 @@ class QuorumQueueType(ClassicQueueType):
 QUEUE_TYPES: dict[str, QueueType] = {
     "classic": ClassicQueueType(),
     "quorum": QuorumQueueType(),
+    "stream": StreamQueueType(),
 }
 queue_args.QUEUE_TYPES[:] = QUEUE_TYPES  # what x-queue-type may name at declare (checked below this module)
 

@@ -23,12 +23,14 @@ from broker.message import Message
 from broker.policy import Policy, best_match
 from broker.publish import REPLY_TO_PREFIX, ROUTED, Publisher, ReplyTo, check_properties, property_flags
 from broker.queue_args import effective_settings
+from broker.trace import TRACE_EXCHANGE
 from protocol.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED
 
 if TYPE_CHECKING:
     from broker.auth import User
     from broker.counters import GlobalCounters
     from broker.queue_process import QueueProcess
+    from broker.trace import Tracer
 
 log = structlog.get_logger("leveret.vhost")
 
@@ -73,6 +75,13 @@ class VHost:
         self.operator_policies: dict[str, Policy] = {}
         for ex_name, ex_type in STANDARD_EXCHANGES:
             self.exchanges[ex_name] = self._make_exchange(ex_type, ex_name)
+        # The firehose's exchange (RabbitMQ declares it in every vhost: topic, durable, internal).
+        topic = exchange_type("topic")
+        assert topic is not None
+        self.exchanges[TRACE_EXCHANGE] = make_exchange(topic, TRACE_EXCHANGE, self.exchange_services, internal=True)
+        # broker/trace.py's Tracer while this vhost traces (trace_on), else None: the hot paths check it,
+        # nothing more. Not persistent, as in RabbitMQ: a vhost starts with tracing off.
+        self.tracing: Tracer | None = None
 
     # -- policies and runtime parameters -------------------------------------------------------------------
     def policies_for_queue(self, name: str, queue_type: str = "classic") -> tuple[Policy | None, Policy | None]:
@@ -311,8 +320,13 @@ class VHost:
         An exchange that ``holds_messages`` keeps the message (Exchange.hold answers for it) unless ``held``:
         the exchange letting go of a message it held (not counted again as a client's publish).
         TTLs count from here: the message's publish time is stamped now, on the vhost's clock. Direct, no task,
-        no allocation beyond the routing sets: this is the hot path of every basic.publish."""
+        no allocation beyond the routing sets: this is the hot path of every basic.publish. While the vhost
+        traces, a client's publish (not a dead letter, not a held message let go, not the tracer's own copies,
+        which are published ``held``) is traced (broker/trace.py); otherwise that costs one attribute check."""
         msg.published_at = self.clock.now_ms()
+        tracer = self.tracing
+        if tracer is not None and not (dead_letter or held):
+            tracer.stamp(msg)
         result = 0
         if exchange.name == "":
             key = msg.routing_key
@@ -340,6 +354,8 @@ class VHost:
             result = delegate.deliver(queues, msg, persistent, publisher, confirm_seq) | ROUTED
         if dead_letter or held:
             return result
+        if tracer is not None:
+            tracer.published(exchange.name, msg, queues, publisher)
         counters = self.counters
         if counters is not None:
             counters.messages_received += 1

@@ -9,10 +9,12 @@ Layout under ``data_dir``::
     msg_store_transient/    the transient MsgStore (emptied at every start)
     queues/<id>/            one QueueIndex per durable queue (<id> from queue_dir_name)
     queues_transient/<id>/  the paging area of non-durable queues (emptied at every start)
+    streams/<vhost id>/     one StreamStore per vhost (storage/stream_store.py: the vhost's message log,
+                            its streams' consume logs and their groups' pull logs)
 
 Start: construct ``NodeStorage`` (it first checks that the metadata describes the message files, see
 below; then the message store recovers), read the definitions from ``metadata``,
-call :meth:`open_queue` for every durable queue (each recovers its index and gives the store its
+call :meth:`open_queue` for every durable queue and :meth:`open_stream` for every stream (each recovers its index and gives the store its
 references back), then :meth:`finish_recovery` (drops messages nobody holds, deletes the directories
 of queues that no longer exist). Stop: :meth:`close` (all queues hand their buffers to the kernel, one
 sync, each writes its clean-shutdown terms, then the stores write their snapshots).
@@ -42,6 +44,8 @@ from storage.data_dir_lock import LOCK_FILE
 from storage.metadata_store import MetadataStore
 from storage.msg_store import SUFFIX as SEGMENT_SUFFIX
 from storage.msg_store import MsgStore
+from storage.stream_log import StreamLog
+from storage.stream_store import MLOG, StreamStore
 from storage.syncer import Syncer
 from storage.variable_queue import VariableQueue
 
@@ -73,6 +77,13 @@ def message_data(data_dir: str) -> list[str]:
     if os.path.isdir(store):
         found += [os.path.join("msg_store_persistent", n) for n in sorted(os.listdir(store))
                   if n.endswith(SEGMENT_SUFFIX) and os.path.getsize(os.path.join(store, n)) > 0]
+    streams = os.path.join(data_dir, "streams")
+    if os.path.isdir(streams):  # a vhost's stream store holds data once its message log has a byte
+        for d in sorted(os.listdir(streams)):
+            mdir = os.path.join(streams, d, "messages")
+            if os.path.isdir(mdir) and any(n.endswith(MLOG) and os.path.getsize(os.path.join(mdir, n)) > 0
+                                           for n in os.listdir(mdir)):
+                found.append(os.path.join("streams", d))
     return found
 
 
@@ -80,7 +91,9 @@ def _describe(found: list[str]) -> str:
     queues = sum(1 for f in found if f.startswith("queues" + os.sep))
     segments = sum(1 for f in found if f.startswith("msg_store_persistent" + os.sep))
     parts = [f"{queues} queue director{'y' if queues == 1 else 'ies'} in queues/"] if queues else []
+    streams = sum(1 for f in found if f.startswith("streams" + os.sep))
     parts += [f"{segments} segment file{'' if segments == 1 else 's'} in msg_store_persistent/"] if segments else []
+    parts += [f"{streams} vhost stream store{'' if streams == 1 else 's'} in streams/"] if streams else []
     parts += [f for f in found if os.sep not in f]
     return ", ".join(parts)
 
@@ -140,6 +153,11 @@ def reset_data_dir(data_dir: str, keep: Collection[str] = ()) -> list[str]:
     return removed
 
 
+def stream_vhost_dir_name(vhost: str) -> str:
+    """The directory of a vhost's stream store: a digest, since vhost names may hold any character."""
+    return hashlib.sha256(vhost.encode()).hexdigest()[:32]
+
+
 def queue_dir_name(vhost: str, name: str) -> str:
     """A queue's directory name: a digest, since queue names may hold any character."""
     return hashlib.sha256(f"{vhost}\0{name}".encode()).hexdigest()[:32]
@@ -169,6 +187,8 @@ class NodeStorage:
         os.makedirs(os.path.join(data_dir, "queues"), exist_ok=True)
         # Weak: a deleted queue's backing queue goes away with its queue process.
         self._queues: weakref.WeakValueDictionary[str, VariableQueue] = weakref.WeakValueDictionary()
+        self._stream_stores: dict[str, StreamStore] = {}  # by vhost, opened by the first open_stream
+        self._recovering = True
 
     def _open_metadata(self, state: MetadataFileState,
                        check_metadata: Callable[[MetadataStore | None], None] | None) -> MetadataStore:
@@ -213,6 +233,31 @@ class NodeStorage:
         self._queues[path] = vq
         return vq
 
+    def open_stream(self, vhost: str, name: str, *, max_segment_size_bytes: int) -> StreamLog:
+        """A stream queue's log (storage/stream_store.py), with what it had; every stream of a vhost shares
+        the vhost's message log and the node's syncer."""
+        store = self._stream_stores.get(vhost)
+        if store is None or store.closed:
+            store = StreamStore(os.path.join(self.data_dir, "streams", stream_vhost_dir_name(vhost)), self.syncer,
+                                recovering=self._recovering)
+            self._stream_stores[vhost] = store
+        return store.open_stream(name, max_segment_size_bytes=max_segment_size_bytes)
+
+    def _finish_stream_recovery(self) -> None:
+        """Streams (and whole vhost stream stores) nobody opened no longer exist: their files go."""
+        self._recovering = False
+        root = os.path.join(self.data_dir, "streams")
+        opened = {os.path.basename(s.dir) for s in self._stream_stores.values()}
+        if os.path.isdir(root):
+            for d in os.listdir(root):
+                if d not in opened:
+                    shutil.rmtree(os.path.join(root, d), ignore_errors=True)
+                    log.info("storage: removed the stream store of a vhost without streams (%s)", d)
+        for store in self._stream_stores.values():
+            gone = store.finish_recovery()
+            if gone:
+                log.info("storage: removed the files of %d streams that no longer exist", len(gone))
+
     def finish_recovery(self) -> None:
         """Every durable queue has been opened: forget whatever none of them holds, including the
         files of queues that no longer exist (after a clean start their messages still hold store
@@ -231,6 +276,7 @@ class NodeStorage:
                               syncer=self.syncer).delete_and_terminate()
         if orphans:
             log.info("storage: removed the files of %d queues that no longer exist", len(orphans))
+        self._finish_stream_recovery()
 
     def close(self) -> None:
         """Clean shutdown: after this the next start is a fast one. If something cannot be written (a
@@ -240,6 +286,8 @@ class NodeStorage:
         try:
             for q in queues:
                 q.close_files()
+            for store in self._stream_stores.values():
+                store.close()
             self.syncer.sync()
             for q in queues:
                 q.write_terms()
@@ -249,6 +297,7 @@ class NodeStorage:
                       "scanning the files", e)
             self.persistent.abandon()
         self._queues.clear()
+        self._stream_stores.clear()
         self.transient.close()
         self.syncer.stop()
         self.metadata.close()

@@ -349,7 +349,7 @@ def vhost_info(node: Node, vh: VHost) -> dict[str, Any]:
         "tags": tags,
         "default_queue_type": dqt,
         "metadata": {"description": description, "tags": tags, "default_queue_type": dqt},
-        "tracing": False,
+        "tracing": vh.tracing is not None,
         "cluster_state": {node.name: "running"},
         "messages": ready + unacked,
         "messages_ready": ready,

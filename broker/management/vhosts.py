@@ -1,4 +1,8 @@
-"""``/api/vhosts``: list, get, create or update (PUT), delete, and a vhost's permissions."""
+"""``/api/vhosts``: list, get, create or update (PUT), delete, and a vhost's permissions.
+
+A vhost's ``tracing`` (the firehose, broker/trace.py) is shown in its object and set by a PUT with
+``{"tracing": true|false}``, as in RabbitMQ's management API (a PUT without it leaves tracing as it is).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ from broker.management.common import (
     visible_vhosts,
 )
 from broker.management.objects import permission_info, vhost_info
+from broker.trace import start as start_tracing
+from broker.trace import stop as stop_tracing
 
 QUEUE_TYPES = ("classic", "quorum", "stream")
 
@@ -44,8 +50,16 @@ async def put_vhost(request: web.Request) -> web.Response:
     dqt = body.get("default_queue_type", "classic")
     if dqt not in QUEUE_TYPES:
         raise bad_request(f"default_queue_type must be one of {', '.join(QUEUE_TYPES)}")
+    tracing = body.get("tracing")
+    tracing = {"true": True, "false": False}.get(tracing, tracing) if isinstance(tracing, str) else tracing
+    if tracing is not None and not isinstance(tracing, bool):
+        raise bad_request("tracing must be true or false")
     existed = name in node.vhosts
-    node.add_vhost(name, description, as_tags(body.get("tags")) if "tags" in body else None, dqt)
+    vh = node.add_vhost(name, description, as_tags(body.get("tags")) if "tags" in body else None, dqt)
+    if tracing is True:
+        start_tracing(vh, node.name)
+    elif tracing is False:
+        stop_tracing(vh)
     return web.Response(status=204 if existed else 201)
 
 

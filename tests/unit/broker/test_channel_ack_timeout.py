@@ -31,7 +31,7 @@ class Connection:
     def __init__(self, clock: ManualClock, consumer_timeout: int | None = None) -> None:
         self.node = SimpleNamespace(clock=clock, counters=Counters())
         self.settings = SimpleNamespace(max_message_size=1 << 20, consumer_timeout=consumer_timeout)
-        self.vhost = SimpleNamespace(name="/")
+        self.vhost = SimpleNamespace(name="/", tracing=None)
         self.writable = True
         self.sent: list[bytes] = []
         self.errors: list[tuple[int, AMQPError]] = []

@@ -1,0 +1,588 @@
+"""Stream queues (RabbitMQ's ``rabbit_stream_queue`` over AMQP 0-9-1): an append-only log read from any offset,
+and, Leveret's own, consumer groups that compete for one stream's messages (QMQ's pull log, seed 001).
+
+The queue keeps nothing but its log (storage/stream_log.py's StreamLog: the file store, or the in-memory one
+on a node without storage) and, per consumer, where it reads. What users get, as RabbitMQ answers (texts
+checked against RabbitMQ 3.10.8):
+
+- **Publishing** appends the broker's encoded message (broker/persistence.py's format) to the log, whatever
+  its delivery mode: a stream keeps everything. A publisher confirm waits for the fsync that covers the
+  message (``StreamLog.on_durable``); a failed write or fsync nacks it (``on_durable_failed``). Many publishes
+  awaiting their fsync stop the publisher's socket (credit flow, as the classic queue does).
+- **Consuming** needs manual acks (``no_ack`` → 540) and a per-consumer prefetch (basic.qos global=false; none
+  → 406), which is the consumer's credit: acks only give credit back, reading never removes anything.
+  A channel-wide (global) prefetch is refused with 406 (RabbitMQ 3.10 tolerates it beside a per-consumer one;
+  later versions refuse it). ``x-stream-offset`` says where to start: ``first``, ``last`` (the last message),
+  ``next`` (the default), a numeric offset (clamped to what is retained), an AMQP timestamp (POSIX seconds)
+  or an interval back from now ("1D", "12h"; x-max-age's units). Each delivery carries the header
+  ``x-stream-offset`` (long), added to a copy of the message's properties (the stored bytes are never
+  touched). basic.get, queue.purge, and basic.nack / basic.reject by a consumer still subscribed, answer 540
+  NOT_IMPLEMENTED as RabbitMQ's streams do.
+- **Filtering** follows RabbitMQ 3.13's stream filtering: a publish header ``x-stream-filter-value`` is kept
+  with its chunk (the store's Bloom filter), and a consumer's ``x-stream-filter`` (a string or a list of them)
+  lets the read skip chunks that cannot hold those values. The broker does not check each message: a
+  consumer may receive messages with other values (or none), and must check ``x-stream-filter-value`` itself,
+  as RabbitMQ's documentation asks of its clients. (``x-stream-match-unfiltered`` is not offered.)
+- **Retention** (``x-max-length-bytes``, ``x-max-age``, or the policy keys ``max-length-bytes``, ``max-age``)
+  removes whole segments, oldest first, never the one being written (``StreamLog.retain``): after an append
+  that started a new segment, and every :data:`RETENTION_INTERVAL` seconds on the vhost's clock.
+- **Consumer groups** (Leveret only): consumers with the same ``x-stream-group`` name on a stream compete for
+  its messages, work-queue style, without partitions. The group's GroupLog (the pull log) records what was
+  pulled and acked; a member pulls from the group's cursor. Deliveries a member leaves unsettled come back
+  to the other members with ``redelivered=true`` when its channel closes (connection close or loss,
+  channel close) or when it nacks / rejects with requeue; a reject without requeue settles the message for
+  the group, like an ack. A basic.cancel alone does not hand them over: AMQP 0-9-1 lets the channel still
+  ack what it received, so they move on once the channel settles them or closes. After a restart the group's
+  outstanding offsets (pulled, never acked) are delivered first, redelivered. A new group starts at the
+  member's ``x-stream-offset`` (default ``next``); a group member's ``x-stream-filter`` is ignored (a group
+  pulls every offset, so that its committed offset can advance).
+
+Delivery is the classic queue's pull loop (:meth:`StreamQueue.run_message_queue`, scheduled with
+``call_soon``, never a task per message): each turn reads, per consumer with credit, a batch bounded by its
+credit, and yields to the loop after :data:`DELIVERY_BUDGET` deliveries.
+
+A delivery's ``seq_id`` (what the channel hands back on ack) packs the offset, the group and the consumer:
+``offset << 40 | group << 20 | consumer``, so a settle finds its group even after the consumer has gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+import msgpack
+
+from broker.errors import AMQPError
+from broker.message import Message
+from broker.queue_args import QueueSettings, parse_duration
+from broker.queue_consumers import Consumer, ConsumerSet
+from broker.queue_process import (
+    ACCEPTED,
+    CONFIRM_LATER,
+    DELIVERY_BUDGET,
+    FLOW_HIGH,
+    FLOW_LOW,
+    QueueHost,
+    QueueOwner,
+    QueueStats,
+)
+from protocol.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
+from protocol.fastcodec import shortstr
+from protocol.properties import Long, with_properties
+from storage.backing_queue import Figures
+from storage.stream_log import GroupLog, StreamLog, StreamRecord
+from storage.stream_memory import MemoryStreamLog
+
+if TYPE_CHECKING:
+    from broker.clock import TimerHandle
+
+# A segment's size when x-stream-max-segment-size-bytes is not given (RabbitMQ's default, 500 MB).
+DEFAULT_SEGMENT_SIZE = 500_000_000
+# Seconds between two retention passes (besides the one after an append that starts a segment).
+RETENTION_INTERVAL = 30.0
+# Records read from the log at once for one consumer (its credit bounds it too).
+READ_BATCH = 128
+# seq_id packing: offset << OFFSET_SHIFT | group index << GROUP_SHIFT | consumer serial.
+GROUP_SHIFT = 20
+OFFSET_SHIFT = 40
+_SERIAL_MASK = (1 << GROUP_SHIFT) - 1
+_GROUP_MASK = (1 << (OFFSET_SHIFT - GROUP_SHIFT)) - 1
+FILTER_HEADER = b"x-stream-filter-value"
+
+
+def _encode(msg: Message) -> bytes:
+    """The in-memory fallback's codec: broker/persistence.py's message format (a layer above this one; the
+    node's storage hands the stream queue persistence's own functions)."""
+    return msgpack.packb([msg.exchange, msg.routing_key, msg.header, msg.body, msg.published_at,
+                          msg.expiration_ms], use_bin_type=True)
+
+
+def _decode(data: bytes) -> Message:
+    exchange, routing_key, header, body, published_at, expiration_ms = msgpack.unpackb(data, raw=False)
+    msg = Message(exchange, routing_key, shortstr(exchange) + shortstr(routing_key), header, body, published_at)
+    msg.expiration_ms = expiration_ms
+    return msg
+
+
+@runtime_checkable
+class StreamOpener(Protocol):
+    """What the node's storage offers streams (broker/persistence.py's BackingQueueFactory): opening a stream's
+    log (a durable one comes back as it was) and the codec of its payloads."""
+
+    def open_stream(self, name: str, max_segment_size_bytes: int) -> StreamLog: ...
+
+    def encode_message(self, msg: Message) -> bytes: ...
+
+    def decode_message(self, data: bytes) -> Message: ...
+
+
+def _where(vhost: QueueHost, name: str) -> str:
+    return f"queue '{name}' in vhost '{vhost.name}'"
+
+
+def _text(value: Any) -> Any:
+    return bytes(value).decode(errors="replace") if isinstance(value, (bytes, bytearray)) else value
+
+
+class _Group:
+    """A consumer group as the running queue sees it: its pull log, its members, and the offsets to hand out
+    again (redelivered) before pulling new ones."""
+
+    __slots__ = ("index", "log", "members", "redeliver")
+
+    def __init__(self, index: int, log: GroupLog) -> None:
+        self.index = index
+        self.log = log
+        self.members = 0
+        # Pulled but never acked before a restart, then whatever a departed member left unsettled.
+        self.redeliver: deque[int] = deque(log.outstanding())
+
+
+class _Reader:
+    """One consumer's place in the stream (its next offset), its filter, its group."""
+
+    __slots__ = ("consumer", "filter", "group", "position", "serial")
+
+    def __init__(self, consumer: Consumer, serial: int, position: int, filter_values: frozenset[str] | None,
+                 group: _Group | None) -> None:
+        self.consumer = consumer
+        self.serial = serial
+        self.position = position
+        self.filter = filter_values
+        self.group = group
+
+
+class StreamQueue:
+    """A stream: the members of broker/queue_types.py's Queue over a StreamLog (see the module docstring)."""
+
+    type_name: ClassVar[str] = "stream"
+
+    def __init__(self, vhost: QueueHost, name: str, arguments: dict[str, Any], settings: QueueSettings,
+                 log: StreamLog, encode: Callable[[Message], bytes] = _encode,
+                 decode: Callable[[bytes], Message] = _decode) -> None:
+        self.vhost = vhost
+        self._clock = vhost.clock
+        self.name = name
+        self.durable = True
+        self.auto_delete = False
+        self.exclusive_owner: QueueOwner | None = None
+        self.arguments = arguments
+        self.settings = settings
+        self.stats = QueueStats()
+        self.consumers = ConsumerSet()
+        self.exclusive_consumer: Consumer | None = None
+        self.publisher_channels: set[Any] = set()
+        self.deleted = False
+        self.log = log
+        self._encode = encode
+        self._decode = decode
+        log.on_durable = self.on_durable
+        log.on_durable_failed = self.on_durable_failed
+        # Publisher confirms waiting for their fsync: (offset, confirm token), in offset order.
+        self._awaiting_confirm: deque[tuple[int, Any]] = deque()
+        self._durable_below = 0  # every offset below this is durable (on_durable's last word)
+        self._throttled: set[Any] = set()
+        self._readers: dict[int, _Reader] = {}  # consumer serial → reader
+        self._by_consumer: dict[Consumer, _Reader] = {}
+        self._next_serial = 1
+        self._groups: dict[str, _Group] = {}
+        self._group_by_index: dict[int, _Group] = {}
+        self._run_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._retention_timer: TimerHandle | None = None
+        self._arm_retention()
+
+    # -- settings (policies) -----------------------------------------------------------------------------
+    def apply_settings(self, settings: QueueSettings) -> None:
+        """A policy changed: new retention limits apply at once (the segment size is fixed at creation)."""
+        settings.queue_type = self.settings.queue_type
+        settings.max_segment_size_bytes = self.settings.max_segment_size_bytes
+        self.settings = settings
+        self._arm_retention()
+        self.retain()
+
+    # -- retention ------------------------------------------------------------------------------------------
+    @property
+    def _has_retention(self) -> bool:
+        return self.settings.max_length_bytes is not None or self.settings.max_age_ms is not None
+
+    def _arm_retention(self) -> None:
+        if self._retention_timer is not None:
+            self._retention_timer.cancel()
+            self._retention_timer = None
+        if self._has_retention and not self.deleted:
+            self._retention_timer = self._clock.call_later(RETENTION_INTERVAL, self._retention_fired)
+
+    def _retention_fired(self) -> None:
+        self._retention_timer = None
+        self.retain()
+        self._arm_retention()
+
+    def retain(self) -> int:
+        """Apply the stream's retention now (whole segments, oldest first); returns the segments removed."""
+        if self.deleted or not self._has_retention:
+            return 0
+        s = self.settings
+        return self.log.retain(s.max_length_bytes, s.max_age_ms, self._clock.now_ms())
+
+    # -- publishing -------------------------------------------------------------------------------------
+    def deliver_or_enqueue(self, msg: Message, persistent: bool, confirm: Any = None) -> int:
+        """Append the message; its confirm (if the publisher wants one) waits for the fsync covering it."""
+        self.stats.published += 1
+        log = self.log
+        filter_value = None
+        if FILTER_HEADER in msg.header:  # cheap test on the raw properties before decoding the headers
+            value = _text(msg.headers.get("x-stream-filter-value"))
+            filter_value = value if isinstance(value, str) else None
+        segments = log.segment_count
+        offset = log.append(self._encode(msg), int(msg.published_at or self._clock.now_ms()), filter_value)
+        if self._has_retention and log.segment_count > segments:
+            self.retain()  # a new segment was started: the oldest may go now
+        if self.consumers.count:
+            self.schedule_run()
+        if confirm is None or offset < self._durable_below:
+            return ACCEPTED
+        self._awaiting_confirm.append((offset, confirm))
+        return CONFIRM_LATER
+
+    def on_durable(self, below: int) -> None:
+        """The log's fsync covered every offset below ``below``: confirm those publishes."""
+        self._durable_below = max(self._durable_below, below)
+        self._settle_confirms(below, True)
+
+    def on_durable_failed(self, below: int) -> None:
+        """A write or fsync failed for offsets below ``below`` (not yet durable): nack those publishes."""
+        self._settle_confirms(below, False)
+
+    def _settle_confirms(self, below: int, stored: bool) -> None:
+        awaiting = self._awaiting_confirm
+        while awaiting and awaiting[0][0] < below:
+            _offset, token = awaiting.popleft()
+            token[0].confirm_from_queue(token[1], stored)
+        if self._throttled and len(awaiting) <= FLOW_LOW:
+            self.release_publishers()
+
+    @property
+    def overloaded(self) -> bool:
+        """Credit flow: too many of the stream's publishes await their fsync."""
+        return len(self._awaiting_confirm) > FLOW_HIGH
+
+    def throttle(self, reader: Any) -> None:
+        if reader not in self._throttled:
+            self._throttled.add(reader)
+            reader.pause_for(self)
+
+    def release_publishers(self) -> None:
+        for reader in self._throttled:
+            reader.resume_for(self)
+        self._throttled.clear()
+
+    # -- consumers ----------------------------------------------------------------------------------------
+    def add_consumer(self, consumer: Consumer) -> None:
+        """A basic.consume: RabbitMQ's stream checks (prefetch, manual ack, no global QoS), then its offset
+        specification, filter and group."""
+        where = _where(self.vhost, self.name)
+        if not consumer.prefetch:
+            raise AMQPError(PRECONDITION_FAILED, f"consumer prefetch count is not set for '{where}'")
+        if consumer.no_ack:
+            raise AMQPError(NOT_IMPLEMENTED, f"automatic acknowledgement not supported by stream queues {where}")
+        # The channel's shared (global) prefetch; a test's stand-in channel may have none.
+        if getattr(consumer.channel, "global_prefetch", 0):
+            raise AMQPError(PRECONDITION_FAILED, f"{where} does not support global qos")
+        args = consumer.arguments
+        position = self.start_offset(args.get("x-stream-offset", "next"))
+        filter_values = self._filter_of(args.get("x-stream-filter"))
+        group = None
+        if "x-stream-group" in args:
+            name = _text(args["x-stream-group"])
+            if not isinstance(name, str) or not name:
+                raise AMQPError(PRECONDITION_FAILED, f"invalid arg 'x-stream-group' for {where}: a non-empty "
+                                "string is expected")
+            group = self._group(name, position)
+            group.members += 1
+            filter_values = None
+        serial = self._next_serial
+        self._next_serial = serial + 1 if serial < _SERIAL_MASK else 1
+        reader = _Reader(consumer, serial, position, filter_values, group)
+        self._readers[serial] = reader
+        self._by_consumer[consumer] = reader
+        self.consumers.add(consumer)
+        if consumer.exclusive:
+            self.exclusive_consumer = consumer
+        self.schedule_run()
+
+    def _group(self, name: str, start: int) -> _Group:
+        group = self._groups.get(name)
+        if group is None:
+            index = len(self._groups) + 1
+            if index > _GROUP_MASK:
+                raise AMQPError(PRECONDITION_FAILED, f"too many consumer groups on {_where(self.vhost, self.name)}")
+            group = self._groups[name] = self._group_by_index[index] = _Group(index, self.log.group(name, start))
+        return group
+
+    def start_offset(self, spec: Any) -> int:
+        """Where ``x-stream-offset`` starts a consumer (406 for what is none of RabbitMQ's forms)."""
+        log = self.log
+        first, nxt = log.first_offset, log.next_offset
+        spec = _text(spec)
+        if isinstance(spec, bool):
+            pass
+        elif isinstance(spec, int):
+            return max(first, min(spec, nxt))
+        elif isinstance(spec, datetime.datetime):
+            return log.offset_at(int(spec.timestamp() * 1000))
+        elif spec == "first":
+            return first
+        elif spec == "last":
+            return max(first, nxt - 1)
+        elif spec == "next":
+            return nxt
+        elif isinstance(spec, str):
+            interval = parse_duration(spec)
+            if interval is not None:
+                return log.offset_at(int(self._clock.now_ms()) - interval)
+        raise AMQPError(PRECONDITION_FAILED, f"invalid arg 'x-stream-offset' for {_where(self.vhost, self.name)}: "
+                        f"{spec!r} is not first, last, next, an offset, a timestamp or an interval")
+
+    def _filter_of(self, value: Any) -> frozenset[str] | None:
+        if value is None:
+            return None
+        values = value if isinstance(value, (list, tuple)) else [value]
+        texts = [_text(v) for v in values]
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise AMQPError(PRECONDITION_FAILED, f"invalid arg 'x-stream-filter' for "
+                            f"{_where(self.vhost, self.name)}: a string or an array of strings is expected")
+        return frozenset(texts)
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        """The consumer went (cancel, channel or connection closed). What it holds unacked stays with its
+        channel, which acks it or hands it back (requeue) when it closes."""
+        reader = self._by_consumer.pop(consumer, None)
+        self.consumers.remove(consumer)
+        if self.exclusive_consumer is consumer:
+            self.exclusive_consumer = None
+        if reader is None:
+            return
+        self._readers.pop(reader.serial, None)
+        if reader.group is not None:
+            reader.group.members -= 1
+
+    @property
+    def consumer_count(self) -> int:
+        return self.consumers.count
+
+    # -- delivering --------------------------------------------------------------------------------------
+    def schedule_run(self) -> None:
+        """Run the deliver loop soon (once, however many times this is called before it runs)."""
+        if not self._run_scheduled and not self.deleted and self.consumers.count:
+            self._run_scheduled = True
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            loop.call_soon(self.run_message_queue)
+
+    def run_message_queue(self) -> None:
+        """One turn of delivery: each consumer with credit gets a batch read from its place (or its group's),
+        in turn, until nobody can take more or the budget is spent."""
+        self._run_scheduled = False
+        if self.deleted:
+            return
+        budget = DELIVERY_BUDGET
+        progress = True
+        while budget > 0 and progress:
+            progress = False
+            for reader in list(self._readers.values()):
+                consumer = reader.consumer
+                if not consumer.has_room():
+                    continue
+                credit = min(consumer.prefetch - consumer.unacked, budget, READ_BATCH)
+                if credit <= 0:
+                    continue
+                sent = self._deliver_group(reader, credit) if reader.group is not None else \
+                    self._deliver_own(reader, credit)
+                if sent:
+                    progress = True
+                    budget -= sent
+                    if budget <= 0:
+                        break
+        if budget <= 0:
+            self.schedule_run()
+
+    def _deliver_own(self, reader: _Reader, credit: int) -> int:
+        log = self.log
+        if reader.position >= log.next_offset:
+            return 0
+        records = log.read(reader.position, credit, reader.filter)
+        if not records:
+            reader.position = log.next_offset  # a filtered read found nothing more
+            return 0
+        reader.position = records[-1].offset + 1
+        self._send(reader, records, False)
+        return len(records)
+
+    def _deliver_group(self, reader: _Reader, credit: int) -> int:
+        group = reader.group
+        assert group is not None
+        log = self.log
+        sent = 0
+        again: list[StreamRecord] = []
+        while group.redeliver and len(again) < credit:
+            offset = group.redeliver.popleft()
+            got = log.read(offset, 1)
+            if got and got[0].offset == offset:
+                again.append(got[0])
+            # else retention removed it: nothing left to deliver
+        if again:
+            self._send(reader, again, True)
+            sent = len(again)
+        credit -= sent
+        if credit > 0 and group.log.cursor < log.next_offset:
+            records = log.read(group.log.cursor, credit)
+            if records:
+                group.log.pulled([r.offset for r in records])
+                self._send(reader, records, False)
+                sent += len(records)
+        return sent
+
+    def _send(self, reader: _Reader, records: list[StreamRecord], redelivered: bool) -> None:
+        consumer = reader.consumer
+        channel = consumer.channel
+        tail = (reader.group.index << GROUP_SHIFT if reader.group is not None else 0) | reader.serial
+        decode = self._decode
+        stats = self.stats
+        for record in records:
+            msg = decode(record.payload)
+            msg = msg.with_header(with_properties(msg.header, headers_set={"x-stream-offset": Long(record.offset)}))
+            stats.delivered += 1
+            if redelivered:
+                stats.redelivered += 1
+            channel.deliver(consumer, self, record.offset << OFFSET_SHIFT | tail, msg, redelivered)
+
+    # -- settling ----------------------------------------------------------------------------------------
+    def _by_group(self, seq_ids: list[int]) -> dict[_Group, list[int]]:
+        out: dict[_Group, list[int]] = {}
+        for seq_id in seq_ids:
+            group = self._group_by_index.get(seq_id >> GROUP_SHIFT & _GROUP_MASK)
+            if group is not None:
+                out.setdefault(group, []).append(seq_id >> OFFSET_SHIFT)
+        return out
+
+    def ack(self, seq_ids: list[int]) -> None:
+        """Acks give the consumer credit (the channel counts it); a group's acks advance its committed offset."""
+        if self.deleted:
+            return
+        self.stats.acked += len(seq_ids)
+        for group, offsets in self._by_group(seq_ids).items():
+            group.log.acked(offsets)
+
+    def requeue(self, seq_ids: list[int]) -> None:
+        """A nack / reject with requeue, or the channel closed with these unacked: a group hands them to its
+        other members (redelivered); a plain consumer that is still subscribed gets RabbitMQ's 540."""
+        if self.deleted:
+            return
+        self._refuse_settle_by_subscribed(seq_ids)
+        for group, offsets in self._by_group(seq_ids).items():
+            group.redeliver.extend(sorted(offsets))
+        self.schedule_run()
+
+    def reject_discard(self, seq_ids: list[int]) -> None:
+        """A nack / reject without requeue: settled for a group (like an ack); 540 for a plain consumer."""
+        if self.deleted:
+            return
+        self._refuse_settle_by_subscribed(seq_ids)
+        for group, offsets in self._by_group(seq_ids).items():
+            group.log.acked(offsets)
+
+    def _refuse_settle_by_subscribed(self, seq_ids: list[int]) -> None:
+        for seq_id in seq_ids:
+            reader = self._readers.get(seq_id & _SERIAL_MASK)
+            if reader is not None and reader.group is None:
+                raise AMQPError(NOT_IMPLEMENTED, "basic.nack and basic.reject not supported by stream queues "
+                                f"{_where(self.vhost, self.name)}")
+
+    # -- what RabbitMQ's streams do not offer -----------------------------------------------------------------
+    def basic_get(self, no_ack: bool) -> tuple[int, Message, bool, int] | None:
+        raise AMQPError(NOT_IMPLEMENTED, f"basic.get not supported by stream queues {_where(self.vhost, self.name)}")
+
+    def purge(self) -> int:
+        raise AMQPError(NOT_IMPLEMENTED,
+                        f"queue.purge not supported by stream queues {_where(self.vhost, self.name)}")
+
+    def reset_expiry_timer(self) -> None:
+        """Streams have no x-expires (refused at declare)."""
+
+    # -- figures ---------------------------------------------------------------------------------------------
+    def message_count(self) -> int:
+        """Messages retained (the stream's length, not what is left to read: reading removes nothing)."""
+        return self.log.next_offset - self.log.first_offset
+
+    def figures(self) -> Figures:
+        return Figures(self.message_count(), 0, self.log.bytes, 0, 0)
+
+    def groups(self) -> dict[str, GroupLog]:
+        """The stream's consumer groups (committed offset, cursor), for the HTTP API, metrics and ctl."""
+        return self.log.groups()
+
+    # -- memory: the log is on disk, nothing to page -----------------------------------------------------------
+    def set_ram_budget(self, max_bytes: int | None) -> None:
+        pass
+
+    def ram_bytes(self) -> int:
+        return 0
+
+    def needs_paging(self) -> bool:
+        return False
+
+    def page(self) -> None:
+        pass
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+    def terminate(self) -> int:
+        """The stream is deleted: consumers are cancelled, publishes awaiting their fsync confirmed (the queue
+        has dealt with them), and the log with its groups deleted."""
+        count = self.message_count()
+        self.deleted = True
+        for _offset, token in self._awaiting_confirm:
+            token[0].confirm_from_queue(token[1])
+        self._awaiting_confirm.clear()
+        self.release_publishers()
+        if self._retention_timer is not None:
+            self._retention_timer.cancel()
+            self._retention_timer = None
+        for consumer in list(self.consumers):
+            self.consumers.remove(consumer)
+            consumer.channel.consumer_cancelled_by_queue(consumer)
+        self._readers.clear()
+        self._by_consumer.clear()
+        self.exclusive_consumer = None
+        self.log.delete()
+        return count
+
+
+class StreamQueueType:
+    """RabbitMQ's ``rabbit_stream_queue`` declare rules: durable, shared, lasting, and named by the client."""
+
+    name = "stream"
+
+    def check_declare(self, where: str, durable: bool, exclusive: bool, auto_delete: bool,
+                      server_named: bool = False) -> None:
+        problem = "non-durable" if not durable else "exclusive-owner" if exclusive else \
+            "auto-delete" if auto_delete else None
+        if problem:
+            raise AMQPError(PRECONDITION_FAILED, f"invalid property '{problem}' for {where}")
+        if server_named:
+            raise AMQPError(PRECONDITION_FAILED, "Cannot declare a server-named queue for type rabbit_stream_queue")
+
+    def new_queue(self, vhost: QueueHost, name: str, durable: bool, owner: QueueOwner | None, auto_delete: bool,
+                  arguments: dict[str, Any], settings: QueueSettings, open_store: Any) -> StreamQueue:
+        """The stream's log from the node's storage (a durable stream comes back as it was), or in memory on a
+        node without storage."""
+        segment_size = settings.max_segment_size_bytes or DEFAULT_SEGMENT_SIZE
+        if isinstance(open_store, StreamOpener):
+            log = open_store.open_stream(name, segment_size)
+            return StreamQueue(vhost, name, arguments, settings, log, open_store.encode_message,
+                               open_store.decode_message)
+        return StreamQueue(vhost, name, arguments, settings, MemoryStreamLog(name, max_segment_size_bytes=segment_size))

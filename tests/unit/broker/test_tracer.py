@@ -1,0 +1,202 @@
+"""The firehose (broker/trace.py) on a VHost built directly, with a ManualClock: the trace exchange, what a
+publish, an ack and a dead-lettering put on ``amq.rabbitmq.trace`` (routing keys, header names and field
+types), the message identity, no recursion, tracing off publishing nothing, and a failing tracer never
+failing the publish it traces. Deliveries need a channel: tests/integration/test_trace.py covers them."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import pytest
+from pamqp import commands as spec
+
+from broker import trace
+from broker.clock import ManualClock
+from broker.counters import GlobalCounters
+from broker.errors import AMQPError
+from broker.message import Message
+from broker.publish import ROUTED
+from broker.queue_process import QueueProcess
+from broker.vhost import VHost
+from protocol.constants import ACCESS_REFUSED
+from protocol.fastcodec import build_content_header, shortstr
+from protocol.properties import field_table_entries
+
+START_MS = 1_700_000_000_000.0
+
+
+def message(exchange: str, key: str, body: bytes = b"m", extra_keys: list[str] | None = None,
+            **props: Any) -> Message:
+    header = build_content_header(len(body), spec.Basic.Properties(**props).marshal())
+    msg = Message(exchange, key, shortstr(exchange) + shortstr(key), header, body)
+    msg.extra_keys = extra_keys
+    return msg
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(START_MS)
+
+
+@pytest.fixture
+def vh(clock: ManualClock) -> VHost:
+    return VHost("/", counters=GlobalCounters(), clock=clock)
+
+
+def declare(vh: VHost, name: str, **arguments: Any) -> QueueProcess:
+    return vh.queues.declare(name, False, False, False, False, arguments, None)[0]  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def sink(vh: VHost) -> QueueProcess:
+    q = declare(vh, "sink")
+    vh.bind(trace.TRACE_EXCHANGE, "sink", "queue", "#", {})
+    return q
+
+
+def drain(q: QueueProcess) -> list[Message]:
+    out = []
+    while (got := q.basic_get(True)) is not None:
+        out.append(got[1])
+    return out
+
+
+def header_types(msg: Message) -> dict[bytes, int]:
+    """Each header's field type octet, as written."""
+    start, end = msg.props.headers_span or (0, 0)
+    return {key: msg.header[s + 1 + len(key)] for key, s, _e in field_table_entries(msg.header, start, end)}
+
+
+def test_the_trace_exchange_is_a_durable_internal_topic_exchange_in_every_vhost(vh: VHost) -> None:
+    ex = vh.exchanges[trace.TRACE_EXCHANGE]
+    assert (ex.type_name, ex.durable, ex.internal, ex.auto_delete) == ("topic", True, True, False)
+    with pytest.raises(AMQPError) as err:
+        vh.check_publishable(trace.TRACE_EXCHANGE)
+    assert err.value.reply_code == ACCESS_REFUSED
+    with pytest.raises(AMQPError) as err:
+        vh.delete_exchange(trace.TRACE_EXCHANGE, False)
+    assert err.value.reply_code == ACCESS_REFUSED
+
+
+def test_tracing_off_publishes_nothing(vh: VHost, sink: QueueProcess) -> None:
+    declare(vh, "q")
+    assert vh.tracing is None
+    assert vh.publish(vh.default_exchange, message("", "q"), False) & ROUTED
+    assert drain(sink) == []
+
+
+def test_a_publish_event_has_rabbitmqs_routing_key_and_headers(vh: VHost, sink: QueueProcess,
+                                                               clock: ManualClock) -> None:
+    declare(vh, "q")
+    trace.start(vh, "leveret@test")
+    msg = message("", "q", b"hello", extra_keys=["q2"], message_id="m1", content_type="text/plain",
+                  delivery_mode=2, priority=3,
+                  timestamp=datetime.datetime.fromtimestamp(123, datetime.UTC), message_type="t",
+                  headers={"h": 1})
+    vh.publish(vh.default_exchange, msg, True)
+    (event,) = drain(sink)
+    assert (event.exchange, event.routing_key, event.body) == (trace.TRACE_EXCHANGE, "publish.", b"hello")
+    h = event.headers
+    assert h["exchange_name"] == ""
+    assert h["routing_keys"] == ["q", "q2"]
+    assert h["node"] == "leveret@test"
+    assert h["vhost"] == "/"
+    assert h["routed_queues"] == ["q"]
+    assert h["properties"].pop("cluster_id", "") == ""  # pamqp's marshal writes an empty one
+    assert h["properties"] == {"content_type": "text/plain", "headers": {"h": 1}, "delivery_mode": 2,
+                               "priority": 3, "message_id": "m1", "timestamp": 123, "type": "t"}
+    assert h[trace.EVENT_TIME] == int(START_MS)
+    assert h[trace.MESSAGE_ID] == "m1"
+    assert "connection" not in h and "user" not in h  # not a channel's publish
+    types = header_types(event)
+    assert types[b"routing_keys"] == ord("A") and types[b"properties"] == ord("F")
+    assert types[trace.EVENT_TIME.encode()] == ord("l")
+    # the copy is transient and carries nothing but its headers
+    assert event.header[12:14] == b"\x20\x00"  # property flags: headers only
+
+
+def test_a_message_without_message_id_gets_a_broker_assigned_identity(vh: VHost, sink: QueueProcess) -> None:
+    q = declare(vh, "q")
+    trace.start(vh, "n")
+    vh.publish(vh.default_exchange, message("", "q"), False)
+    vh.publish(vh.default_exchange, message("", "q"), False)
+    events = drain(sink)
+    ids = [e.headers[trace.MESSAGE_ID] for e in events]
+    assert len(set(ids)) == 2
+    stored = [m.headers[trace.TRACE_ID] for m in drain(q)]  # the message itself carries it (consumers see it)
+    assert stored == ids
+
+
+def test_ack_and_deadletter_events(vh: VHost, sink: QueueProcess, clock: ManualClock) -> None:
+    q = declare(vh, "q")
+    trace.start(vh, "n")
+    for mid in ("a", "b"):
+        vh.publish(vh.default_exchange, message("", "q", b"body-" + mid.encode(), message_id=mid), False)
+    drain(sink)
+    seq_a = q.basic_get(False)
+    seq_b = q.basic_get(False)
+    assert seq_a is not None and seq_b is not None
+    clock.advance(1.5)
+    q.ack([seq_a[0]])
+    q.reject_discard([seq_b[0]])
+    ack, dead = drain(sink)
+    assert (ack.routing_key, ack.body) == ("ack.q", b"")
+    assert ack.headers[trace.MESSAGE_ID] == "a"
+    assert ack.headers[trace.EVENT_TIME] == int(START_MS) + 1500
+    assert (dead.routing_key, dead.body) == ("deadletter.q", b"body-b")
+    assert dead.headers["reason"] == "rejected"
+    assert "dead_letter_exchange" not in dead.headers  # no DLX: dropped, the event still says it died
+
+
+def test_a_dead_letter_to_a_dlx_is_an_event_not_a_publish(vh: VHost, sink: QueueProcess) -> None:
+    vh.declare_exchange("dlx", "fanout", False, False, False, False, {})
+    declare(vh, "dlq")
+    vh.bind("dlx", "dlq", "queue", "", {})
+    q = declare(vh, "q", **{"x-dead-letter-exchange": "dlx"})
+    trace.start(vh, "n")
+    vh.publish(vh.default_exchange, message("", "q", message_id="x"), False)
+    got = q.basic_get(False)
+    assert got is not None
+    q.reject_discard([got[0]])
+    keys = [(e.routing_key, e.headers.get("dead_letter_exchange")) for e in drain(sink)]
+    assert keys == [("publish.", None), ("deadletter.q", "dlx")]
+
+
+def test_trace_messages_are_not_traced(vh: VHost, sink: QueueProcess) -> None:
+    declare(vh, "q")
+    trace.start(vh, "n")
+    vh.publish(vh.default_exchange, message("", "q"), False)
+    got = sink.basic_get(False)
+    assert got is not None
+    sink.ack([got[0]])  # acking a trace copy is not an event either
+    assert drain(sink) == []
+
+
+def test_trace_off_stops_and_on_twice_is_one_tracer(vh: VHost, sink: QueueProcess) -> None:
+    declare(vh, "q")
+    trace.start(vh, "n")
+    tracer = vh.tracing
+    trace.start(vh, "n")
+    assert vh.tracing is tracer
+    trace.stop(vh)
+    assert vh.tracing is None
+    vh.publish(vh.default_exchange, message("", "q"), False)
+    assert drain(sink) == []
+
+
+def test_a_failing_tracer_never_fails_the_publish(vh: VHost, sink: QueueProcess,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    q = declare(vh, "q")
+    trace.start(vh, "n")
+
+    def broken(*_a: Any, **_k: Any) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(trace.Tracer, "_emit", broken)
+    assert vh.publish(vh.default_exchange, message("", "q", message_id="m"), False) & ROUTED
+    got = q.basic_get(False)
+    assert got is not None
+    q.ack([got[0]])
+    assert q.message_count() == 0
+    assert drain(sink) == []
