@@ -35,10 +35,12 @@ class VHost(QueueHost, Protocol):
 
     def remove_bindings_to_queue(self, queue_name: str) -> None: ...
 
-# The queue arguments RabbitMQ compares on redeclare; others are stored but not compared.
+# The queue arguments RabbitMQ compares on redeclare (rabbit_amqqueue's declare_args, and the stream's
+# retention and segment size); others are stored but not compared.
 EQUIVALENCE_ARGS = ("x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key",
                     "x-max-length", "x-max-length-bytes", "x-max-priority", "x-overflow", "x-queue-type",
-                    "x-single-active-consumer", "x-delivery-limit", "x-queue-mode")
+                    "x-single-active-consumer", "x-delivery-limit", "x-queue-mode", "x-max-age",
+                    "x-stream-max-segment-size-bytes")
 
 
 def server_generated_name(prefix: str = "amq.gen-") -> str:
@@ -49,6 +51,44 @@ def _fmt(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def _field_type(value: Any) -> str:
+    """The AMQP field type RabbitMQ names in an inequivalent-arg text. The decoded table no longer says which
+    integer type the client sent: 32-bit values are named ``signedint`` (what pika and most clients send),
+    wider ones ``long``."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "signedint" if -(2**31) <= value < 2**31 else "long"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, dict):
+        return "table"
+    if isinstance(value, (list, tuple)):
+        return "array"
+    return "longstr"
+
+
+def _inequivalent(key: str, where: str, new: Any, old: Any) -> AMQPError:
+    """RabbitMQ's rabbit_misc:equivalence_fail text: both values quoted when both are there, else the one that
+    is there with its type (checked against RabbitMQ 3.10.8)."""
+    if new is not None and old is not None:
+        received, current = f"'{_fmt(new)}'", f"'{_fmt(old)}'"
+    else:
+        received = "none" if new is None else f"the value '{_fmt(new)}' of type '{_field_type(new)}'"
+        current = "none" if old is None else f"the value '{_fmt(old)}' of type '{_field_type(old)}'"
+    return AMQPError(PRECONDITION_FAILED,
+                     f"inequivalent arg '{key}' {where}: received {received} but current is {current}")
+
+
+def _shown(arguments: dict[str, Any], key: str, compared: Any) -> Any:
+    """What the text shows of an argument: as the client sent it (bytes as text); None when it is absent or
+    compares as absent (``x-queue-type: classic``)."""
+    if compared is None:
+        return None
+    value = arguments.get(key)
+    return value.decode(errors="replace") if isinstance(value, (bytes, bytearray)) else value
 
 
 def _arg_value(arguments: dict[str, Any], key: str) -> Any:
@@ -162,10 +202,7 @@ class QueueRegistry:
         for key in EQUIVALENCE_ARGS:
             new, old = _arg_value(arguments, key), _arg_value(q.arguments, key)
             if new != old:
-                received = "none" if new is None else f"the value '{_fmt(arguments.get(key))}'"
-                current = "none" if old is None else f"the value '{_fmt(q.arguments.get(key))}'"
-                raise AMQPError(PRECONDITION_FAILED,
-                                f"inequivalent arg '{key}' {where}: received {received} but current is {current}")
+                raise _inequivalent(key, where, _shown(arguments, key, new), _shown(q.arguments, key, old))
 
     def delete(self, q: QueueProcess, reason: str = "deleted") -> int:
         """Remove the queue, its bindings and its consumers; returns the number of messages dropped."""

@@ -3,6 +3,13 @@
     leveret ctl list_queues name messages_ready messages_unacknowledged consumers
     leveret ctl -p /orders set_permissions app '^app\\.' '^app\\.' '^app\\.'
     leveret ctl --formatter json list_exchanges name type
+    leveret ctl -p /orders list_stream_groups stream group committed_offset lag members
+
+``list_stream_groups`` (Leveret's, also as ``list_stream_consumer_groups``, the name of rabbitmq-streams'
+verb) lists the consumer groups of the vhost's stream queues; its columns: ``stream``, ``group`` (or
+``reference``), ``committed_offset`` (or ``committed``), ``cursor``, ``outstanding``, ``lag``, ``members``
+(or ``consumers``) and ``next_offset``. ``list_queues`` shows a stream's ``type`` (stream), ``first_offset``,
+``last_offset``, ``next_offset``, ``segments`` and ``stream_bytes`` when asked for those columns.
 
 The API is found at ``--url`` (default ``$LEVERET_CTL_URL`` or ``http://127.0.0.1:15672``), with
 ``--username`` / ``--password`` (default ``$LEVERET_CTL_USERNAME`` / ``$LEVERET_CTL_PASSWORD`` or
@@ -79,6 +86,15 @@ def _field(row: dict[str, Any], column: str, aliases: dict[str, Any]) -> Any:
     return cur
 
 
+# The consumer groups of stream queues (/api/stream-groups: broker/management/streams.py).
+STREAM_GROUPS: dict[str, Any] = {
+    "path": "/api/stream-groups/{vhost}",
+    "default": ["stream", "group", "committed_offset", "cursor", "lag", "members"],
+    "title": "stream consumer groups",
+    "aliases": {"group": "name", "reference": "name", "committed": "committed_offset", "members": "consumers",
+                "queue": "stream"},
+}
+
 LISTS: dict[str, dict[str, Any]] = {
     "list_queues": {"path": "/api/queues/{vhost}", "default": ["name", "messages"], "title": "queues",
                     "aliases": {"pid": "node", "owner_pid": "owner_pid_details.name"}},
@@ -107,6 +123,8 @@ LISTS: dict[str, dict[str, Any]] = {
     "list_policies": {"path": "/api/policies/{vhost}",
                       "default": ["vhost", "name", "pattern", "apply-to", "definition", "priority"],
                       "title": "policies", "aliases": {}},
+    "list_stream_groups": STREAM_GROUPS,
+    "list_stream_consumer_groups": STREAM_GROUPS,
 }
 
 

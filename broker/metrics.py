@@ -9,6 +9,13 @@ HTTP API: it reads the node and nothing below imports it.
 Endpoints (port ``prometheus.tcp.port``, default 15692): ``/metrics`` sums queue, channel and connection
 figures per node as RabbitMQ does by default; ``/metrics/per-object`` gives one series per queue
 (labels ``vhost``, ``queue``).
+
+Stream queues (broker/stream_queue.py) add Leveret's series on ``/metrics/per-object``: per stream
+``leveret_stream_first_offset``, ``leveret_stream_next_offset``, ``leveret_stream_segments``,
+``leveret_stream_bytes`` (labels ``vhost``, ``queue``), and per consumer group
+``leveret_stream_group_committed_offset`` and ``leveret_stream_group_lag`` (labels ``vhost``, ``queue``,
+``group``). ``/metrics`` sums only what adds up: ``leveret_stream_segments`` and ``leveret_stream_bytes``
+over all streams.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from broker import PRODUCT, VERSION
 from broker.os_probes import disk_free, max_fds, open_fds, resident_memory, uptime_seconds
 from broker.reader import open_connections
+from broker.stream_queue import StreamQueue
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -91,6 +99,30 @@ QUEUE_COUNTERS = (
     ("rabbitmq_queue_messages_acked_total", "Total number of messages acknowledged by consumers"),
     ("rabbitmq_queue_get_total", "Total number of messages fetched with basic.get"),
 )
+
+# Per-stream gauges (labels vhost, queue on /metrics/per-object; summed on /metrics where marked True).
+STREAM_GAUGES = (
+    ("leveret_stream_first_offset", "Oldest offset a stream retains (equals next_offset when it is empty)", False),
+    ("leveret_stream_next_offset", "Offset the next message published to a stream gets", False),
+    ("leveret_stream_segments", "Segment files of a stream's consume log", True),
+    ("leveret_stream_bytes", "Payload bytes a stream retains (what x-max-length-bytes limits)", True),
+)
+# Per consumer group gauges (labels vhost, queue, group; /metrics/per-object only).
+STREAM_GROUP_GAUGES = (
+    ("leveret_stream_group_committed_offset", "Offset below which a stream consumer group has acked every message"),
+    ("leveret_stream_group_lag", "Messages of a stream its consumer group has not acked (next - committed offset)"),
+)
+
+
+def stream_values(q: StreamQueue) -> dict[str, int]:
+    """The per-stream metrics of one stream queue, read from its log now."""
+    log = q.log
+    return {
+        "leveret_stream_first_offset": log.first_offset,
+        "leveret_stream_next_offset": log.next_offset,
+        "leveret_stream_segments": log.segment_count,
+        "leveret_stream_bytes": log.bytes,
+    }
 
 
 def queue_values(q: QueueProcess) -> dict[str, int]:
@@ -160,6 +192,7 @@ class RabbitCollector:
                      "on a channel", sum(ch.global_prefetch for ch in channels))
         # -- queues ---------------------------------------------------------------------------------------
         yield from self._queues(queues)
+        yield from self._streams([q for q in queues if isinstance(q, StreamQueue)])
         # -- resources --------------------------------------------------------------------------------------
         mem = resident_memory()
         mem_limit = node.memory_limit
@@ -230,6 +263,29 @@ class RabbitCollector:
                 c.add_metric([], v)
         yield from gauges
         yield from counters
+
+    def _streams(self, streams: list[StreamQueue]) -> Iterable[Metric]:
+        if not self.per_object:
+            for name, help_, summed in STREAM_GAUGES:
+                if summed:
+                    yield _gauge(name, help_, sum(stream_values(q)[name] for q in streams))
+            return
+        gauges = [GaugeMetricFamily(name, help_, labels=["vhost", "queue"]) for name, help_, _s in STREAM_GAUGES]
+        groups = [GaugeMetricFamily(name, help_, labels=["vhost", "queue", "group"])
+                  for name, help_ in STREAM_GROUP_GAUGES]
+        committed, lag = groups
+        for q in streams:
+            values = stream_values(q)
+            labels = [q.vhost.name, q.name]
+            for g, (name, _h, _s) in zip(gauges, STREAM_GAUGES):
+                g.add_metric(labels, values[name])
+            nxt = values["leveret_stream_next_offset"]
+            for group_name, group in sorted(q.groups().items()):
+                done = group.committed
+                committed.add_metric([*labels, group_name], done)
+                lag.add_metric([*labels, group_name], nxt - done)
+        yield from gauges
+        yield from groups
 
 
 def _prometheus_client_version() -> str:

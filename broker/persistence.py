@@ -2,10 +2,9 @@
 permissions, policies, parameters, durable exchanges, queues and bindings), messages in the variable
 queues, and the one ordered recovery pass that brings them back at start.
 
-storage/ stores bytes and knows nothing of AMQP; this module is the translation: a message is stored as
-msgpack ``[exchange, routing_key, content header, body, published_at, expiration_ms]`` (the header
-keeps its raw properties, so a recovered message is delivered byte for byte as it was published), and
-queue and exchange arguments as AMQP field tables.
+storage/ stores bytes and knows nothing of AMQP; this module is the translation: a message is stored in
+broker/message_codec.py's format (shared with the stream queue, a layer below), and queue and exchange
+arguments as AMQP field tables.
 
 The metadata store's kinds and keys (storage/metadata_store.py; per-vhost keys start with the vhost, so
 a vhost's deletion is one prefix delete per kind, all in one transaction)::
@@ -34,16 +33,14 @@ import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import msgpack
 import structlog
 from pamqp import decode as amqp_decode
 from pamqp import encode as amqp_encode
 
 from broker.auth import Permission, User, UserStore
 from broker.exchange import EXCHANGE, QUEUE, Binding, Exchange
-from broker.message import Message
+from broker.message_codec import decode_message, encode_message
 from broker.policy import Policy
-from protocol.fastcodec import shortstr
 from storage.backing_queue import BackingQueue
 from storage.node_storage import NODE_KIND, NodeStorage
 from storage.stream_log import StreamLog
@@ -61,18 +58,6 @@ NODE_METADATA_FORMAT = 1
 # Kinds whose keys start with the vhost: a vhost's deletion removes all of its rows.
 VHOST_KINDS = ("exchange", "queue", "binding", "permission", "topic_permission", "policy", "operator_policy",
                "parameter")
-
-
-def encode_message(msg: Message) -> bytes:
-    return msgpack.packb([msg.exchange, msg.routing_key, msg.header, msg.body, msg.published_at,
-                          msg.expiration_ms], use_bin_type=True)
-
-
-def decode_message(data: bytes) -> Message:
-    exchange, routing_key, header, body, published_at, expiration_ms = msgpack.unpackb(data, raw=False)
-    msg = Message(exchange, routing_key, shortstr(exchange) + shortstr(routing_key), header, body, published_at)
-    msg.expiration_ms = expiration_ms
-    return msg
 
 
 def _table(arguments: dict[str, Any]) -> bytes:
@@ -295,10 +280,7 @@ class DurableDefinitions:
 class BackingQueueFactory:
     """Opens the backing queue of a queue: a variable queue over the node's stores (paging to disk under
     memory pressure; persistent messages of durable queues survive restarts); and the log of a stream
-    (broker/stream_queue.py's StreamOpener), whose payloads are messages in this module's format."""
-
-    encode_message = staticmethod(encode_message)
-    decode_message = staticmethod(decode_message)
+    (broker/stream_queue.py's StreamOpener), whose payloads are broker/message_codec.py's encoded messages."""
 
     def __init__(self, storage: NodeStorage, vhost: str) -> None:
         self.storage = storage

@@ -5,7 +5,7 @@ The queue keeps nothing but its log (storage/stream_log.py's StreamLog: the file
 on a node without storage) and, per consumer, where it reads. What users get, as RabbitMQ answers (texts
 checked against RabbitMQ 3.10.8):
 
-- **Publishing** appends the broker's encoded message (broker/persistence.py's format) to the log, whatever
+- **Publishing** appends the broker's encoded message (broker/message_codec.py's format) to the log, whatever
   its delivery mode: a stream keeps everything. A publisher confirm waits for the fsync that covers the
   message (``StreamLog.on_durable``); a failed write or fsync nacks it (``on_durable_failed``). Many publishes
   awaiting their fsync stop the publisher's socket (credit flow, as the classic queue does).
@@ -18,6 +18,8 @@ checked against RabbitMQ 3.10.8):
   ``x-stream-offset`` (long), added to a copy of the message's properties (the stored bytes are never
   touched). basic.get, queue.purge, and basic.nack / basic.reject by a consumer still subscribed, answer 540
   NOT_IMPLEMENTED as RabbitMQ's streams do.
+  While the vhost traces (broker/trace.py), each ack, plain or a group's, is an ``ack.<stream>`` event as for a
+  classic queue: the acked messages are read back from the log for it, only then.
 - **Filtering** follows RabbitMQ 3.13's stream filtering: a publish header ``x-stream-filter-value`` is kept
   with its chunk (the store's Bloom filter), and a consumer's ``x-stream-filter`` (a string or a list of them)
   lets the read skip chunks that cannot hold those values. The broker does not check each message: a
@@ -50,13 +52,11 @@ from __future__ import annotations
 import asyncio
 import datetime
 from collections import deque
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
-
-import msgpack
 
 from broker.errors import AMQPError
 from broker.message import Message
+from broker.message_codec import decode_message, encode_message
 from broker.queue_args import QueueSettings, parse_duration
 from broker.queue_consumers import Consumer, ConsumerSet
 from broker.queue_process import (
@@ -70,7 +70,6 @@ from broker.queue_process import (
     QueueStats,
 )
 from protocol.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
-from protocol.fastcodec import shortstr
 from protocol.properties import Long, with_properties
 from storage.backing_queue import Figures
 from storage.stream_log import GroupLog, StreamLog, StreamRecord
@@ -93,30 +92,12 @@ _GROUP_MASK = (1 << (OFFSET_SHIFT - GROUP_SHIFT)) - 1
 FILTER_HEADER = b"x-stream-filter-value"
 
 
-def _encode(msg: Message) -> bytes:
-    """The in-memory fallback's codec: broker/persistence.py's message format (a layer above this one; the
-    node's storage hands the stream queue persistence's own functions)."""
-    return msgpack.packb([msg.exchange, msg.routing_key, msg.header, msg.body, msg.published_at,
-                          msg.expiration_ms], use_bin_type=True)
-
-
-def _decode(data: bytes) -> Message:
-    exchange, routing_key, header, body, published_at, expiration_ms = msgpack.unpackb(data, raw=False)
-    msg = Message(exchange, routing_key, shortstr(exchange) + shortstr(routing_key), header, body, published_at)
-    msg.expiration_ms = expiration_ms
-    return msg
-
-
 @runtime_checkable
 class StreamOpener(Protocol):
     """What the node's storage offers streams (broker/persistence.py's BackingQueueFactory): opening a stream's
-    log (a durable one comes back as it was) and the codec of its payloads."""
+    log (a durable one comes back as it was). Its payloads are broker/message_codec.py's encoded messages."""
 
     def open_stream(self, name: str, max_segment_size_bytes: int) -> StreamLog: ...
-
-    def encode_message(self, msg: Message) -> bytes: ...
-
-    def decode_message(self, data: bytes) -> Message: ...
 
 
 def _where(vhost: QueueHost, name: str) -> str:
@@ -161,8 +142,7 @@ class StreamQueue:
     type_name: ClassVar[str] = "stream"
 
     def __init__(self, vhost: QueueHost, name: str, arguments: dict[str, Any], settings: QueueSettings,
-                 log: StreamLog, encode: Callable[[Message], bytes] = _encode,
-                 decode: Callable[[bytes], Message] = _decode) -> None:
+                 log: StreamLog) -> None:
         self.vhost = vhost
         self._clock = vhost.clock
         self.name = name
@@ -177,13 +157,14 @@ class StreamQueue:
         self.publisher_channels: set[Any] = set()
         self.deleted = False
         self.log = log
-        self._encode = encode
-        self._decode = decode
         log.on_durable = self.on_durable
         log.on_durable_failed = self.on_durable_failed
         # Publisher confirms waiting for their fsync: (offset, confirm token), in offset order.
         self._awaiting_confirm: deque[tuple[int, Any]] = deque()
-        self._durable_below = 0  # every offset below this is durable (on_durable's last word)
+        # Every offset below this is durable (what the log recovered, then on_durable's last word). Consumers
+        # read only below it: a record a crash could still take away (and a later publish reuse the offset of)
+        # is never handed out.
+        self._durable_below = log.next_offset
         self._throttled: set[Any] = set()
         self._readers: dict[int, _Reader] = {}  # consumer serial → reader
         self._by_consumer: dict[Consumer, _Reader] = {}
@@ -238,11 +219,9 @@ class StreamQueue:
             value = _text(msg.headers.get("x-stream-filter-value"))
             filter_value = value if isinstance(value, str) else None
         segments = log.segment_count
-        offset = log.append(self._encode(msg), int(msg.published_at or self._clock.now_ms()), filter_value)
+        offset = log.append(encode_message(msg), int(msg.published_at or self._clock.now_ms()), filter_value)
         if self._has_retention and log.segment_count > segments:
             self.retain()  # a new segment was started: the oldest may go now
-        if self.consumers.count:
-            self.schedule_run()
         if confirm is None or offset < self._durable_below:
             return ACCEPTED
         self._awaiting_confirm.append((offset, confirm))
@@ -250,7 +229,10 @@ class StreamQueue:
 
     def on_durable(self, below: int) -> None:
         """The log's fsync covered every offset below ``below``: confirm those publishes."""
-        self._durable_below = max(self._durable_below, below)
+        if below > self._durable_below:
+            self._durable_below = below
+            if self.consumers.count:
+                self.schedule_run()  # consumers read only what is on disk: more is readable now
         self._settle_confirms(below, True)
 
     def on_durable_failed(self, below: int) -> None:
@@ -413,11 +395,14 @@ class StreamQueue:
 
     def _deliver_own(self, reader: _Reader, credit: int) -> int:
         log = self.log
-        if reader.position >= log.next_offset:
+        readable = self._durable_below
+        if reader.position >= readable:
             return 0
-        records = log.read(reader.position, credit, reader.filter)
+        records = log.read(reader.position, min(credit, readable - reader.position), reader.filter)
+        if records and records[-1].offset >= readable:  # a filtered read may skip ahead past the readable end
+            records = [r for r in records if r.offset < readable]
         if not records:
-            reader.position = log.next_offset  # a filtered read found nothing more
+            reader.position = readable  # a filtered read found nothing more
             return 0
         reader.position = records[-1].offset + 1
         self._send(reader, records, False)
@@ -439,8 +424,9 @@ class StreamQueue:
             self._send(reader, again, True)
             sent = len(again)
         credit -= sent
-        if credit > 0 and group.log.cursor < log.next_offset:
-            records = log.read(group.log.cursor, credit)
+        readable = self._durable_below
+        if credit > 0 and group.log.cursor < readable:
+            records = log.read(group.log.cursor, min(credit, readable - group.log.cursor))
             if records:
                 group.log.pulled([r.offset for r in records])
                 self._send(reader, records, False)
@@ -451,11 +437,10 @@ class StreamQueue:
         consumer = reader.consumer
         channel = consumer.channel
         tail = (reader.group.index << GROUP_SHIFT if reader.group is not None else 0) | reader.serial
-        decode = self._decode
+        as_delivered = self._as_delivered
         stats = self.stats
         for record in records:
-            msg = decode(record.payload)
-            msg = msg.with_header(with_properties(msg.header, headers_set={"x-stream-offset": Long(record.offset)}))
+            msg = as_delivered(record)
             stats.delivered += 1
             if redelivered:
                 stats.redelivered += 1
@@ -477,6 +462,26 @@ class StreamQueue:
         self.stats.acked += len(seq_ids)
         for group, offsets in self._by_group(seq_ids).items():
             group.log.acked(offsets)
+        tracer = self.vhost.tracing
+        if tracer is not None:  # as QueueProcess.ack: the queue has the messages (read back only while tracing)
+            tracer.acked(self.name, self._messages_at([seq_id >> OFFSET_SHIFT for seq_id in seq_ids]))
+
+    def _messages_at(self, offsets: list[int]) -> list[Message | None]:
+        """The messages at these offsets as they were delivered (with their ``x-stream-offset`` header); None
+        for one that retention has removed since."""
+        out: list[Message | None] = []
+        for offset in offsets:
+            got = self.log.read(offset, 1)
+            if got and got[0].offset == offset:
+                out.append(self._as_delivered(got[0]))
+            else:
+                out.append(None)
+        return out
+
+    @staticmethod
+    def _as_delivered(record: StreamRecord) -> Message:
+        msg = decode_message(record.payload)
+        return msg.with_header(with_properties(msg.header, headers_set={"x-stream-offset": Long(record.offset)}))
 
     def requeue(self, seq_ids: list[int]) -> None:
         """A nack / reject with requeue, or the channel closed with these unacked: a group hands them to its
@@ -583,6 +588,5 @@ class StreamQueueType:
         segment_size = settings.max_segment_size_bytes or DEFAULT_SEGMENT_SIZE
         if isinstance(open_store, StreamOpener):
             log = open_store.open_stream(name, segment_size)
-            return StreamQueue(vhost, name, arguments, settings, log, open_store.encode_message,
-                               open_store.decode_message)
+            return StreamQueue(vhost, name, arguments, settings, log)
         return StreamQueue(vhost, name, arguments, settings, MemoryStreamLog(name, max_segment_size_bytes=segment_size))

@@ -124,7 +124,7 @@ def check_metadata_file(data_dir: str) -> MetadataFileState:
 # Entries only a node's data directory has: --force-reset wipes a directory that holds one of them (or
 # nothing), never one that holds none, such as a home directory given as --data-dir by mistake.
 NODE_ENTRIES = (METADATA_FILE, "metadata.json", "metadata.json.migrated", "msg_store_persistent",
-                "msg_store_transient", "queues")
+                "msg_store_transient", "queues", "streams")
 
 
 def reset_data_dir(data_dir: str, keep: Collection[str] = ()) -> list[str]:

@@ -25,6 +25,7 @@ from broker.management import (
     overview,
     policies,
     queues,
+    streams,
     users,
     vhosts,
 )
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("leveret.management")
 
-MODULES = (overview, health, connections, exchanges, queues, bindings, vhosts, users, policies, limits,
+MODULES = (overview, health, connections, exchanges, queues, streams, bindings, vhosts, users, policies, limits,
            definitions_api)
 # Paths answered without credentials (RabbitMQ's UI asks /api/auth before logging in).
 PUBLIC = ("/api/auth",)

@@ -1,6 +1,8 @@
 """``/api/queues``: list, get, declare (PUT), delete, the queue's bindings, purge (``DELETE .../contents``)
 and ``POST .../get`` with RabbitMQ's ack modes. Everything goes through the vhost's queue registry and the
-queue process, as the AMQP methods do."""
+queue process, as the AMQP methods do. A stream queue's object (``"type": "stream"``) adds its offsets,
+segments and consumer groups (broker/management/objects.py's ``stream_fields``); its groups alone are at
+``/api/stream-groups`` (broker/management/streams.py)."""
 
 from __future__ import annotations
 
