@@ -7,6 +7,11 @@
     python -m bench.perf --url ... --rate 5000 -s 1024 --ack --prefetch 100       # latency at a fixed rate
     python -m bench.perf --sink ...                                              # the generator's own ceiling
     python -m bench.perf --url ... --broker-pid PID --json-out result.json
+    python -m bench.perf --url ... --queue-type stream --stream-offset first -s 1024 --confirm 1000 --ack -q 1000
+    python -m bench.perf --url ... --queue-type stream --stream-offset first --ack -q 1000 -y 4 \
+        --consumer-arg x-stream-group=perf                                       # a consumer group (Leveret)
+    python -m bench.perf --url ... --queue-type stream --stream-offset first --confirm 1000 --ack -q 1000 \
+        --backlog 1000000 --keep-publishing                      # read a 1 M stream while publishing goes on
 
 Structure: the parent process declares the topology (several control connections in parallel), forks
 ``--processes`` workers (producers and consumers spread round-robin, one connection each), and then only
@@ -17,6 +22,20 @@ client in bench/amqp.py. The result is one JSON object (stdout, and --json-out).
 
 Rates are counted over the measurement window only (after --warmup); latency (publish → deliver, from the
 monotonic timestamp at the start of each body) is recorded in the same window.
+
+Stream queues (``--queue-type stream``): the queues are declared durable with ``x-queue-type: stream``; the
+consumers need ``--ack`` and ``--prefetch`` (RabbitMQ and Leveret refuse a stream consumer without them) and
+start at ``--stream-offset`` (consumer argument ``x-stream-offset``: first, last, next, a number);
+``--consumer-arg KEY=VALUE`` adds any consumer argument (``x-stream-group=NAME`` for a Leveret consumer
+group). Every delivery's ``x-stream-offset`` header is recorded (see bench/amqp.py) and the result gets a
+``stream`` object: deliveries with an offset, distinct offsets, ``duplicates`` (an offset delivered again
+without redelivered=true: must be 0 for a consumer group, whose members each get distinct offsets),
+``redelivered``, ``no_offset`` (deliveries without the header) and ``gaps`` (offsets between the lowest and
+the highest delivered that nobody received; a timed run stops with some deliveries in flight, so a few are
+normal). In backlog mode the queue depth of a stream is not asked of the broker (RabbitMQ's declare-ok
+reports 0 messages for a stream): the publish phase ends when N are confirmed (with --confirm) or written.
+``--keep-publishing`` (backlog mode) lets the producers go on publishing while the consumers drain the first
+N: the drain rate is then the rate of reading a backlog under a live publisher.
 """
 
 from __future__ import annotations
@@ -76,11 +95,44 @@ class PerfConfig:
     batch_bytes: int = 65536
     cleanup: bool = True
     sink: bool = False
+    queue_type: str = ""         # "" (the broker's default, classic) or "stream", "quorum", …
+    stream_offset: str | None = None  # consumer argument x-stream-offset ("first", "last", "next", "123")
+    consumer_args: dict = field(default_factory=dict)  # further consumer arguments (x-stream-group, …)
+    keep_publishing: bool = False  # backlog mode: producers go on publishing while the consumers drain
     label: str = ""
     extra: dict = field(default_factory=dict)
 
     def queue_names(self) -> list[str]:
         return [f"{self.queue_prefix}-{i}" for i in range(max(1, self.queues))]
+
+    @property
+    def stream(self) -> bool:
+        return self.queue_type == "stream"
+
+    def queue_arguments(self) -> dict:
+        return {"x-queue-type": self.queue_type} if self.queue_type else {}
+
+    def consume_arguments(self) -> dict:
+        args = {"x-stream-offset": _arg_value(self.stream_offset)} if self.stream_offset is not None else {}
+        args.update({k: _arg_value(v) for k, v in self.consumer_args.items()})
+        return args
+
+
+def _arg_value(v):
+    """A consumer argument from the command line: integers as numbers (a numeric x-stream-offset), else text."""
+    if isinstance(v, str) and v.lstrip("-").isdigit():
+        return int(v)
+    return v
+
+
+def parse_kv(items: list[str] | None) -> dict:
+    out = {}
+    for it in items or []:
+        k, sep, v = it.partition("=")
+        if not sep or not k:
+            raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {it!r}")
+        out[k] = v
+    return out
 
 
 def raise_nofile() -> int:
@@ -228,7 +280,8 @@ def plan_roles(cfg: PerfConfig) -> list[tuple]:
         else:
             exchange = ""
             keys = [qnames[k] for k in range(q) if k % p == j] or [qnames[j % q]]
-        total = cfg.backlog // p + (1 if j < cfg.backlog % p else 0) if cfg.backlog else 0
+        total = cfg.backlog // p + (1 if j < cfg.backlog % p else 0) if cfg.backlog and not cfg.keep_publishing \
+            else 0
         roles.append(("p", j, exchange, keys, total))
     return roles
 
@@ -237,7 +290,8 @@ async def _start_consumer(conn: Connection, queue: str, idx: int, cfg: PerfConfi
     conn.manual_ack = cfg.manual_ack
     if cfg.manual_ack and cfg.prefetch:
         await conn.rpc(commands.Basic.Qos(prefetch_count=cfg.prefetch))
-    await conn.rpc(commands.Basic.Consume(queue=queue, consumer_tag=f"perf-{idx}", no_ack=not cfg.manual_ack))
+    await conn.rpc(commands.Basic.Consume(queue=queue, consumer_tag=f"perf-{idx}", no_ack=not cfg.manual_ack,
+                                          arguments=cfg.consume_arguments() or None))
 
 
 async def worker_main(wid: int, roles: list[tuple], cfg: PerfConfig, counters, phase) -> dict:
@@ -247,12 +301,14 @@ async def worker_main(wid: int, roles: list[tuple], cfg: PerfConfig, counters, p
     consumers: list[tuple[Connection, str, int]] = []
     publishers: list[Publisher] = []
     hist = new_hist()
+    seen = bytearray() if cfg.stream else None  # offsets delivered, shared by this worker's consumers
 
     async def open_role(role: tuple) -> None:
         async with sem:
             kind, idx = role[0], role[1]
             conn = await connect(cfg.url, name=f"perf-{kind}{idx}")
             if kind == "c":
+                conn.seen = seen
                 consumers.append((conn, role[2], idx))
                 if not cfg.backlog:
                     await _start_consumer(conn, role[2], idx, cfg)
@@ -337,7 +393,15 @@ async def worker_main(wid: int, roles: list[tuple], cfg: PerfConfig, counters, p
             await c.close(2.0)
     await asyncio.gather(*(close(c) for c in [x[0] for x in consumers] + [p.conn for p in publishers]),
                          return_exceptions=True)
+    stream = None
+    if seen is not None:
+        cs = [c for c, _q, _i in consumers]
+        lows = [c.min_offset for c in cs if c.min_offset >= 0]
+        stream = {"bitmap": bytes(seen), "duplicates": sum(c.duplicates for c in cs),
+                  "redelivered": sum(c.redelivered for c in cs), "no_offset": sum(c.no_offset for c in cs),
+                  "min_offset": min(lows) if lows else -1, "max_offset": max(c.max_offset for c in cs) if cs else -1}
     return {
+        "stream": stream,
         "worker": wid,
         "hist": hist,
         "per_consumer": per_consumer,
@@ -394,7 +458,8 @@ async def setup_topology(cfg: PerfConfig) -> None:
 
     async def declare(c: Connection, q: str) -> None:
         await c.rpc(commands.Queue.Delete(queue=q))
-        await c.rpc(commands.Queue.Declare(queue=q, durable=durable))
+        await c.rpc(commands.Queue.Declare(queue=q, durable=durable or cfg.stream,
+                                           arguments=cfg.queue_arguments() or None))
         if cfg.fanout:
             await c.rpc(commands.Queue.Bind(queue=q, exchange=cfg.exchange, routing_key=""))
     await _parallel_control(cfg, cfg.queue_names(), declare)
@@ -452,11 +517,19 @@ async def _monitor(cfg: PerfConfig, nw: int, counters, phase, procs, sampler, ou
             depth = 0
             while True:
                 tot = _totals(counters, nw)
-                published_all = tot[C_PUB] >= cfg.backlog and (not cfg.confirm or tot[C_PDONE] >= cfg.producers)
-                if published_all:
-                    depth = await queue_depth(ctrl, cfg.queue_names())
-                    if depth >= expected_depth:
+                if cfg.stream or cfg.keep_publishing:
+                    # No depth from the broker (a stream's declare-ok says 0; live producers never finish):
+                    # the backlog is there once N are confirmed (or written, without confirms).
+                    if (tot[C_CONF] if cfg.confirm else tot[C_PUB]) >= cfg.backlog:
+                        depth = tot[C_CONF] if cfg.confirm else tot[C_PUB]
                         break
+                else:
+                    published_all = tot[C_PUB] >= cfg.backlog and \
+                        (not cfg.confirm or tot[C_PDONE] >= cfg.producers)
+                    if published_all:
+                        depth = await queue_depth(ctrl, cfg.queue_names())
+                        if depth >= expected_depth:
+                            break
                 key = (tot[C_PUB], tot[C_CONF], depth)
                 now = time.monotonic()
                 if key != last_progress[1]:
@@ -475,7 +548,8 @@ async def _monitor(cfg: PerfConfig, nw: int, counters, phase, procs, sampler, ou
                 out["broker_rss_after_publish_kb"] = sampler.sample()
         finally:
             await ctrl.close()
-        c_before = _totals(counters, nw)[C_CONS]
+        before = _totals(counters, nw)
+        c_before = before[C_CONS]
         t_d = time.monotonic()
         phase.value = DRAIN
         last_progress = (t_d, -1)
@@ -497,6 +571,8 @@ async def _monitor(cfg: PerfConfig, nw: int, counters, phase, procs, sampler, ou
         t_end = time.monotonic()
         out["drain_s"] = round(t_end - t_d, 3)
         out["drain_rate"] = round(consumed / (t_end - t_d), 1) if consumed else 0.0
+        if cfg.keep_publishing:
+            out["drain_publish_rate"] = round((_totals(counters, nw)[C_PUB] - before[C_PUB]) / (t_end - t_d), 1)
         out["consume_rate"] = out["drain_rate"]
         m0 = [0] * NSLOTS
         m1 = _totals(counters, nw)
@@ -609,6 +685,9 @@ def run(cfg: PerfConfig) -> dict:
 
 def _summarise_workers(out: dict, results: list[dict], nw: int) -> None:
     hists, per_consumer, per_window = [], [], []
+    streams = [r["stream"] for r in results if "fatal" not in r and r.get("stream") is not None]
+    if streams:
+        out["stream"] = _stream_summary(streams)
     cpu = 0.0
     util = []
     for r in results:
@@ -632,6 +711,24 @@ def _summarise_workers(out: dict, results: list[dict], nw: int) -> None:
                             "zero": sum(1 for n in per_consumer if n == 0),
                             "zero_in_window": sum(1 for n in per_window if n == 0)}
     out["client"] = {"processes": nw, "cpu_s": round(cpu, 3), "max_worker_cpu_util": max(util) if util else None}
+
+
+def _stream_summary(parts: list[dict]) -> dict:
+    """Merge the workers' offset bitmaps: an offset two workers both received counts as a duplicate too."""
+    union = 0
+    unique_sum = 0
+    for p in parts:
+        bits = int.from_bytes(p["bitmap"], "little")
+        unique_sum += bits.bit_count()
+        union |= bits
+    distinct = union.bit_count()
+    lows = [p["min_offset"] for p in parts if p["min_offset"] >= 0]
+    lo, hi = (min(lows), max(p["max_offset"] for p in parts)) if lows else (-1, -1)
+    dups = sum(p["duplicates"] for p in parts) + (unique_sum - distinct)
+    redelivered = sum(p["redelivered"] for p in parts)
+    return {"deliveries": distinct + dups + redelivered, "distinct_offsets": distinct, "duplicates": dups,
+            "redelivered": redelivered, "no_offset": sum(p["no_offset"] for p in parts),
+            "first_offset": lo, "last_offset": hi, "gaps": (hi - lo + 1 - distinct) if lows else 0}
 
 
 def _free_port() -> int:
@@ -664,6 +761,12 @@ def summary_line(r: dict) -> str:
     parts = [f"publish {r.get('publish_rate', 0):,.0f} msg/s", f"consume {r.get('consume_rate', 0):,.0f} msg/s"]
     if r.get("drain_rate") is not None:
         parts.append(f"drain {r['drain_rate']:,.0f} msg/s")
+    if r.get("drain_publish_rate") is not None:
+        parts.append(f"publish while draining {r['drain_publish_rate']:,.0f} msg/s")
+    st = r.get("stream")
+    if st:
+        parts.append(f"stream offsets: {st['distinct_offsets']:,} distinct, {st['duplicates']} duplicate(s), "
+                     f"{st['redelivered']} redelivered, {st['no_offset']} without offset, {st['gaps']} gap(s)")
     if lat.get("p50") is not None:
         parts.append(f"latency p50 {lat['p50']:.0f} µs p99 {lat['p99']:.0f} µs p99.9 {lat['p999']:.0f} µs")
     if b:
@@ -701,6 +804,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--broker-pid", type=int, help="PID whose RSS and CPU time are reported")
     ap.add_argument("--connect-concurrency", type=int, default=100)
     ap.add_argument("--no-cleanup", dest="cleanup", action="store_false")
+    ap.add_argument("--queue-type", default="", help="x-queue-type of the queues: stream, quorum, classic")
+    ap.add_argument("--stream-offset", help="consumer argument x-stream-offset: first, last, next or a number")
+    ap.add_argument("--consumer-arg", dest="consumer_args", action="append", metavar="KEY=VALUE",
+                    help="a consumer argument (repeatable), e.g. x-stream-group=perf; numbers are sent as numbers")
+    ap.add_argument("--keep-publishing", action="store_true",
+                    help="backlog mode: producers go on publishing while the consumers drain the first N")
     ap.add_argument("--sink", action="store_true",
                     help="run against a local sink (discards publishes, streams deliveries): the ceiling")
     ap.add_argument("--json-out", help="also write the JSON result to this file")
@@ -710,7 +819,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    cfg = PerfConfig(**{k: v for k, v in vars(args).items() if k not in ("json_out", "series")})
+    kw = {k: v for k, v in vars(args).items() if k not in ("json_out", "series")}
+    try:
+        kw["consumer_args"] = parse_kv(kw["consumer_args"])
+    except argparse.ArgumentTypeError as exc:
+        build_parser().error(str(exc))
+    cfg = PerfConfig(**kw)
     r = run(cfg)
     if not args.series:
         r.pop("series", None)

@@ -1,4 +1,4 @@
-"""``make bench``: scenarios S1–S7 against Leveret and RabbitMQ, alternating, with the ratio table.
+"""``make bench``: scenarios S1–S10 against Leveret and RabbitMQ, alternating, with the ratio table.
 
     python -m bench.run_bench [--quick] [--only S1,S5] [--brokers leveret,rabbitmq] [--no-ceiling]
     python -m bench.run_bench --quick --only S1,S3,S4,S6 --baseline 5dc03e2   # this tree against a commit
@@ -15,6 +15,11 @@ Each broker is started fresh for each scenario (its own port and data directory)
 peak RSS is the scenario's own; the order alternates (S1: Leveret first, S2: RabbitMQ first, …).
 RabbitMQ is started like tests/rabbitmq/start-rabbitmq.sh (same files, own directory) but with the open-files
 soft limit raised inside the ``su`` shell: ``su`` resets it to 1,024, too few for S7.
+
+Stream scenarios (S8, S9) declare ``x-queue-type: stream`` queues, which RabbitMQ 3.10 serves over AMQP
+0-9-1 without a plugin (its ``stream_queue`` feature flag is on in a fresh node; the RabbitMQ class below
+checks it once the node is up). S10 (consumer groups) is Leveret-only: it runs against Leveret alone and its
+row says so; its reference value is another run of the same scenario on Leveret (scenarios.py, Check.ref).
 
 Results: a table on stdout; bench/RESULTS.md gets the generated block (between the bench markers; the text
 around it is kept); the raw JSON of every run goes to bench/results/<date>.json.
@@ -181,6 +186,10 @@ class RabbitMQ:
         else:
             raise RuntimeError(f"RabbitMQ did not start; see {self.base}/log")
         self.pid = self._find_pid()
+        # Stream queues need the stream_queue feature flag, enabled by default on a new 3.9+ node; enable it
+        # anyway (a no-op when on) so that S8/S9 never fail on a node started with flags held back.
+        self._su("/usr/lib/rabbitmq/bin/rabbitmqctl -n $RABBITMQ_NODENAME enable_feature_flag stream_queue",
+                 capture_output=True)
 
     def _find_pid(self) -> int:
         try:
@@ -343,7 +352,12 @@ def evaluate(sc: Scenario, res: dict[str, list[dict[str, dict]]]) -> list[dict]:
     lev, rmq = res.get("leveret", []), res.get("rabbitmq", [])
     for ch in sc.checks:
         lv = median_metric(lev, ch.run, ch.metric)
-        rv = median_metric(rmq, ch.run, ch.metric)
+        if ch.ref is not None:
+            ref_run, ref_metric, scale = ch.ref
+            base = median_metric(lev, ref_run, ref_metric)
+            rv = None if base is None else base * scale
+        else:
+            rv = median_metric(rmq, ch.run, ch.metric)
         ratio = (lv / rv) if (lv is not None and rv) else None
         if ch.target is None or ratio is None:
             met = None
@@ -352,7 +366,7 @@ def evaluate(sc: Scenario, res: dict[str, list[dict[str, dict]]]) -> list[dict]:
         rows.append({"scenario": sc.id, "label": ch.label, "leveret": lv, "rabbitmq": rv, "ratio": ratio,
                      "target": (None if ch.target is None else
                                 (f"≥ {ch.target:g}×" if ch.better == "higher" else f"≤ {ch.target:g}×")),
-                     "met": met, "unit": ch.unit})
+                     "met": met, "unit": ch.unit, "ref_label": ch.ref_label})
     for label, run, expr in sc.conditions:
         if expr.startswith("disk>="):
             need = float(expr.split(">=", 1)[1])
@@ -363,6 +377,19 @@ def evaluate(sc: Scenario, res: dict[str, list[dict[str, dict]]]) -> list[dict]:
             lv, rv = wrote(lev), wrote(rmq)
             rows.append({"scenario": sc.id, "label": label, "leveret": lv, "rabbitmq": rv, "ratio": None,
                          "target": "yes", "met": lv, "unit": "bool"})
+        elif expr == "stream_exactly_once":
+            # Every repetition: deliveries counted, no offset delivered twice without redelivered=true, and
+            # every delivery carried its x-stream-offset header.
+            sts = [(r.get(run) or {}).get("stream") for r in lev]
+            ok = bool(sts) and all(st and st["deliveries"] > 0 and st["duplicates"] == 0
+                                   and st["no_offset"] == 0 for st in sts)
+            keys = ("deliveries", "duplicates", "redelivered", "no_offset")
+            tot = {k: sum((st or {}).get(k, 0) for st in sts) for k in keys}
+            rows.append({"scenario": sc.id, "label": f"{label}: {tot['duplicates']} duplicates, "
+                         f"{tot['redelivered']} redelivered, {tot['no_offset']} without offset, in "
+                         f"{tot['deliveries']:,} deliveries ({len(sts)} run(s))",
+                         "leveret": ok if sts else None, "rabbitmq": None, "ratio": None, "target": "yes",
+                         "met": ok if sts else None, "unit": "bool"})
         elif expr == "consumers_all_receiving":
             expected = sc.runs[run]["consumers"]
             lv = all(all_receiving(r.get(run), expected) for r in lev) if lev else None
@@ -378,6 +405,10 @@ def evaluate(sc: Scenario, res: dict[str, list[dict[str, dict]]]) -> list[dict]:
     return rows
 
 
+# Scenario ids run against Leveret alone (filled in by main from Scenario.leveret_only).
+LEVERET_ONLY: set[str] = set()
+
+
 def table(rows: list[dict], reference: str = "RabbitMQ") -> str:
     lines = [f"| scenario | metric | Leveret | {reference} | Leveret / {reference} | target | met |",
              "|---|---|---:|---:|---:|---|---|"]
@@ -390,9 +421,12 @@ def table(rows: list[dict], reference: str = "RabbitMQ") -> str:
             if r["unit"] == "msg/s":
                 lv, rv = (lv + " msg/s" if r["leveret"] is not None else lv), \
                     (rv + " msg/s" if r["rabbitmq"] is not None else rv)
+        if r.get("ref_label"):  # not the reference broker's figure: say whose it is
+            rv = f"{rv} ({r['ref_label']})"
         ratio = f"{r['ratio']:.2f}×" if r["ratio"] is not None else "—"
         met = {True: "✅", False: "❌", None: "—"}[r["met"]]
-        lines.append(f"| {r['scenario']} | {r['label']} | {lv} | {rv} | {ratio} | {r['target'] or 'info'} | {met} |")
+        sid = r["scenario"] + (" (Leveret only)" if r["scenario"] in LEVERET_ONLY else "")
+        lines.append(f"| {sid} | {r['label']} | {lv} | {rv} | {ratio} | {r['target'] or 'info'} | {met} |")
     return "\n".join(lines)
 
 
@@ -412,6 +446,8 @@ def detail_table(all_res: dict[str, dict[str, dict[str, dict]]]) -> str:
                 cons = fmt(r.get("consume_rate"))
                 if r.get("drain_rate") is not None:
                     cons = f"{fmt(r.get('drain_rate'))} (drain)"
+                if r.get("drain_publish_rate") is not None:
+                    cons += f", publishing {fmt(r.get('drain_publish_rate'))} meanwhile"
                 errs = r.get("errors") or []
                 err = (f"{len(errs)}: {errs[0][:160]}" if errs else "")
                 err = err.replace("|", "/")
@@ -484,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat <= 0:
         args.repeat = 1 if args.quick else 3
     todo = scenarios(sz)
+    LEVERET_ONLY.update(s.id for s in todo if s.leveret_only)
     if args.only:
         wanted = {s.strip().upper() for s in args.only.split(",")}
         todo = [s for s in todo if s.id in wanted]
@@ -510,6 +547,8 @@ def main(argv: list[str] | None = None) -> int:
             all_res[sc.id] = {b: [] for b in names}
             for rep in range(args.repeat):
                 order = names if (i + rep) % 2 == 0 else list(reversed(names))
+                if sc.leveret_only:
+                    order = [b for b in order if b == "leveret"]
                 for bname in order:
                     all_res[sc.id][bname].append(run_scenario(sc, brokers[bname], args.processes))
             rows += evaluate(sc, all_res[sc.id])

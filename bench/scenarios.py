@@ -1,8 +1,12 @@
-"""The scenarios of issue 6 (S1–S7), their sizes in quick and full mode, and the targets they are judged by.
+"""The scenarios of issue 6 (S1–S7) and issue 12 (S8–S10, stream queues), their sizes in quick and full mode,
+and the targets they are judged by.
 
 Each scenario is one or more load-generator runs (PerfConfig keyword arguments, the URL and broker PID
 are filled in by the runner) and a list of checks. A check names a metric of one run, whether higher or
-lower is better, and the ratio Leveret / RabbitMQ that meets the target.
+lower is better, and the ratio Leveret / RabbitMQ that meets the target. A Leveret-only scenario (S10:
+consumer groups, which RabbitMQ does not have) runs against Leveret alone; its check compares with another
+run of the same scenario on Leveret (``Check.ref``), e.g. S10's group rate against an S4 run's per-queue
+consumer rate.
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ class Check:
     better: str         # "higher" or "lower"
     target: float       # ratio Leveret/RabbitMQ: ≥ target (higher) or ≤ target (lower)
     unit: str = ""
+    # Instead of RabbitMQ's value: (run, metric, scale) of Leveret's own runs of this scenario, described by
+    # ref_label — for a Leveret-only scenario.
+    ref: tuple[str, str, float] | None = None
+    ref_label: str = ""
 
 
 @dataclass
@@ -28,6 +36,7 @@ class Scenario:
     checks: list[Check]
     # Leveret-only absolute conditions, e.g. every consumer received something.
     conditions: list[tuple[str, str, str]] = field(default_factory=list)  # (label, run, expression)
+    leveret_only: bool = False   # RabbitMQ lacks the feature: run against Leveret alone
 
 
 @dataclass
@@ -47,6 +56,7 @@ FULL = Sizes(duration=30, warmup=5, backlog=1_000_000, s7_small=500, s7_large=10
 def scenarios(sz: Sizes) -> list[Scenario]:
     timed = {"duration": sz.duration, "warmup": sz.warmup}
     kib = 1024
+    stream = {"queue_type": "stream", "stream_offset": "first"}
     return [
         Scenario("S1", "1 producer → 1 queue → 1 consumer, 16 B, transient, auto-ack",
                  {"main": dict(size=16, **timed)},
@@ -79,4 +89,32 @@ def scenarios(sz: Sizes) -> list[Scenario]:
                   Check(f"RSS at {sz.s7_large} conns", "large", "broker.rss_peak_kb", "lower", None, "KiB")],
                  [(f"{sz.s7_small:,}: every consumer receiving", "small", "consumers_all_receiving"),
                   (f"{sz.s7_large:,}: every consumer receiving", "large", "consumers_all_receiving")]),
+        # Streams (issue 12). A stream consumer needs manual acks and a per-consumer prefetch (both brokers
+        # refuse it otherwise); 1,000 is what RabbitMQ's stream guides use, and the confirm window matches it.
+        Scenario("S8", "stream: 1 publisher with confirms (≤ 1,000 outstanding) → a stream, 1 consumer from "
+                       "first (manual ack, prefetch 1,000), 1 KiB",
+                 {"main": dict(size=kib, confirm=1000, manual_ack=True, prefetch=1000, **stream, **timed)},
+                 [Check("publish rate", "main", "publish_rate", "higher", 1.5, "msg/s"),
+                  Check("consume rate", "main", "consume_rate", "higher", 1.5, "msg/s"),
+                  Check("peak RSS", "main", "broker.rss_peak_kb", "lower", 0.5, "KiB")]),
+        Scenario("S9", f"stream: read {sz.backlog:,} × 1 KiB from first while the publisher "
+                       "(confirms ≤ 1,000) goes on publishing; manual ack, prefetch 1,000",
+                 {"main": dict(size=kib, confirm=1000, manual_ack=True, prefetch=1000, backlog=sz.backlog,
+                               keep_publishing=True, **stream)},
+                 [Check("read rate (first N offsets)", "main", "drain_rate", "higher", None, "msg/s"),
+                  Check("publish rate while reading", "main", "drain_publish_rate", "higher", None, "msg/s"),
+                  Check("peak RSS", "main", "broker.rss_peak_kb", "lower", None, "KiB")]),
+        # S10 compares the group's total rate with S4's per-queue consumer rate: S4 (fanout → 10 classic
+        # queues, a consumer each, 16 B, auto-ack) is run again in the same scenario on the same broker, and
+        # its total delivery rate ÷ 10 is the reference. Same body size and unconfirmed publisher as S4.
+        Scenario("S10", "stream consumer group: 4 consumers with x-stream-group on one stream, from first, "
+                        "16 B, manual ack, prefetch 1,000 (Leveret only)",
+                 {"main": dict(size=16, manual_ack=True, prefetch=1000, consumers=4,
+                               consumer_args={"x-stream-group": "perf-group"}, **stream, **timed),
+                  "s4": dict(size=16, fanout=True, queues=10, consumers=10, **timed)},
+                 [Check("total delivery rate vs S4 per-queue consumer rate", "main", "consume_rate", "higher",
+                        1.0, "msg/s", ref=("s4", "consume_rate", 0.1),
+                        ref_label="S4 total ÷ 10, Leveret, same scenario")],
+                 [("exactly once per group", "main", "stream_exactly_once")],
+                 leveret_only=True),
     ]
