@@ -13,7 +13,6 @@ from __future__ import annotations
 import msgpack
 
 from broker.message import Message
-from protocol.fastcodec import shortstr
 
 
 def encode_message(msg: Message) -> bytes:
@@ -23,6 +22,7 @@ def encode_message(msg: Message) -> bytes:
 
 def decode_message(data: bytes) -> Message:
     exchange, routing_key, header, body, published_at, expiration_ms = msgpack.unpackb(data, raw=False)
-    msg = Message(exchange, routing_key, shortstr(exchange) + shortstr(routing_key), header, body, published_at)
+    ex, rk = exchange.encode(), routing_key.encode()  # both were short strings when published
+    msg = Message(exchange, routing_key, b"%c%b%c%b" % (len(ex), ex, len(rk), rk), header, body, published_at)
     msg.expiration_ms = expiration_ms
     return msg

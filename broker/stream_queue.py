@@ -15,9 +15,10 @@ checked against RabbitMQ 3.10.8):
   later versions refuse it). ``x-stream-offset`` says where to start: ``first``, ``last`` (the last message),
   ``next`` (the default), a numeric offset (clamped to what is retained), an AMQP timestamp (POSIX seconds)
   or an interval back from now ("1D", "12h"; x-max-age's units). Each delivery carries the header
-  ``x-stream-offset`` (long), added to a copy of the message's properties (the stored bytes are never
-  touched). basic.get, queue.purge, and basic.nack / basic.reject by a consumer still subscribed, answer 540
-  NOT_IMPLEMENTED as RabbitMQ's streams do.
+  ``x-stream-offset`` (long), spliced into the stored raw content header (protocol/properties.py's
+  ``with_long_header``: nothing decoded, the stored bytes never touched). basic.get, queue.purge, and
+  basic.nack / basic.reject by a consumer still subscribed, answer 540 NOT_IMPLEMENTED as RabbitMQ's
+  streams do.
   While the vhost traces (broker/trace.py), each ack, plain or a group's, is an ``ack.<stream>`` event as for a
   classic queue: the acked messages are read back from the log for it, only then.
 - **Filtering** follows RabbitMQ 3.13's stream filtering: a publish header ``x-stream-filter-value`` is kept
@@ -41,7 +42,10 @@ checked against RabbitMQ 3.10.8):
 
 Delivery is the classic queue's pull loop (:meth:`StreamQueue.run_message_queue`, scheduled with
 ``call_soon``, never a task per message): each turn reads, per consumer with credit, a batch bounded by its
-credit, and yields to the loop after :data:`DELIVERY_BUDGET` deliveries.
+credit, round-robin from the consumer after the one served last (a group member's batch is its share of
+what the group has ready), and yields to the loop after :data:`DELIVERY_BUDGET` deliveries. Publishing and
+delivering share that loop: while consumers with credit lag far behind (:meth:`StreamQueue.overloaded`),
+publishers' sockets are paused until delivery catches up or has sent a batch more.
 
 A delivery's ``seq_id`` (what the channel hands back on ack) packs the offset, the group and the consumer:
 ``offset << 40 | group << 20 | consumer``, so a settle finds its group even after the consumer has gone.
@@ -62,6 +66,8 @@ from broker.queue_consumers import Consumer, ConsumerSet
 from broker.queue_process import (
     ACCEPTED,
     CONFIRM_LATER,
+    DELIVER_BACKLOG_HIGH,
+    DELIVER_BACKLOG_LOW,
     DELIVERY_BUDGET,
     FLOW_HIGH,
     FLOW_LOW,
@@ -70,7 +76,8 @@ from broker.queue_process import (
     QueueStats,
 )
 from protocol.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
-from protocol.properties import Long, with_properties
+from protocol.fastcodec import shortstr
+from protocol.properties import with_long_header
 from storage.backing_queue import Figures
 from storage.stream_log import GroupLog, StreamLog, StreamRecord
 from storage.stream_memory import MemoryStreamLog
@@ -90,6 +97,8 @@ OFFSET_SHIFT = 40
 _SERIAL_MASK = (1 << GROUP_SHIFT) - 1
 _GROUP_MASK = (1 << (OFFSET_SHIFT - GROUP_SHIFT)) - 1
 FILTER_HEADER = b"x-stream-filter-value"
+# The header each delivery carries, as a field table key (a short string).
+OFFSET_KEY_RAW = shortstr("x-stream-offset")
 
 
 @runtime_checkable
@@ -173,6 +182,13 @@ class StreamQueue:
         self._group_by_index: dict[int, _Group] = {}
         self._run_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Round-robin: the position (in _readers' order) the next deliver turn starts from.
+        self._turn = 0
+        # Credit flow towards consumers: the lowest place among consumers with credit after a deliver turn
+        # that spent its whole budget (None: delivery has caught up), and what was delivered since the
+        # publishers were stopped.
+        self._lag_from: int | None = None
+        self._delivered_while_throttled = 0
         self._retention_timer: TimerHandle | None = None
         self._arm_retention()
 
@@ -244,15 +260,40 @@ class StreamQueue:
         while awaiting and awaiting[0][0] < below:
             _offset, token = awaiting.popleft()
             token[0].confirm_from_queue(token[1], stored)
-        if self._throttled and len(awaiting) <= FLOW_LOW:
-            self.release_publishers()
+        if self._throttled:
+            self.maybe_release_publishers()
 
     @property
     def overloaded(self) -> bool:
-        """Credit flow: too many of the stream's publishes await their fsync."""
-        return len(self._awaiting_confirm) > FLOW_HIGH
+        """Whether the publisher that just appended should wait (credit flow, as QueueProcess.overloaded):
+        too many of the stream's publishes await their fsync, or consumers with credit lag more than
+        :data:`DELIVER_BACKLOG_HIGH` behind what is readable while the deliver loop is busy (publishing and
+        delivering share one event loop: a publisher that can outrun delivery would otherwise starve it).
+        Consumers without credit, or none, never hold a publisher back."""
+        if len(self._awaiting_confirm) > FLOW_HIGH:
+            return True
+        lag_from = self._lag_from
+        if lag_from is None or self._durable_below - lag_from <= DELIVER_BACKLOG_HIGH:
+            return False
+        self.schedule_run()  # the deliver loop is what releases the publisher again
+        return True
+
+    def maybe_release_publishers(self) -> None:
+        """Let throttled publishers go once the fsync backlog is down to :data:`FLOW_LOW` and delivery has
+        caught up to :data:`DELIVER_BACKLOG_LOW` (or nobody with credit lags) — or, so that a consumer
+        replaying a long stream slows publishers down without stopping them, once the deliver loop has
+        sent :data:`DELIVER_BACKLOG_HIGH` messages since they were stopped."""
+        if len(self._awaiting_confirm) > FLOW_LOW:
+            return
+        lag_from = self._lag_from
+        if lag_from is not None and self._durable_below - lag_from > DELIVER_BACKLOG_LOW \
+                and self._delivered_while_throttled < DELIVER_BACKLOG_HIGH:
+            return
+        self.release_publishers()
 
     def throttle(self, reader: Any) -> None:
+        if not self._throttled:
+            self._delivered_while_throttled = 0
         if reader not in self._throttled:
             self._throttled.add(reader)
             reader.pause_for(self)
@@ -351,6 +392,10 @@ class StreamQueue:
         self._readers.pop(reader.serial, None)
         if reader.group is not None:
             reader.group.members -= 1
+        if self._lag_from is not None:
+            self._lag_from = self._slowest_with_credit()
+        if self._throttled:
+            self.maybe_release_publishers()
 
     @property
     def consumer_count(self) -> int:
@@ -368,30 +413,74 @@ class StreamQueue:
 
     def run_message_queue(self) -> None:
         """One turn of delivery: each consumer with credit gets a batch read from its place (or its group's),
-        in turn, until nobody can take more or the budget is spent."""
+        round-robin from the one after the consumer served last, until nobody can take more or the budget is
+        spent. A group member's batch is its share of what the group has to hand out, so that members with
+        credit take turns even when little is readable (as a classic queue's consumers do)."""
         self._run_scheduled = False
         if self.deleted:
             return
+        readers = list(self._readers.values())
+        count = len(readers)
+        start = self._turn % count if count else 0
+        if start:
+            readers = readers[start:] + readers[:start]
         budget = DELIVERY_BUDGET
         progress = True
         while budget > 0 and progress:
             progress = False
-            for reader in list(self._readers.values()):
+            shares = self._group_shares(readers) if self._groups else None
+            for i, reader in enumerate(readers):
                 consumer = reader.consumer
                 if not consumer.has_room():
                     continue
                 credit = min(consumer.prefetch - consumer.unacked, budget, READ_BATCH)
                 if credit <= 0:
                     continue
-                sent = self._deliver_group(reader, credit) if reader.group is not None else \
-                    self._deliver_own(reader, credit)
+                group = reader.group
+                if group is not None:
+                    sent = self._deliver_group(reader, min(credit, shares[group]) if shares else credit)
+                else:
+                    sent = self._deliver_own(reader, credit)
                 if sent:
                     progress = True
                     budget -= sent
+                    self._turn = start + i + 1
                     if budget <= 0:
                         break
+        self._delivered_while_throttled += DELIVERY_BUDGET - budget
         if budget <= 0:
             self.schedule_run()
+            self._lag_from = self._slowest_with_credit()
+        else:
+            self._lag_from = None  # everyone with credit has all there is: delivery does not lag
+        if self._throttled:
+            self.maybe_release_publishers()
+
+    def _group_shares(self, readers: list[_Reader]) -> dict[_Group, int]:
+        """Per group, the most one member with credit takes this pass: what the group has to hand out,
+        split evenly among its members with credit (at least one each)."""
+        ready: dict[_Group, int] = {}
+        for reader in readers:
+            group = reader.group
+            if group is not None and reader.consumer.has_room():
+                ready[group] = ready.get(group, 0) + 1
+        readable = self._durable_below
+        shares: dict[_Group, int] = {}
+        for group, members in ready.items():
+            pending = len(group.redeliver) + max(0, readable - group.log.cursor)
+            shares[group] = max(1, -(-pending // members))
+        return shares
+
+    def _slowest_with_credit(self) -> int | None:
+        """The lowest place (a reader's, or its group's cursor) among consumers with credit; None if none."""
+        slowest: int | None = None
+        for reader in self._readers.values():
+            consumer = reader.consumer
+            if consumer.has_room() and consumer.prefetch > consumer.unacked:
+                place = reader.group.log.cursor if reader.group is not None else reader.position
+                if slowest is None or place < slowest:
+                    slowest = place
+        return slowest
 
     def _deliver_own(self, reader: _Reader, credit: int) -> int:
         log = self.log
@@ -480,8 +569,11 @@ class StreamQueue:
 
     @staticmethod
     def _as_delivered(record: StreamRecord) -> Message:
+        """The stored message with ``x-stream-offset`` spliced into its raw content header (the properties are
+        never decoded; a publisher's own ``x-stream-offset`` is overwritten)."""
         msg = decode_message(record.payload)
-        return msg.with_header(with_properties(msg.header, headers_set={"x-stream-offset": Long(record.offset)}))
+        msg.header = with_long_header(msg.header, OFFSET_KEY_RAW, record.offset)
+        return msg
 
     def requeue(self, seq_ids: list[int]) -> None:
         """A nack / reject with requeue, or the channel closed with these unacked: a group hands them to its

@@ -44,6 +44,7 @@ __all__ = [
     "field_type_name",
     "scan_properties",
     "table_values",
+    "with_long_header",
     "with_properties",
 ]
 
@@ -646,3 +647,74 @@ def _edited_headers(header_payload: bytes, span: tuple[int, int] | None, changes
     if not body:
         return None
     return _long(b"".join(body))
+
+
+# -- one header added on the deliver path ------------------------------------------------------------------
+
+_FLAG_HEADERS = 1 << 13
+_BEFORE_HEADERS = (1 << 15) | (1 << 14)  # content_type, content_encoding: short strings
+# The properties after the headers table, in wire order (bit, size of a fixed one or 0 for a short string).
+_AFTER_HEADERS = tuple((bit, 1 if kind == "o" else 8 if kind == "q" else 0) for bit, _name, kind in _FIELDS[3:])
+_AFTER_HEADERS_MASK = sum(bit for bit, _size in _AFTER_HEADERS)
+_OCTETS_ONLY = (1 << 12) | (1 << 11)  # delivery_mode, priority: the common tail, sized without a walk
+_LONG_VALUE = struct.Struct(">cq")
+
+
+def _property_list_end(header_payload: bytes, flags: int, pos: int) -> int:
+    """Where the property list ends, walking the properties after the headers table from ``pos``."""
+    tail = flags & _AFTER_HEADERS_MASK
+    if not tail & ~_OCTETS_ONLY:
+        return pos + (tail >> 12 & 1) + (tail >> 11 & 1)
+    for bit, size in _AFTER_HEADERS:
+        if tail & bit:
+            pos += size or 1 + header_payload[pos]
+    return pos
+
+
+def with_long_header(header_payload: bytes, key_raw: bytes, value: int) -> bytes:
+    """``with_properties(header_payload, headers_set={key: Long(value)})``, made for the deliver path (a
+    stream's ``x-stream-offset`` on every delivery): the entry (``key_raw`` is the UTF-8 key as a short
+    string, length octet included) is appended to the raw headers table, whose length is adjusted, or a one-entry
+    table is inserted (and its flag set) when the message has none; every other byte is copied, nothing is
+    decoded. The result is byte for byte what :func:`with_properties` gives a well-formed header.
+
+    What the splice cannot do alike goes to :func:`with_properties`: the key already in the table (its entry
+    is then replaced in place and later duplicates dropped, so the caller's value wins), flag bits 0-1 set,
+    or a cut property list (which raises :class:`FrameError`, as there). Unlike there, the entries of the
+    table are not checked: a malformed table gets the entry appended, after any entry of that key (a classic
+    queue delivers such a message as it was published, too).
+    """
+    slow_headers_set = {key_raw[1:].decode(): Long(value)}
+    size = len(header_payload)
+    if size < _PROPS_OFFSET:
+        return with_properties(header_payload, headers_set=slow_headers_set)
+    flags = header_payload[12] << 8 | header_payload[13]
+    entry = key_raw + _LONG_VALUE.pack(b"l", value)
+    try:
+        if flags & 3:
+            return with_properties(header_payload, headers_set=slow_headers_set)
+        pos = _PROPS_OFFSET
+        if flags & _BEFORE_HEADERS:
+            if flags & (1 << 15):
+                pos += 1 + header_payload[pos]
+            if flags & (1 << 14):
+                pos += 1 + header_payload[pos]
+        if flags & _FLAG_HEADERS:
+            table_end = pos + 4 + _U32.unpack_from(header_payload, pos)[0]
+            end = _property_list_end(header_payload, flags, table_end)
+            if end > size:
+                return with_properties(header_payload, headers_set=slow_headers_set)  # raises FrameError
+            if header_payload.find(key_raw, pos + 4, table_end) >= 0:
+                try:
+                    return with_properties(header_payload, headers_set=slow_headers_set)
+                except FrameError:
+                    pass  # a malformed table: appended below, as to any other
+            return b"".join((header_payload[:pos], _U32.pack(table_end - pos - 4 + len(entry)),
+                             header_payload[pos + 4 : table_end], entry, header_payload[table_end:end]))
+        end = _property_list_end(header_payload, flags, pos)
+        if end > size:
+            return with_properties(header_payload, headers_set=slow_headers_set)  # raises FrameError
+        return b"".join((header_payload[:12], _U16.pack(flags | _FLAG_HEADERS), header_payload[14:pos],
+                         _U32.pack(len(entry)), entry, header_payload[pos:end]))
+    except (IndexError, struct.error):  # cut inside a short string's length or the table's length
+        return with_properties(header_payload, headers_set=slow_headers_set)
