@@ -297,3 +297,12 @@ def effective_settings(arguments: dict[str, Any], policy: Any = None, operator_p
     s.policy = policy.name if policy is not None else None
     s.operator_policy = operator_policy.name if operator_policy is not None else None
     return s
+
+
+def refuse_unless_lasting(where: str, durable: bool, exclusive: bool, auto_delete: bool) -> None:
+    """The declare rule of RabbitMQ's replicated queue types (quorum, stream): durable, shared and lasting; 406
+    with RabbitMQ's text otherwise (``where``: "queue 'q' in vhost '/'")."""
+    problem = "non-durable" if not durable else "exclusive-owner" if exclusive else \
+        "auto-delete" if auto_delete else None
+    if problem:
+        raise AMQPError(PRECONDITION_FAILED, f"invalid property '{problem}' for {where}")

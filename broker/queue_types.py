@@ -41,13 +41,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from broker import queue_args
-from broker.errors import AMQPError
 from broker.memory_budget import PagedQueue
 from broker.queue_args import QueueSettings
 from broker.queue_consumers import Consumer, ConsumerSet
 from broker.queue_process import QueueHost, QueueOwner, QueueProcess, QueueStats
 from broker.stream_queue import StreamQueueType
-from protocol.constants import PRECONDITION_FAILED
 from storage.backing_queue import BackingQueue, Figures
 from storage.memory_queue import MemoryBackingQueue
 from storage.priority_queue import PriorityBackingQueue
@@ -184,10 +182,7 @@ class QuorumQueueType(ClassicQueueType):
 
     def check_declare(self, where: str, durable: bool, exclusive: bool, auto_delete: bool,
                       server_named: bool = False) -> None:
-        problem = "non-durable" if not durable else "exclusive-owner" if exclusive else \
-            "auto-delete" if auto_delete else None
-        if problem:
-            raise AMQPError(PRECONDITION_FAILED, f"invalid property '{problem}' for {where}")
+        queue_args.refuse_unless_lasting(where, durable, exclusive, auto_delete)
 
 
 # The registry: x-queue-type → its queue type. A new type is one line here (and its class).

@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 from broker.errors import AMQPError
 from broker.message import Message
 from broker.message_codec import decode_message, encode_message
-from broker.queue_args import QueueSettings, parse_duration
+from broker.queue_args import QueueSettings, parse_duration, refuse_unless_lasting
 from broker.queue_consumers import Consumer, ConsumerSet
 from broker.queue_process import (
     ACCEPTED,
@@ -666,10 +666,7 @@ class StreamQueueType:
 
     def check_declare(self, where: str, durable: bool, exclusive: bool, auto_delete: bool,
                       server_named: bool = False) -> None:
-        problem = "non-durable" if not durable else "exclusive-owner" if exclusive else \
-            "auto-delete" if auto_delete else None
-        if problem:
-            raise AMQPError(PRECONDITION_FAILED, f"invalid property '{problem}' for {where}")
+        refuse_unless_lasting(where, durable, exclusive, auto_delete)
         if server_named:
             raise AMQPError(PRECONDITION_FAILED, "Cannot declare a server-named queue for type rabbit_stream_queue")
 

@@ -122,3 +122,58 @@ class StreamLog(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class GroupProgress:
+    """The bookkeeping every GroupLog keeps, whatever it is stored in: the cursor, the committed offset, what is
+    pulled and not acked, and what is acked above a gap. Stores subclass it and record the changes their way
+    (storage/stream_memory.py keeps nothing more; storage/stream_store.py appends them to its pull log)."""
+
+    def __init__(self, name: str, start_offset: int) -> None:
+        self.name = name
+        self._cursor = start_offset
+        self._committed = start_offset
+        self._pulled: set[int] = set()  # pulled, not acked
+        self._acked: set[int] = set()  # acked above ``committed`` (a gap below them)
+
+    @property
+    def cursor(self) -> int:
+        return self._cursor
+
+    @property
+    def committed(self) -> int:
+        return self._committed
+
+    def outstanding(self) -> list[int]:
+        return sorted(self._pulled)
+
+    def _apply_pulled(self, offsets: Iterable[int]) -> None:
+        for o in offsets:
+            if o >= self._committed and o not in self._acked:
+                self._pulled.add(o)
+            if o >= self._cursor:
+                self._cursor = o + 1
+
+    def _apply_acked(self, offsets: Iterable[int]) -> None:
+        for o in offsets:
+            if o >= self._committed:
+                self._pulled.discard(o)
+                self._acked.add(o)
+        c = self._committed
+        while c in self._acked:
+            self._acked.discard(c)
+            c += 1
+        self._committed = c
+
+    def _drop_below(self, offset: int) -> bool:
+        """Retention removed everything below ``offset``: nothing there can be pulled or acked any more.
+        Returns whether anything changed (the cursor never falls below the committed offset, so only an
+        ``offset`` above the committed one changes anything)."""
+        if offset <= self._committed:
+            return False
+        self._pulled = {o for o in self._pulled if o >= offset}
+        self._acked = {o for o in self._acked if o >= offset}
+        self._cursor = max(self._cursor, offset)
+        self._committed = offset
+        self._apply_acked(())
+        return True

@@ -15,62 +15,23 @@ import bisect
 import builtins
 from collections.abc import Callable, Iterable
 
-from storage.stream_log import GroupLog, StreamRecord
+from storage.stream_log import GroupLog, GroupProgress, StreamRecord
 
 DEFAULT_SEGMENT_SIZE = 8 * 1024 * 1024
 
 
-class MemoryGroupLog:
+class MemoryGroupLog(GroupProgress):
     """A consumer group's pulled/acked offsets (QMQ's pull log), in memory."""
 
-    def __init__(self, name: str, start_offset: int) -> None:
-        self.name = name
-        self._cursor = start_offset
-        self._committed = start_offset
-        self._pulled: set[int] = set()  # pulled, not acked
-        self._acked: set[int] = set()  # acked above ``committed`` (a gap below them)
-
-    @property
-    def cursor(self) -> int:
-        return self._cursor
-
-    @property
-    def committed(self) -> int:
-        return self._committed
-
-    def outstanding(self) -> list[int]:
-        return sorted(self._pulled)
-
     def pulled(self, offsets: Iterable[int]) -> None:
-        for o in offsets:
-            if o >= self._committed and o not in self._acked:
-                self._pulled.add(o)
-            if o >= self._cursor:
-                self._cursor = o + 1
+        self._apply_pulled(offsets)
 
     def acked(self, offsets: Iterable[int]) -> None:
-        for o in offsets:
-            if o < self._committed:
-                continue
-            self._pulled.discard(o)
-            self._acked.add(o)
-        self._advance()
+        self._apply_acked(offsets)
 
     def skip_to(self, offset: int) -> None:
         """Retention removed everything below ``offset``: nothing there can be pulled or acked any more."""
-        if offset > self._committed:
-            self._pulled = {o for o in self._pulled if o >= offset}
-            self._acked = {o for o in self._acked if o >= offset}
-            self._committed = offset
-            self._advance()
-        self._cursor = max(self._cursor, offset)
-
-    def _advance(self) -> None:
-        c = self._committed
-        while c in self._acked:
-            self._acked.discard(c)
-            c += 1
-        self._committed = c
+        self._drop_below(offset)
 
 
 class _Segment:

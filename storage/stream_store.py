@@ -66,7 +66,7 @@ from collections.abc import Callable, Collection, Iterable
 from zlib import crc32
 
 from storage.segment import HEADER, HEADER_SIZE, MAGIC, AppendFile, CorruptRecord, replace_file, scan
-from storage.stream_log import GroupLog, StreamRecord
+from storage.stream_log import GroupLog, GroupProgress, StreamRecord
 from storage.syncer import Syncer
 
 log = logging.getLogger("leveret.storage")
@@ -216,18 +216,14 @@ class MessageLog:
 # -- the pull log (one per consumer group) ----------------------------------------------------------------
 
 
-class FileGroupLog:
+class FileGroupLog(GroupProgress):
     """A consumer group's pulled/acked offsets (QMQ's pull log) in an append-only file, compacted into a
     checkpoint when it grows past ``COMPACT_AT``."""
 
     def __init__(self, path: str, name: str, start_offset: int, syncer: Syncer | None) -> None:
+        super().__init__(name, start_offset)
         self.path = path
-        self.name = name
         self._syncer = syncer
-        self._cursor = start_offset
-        self._committed = start_offset
-        self._pulled: set[int] = set()
-        self._acked: set[int] = set()
         self._file: AppendFile | None = None
 
     @classmethod
@@ -262,34 +258,6 @@ class FileGroupLog:
         g._file = AppendFile.open_existing(path, syncer, good_end)
         return g
 
-    @property
-    def cursor(self) -> int:
-        return self._cursor
-
-    @property
-    def committed(self) -> int:
-        return self._committed
-
-    def outstanding(self) -> list[int]:
-        return sorted(self._pulled)
-
-    def _apply_pulled(self, offsets: Iterable[int]) -> None:
-        for o in offsets:
-            if o >= self._committed and o not in self._acked:
-                self._pulled.add(o)
-            self._cursor = max(self._cursor, o + 1)
-
-    def _apply_acked(self, offsets: Iterable[int]) -> None:
-        for o in offsets:
-            if o >= self._committed:
-                self._pulled.discard(o)
-                self._acked.add(o)
-        c = self._committed
-        while c in self._acked:
-            self._acked.discard(c)
-            c += 1
-        self._committed = c
-
     def _write(self, rec: dict[str, object]) -> None:
         assert self._file is not None
         self._file.append(json.dumps(rec, separators=(",", ":")).encode())
@@ -310,13 +278,7 @@ class FileGroupLog:
 
     def skip_to(self, offset: int) -> None:
         """Retention removed everything below ``offset``."""
-        if offset > self._committed or offset > self._cursor:
-            self._pulled = {o for o in self._pulled if o >= offset}
-            self._acked = {o for o in self._acked if o >= offset}
-            self._cursor = max(self._cursor, offset)
-            if offset > self._committed:
-                self._committed = offset
-                self._apply_acked(())
+        if self._drop_below(offset):
             self._checkpoint()
 
     def _checkpoint(self) -> None:
