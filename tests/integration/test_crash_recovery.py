@@ -55,7 +55,7 @@ def drain_bodies(b, queue: str, *, idle: float = 1.5, limit: float = 60.0) -> li
     with channel(b) as ch:
         ch.basic_qos(prefetch_count=200)
         deadline = time.monotonic() + limit
-        last_tag = 0
+        last_tag = acked_tag = 0
         for method, _props, body in ch.consume(queue, inactivity_timeout=idle):
             if method is None or time.monotonic() > deadline:
                 break
@@ -63,7 +63,8 @@ def drain_bodies(b, queue: str, *, idle: float = 1.5, limit: float = 60.0) -> li
             last_tag = method.delivery_tag
             if len(out) % 100 == 0:
                 ch.basic_ack(last_tag, multiple=True)
-        if last_tag:
+                acked_tag = last_tag
+        if last_tag > acked_tag:  # acking a tag twice is a 406 (when the count was a multiple of 100, it was)
             ch.basic_ack(last_tag, multiple=True)
         ch.cancel()
         ch.queue_declare(queue, passive=True)  # a round-trip: the acks have been processed

@@ -139,7 +139,7 @@ def test_long_queue_pages_to_disk_in_bounded_memory(start_broker, tmp_path, uid,
     sampler.phase = "drain"
     ch.basic_qos(prefetch_count=200)
     expected = 0
-    last_tag = 0
+    last_tag = acked_tag = 0
     deadline = time.monotonic() + TIME_LIMIT
     for method, _props, body in ch.consume(q, inactivity_timeout=5):
         assert method is not None, f"nothing delivered for 5 s after message {expected} of {n}"
@@ -150,9 +150,11 @@ def test_long_queue_pages_to_disk_in_bounded_memory(start_broker, tmp_path, uid,
         last_tag = method.delivery_tag
         if expected % 100 == 0:
             ch.basic_ack(last_tag, multiple=True)
+            acked_tag = last_tag
         if expected == n or time.monotonic() > deadline:
             break
-    ch.basic_ack(last_tag, multiple=True)
+    if last_tag > acked_tag:  # acking a tag twice is a 406 (with LEVERET_PAGING_TOTAL_MIB making n a multiple of 100)
+        ch.basic_ack(last_tag, multiple=True)
     ch.cancel()
     assert ch.queue_declare(q, passive=True).method.message_count == 0
     t_drained = time.monotonic()
