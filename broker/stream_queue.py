@@ -15,10 +15,10 @@ checked against RabbitMQ 3.10.8):
   later versions refuse it). ``x-stream-offset`` says where to start: ``first``, ``last`` (the last message),
   ``next`` (the default), a numeric offset (clamped to what is retained), an AMQP timestamp (POSIX seconds)
   or an interval back from now ("1D", "12h"; x-max-age's units). Each delivery carries the header
-  ``x-stream-offset`` (long), spliced into the stored raw content header (protocol/properties.py's
-  ``with_long_header``: nothing decoded, the stored bytes never touched). basic.get, queue.purge, and
-  basic.nack / basic.reject by a consumer still subscribed, answer 540 NOT_IMPLEMENTED as RabbitMQ's
-  streams do.
+  ``x-stream-offset`` (long), spliced into the raw content header once, at append, with the offset the
+  message gets (broker/stream_record.py: a delivery is three slices of the stored record, nothing decoded).
+  basic.get, queue.purge, and basic.nack / basic.reject by a consumer still subscribed, answer 540
+  NOT_IMPLEMENTED as RabbitMQ's streams do.
   While the vhost traces (broker/trace.py), each ack, plain or a group's, is an ``ack.<stream>`` event as for a
   classic queue: the acked messages are read back from the log for it, only then.
 - **Filtering** follows RabbitMQ 3.13's stream filtering: a publish header ``x-stream-filter-value`` is kept
@@ -60,7 +60,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from broker.errors import AMQPError
 from broker.message import Message
-from broker.message_codec import decode_message, encode_message
 from broker.queue_args import QueueSettings, parse_duration, refuse_unless_lasting
 from broker.queue_consumers import Consumer, ConsumerSet
 from broker.queue_process import (
@@ -75,9 +74,8 @@ from broker.queue_process import (
     QueueOwner,
     QueueStats,
 )
+from broker.stream_record import delivered_message, encode_record
 from protocol.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
-from protocol.fastcodec import shortstr
-from protocol.properties import with_long_header
 from storage.backing_queue import Figures
 from storage.stream_log import GroupLog, StreamLog, StreamRecord
 from storage.stream_memory import MemoryStreamLog
@@ -97,8 +95,6 @@ OFFSET_SHIFT = 40
 _SERIAL_MASK = (1 << GROUP_SHIFT) - 1
 _GROUP_MASK = (1 << (OFFSET_SHIFT - GROUP_SHIFT)) - 1
 FILTER_HEADER = b"x-stream-filter-value"
-# The header each delivery carries, as a field table key (a short string).
-OFFSET_KEY_RAW = shortstr("x-stream-offset")
 
 
 @runtime_checkable
@@ -235,7 +231,10 @@ class StreamQueue:
             value = _text(msg.headers.get("x-stream-filter-value"))
             filter_value = value if isinstance(value, str) else None
         segments = log.segment_count
-        offset = log.append(encode_message(msg), int(msg.published_at or self._clock.now_ms()), filter_value)
+        offset = log.next_offset
+        stored = log.append(encode_record(msg, offset), int(msg.published_at or self._clock.now_ms()), filter_value)
+        assert stored == offset, "a stream log numbers its records in order"
+        offset = stored
         if self._has_retention and log.segment_count > segments:
             self.retain()  # a new segment was started: the oldest may go now
         if confirm is None or offset < self._durable_below:
@@ -569,11 +568,9 @@ class StreamQueue:
 
     @staticmethod
     def _as_delivered(record: StreamRecord) -> Message:
-        """The stored message with ``x-stream-offset`` spliced into its raw content header (the properties are
-        never decoded; a publisher's own ``x-stream-offset`` is overwritten)."""
-        msg = decode_message(record.payload)
-        msg.header = with_long_header(msg.header, OFFSET_KEY_RAW, record.offset)
-        return msg
+        """The stored message as delivered (its ``x-stream-offset`` header was spliced in at append: a
+        publisher's own ``x-stream-offset`` is overwritten; broker/stream_record.py)."""
+        return delivered_message(record.payload, record.offset, record.timestamp_ms)
 
     def requeue(self, seq_ids: list[int]) -> None:
         """A nack / reject with requeue, or the channel closed with these unacked: a group hands them to its
@@ -622,6 +619,22 @@ class StreamQueue:
     def groups(self) -> dict[str, GroupLog]:
         """The stream's consumer groups (committed offset, cursor), for the HTTP API, metrics and ctl."""
         return self.log.groups()
+
+    def commit_group_offset(self, name: str, offset: int) -> GroupLog:
+        """An outside reader's progress recorded as group ``name``'s committed offset (the Spark source's
+        ``commit``: its checkpoint is the truth, the group makes its lag visible). Creates the group at
+        ``offset``, or moves an existing one forward to it (never back: what was committed stays committed).
+        Refused (409 by the HTTP API) while the group has consumers here, whose acks own its progress."""
+        group = self._groups.get(name)
+        if group is not None and group.members:
+            raise AMQPError(PRECONDITION_FAILED, f"consumer group '{name}' of {_where(self.vhost, self.name)} "
+                            f"has {group.members} consumer(s): their acks move its offset")
+        offset = max(self.log.first_offset, min(offset, self.log.next_offset))
+        log = self.log.group(name, offset)
+        log.skip_to(offset)
+        if group is not None:
+            group.redeliver = deque(o for o in group.redeliver if o >= log.committed)
+        return log
 
     # -- memory: the log is on disk, nothing to page -----------------------------------------------------------
     def set_ram_budget(self, max_bytes: int | None) -> None:

@@ -56,6 +56,11 @@ class GroupLog(Protocol):
         """Record acks; ``committed`` advances past what is contiguously acked."""
         ...
 
+    def skip_to(self, offset: int) -> None:
+        """Everything below ``offset`` is settled (retention removed it, or an outside reader committed past
+        it): the committed offset and the cursor move up to it, never back."""
+        ...
+
 
 class StreamLog(Protocol):
     """One stream: append, read from any retained offset, find an offset by time, retention, groups.

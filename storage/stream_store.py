@@ -81,6 +81,13 @@ VERIFY_WINDOW = 64 << 20
 COMPACT_AT = 256 << 10
 MAX_OPEN_SEGMENTS = 64
 READ_SPAN = 1 << 20  # one pread covers consecutive payloads up to this much
+# The recent records each stream keeps in memory (FileStreamLog's tail), so that consumers that keep up read
+# what was just appended without a pread, a CRC check and a copy per record. The store's budget is shared by
+# its open streams (each gets at least TAIL_MIN_BYTES): memory stays bounded however many streams there are
+# and however long they grow.
+TAIL_BUDGET_BYTES = 8 << 20
+TAIL_MIN_BYTES = 256 << 10
+TAIL_RECORD_OVERHEAD = 120  # what a kept record costs besides its payload (the tuple, the bytes object, the list slot)
 
 
 def fingerprint(value: str | None) -> int:
@@ -342,6 +349,10 @@ class FileStreamLog:
             replace_file(name_path, name.encode())
         self._segs: list[_CSeg] = []
         self._recover()
+        # The newest records, contiguous from ``_tail_first`` (possibly below first_offset once retention ran).
+        self._tail: list[StreamRecord] = []
+        self._tail_first = self.next_offset
+        self._tail_bytes = 0
         self._groups: dict[str, FileGroupLog] = {}
         gdir = os.path.join(directory, "g")
         for n in sorted(os.listdir(gdir)):
@@ -477,8 +488,20 @@ class FileStreamLog:
         seg.last_cum = cum
         seg.last_ts = timestamp_ms
         offset = seg.first + seg.count - 1
+        self._remember(StreamRecord(offset, timestamp_ms, payload))
         self._note_pending(offset + 1)
         return offset
+
+    def _remember(self, record: StreamRecord) -> None:
+        """Keep the record in the tail; past this stream's share of the budget, drop the older half."""
+        tail = self._tail
+        tail.append(record)
+        self._tail_bytes += len(record.payload) + TAIL_RECORD_OVERHEAD
+        if self._tail_bytes > max(TAIL_MIN_BYTES, TAIL_BUDGET_BYTES // max(1, len(self._store.streams))):
+            half = len(tail) // 2
+            self._tail_bytes -= sum(len(r.payload) for r in tail[:half]) + half * TAIL_RECORD_OVERHEAD
+            del tail[:half]
+            self._tail_first += half
 
     def _note_pending(self, end: int) -> None:
         syncer = self._syncer
@@ -531,6 +554,9 @@ class FileStreamLog:
         out: list[StreamRecord] = []
         if offset >= self.next_offset or max_records <= 0:
             return out
+        if offset >= self._tail_first and filter_values is None:
+            at = offset - self._tail_first
+            return self._tail[at:at + max_records]
         wanted = None if filter_values is None else {fingerprint(v) for v in filter_values}
         si = self._seg_index(offset)
         while si < len(self._segs) and len(out) < max_records:
@@ -646,6 +672,7 @@ class FileStreamLog:
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def delete(self) -> None:
+        self._tail.clear()
         self._close_files(abandon=True)
         self._groups.clear()
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -664,6 +691,7 @@ class FileStreamLog:
 
     def close(self) -> None:
         if not self.closed:
+            self._tail.clear()
             self._close_files()
             self.closed = True
             self._store.forget(self, self.min_ref)

@@ -38,6 +38,10 @@ def bad_request(reason: str) -> web.HTTPException:
     return _error(web.HTTPBadRequest, "bad_request", reason)
 
 
+def conflict(reason: str) -> web.HTTPException:
+    return _error(web.HTTPConflict, "conflict", reason)
+
+
 def not_authorised(reason: str) -> web.HTTPException:
     return _error(web.HTTPUnauthorized, "not_authorised", reason)
 

@@ -4,6 +4,11 @@ no such resource, its nearest being ``rabbitmq-streams list_stream_consumer_grou
     GET /api/stream-groups                    every group of every stream the user may see
     GET /api/stream-groups/{vhost}            those of one vhost
     GET /api/stream-groups/{vhost}/{stream}   those of one stream (404 if it is no stream queue)
+    GET /api/stream-groups/{vhost}/{stream}/{group}   one group (404 if it has none of that name)
+    PUT /api/stream-groups/{vhost}/{stream}/{group}   {"committed_offset": N}: record an outside reader's
+        progress (the Spark source's commit) as the group's committed offset: creates the group at N, or moves
+        it forward to N (never back); 204. 409 while the group has consumers (their acks own its progress);
+        the user needs read permission on the stream, as a consumer does.
 
 Each row (broker/management/objects.py's ``stream_group_info``)::
 
@@ -28,9 +33,24 @@ from typing import Any
 
 from aiohttp import web
 
-from broker.management.common import not_found, respond_list, vhost_for, visible_vhosts
+from broker import permissions
+from broker.errors import AMQPError
+from broker.management.common import (
+    amqp_error,
+    bad_request,
+    body_of,
+    conflict,
+    not_found,
+    respond,
+    respond_list,
+    user_of,
+    vhost_for,
+    vhost_for_write,
+    visible_vhosts,
+)
 from broker.management.objects import group_consumers, stream_group_info
 from broker.stream_queue import StreamQueue
+from broker.vhost import VHost
 
 
 def _rows(q: StreamQueue) -> Iterator[dict[str, Any]]:
@@ -45,16 +65,46 @@ async def list_stream_groups(request: web.Request) -> web.Response:
                                   if isinstance(q, StreamQueue) for row in _rows(q)))
 
 
-async def stream_groups(request: web.Request) -> web.Response:
-    vh = vhost_for(request)
-    name = request.match_info["stream"]
+def _stream(vh: VHost, name: str) -> StreamQueue:
     q = vh.queues.get(name)
     if not isinstance(q, StreamQueue):
         raise not_found(f"no stream queue '{name}' in vhost '{vh.name}'")
-    return respond_list(request, _rows(q))
+    return q
+
+
+async def stream_groups(request: web.Request) -> web.Response:
+    return respond_list(request, _rows(_stream(vhost_for(request), request.match_info["stream"])))
+
+
+async def stream_group(request: web.Request) -> web.Response:
+    q = _stream(vhost_for(request), request.match_info["stream"])
+    name = request.match_info["group"]
+    group = q.groups().get(name)
+    if group is None:
+        raise not_found(f"no consumer group '{name}' on stream '{q.name}'")
+    return respond(stream_group_info(q, name, group, group_consumers(q)))
+
+
+async def commit_stream_group(request: web.Request) -> web.Response:
+    vh = vhost_for_write(request)
+    q = _stream(vh, request.match_info["stream"])
+    try:
+        permissions.queue_read(user_of(request), vh.name, q.name)
+    except AMQPError as exc:
+        raise amqp_error(exc) from None
+    offset = (await body_of(request)).get("committed_offset")
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        raise bad_request("committed_offset must be a non-negative integer")
+    try:
+        q.commit_group_offset(request.match_info["group"], offset)
+    except AMQPError as exc:
+        raise conflict(exc.text) from None
+    return web.Response(status=204)
 
 
 def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/api/stream-groups", list_stream_groups)
     router.add_get("/api/stream-groups/{vhost}", list_stream_groups)
     router.add_get("/api/stream-groups/{vhost}/{stream}", stream_groups)
+    router.add_get("/api/stream-groups/{vhost}/{stream}/{group}", stream_group)
+    router.add_put("/api/stream-groups/{vhost}/{stream}/{group}", commit_stream_group)

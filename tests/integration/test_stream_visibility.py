@@ -36,8 +36,9 @@ COUNT = 10
 
 
 class State:
-    def __init__(self, api: Http, pport: int, mport: int) -> None:
+    def __init__(self, api: Http, pport: int, mport: int, amqp_port: int) -> None:
         self.api = api
+        self.amqp_port = amqp_port
         self.pport = pport
         self.mport = mport
 
@@ -110,7 +111,7 @@ def state():
         assert pump(conn, lambda: len(held) == 6, timeout=20)
         settle(conn, 0.3)
         assert sorted(o for o, _t in held) == list(range(6))
-        yield State(Http(mport), pport, mport)
+        yield State(Http(mport), pport, mport, b.port)
     finally:
         conn.close()
         b.stop()
@@ -208,3 +209,32 @@ def test_ctl_list_queues_type_and_offsets(state):
     assert (rows["vis.s"]["first_offset"], rows["vis.s"]["next_offset"]) == (0, COUNT)
     assert rows["vis.s"]["segments"] > 1
     assert rows["vis.c"]["type"] == "classic" and rows["vis.c"]["next_offset"] is None
+
+
+def test_an_outside_reader_commits_its_progress_as_a_group(state):
+    """``PUT /api/stream-groups/{vhost}/{stream}/{group}`` (the Spark source's commit): creates the group at
+    the offset, moves it forward only, refuses a group with consumers (409) and a bad body (400)."""
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", state.amqp_port))
+    try:
+        ch = conn.channel()
+        ch.queue_declare("vis.spark", durable=True, arguments={"x-queue-type": "stream"})
+        ch.confirm_delivery()
+        for i in range(COUNT):
+            ch.basic_publish("", "vis.spark", b"%d" % i)
+    finally:
+        conn.close()
+    path = "/api/stream-groups/%2F/vis.spark/spark-query"
+    assert state.api("GET", path)[0] == 404, "no such group yet"
+    assert state.api("PUT", path, {"committed_offset": 7})[0] == 204
+    g = state.get(path)
+    assert (g["committed_offset"], g["cursor"], g["lag"], g["consumers"]) == (7, 7, COUNT - 7, 0)
+    assert state.api("PUT", path, {"committed_offset": 4})[0] == 204
+    assert state.get(path)["committed_offset"] == 7, "a group never moves back"
+    assert state.api("PUT", path, {"committed_offset": 99})[0] == 204
+    assert state.get(path)["committed_offset"] == COUNT, "clamped to the stream's next offset"
+    assert state.api("PUT", path, {"committed_offset": "x"})[0] == 400
+    assert state.api("PUT", path, {})[0] == 400
+    assert state.api("PUT", f"/api/stream-groups/%2F/{STREAM}/g", {"committed_offset": 9})[0] == 409, \
+        "group g has a consumer: its acks own its progress"
+    assert state.get(f"/api/stream-groups/%2F/{STREAM}/g")["committed_offset"] == 2
+    assert state.api("PUT", "/api/stream-groups/%2F/vis.c/x", {"committed_offset": 1})[0] == 404

@@ -180,9 +180,12 @@ async def test_reading_never_removes_and_each_delivery_carries_its_offset(vh):
     assert ch1.offsets() == [0, 1, 2]
     assert ch1.delivered[0][2].headers["h"] == "v"  # the other headers are kept
     assert q.message_count() == 3
-    # The stored message is untouched: a third reader sees the same bytes, one header added again.
+    # The offset was spliced in once, at append: every reader gets the stored header as it is, with one
+    # x-stream-offset entry (broker/stream_record.py).
     stored = q.log.read(0, 1)[0].payload
-    assert b"x-stream-offset" not in stored
+    assert stored.count(b"x-stream-offset") == 1
+    assert ch1.delivered[0][2].header == ch2.delivered[0][2].header
+    assert ch1.delivered[0][2].header in stored
 
 
 @pytest.mark.parametrize(("spec", "expected"), [

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from storage.node_storage import NodeStorage, message_data
-from storage.stream_store import CLOG, ENTRY_SIZE, MLOG, PLOG, FileStreamLog, StreamStore
+from storage.stream_store import CLOG, ENTRY_SIZE, MLOG, PLOG, TAIL_BUDGET_BYTES, FileStreamLog, StreamStore
 from storage.syncer import Syncer
 
 HERE = Path(__file__).resolve().parent
@@ -339,6 +339,17 @@ def test_offset_at_is_a_binary_search(million: FileStreamLog) -> None:
 @pytest.mark.slow
 def test_read_anywhere_is_one_lookup(million: FileStreamLog) -> None:
     reads = million.index_reads
-    recs = million.read(654_321, 3)
-    assert [r.payload for r in recs] == [b"m0654321", b"m0654322", b"m0654323"]
+    recs = million.read(154_321, 3)
+    assert [r.payload for r in recs] == [b"m0154321", b"m0154322", b"m0154323"]
     assert million.index_reads - reads == 1
+
+
+@pytest.mark.slow
+def test_the_newest_records_are_read_from_memory_within_the_budget(million: FileStreamLog) -> None:
+    reads = million.index_reads
+    recs = million.read(999_990, 100)
+    assert [r.offset for r in recs] == list(range(999_990, 1_000_000))
+    assert recs[0].payload == b"m0999990"
+    assert million.index_reads == reads  # the tail: no index read
+    kept = million._tail_bytes
+    assert kept <= TAIL_BUDGET_BYTES, "the tail stays within the store's budget"

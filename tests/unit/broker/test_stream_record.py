@@ -1,0 +1,52 @@
+"""broker/stream_record.py: a stream's stored form is delivered as three slices, offset header included;
+records of the older msgpack form are still delivered right."""
+
+from __future__ import annotations
+
+from pamqp import commands as spec
+
+from broker.message import Message
+from broker.message_codec import encode_message
+from broker.stream_record import FORMAT, delivered_message, encode_record
+from protocol.fastcodec import build_content_header, shortstr
+from protocol.properties import Long, decode_headers, scan_properties
+
+
+def _message(body: bytes, headers: dict | None = None, exchange: str = "ex", routing_key: str = "rk") -> Message:
+    props = spec.Basic.Properties(headers=headers) if headers else spec.Basic.Properties()
+    header = build_content_header(len(body), props.marshal())
+    names = shortstr(exchange) + shortstr(routing_key)
+    return Message(exchange, routing_key, names, header, body, 1_700_000_000_000)
+
+
+def _headers(msg: Message) -> dict:
+    return decode_headers(msg.header, scan_properties(msg.header).headers_span)
+
+
+def test_round_trip_carries_the_offset_and_keeps_everything_else():
+    msg = _message(b"payload", {"h": "v"}, exchange="ex\u00e9", routing_key="a.b")
+    stored = encode_record(msg, 41)
+    assert stored[0] == FORMAT
+    out = delivered_message(stored, 41, 123)
+    assert (out.exchange, out.routing_key, out.names_raw, out.body) == ("ex\u00e9", "a.b", msg.names_raw, b"payload")
+    assert out.published_at == 123
+    assert _headers(out) == {"h": "v", "x-stream-offset": 41}
+
+
+def test_a_publishers_own_offset_header_is_overwritten():
+    msg = _message(b"x", {"x-stream-offset": Long(7)})
+    out = delivered_message(encode_record(msg, 3), 3, 0)
+    assert _headers(out) == {"x-stream-offset": 3}
+
+
+def test_empty_names_and_body():
+    msg = _message(b"", exchange="", routing_key="")
+    out = delivered_message(encode_record(msg, 0), 0, 0)
+    assert (out.exchange, out.routing_key, out.body) == ("", "", b"")
+
+
+def test_records_of_the_older_form_are_delivered_with_the_offset_spliced():
+    msg = _message(b"old", {"h": 1})
+    out = delivered_message(encode_message(msg), 9, 0)
+    assert out.body == b"old"
+    assert _headers(out) == {"h": 1, "x-stream-offset": 9}
