@@ -22,7 +22,7 @@ checked against RabbitMQ 3.10.8):
   While the vhost traces (broker/trace.py), each ack, plain or a group's, is an ``ack.<stream>`` event as for a
   classic queue: the acked messages are read back from the log for it, only then.
 - **Filtering** follows RabbitMQ 3.13's stream filtering: a publish header ``x-stream-filter-value`` is kept
-  with its chunk (the store's Bloom filter), and a consumer's ``x-stream-filter`` (a string or a list of them)
+  with its segment (the store's filter summary), and a consumer's ``x-stream-filter`` (a string or a list of them)
   lets the read skip chunks that cannot hold those values. The broker does not check each message: a
   consumer may receive messages with other values (or none), and must check ``x-stream-filter-value`` itself,
   as RabbitMQ's documentation asks of its clients. (``x-stream-match-unfiltered`` is not offered.)

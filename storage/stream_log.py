@@ -93,7 +93,8 @@ class StreamLog(Protocol):
 
     def append(self, payload: builtins.bytes, timestamp_ms: int, filter_value: str | None = None) -> int:
         """Append one message; returns its offset. ``filter_value``: the ``x-stream-filter-value`` header, kept
-        per chunk/segment in a Bloom filter so that filtered reads can skip chunks that cannot match."""
+        per segment (a Bloom filter in RabbitMQ, an exact set here) so that filtered reads can skip segments that
+        cannot match."""
         ...
 
     def read(self, offset: int, max_records: int, filter_values: frozenset[str] | None = None

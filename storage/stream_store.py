@@ -27,10 +27,12 @@ A consume-log entry (``ENTRY``, 40 bytes, little-endian)::
 
 Fixed-size entries make ``read(offset)`` a position computation (one bisect over the in-memory list of
 segments, one pread) and ``offset_at(ts)`` a binary search of preads over the entries; memory holds a few
-numbers per *segment*, never per message. Filtered reads skip, per entry, those whose fingerprint cannot be
-one of the wanted values, without reading their payloads (the Bloom filter of RabbitMQ's chunks, at entry
-granularity; "" among the wanted values matches messages without a filter value, as osiris's
-``match_unfiltered``). A collision may return another value: the caller checks.
+numbers per *segment*, never per message. Filtered reads skip whole segments whose set of filter
+fingerprints holds none of the wanted ones (RabbitMQ 3.13 keeps a Bloom filter per chunk for this; a
+segment's set is exact, and says "any" past 256 values), then, per entry, those whose fingerprint cannot be
+one of the wanted values, without reading their payloads ("" among the wanted values matches messages
+without a filter value, as osiris's ``match_unfiltered``). A collision may return another value: the caller
+checks.
 
 A pull-log record is a framed (storage/segment.py) JSON object: ``{"k": "c", "name", "cursor", "committed",
 "out", "acked"}`` (a checkpoint: the whole state; always the file's first record), ``{"k": "p", "o": [...]}``
@@ -81,6 +83,9 @@ VERIFY_WINDOW = 64 << 20
 COMPACT_AT = 256 << 10
 MAX_OPEN_SEGMENTS = 64
 READ_SPAN = 1 << 20  # one pread covers consecutive payloads up to this much
+# A segment's filter summary (_CSeg.filters) stops growing past this many distinct values: it then says "any".
+MAX_SEGMENT_FILTERS = 256
+ANY_FILTER: set[int] = set()  # identity-compared marker: every fingerprint may be there
 # The recent records each stream keeps in memory (FileStreamLog's tail), so that consumers that keep up read
 # what was just appended without a pread, a CRC check and a copy per record. The store's budget is shared by
 # its open streams (each gets at least TAIL_MIN_BYTES): memory stays bounded however many streams there are
@@ -310,11 +315,16 @@ class FileGroupLog(GroupProgress):
 class _CSeg:
     """One consume-log segment: a few numbers, kept in memory (never per message)."""
 
-    __slots__ = ("base_cum", "count", "file", "first", "first_ts", "last_cum", "last_ts", "min_pos")
+    __slots__ = ("base_cum", "count", "file", "filters", "first", "first_ts", "last_cum", "last_ts", "min_pos")
 
-    def __init__(self, first: int, file: AppendFile) -> None:
+    def __init__(self, first: int, file: AppendFile, filters: set[int] | None = None) -> None:
         self.first = first
         self.file = file
+        # The filter fingerprints its entries carry (the chunk filter of RabbitMQ 3.13's stream filtering, exact
+        # rather than a Bloom filter): a filtered read skips a segment holding none of the wanted ones. None:
+        # not known yet (a segment recovered at open is summarised on the first filtered read that reaches
+        # it); ANY_FILTER: too many distinct values to be worth keeping.
+        self.filters = filters
         self.count = 0
         self.base_cum = 0  # cum_bytes before its first entry
         self.last_cum = 0
@@ -369,7 +379,7 @@ class FileStreamLog:
     def _recover(self) -> None:
         firsts = _numbered(self.dir, CLOG)
         if not firsts:
-            self._segs = [_CSeg(0, AppendFile.create(self._cpath(0), self._syncer))]
+            self._segs = [_CSeg(0, AppendFile.create(self._cpath(0), self._syncer), set())]
             return
         for first in firsts:
             path = self._cpath(first)
@@ -474,13 +484,19 @@ class FileStreamLog:
         seg = self._segs[-1]
         if seg.count and seg.bytes + len(payload) > self.max_segment_size_bytes:
             first = seg.first + seg.count
-            new = _CSeg(first, AppendFile.create(self._cpath(first), self._syncer))
+            new = _CSeg(first, AppendFile.create(self._cpath(first), self._syncer), set())
             new.base_cum = new.last_cum = seg.last_cum
             self._segs.append(new)
             seg = new
         pos = self._mlog.append(payload)  # message log first, consume log second
         cum = seg.last_cum + len(payload)
-        _append_raw(seg.file, self._syncer, _pack(pos, len(payload), fingerprint(filter_value), timestamp_ms, cum))
+        fp = fingerprint(filter_value)
+        _append_raw(seg.file, self._syncer, _pack(pos, len(payload), fp, timestamp_ms, cum))
+        filters = seg.filters
+        if filters is not None and filters is not ANY_FILTER and fp not in filters:
+            filters.add(fp)
+            if len(filters) > MAX_SEGMENT_FILTERS:
+                seg.filters = ANY_FILTER
         if seg.count == 0:
             seg.first_ts = timestamp_ms
             seg.min_pos = pos
@@ -561,6 +577,11 @@ class FileStreamLog:
         si = self._seg_index(offset)
         while si < len(self._segs) and len(out) < max_records:
             seg = self._segs[si]
+            if wanted is not None and not self._may_hold(seg, wanted):
+                si += 1
+                if si < len(self._segs):
+                    offset = self._segs[si].first
+                continue
             i = offset - seg.first
             while i < seg.count and len(out) < max_records:
                 n = min(seg.count - i, 4096, max_records - len(out) if wanted is None else 512)
@@ -581,6 +602,22 @@ class FileStreamLog:
             if si < len(self._segs):
                 offset = self._segs[si].first
         return out[:max_records]
+
+    def _may_hold(self, seg: _CSeg, wanted: set[int]) -> bool:
+        """Whether the segment may hold an entry with one of the wanted fingerprints (its summary is built
+        once, by reading its entries, for a segment recovered at open)."""
+        filters = seg.filters
+        if filters is None:
+            filters = set()
+            for i in range(0, seg.count, 4096):
+                data = seg.file.pread(i * ENTRY_SIZE, min(4096, seg.count - i) * ENTRY_SIZE)
+                self.index_reads += 1
+                filters.update(ENTRY.unpack_from(data, k)[2] for k in range(0, len(data), ENTRY_SIZE))
+                if len(filters) > MAX_SEGMENT_FILTERS:
+                    filters = ANY_FILTER
+                    break
+            seg.filters = filters
+        return filters is ANY_FILTER or not filters.isdisjoint(wanted)
 
     def _payloads(self, entries: list[tuple[int, _Entry]]) -> list[StreamRecord]:
         """Read the payloads, one pread per run of entries that lie together in one message-log segment."""

@@ -353,3 +353,28 @@ def test_the_newest_records_are_read_from_memory_within_the_budget(million: File
     assert million.index_reads == reads  # the tail: no index read
     kept = million._tail_bytes
     assert kept <= TAIL_BUDGET_BYTES, "the tail stays within the store's budget"
+
+
+def test_a_filtered_read_skips_segments_without_the_wanted_values(node: Node) -> None:
+    """Each consume-log segment knows the filter values of its entries (RabbitMQ 3.13's chunk filter, kept
+    exactly): a filtered read does not read the entries of a segment that holds none of them, before a
+    restart (summaries built at append) and after (built once, on the first filtered read)."""
+    s = node.open(segment=2000)  # 50 records of ~50 bytes per segment
+    for o in range(400):
+        s.append(b"%d:" % o + b"p" * 50, 1000 + o, "blue" if o >= 350 else "red")
+    node.syncer.flush()
+    assert s.segment_count >= 8
+    reads = s.index_reads
+    blue = s.read(0, 1000, frozenset({"blue"}))
+    assert [r.offset for r in blue] == list(range(350, 400))
+    assert s.index_reads - reads <= 2, "only the segments that hold 'blue' are read"
+    node.restart()
+    s = node.open(segment=2000)
+    reads = s.index_reads
+    assert [r.offset for r in s.read(0, 1000, frozenset({"blue"}))] == list(range(350, 400))
+    first_pass = s.index_reads - reads
+    reads = s.index_reads
+    assert [r.offset for r in s.read(0, 1000, frozenset({"blue"}))] == list(range(350, 400))
+    assert s.index_reads - reads <= 2 < first_pass, "recovered segments are summarised once"
+    assert [r.offset for r in s.read(0, 1000, frozenset({"green"}))] == []
+    assert len(s.read(0, 1000, frozenset({"red", "blue"}))) == 400
