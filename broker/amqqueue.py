@@ -11,6 +11,7 @@ import os
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker import limits
+from broker.deduplication import open_cache, queue_settings
 from broker.errors import AMQPError
 from broker.memory_budget import default_budget
 from broker.queue_args import effective_settings, validate_arguments
@@ -154,6 +155,7 @@ class QueueRegistry:
             q.reset_expiry_timer()  # a passive declare renews an x-expires lease too
             return q, False
         validate_arguments(arguments, name, self.vhost.name)
+        queue_settings(arguments, name, self.vhost.name)  # 406 for a deduplication argument it cannot use
         if name.startswith("amq.") and not server_named:
             raise AMQPError(ACCESS_REFUSED,
                             f"queue name '{name}' contains reserved prefix 'amq.*'")
@@ -177,15 +179,21 @@ class QueueRegistry:
         return q, True
 
     def restore(self, name: str, auto_delete: bool, arguments: dict[str, Any]) -> QueueProcess:
-        """Recovery: a durable queue as it was declared; its backing queue brings its messages back."""
-        return self._create(name, True, None, auto_delete, arguments)
+        """Recovery: a durable queue as it was declared; its backing queue brings its messages back (and its
+        deduplication cache what it had admitted)."""
+        return self._create(name, True, None, auto_delete, arguments, recovered=True)
 
     def _create(self, name: str, durable: bool, owner: Reader | None, auto_delete: bool,
-                arguments: dict[str, Any]) -> QueueProcess:
+                arguments: dict[str, Any], recovered: bool = False) -> QueueProcess:
         qtype = queue_type_of(arguments)
         settings = effective_settings(arguments, *self.vhost.policies_for_queue(name, qtype.name))
         q = qtype.new_queue(self.vhost, name, durable, owner, auto_delete, arguments, settings,
                             self.backing_queue_factory)
+        dedup = queue_settings(arguments, name, self.vhost.name)
+        if dedup is not None:
+            storage = self.vhost.durable.storage if self.vhost.durable is not None else None
+            q.dedup = open_cache(dedup, self.vhost.clock, storage, "queue", self.vhost.name, name,
+                                 durable=durable, recovered=recovered)
         q.set_ram_budget(default_budget(q))
         self._queues[name] = q  # type: ignore[assignment]  # every queue type's queue is a Queue
         return q  # type: ignore[return-value]
@@ -214,6 +222,8 @@ class QueueRegistry:
         if q.durable and self.vhost.durable is not None:
             self.vhost.durable.queue_deleted(self.vhost.name, q.name)
         self.vhost.remove_bindings_to_queue(q.name)
+        if q.dedup is not None:
+            q.dedup.delete()
         if q.exclusive_owner is not None:
             try:
                 q.exclusive_owner.exclusive_queues.remove(q)

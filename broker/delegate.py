@@ -2,6 +2,10 @@
 
 A single node needs no remote batching, so this is where the per-publish fan-out lives, and where credit
 flow accounts each hand-over to a queue (seed 003, DESIGN.md §2). Called by ``VHost.publish`` only.
+
+Being the one place a routed message enters a queue of any type, it is also where queue-level message
+deduplication happens (broker/deduplication.py): a queue whose ``dedup`` is set drops a message whose key it
+has seen, whatever its type, and the queue types know nothing of it.
 """
 
 from __future__ import annotations
@@ -10,10 +14,11 @@ from typing import TYPE_CHECKING
 
 from broker.message import Message
 from broker.publish import PENDING, REFUSED, Publisher
-from broker.queue_process import CONFIRM_LATER, REJECTED
+from broker.queue_process import ACCEPTED, CONFIRM_LATER, REJECTED
 from storage.backing_queue import new_msg_id
 
 if TYPE_CHECKING:
+    from broker.deduplication import DedupCache
     from broker.queue_process import QueueProcess
 
 
@@ -38,7 +43,11 @@ def deliver(queues: list[QueueProcess], msg: Message, persistent: bool, publishe
         if publisher is not None and publisher not in q.publisher_channels:
             q.publisher_channels.add(publisher)
             publisher.published_to.add(q)
-        result = q.deliver_or_enqueue(msg, persistent and q.durable, token)
+        dedup = q.dedup
+        if dedup is None:
+            result = q.deliver_or_enqueue(msg, persistent and q.durable, token)
+        else:
+            result = deliver_deduplicated(q, dedup, msg, persistent and q.durable, token)
         if result == CONFIRM_LATER:
             pending += 1
         elif result == REJECTED:
@@ -46,3 +55,25 @@ def deliver(queues: list[QueueProcess], msg: Message, persistent: bool, publishe
         if publisher is not None and q.overloaded:
             q.throttle(publisher.reader)
     return (pending << PENDING) | refused
+
+
+def deliver_deduplicated(q: QueueProcess, cache: DedupCache, msg: Message, persistent: bool,
+                         confirm: tuple[Publisher | None, int] | None) -> int:
+    """``q.deliver_or_enqueue`` for a queue with a deduplication cache. A message whose key the cache has seen
+    is dropped and accepted: ACCEPTED, or CONFIRM_LATER when the entry it matched is not on disk yet (its
+    confirm then follows that fsync). Anything else is the queue's to take; its key is admitted once taken,
+    in the same burst as the queue's write, so the fsync that confirms the message covers the entry too. A
+    message the queue refused is not remembered: its re-publish must not be a duplicate."""
+    key = cache.key_of(msg)
+    if key is None:
+        return q.deliver_or_enqueue(msg, persistent, confirm)
+    if cache.seen(key):
+        cache.dropped += 1
+        if confirm is None or confirm[0] is None or cache.durable:
+            return ACCEPTED
+        cache.confirm_when_durable(confirm[0], confirm[1])
+        return CONFIRM_LATER
+    result = q.deliver_or_enqueue(msg, persistent, confirm)
+    if result != REJECTED:
+        cache.admit(key, msg)
+    return result

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from broker.deduplication_exchange import DeduplicationExchange
 from broker.exchange import (
     DirectExchange,
     Exchange,
@@ -50,6 +51,7 @@ _TYPES: tuple[type[Exchange], ...] = (
     FanoutExchange,
     TopicExchange,
     HeadersExchange,
+    DeduplicationExchange,
 )
 
 EXCHANGE_TYPES: dict[str, type[Exchange]] = {cls.type_name: cls for cls in _TYPES}

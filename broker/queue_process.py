@@ -35,6 +35,7 @@ from storage.backing_queue import BackingQueue, Figures
 
 if TYPE_CHECKING:
     from broker.clock import Clock, TimerHandle
+    from broker.deduplication import DedupCache
     from broker.exchange import Exchange
     from broker.policy import Policy
     from broker.trace import Tracer
@@ -124,6 +125,9 @@ class QueueProcess:
     # (quorum queues do, for the ``x-delivery-count`` header, whether or not a delivery limit is set).
     type_name: ClassVar[str] = "classic"
     counts_deliveries: ClassVar[bool] = False
+    # Message deduplication (broker/deduplication.py): the queue's cache, set by the queue registry and checked
+    # by broker/delegate.py before deliver_or_enqueue; None (no deduplication) costs one attribute read.
+    dedup: DedupCache | None = None
 
     def __init__(self, vhost: QueueHost, name: str, durable: bool, exclusive_owner: QueueOwner | None,
                  auto_delete: bool, arguments: dict[str, Any], bq: BackingQueue,

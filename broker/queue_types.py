@@ -6,7 +6,8 @@ declared with these properties (``check_declare``: RabbitMQ's ``rabbit_queue_typ
 what object is such a queue (``new_queue``). That object is the :class:`Queue` seam: the members the rest of
 the broker (channel, delegate, vhost, management, metrics, memory budget) uses, in RabbitMQ's terms:
 
-- **deliver**: ``deliver_or_enqueue`` (with ``overloaded`` / ``throttle`` for credit flow);
+- **deliver**: ``deliver_or_enqueue`` (with ``overloaded`` / ``throttle`` for credit flow); ``dedup``, the
+  queue's message-deduplication cache, checked before it by broker/delegate.py for every queue type;
 - **consume**: ``add_consumer`` / ``remove_consumer``, and ``schedule_run`` when a consumer gets room;
 - **settle**: ``ack``, ``requeue``, ``reject_discard``;
 - **dequeue**: ``basic_get``;
@@ -51,6 +52,7 @@ from storage.memory_queue import MemoryBackingQueue
 from storage.priority_queue import PriorityBackingQueue
 
 if TYPE_CHECKING:
+    from broker.deduplication import DedupCache
     from broker.message import Message
 
 # Opens one store-backed queue: (queue name, durable, priority or None, on_confirm) → BackingQueue. The node
@@ -95,6 +97,9 @@ class Queue(PagedQueue, Protocol):
     publisher_channels: set[Any]
     deleted: bool
     type_name: ClassVar[str]
+    # Message deduplication (broker/deduplication.py): set by the queue registry, checked by broker/delegate.py
+    # before deliver_or_enqueue, so a queue type needs nothing of its own for it.
+    dedup: DedupCache | None
 
     # deliver
     def deliver_or_enqueue(self, msg: Message, persistent: bool, confirm: Any = None) -> int: ...

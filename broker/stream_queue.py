@@ -145,6 +145,9 @@ class StreamQueue:
     """A stream: the members of broker/queue_types.py's Queue over a StreamLog (see the module docstring)."""
 
     type_name: ClassVar[str] = "stream"
+    # HOOK (message deduplication): the stream's cache (broker/deduplication.py), set by the queue registry and
+    # checked by broker/delegate.py before deliver_or_enqueue; nothing else here knows of it.
+    dedup: Any = None
 
     def __init__(self, vhost: QueueHost, name: str, arguments: dict[str, Any], settings: QueueSettings,
                  log: StreamLog) -> None:

@@ -11,6 +11,8 @@ Layout under ``data_dir``::
     queues_transient/<id>/  the paging area of non-durable queues (emptied at every start)
     streams/<vhost id>/     one StreamStore per vhost (storage/stream_store.py: the vhost's message log,
                             its streams' consume logs and their groups' pull logs)
+    deduplication/          one DedupLog per durable deduplication cache of a queue or an exchange
+                            (storage/deduplication_log.py)
 
 Start: construct ``NodeStorage`` (it first checks that the metadata describes the message files, see
 below; then the message store recovers), read the definitions from ``metadata``,
@@ -41,6 +43,8 @@ from collections.abc import Callable, Collection
 from typing import Any, Literal
 
 from storage.data_dir_lock import LOCK_FILE
+from storage.deduplication_log import DIRECTORY as DEDUP_DIRECTORY
+from storage.deduplication_log import DedupLog, log_id, log_ids, remove_files
 from storage.metadata_store import MetadataStore
 from storage.msg_store import SUFFIX as SEGMENT_SUFFIX
 from storage.msg_store import MsgStore
@@ -124,7 +128,7 @@ def check_metadata_file(data_dir: str) -> MetadataFileState:
 # Entries only a node's data directory has: --force-reset wipes a directory that holds one of them (or
 # nothing), never one that holds none, such as a home directory given as --data-dir by mistake.
 NODE_ENTRIES = (METADATA_FILE, "metadata.json", "metadata.json.migrated", "msg_store_persistent",
-                "msg_store_transient", "queues", "streams")
+                "msg_store_transient", "queues", "streams", DEDUP_DIRECTORY)
 
 
 def reset_data_dir(data_dir: str, keep: Collection[str] = ()) -> list[str]:
@@ -188,6 +192,8 @@ class NodeStorage:
         # Weak: a deleted queue's backing queue goes away with its queue process.
         self._queues: weakref.WeakValueDictionary[str, VariableQueue] = weakref.WeakValueDictionary()
         self._stream_stores: dict[str, StreamStore] = {}  # by vhost, opened by the first open_stream
+        # By log id; weak, as the queues: a deleted cache's log goes with its queue or exchange.
+        self._dedup_logs: weakref.WeakValueDictionary[str, DedupLog] = weakref.WeakValueDictionary()
         self._recovering = True
 
     def _open_metadata(self, state: MetadataFileState,
@@ -243,6 +249,25 @@ class NodeStorage:
             self._stream_stores[vhost] = store
         return store.open_stream(name, max_segment_size_bytes=max_segment_size_bytes)
 
+    def open_dedup_log(self, kind: str, vhost: str, name: str, *,
+                       fresh: bool) -> tuple[DedupLog, list[tuple[bytes, int]]]:
+        """The durable log of a deduplication cache (``kind``: "queue" or "exchange") and the entries it holds,
+        oldest first; ``fresh`` for a cache just declared, whose name may have been used before."""
+        ident = log_id(kind, vhost, name)
+        dedup_log, entries = DedupLog.open(os.path.join(self.data_dir, DEDUP_DIRECTORY), ident, self.syncer, fresh)
+        self._dedup_logs[ident] = dedup_log
+        return dedup_log, entries
+
+    def _finish_dedup_recovery(self) -> None:
+        """Deduplication logs nobody opened belong to queues and exchanges that no longer exist."""
+        directory = os.path.join(self.data_dir, DEDUP_DIRECTORY)
+        gone = log_ids(directory) - set(self._dedup_logs)
+        for ident in gone:
+            remove_files(directory, ident)
+        if gone:
+            log.info("storage: removed the deduplication logs of %d queues or exchanges that no longer exist",
+                     len(gone))
+
     def _finish_stream_recovery(self) -> None:
         """Streams (and whole vhost stream stores) nobody opened no longer exist: their files go."""
         self._recovering = False
@@ -277,6 +302,7 @@ class NodeStorage:
         if orphans:
             log.info("storage: removed the files of %d queues that no longer exist", len(orphans))
         self._finish_stream_recovery()
+        self._finish_dedup_recovery()
 
     def close(self) -> None:
         """Clean shutdown: after this the next start is a fast one. If something cannot be written (a
@@ -288,6 +314,8 @@ class NodeStorage:
                 q.close_files()
             for store in self._stream_stores.values():
                 store.close()
+            for dedup_log in list(self._dedup_logs.values()):
+                dedup_log.close()
             self.syncer.sync()
             for q in queues:
                 q.write_terms()
@@ -298,6 +326,7 @@ class NodeStorage:
             self.persistent.abandon()
         self._queues.clear()
         self._stream_stores.clear()
+        self._dedup_logs.clear()
         self.transient.close()
         self.syncer.stop()
         self.metadata.close()

@@ -17,6 +17,7 @@ import urllib.parse
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from broker.deduplication_exchange import DeduplicationExchange
 from broker.exchange import EXCHANGE, QUEUE
 from broker.json_values import json_safe
 from broker.reader import open_connections
@@ -166,6 +167,8 @@ def queue_info(node: Node, q: QueueProcess, sampler: RateSampler | None = None) 
         info[name + "_details"] = {"rate": sampler.rate((key, name)) if sampler else 0.0}
     if q.exclusive_owner is not None:
         info["owner_pid_details"] = {"name": q.exclusive_owner.name}
+    if q.dedup is not None:  # the plugin shows it in backing_queue_status; the queue object is where it is read
+        info["message_deduplication_cache_info"] = q.dedup.info()
     if isinstance(q, StreamQueue):
         info.update(stream_fields(node, q))
     return info
@@ -241,7 +244,7 @@ def stream_group_info(q: StreamQueue, name: str, group: GroupLog, members: dict[
 # -- exchanges and bindings ------------------------------------------------------------------------------------
 
 def exchange_info(node: Node, vh: VHost, ex: Exchange) -> dict[str, Any]:
-    return {
+    info = {
         "name": ex.name,
         "vhost": vh.name,
         "type": ex.type_name,
@@ -252,6 +255,9 @@ def exchange_info(node: Node, vh: VHost, ex: Exchange) -> dict[str, Any]:
         "user_who_performed_action": "rmq-internal",  # exchanges do not record who declared them
         "policy": None,  # policies apply to queues only (broker/policy.py)
     }
+    if isinstance(ex, DeduplicationExchange) and ex.cache is not None:
+        info["cache_info"] = ex.cache.info()  # the plugin's exchange info item
+    return info
 
 
 def all_exchanges(vh: VHost) -> list[Exchange]:

@@ -111,10 +111,12 @@ def declare_toy(vh: VHost, name: str = "later") -> ToyDelayedExchange:
 
 
 def test_the_built_in_types_are_registered_with_a_description():
-    assert sorted(EXCHANGE_TYPES) == ["direct", "fanout", "headers", "topic"]
+    assert sorted(EXCHANGE_TYPES) == ["direct", "fanout", "headers", "topic", "x-message-deduplication"]
     for name, cls in EXCHANGE_TYPES.items():
         assert cls.type_name == name and exchange_type(name) is cls
-        assert cls.description == f"AMQP {name} exchange, as per the AMQP specification"
+        if not name.startswith("x-"):
+            assert cls.description == f"AMQP {name} exchange, as per the AMQP specification"
+    assert EXCHANGE_TYPES["x-message-deduplication"].description == "Message Deduplication Exchange."
     assert exchange_type("x-nothing") is None
 
 
