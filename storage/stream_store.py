@@ -389,6 +389,7 @@ class FileStreamLog:
             seg = _CSeg(first, f)
             seg.count = whole // ENTRY_SIZE
             self._segs.append(seg)
+        self._cut_after_gap()
         # Cut the newest entries whose own CRC or message-log payload is bad (walking back over the window).
         window_start = self._mlog.end - VERIFY_WINDOW
         cut: tuple[int, int] | None = None  # (segment index, entry index): drop from here on
@@ -417,16 +418,27 @@ class FileStreamLog:
             os.truncate(seg.file.path, i * ENTRY_SIZE)
             seg.file.written = i * ENTRY_SIZE
             seg.file.synced = min(seg.file.synced, seg.file.written)
-        # Empty non-active segments (a crash right after a roll, then a cut) would leave holes: drop them.
-        while len(self._segs) > 1 and self._segs[-1].count == 0 and self._segs[-2].count > 0 and \
-                self._segs[-2].first + self._segs[-2].count != self._segs[-1].first:
-            seg = self._segs.pop()
-            seg.file.abandon()
-            os.unlink(seg.file.path)
         prev_cum = 0
         for seg in self._segs:
             self._load_bounds(seg, prev_cum)
             prev_cum = seg.last_cum
+
+    def _cut_after_gap(self) -> None:
+        """Offsets stay contiguous: a segment that ends short of the next one's first offset lost its newest
+        entries (the process died before they were written, after the next segment was created, or even after
+        the next segment's write went through while theirs failed), so every later segment goes. None of that
+        was confirmed: a syncer generation is confirmed only once every write in it has landed."""
+        for si in range(len(self._segs) - 1):
+            seg = self._segs[si]
+            if seg.first + seg.count == self._segs[si + 1].first:
+                continue
+            log.warning("storage: stream %r: dropped %d unconfirmed entries after a gap at offset %d",
+                        self.name, sum(s.count for s in self._segs[si + 1:]), seg.first + seg.count)
+            for later in self._segs[si + 1:]:
+                later.file.abandon()
+                os.unlink(later.file.path)
+            del self._segs[si + 1:]
+            return
 
     def _payload_ok(self, e: _Entry) -> bool:
         try:
