@@ -363,6 +363,7 @@ class FileStreamLog:
         self._tail: list[StreamRecord] = []
         self._tail_first = self.next_offset
         self._tail_bytes = 0
+        self.tail_cap = TAIL_BUDGET_BYTES  # this stream's share of the budget (StreamStore._share_tail sets it)
         self._groups: dict[str, FileGroupLog] = {}
         gdir = os.path.join(directory, "g")
         for n in sorted(os.listdir(gdir)):
@@ -525,7 +526,7 @@ class FileStreamLog:
         tail = self._tail
         tail.append(record)
         self._tail_bytes += len(record.payload) + TAIL_RECORD_OVERHEAD
-        if self._tail_bytes > max(TAIL_MIN_BYTES, TAIL_BUDGET_BYTES // max(1, len(self._store.streams))):
+        if self._tail_bytes > self.tail_cap:
             half = len(tail) // 2
             self._tail_bytes -= sum(len(r.payload) for r in tail[:half]) + half * TAIL_RECORD_OVERHEAD
             del tail[:half]
@@ -782,13 +783,21 @@ class StreamStore:
             self._closed_refs.pop(name, None)
             s = FileStreamLog(self, self.stream_dir(name), name, max_segment_size_bytes)
             self.streams[name] = s
+            self._share_tail()
         return s
+
+    def _share_tail(self) -> None:
+        """Each open stream's share of the in-memory tail budget (at least TAIL_MIN_BYTES)."""
+        cap = max(TAIL_MIN_BYTES, TAIL_BUDGET_BYTES // max(1, len(self.streams)))
+        for s in self.streams.values():
+            s.tail_cap = cap
 
     def forget(self, stream: FileStreamLog, min_ref: int | None) -> None:
         """A stream was closed (its oldest reference, ``min_ref``, still protects the message log) or
         deleted (``None``)."""
         if self.streams.get(stream.name) is stream:
             del self.streams[stream.name]
+            self._share_tail()
         if min_ref is None:
             self._closed_refs.pop(stream.name, None)
         else:

@@ -378,3 +378,18 @@ def test_a_filtered_read_skips_segments_without_the_wanted_values(node: Node) ->
     assert s.index_reads - reads <= 2 < first_pass, "recovered segments are summarised once"
     assert [r.offset for r in s.read(0, 1000, frozenset({"green"}))] == []
     assert len(s.read(0, 1000, frozenset({"red", "blue"}))) == 400
+
+
+def test_the_tail_budget_is_shared_by_the_open_streams(node: Node) -> None:
+    from storage.stream_store import TAIL_MIN_BYTES
+
+    streams = [node.open(f"s{i}") for i in range(4)]
+    assert {s.tail_cap for s in streams} == {TAIL_BUDGET_BYTES // 4}
+    many = [node.open(f"m{i}") for i in range(TAIL_BUDGET_BYTES // TAIL_MIN_BYTES + 4)]
+    assert {s.tail_cap for s in streams + many} == {TAIL_MIN_BYTES}, "never below the minimum"
+    for s in many:
+        s.close()
+    assert {s.tail_cap for s in streams} == {TAIL_BUDGET_BYTES // 4}, "a closed stream gives its share back"
+    fill(streams[0], 20_000, size=100)  # ~2 MiB > its share of 2 MiB: the older half goes
+    assert streams[0]._tail_bytes <= TAIL_BUDGET_BYTES // 4
+    check(streams[0], 20_000, size=100)
