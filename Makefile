@@ -12,6 +12,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# The Spark side (pipeline/: its own distribution, pyspark 4.3, about 500 MB), which tests/pipeline drives;
+# `make run` does not need it. Installed in "compat" editable mode (a path entry): Spark finds `pyspark_*` data
+# source modules with pkgutil.iter_modules, which does not see setuptools' default editable import hook.
+PIPELINE_STAMP := $(VENV)/.pipeline-installed
+$(PIPELINE_STAMP): $(STAMP) pipeline/pyproject.toml
+	$(BIN)/python -m pip install -q -e pipeline --config-settings editable_mode=compat
+	touch $(PIPELINE_STAMP)
+
 # `make run PORT=5673 MANAGEMENT_PORT=15673 PROMETHEUS_PORT=15693 BIND=0.0.0.0 DATA_DIR=/srv/leveret`;
 # LEVERET_* environment variables (e.g. LEVERET_LISTENERS_TCP_DEFAULT) work as well.
 RUN_ARGS := $(if $(PORT),--port $(PORT)) $(if $(BIND),--bind $(BIND)) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) \
@@ -21,16 +29,17 @@ RUN_ARGS := $(if $(PORT),--port $(PORT)) $(if $(BIND),--bind $(BIND)) $(if $(DAT
 run: $(STAMP)
 	$(BIN)/leveret serve $(RUN_ARGS)
 
-# The system tools the tests use (network namespaces, tmpfs and loop-mounted ext4 images), installed from
-# Debian when missing (they are on the usual machine already).
-TEST_TOOLS := ip:iproute2 mkfs.ext4:e2fsprogs e2fsck:e2fsprogs losetup:mount mount:mount
+# The system tools the tests use (network namespaces, tmpfs and loop-mounted ext4 images; Java 17 for Spark),
+# installed from Debian when missing (they are on the usual machine already).
+TEST_TOOLS := ip:iproute2 mkfs.ext4:e2fsprogs e2fsck:e2fsprogs losetup:mount mount:mount \
+	java:openjdk-17-jre-headless
 
 test-tools:
 	@missing=""; for t in $(TEST_TOOLS); do command -v $${t%%:*} >/dev/null || missing="$$missing $${t##*:}"; done; \
 	if [ -n "$$missing" ]; then apt-get update -q && apt-get install -y -q $$missing; fi
 
 # The lint (ruff, the import-linter layer contracts, mypy) runs first: a broken layer fails the suite.
-test: $(STAMP) test-tools lint
+test: $(STAMP) $(PIPELINE_STAMP) test-tools lint
 	$(BIN)/python -m pytest
 
 # The integration tests against a real RabbitMQ (installs and starts one on its own ports; not part of CI).
@@ -40,7 +49,7 @@ test-rabbitmq: $(STAMP)
 # ruff; the import layers of pyproject.toml's [tool.importlinter] (lint-imports); the types ([tool.mypy]).
 # `python tests/import_graph.py` prints the import graph and any cycle the layers contract reports.
 lint: $(STAMP)
-	$(BIN)/ruff check protocol broker storage tests
+	$(BIN)/ruff check protocol broker storage tests pipeline
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 

@@ -1,0 +1,114 @@
+"""The read side end to end in Spark (one local[2] session for the run): a batch read, a streaming query
+stopped and resumed from its checkpoint, a crash between a batch's write and its commit, and retention
+removing offsets a checkpoint still needs. Every query is ``trigger(availableNow=True)`` and is stopped in
+``finally``; none calls ``spark.dataSource.register``: format("leveret") is found through the installed
+``pyspark_leveret`` module (Spark's auto-registration), which these tests therefore cover too.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from pyspark.errors import StreamingQueryException
+from pyspark_leveret.schema import READ_STRUCT
+from read_helpers import declare_stream, fill, read_options, stream_info
+
+pytestmark = [pytest.mark.spark, pytest.mark.leveret_only, pytest.mark.timeout(180)]
+
+
+def run_stream(spark, options: dict[str, str], out: Path, checkpoint: Path):
+    """One availableNow run of a leveret → parquet query; returns it (terminated)."""
+    query = (spark.readStream.format("leveret").options(**options).load()
+             .writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).start())
+    try:
+        query.awaitTermination(90)
+    finally:
+        query.stop()
+    return query
+
+
+def sink_offsets(spark, out: Path) -> list[int]:
+    """The offsets in the parquet sink, as Spark reads it (through the sink's _spark_metadata log)."""
+    return sorted(r.offset for r in spark.read.parquet(str(out)).select("offset").collect())
+
+
+def test_batch_read_with_offsets_and_auto_registration(spark, broker, uid):
+    q = declare_stream(broker, f"{uid}-s")
+    fill(broker, q, 120)
+    df = spark.read.format("leveret").options(**read_options(broker, queue=q)).load()
+    assert df.schema == READ_STRUCT
+    assert df.count() == 120
+    ranged = (spark.read.format("leveret")
+              .options(**read_options(broker, queue=q, startingOffsets=15, endingOffsets=f'{{"{q}": 60}}',
+                                      maxRecordsPerPartition=20, bodyAs="string"))
+              .load())
+    assert ranged.rdd.getNumPartitions() == 3
+    rows = ranged.select("offset", "body", "routing_key").orderBy("offset").collect()
+    assert [r.offset for r in rows] == list(range(15, 60))
+    assert rows[0].body == "m15" and rows[-1].routing_key == q
+    # Nothing to read: no partitions (Spark then reads one placeholder partition).
+    assert spark.read.format("leveret").options(**read_options(broker, queue=q, startingOffsets="latest")) \
+        .load().count() == 0
+
+
+def test_stream_stop_and_resume_from_checkpoint(spark, broker, uid, tmp_path):
+    q = declare_stream(broker, f"{uid}-s")
+    fill(broker, q, 30)
+    opts = read_options(broker, queue=q, startingOffsets="earliest", maxRecordsPerTrigger=12,
+                        consumerGroup="spark-test")
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    first = run_stream(spark, opts, out, ck)
+    assert first.exception() is None
+    # 12 + 12 + 6: the read limit holds under availableNow (SupportsTriggerAvailableNow).
+    assert sorted(f for f in os.listdir(ck / "commits") if not f.startswith(".")) == ["0", "1", "2"]
+    assert sink_offsets(spark, out) == list(range(30))
+    fill(broker, q, 20, start=30)
+    second = run_stream(spark, opts, out, ck)
+    assert second.exception() is None
+    assert sink_offsets(spark, out) == list(range(50))  # no duplicate, no gap
+    # The query's progress shows as the group's lag. Spark hands a source the end of a batch when it plans
+    # the next one, so the group trails by a batch: run 2 read 30..41 and 42..49, its last commit was 42.
+    groups = {g["name"]: g for g in stream_info(broker, q)["consumer_groups"]}
+    assert groups["spark-test"]["committed_offset"] == 42 and groups["spark-test"]["lag"] == 8
+
+
+def test_crash_before_commit_replays_the_batch_once(spark, broker, uid, tmp_path):
+    q = declare_stream(broker, f"{uid}-s")
+    fill(broker, q, 25)
+    opts = read_options(broker, queue=q, startingOffsets="earliest", maxRecordsPerTrigger=10)
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    assert run_stream(spark, opts, out, ck).exception() is None
+    # The crash: batch 2 (offsets 20..24) reached the sink, its commit did not.
+    assert (ck / "commits" / "2").exists()
+    (ck / "commits" / "2").unlink()
+    (ck / "commits" / ".2.crc").unlink()
+    fill(broker, q, 15, start=25)
+    assert run_stream(spark, opts, out, ck).exception() is None
+    assert sink_offsets(spark, out) == list(range(40))
+    assert (ck / "commits" / "2").exists()
+
+
+def test_retention_data_loss_fails_the_query_unless_allowed(spark, broker, uid, tmp_path):
+    q = declare_stream(broker, f"{uid}-s", **{"x-stream-max-segment-size-bytes": 4000,
+                                              "x-max-length-bytes": 12000})
+    fill(broker, q, 10, size=500)
+    opts = read_options(broker, queue=q, startingOffsets="earliest")
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    assert run_stream(spark, opts, out, ck).exception() is None
+    assert sink_offsets(spark, out) == list(range(10))
+    fill(broker, q, 200, start=10, size=500)  # retention now removes the segments holding 10 and after
+    deadline = time.monotonic() + 10
+    while stream_info(broker, q)["first_offset"] <= 10:
+        assert time.monotonic() < deadline, "retention removed nothing"
+        time.sleep(0.05)
+    first = stream_info(broker, q)["first_offset"]
+    with pytest.raises(StreamingQueryException) as failed:
+        run_stream(spark, opts, out, ck)
+    assert f"offsets 10..{first - 1} are no longer in the stream" in str(failed.value)
+    lenient = run_stream(spark, {**opts, "failOnDataLoss": "false"}, out, ck)
+    assert lenient.exception() is None
+    assert sink_offsets(spark, out) == list(range(10)) + list(range(first, 210))
