@@ -1,0 +1,245 @@
+"""One time bucket of the delay store: ``<start>.data`` (full records), ``<start>.idx`` (32-byte entries)
+and ``<start>.disp`` (what was dispatched or cancelled), under ``buckets/``, ``start`` being the bucket's
+first ms (UTC, 20 digits).
+
+Appends to ``.data`` and ``.idx`` are buffered in memory and written, fsynced and closed only by the
+store's checkpoint: records spread over a year touch thousands of buckets, and keeping a descriptor and
+an fsync per bucket per burst would cost far more than the WAL's one sequential write (the WAL is what
+makes an append durable; these files are its applied, checkpointed form). Their lengths at the last
+checkpoint are what recovery cuts them back to before replaying the WAL, so no record is applied twice.
+
+``.disp`` is never cut back: it goes through the node's syncer like any append file, and a record in it
+is the proof that an entry must not be handed out again.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+from collections.abc import Iterator
+from zlib import crc32
+
+from storage.delay.record import IDX, IDX_SIZE, pack_disp, unpack_disp
+from storage.segment import HEADER, HEADER_SIZE, MAGIC, AppendFile, CorruptRecord, scan
+from storage.syncer import Syncer
+
+log = logging.getLogger("leveret.storage")
+
+READ_CHUNK = 4096 * IDX_SIZE  # index entries read per pread when scanning a bucket
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+def syncfs(directory: str) -> None:
+    """Flush the whole file system holding ``directory`` in one call (Linux ``syncfs``): a checkpoint
+    after appends spread over a year has thousands of bucket files to make durable, and one fsync each
+    would take seconds. Falls back to ``os.sync``."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fn = getattr(_libc, "syncfs", None)
+        if fn is None:
+            os.sync()
+        elif fn(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), directory)
+    finally:
+        os.close(fd)
+
+
+class XrefCount:
+    """Per exchange in one bucket: entries and bytes stored, and how many of them were resolved
+    (dispatched or cancelled). Pending = stored - resolved, unless the exchange was dropped."""
+
+    __slots__ = ("count", "nbytes", "resolved", "resolved_bytes")
+
+    def __init__(self, count: int = 0, nbytes: int = 0, resolved: int = 0, resolved_bytes: int = 0) -> None:
+        self.count = count
+        self.nbytes = nbytes
+        self.resolved = resolved
+        self.resolved_bytes = resolved_bytes
+
+    def to_list(self) -> list[int]:
+        return [self.count, self.nbytes, self.resolved, self.resolved_bytes]
+
+
+class Bucket:
+    __slots__ = ("_data_buf", "_idx_buf", "_reader", "counts", "data_disk", "dir", "disp", "disp_len",
+                 "idx_disk", "start")
+
+    def __init__(self, directory: str, start: int, data_len: int = 0, idx_len: int = 0, disp_len: int = 0,
+                 counts: dict[int, XrefCount] | None = None) -> None:
+        self.dir = directory
+        self.start = start
+        self.data_disk = data_len  # bytes of .data / .idx on disk (as of the last checkpoint or flush)
+        self.idx_disk = idx_len
+        self.disp_len = disp_len  # .disp length at the last checkpoint (recovery re-counts what follows)
+        self._data_buf = bytearray()
+        self._idx_buf = bytearray()
+        self._reader = -1
+        self.disp: AppendFile | None = None
+        self.counts = counts if counts is not None else {}
+
+    def path(self, suffix: str) -> str:
+        return os.path.join(self.dir, f"{self.start:020d}{suffix}")
+
+    @property
+    def data_len(self) -> int:
+        return self.data_disk + len(self._data_buf)
+
+    @property
+    def idx_len(self) -> int:
+        return self.idx_disk + len(self._idx_buf)
+
+    @property
+    def buffered(self) -> int:
+        return len(self._data_buf) + len(self._idx_buf)
+
+    def pending(self, dead: set[int] | frozenset[int]) -> int:
+        return sum(c.count - c.resolved for x, c in self.counts.items() if x not in dead)
+
+    # -- appending (the applier) ----------------------------------------------------------------------------
+    def add(self, payload: bytes, due_ms: int, seq: int, xref: int) -> tuple[int, int]:
+        """Buffer one record and its index entry; returns (payload offset, payload length)."""
+        off = self.data_len + HEADER_SIZE
+        self._data_buf += HEADER.pack(MAGIC, len(payload), crc32(payload))
+        self._data_buf += payload
+        self._idx_buf += IDX.pack(due_ms, seq, off, len(payload), xref)
+        c = self.counts.get(xref)
+        if c is None:
+            c = self.counts[xref] = XrefCount()
+        c.count += 1
+        c.nbytes += len(payload)
+        return off, len(payload)
+
+    def flush(self, fsync: bool = True) -> bool:
+        """Write the buffers to the files and fsync them (the checkpoint's job; without ``fsync`` the
+        caller makes them durable with :func:`syncfs`); True if anything was written."""
+        wrote = False
+        for suffix, buf, disk in ((".data", self._data_buf, self.data_disk), (".idx", self._idx_buf, self.idx_disk)):
+            if not buf:
+                continue
+            fd = os.open(self.path(suffix), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                view = memoryview(buf)
+                done = 0
+                while done < len(view):
+                    done += os.pwrite(fd, view[done:], disk + done)
+                view.release()
+                if fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            wrote = True
+        self.data_disk += len(self._data_buf)
+        self.idx_disk += len(self._idx_buf)
+        self._data_buf = bytearray()
+        self._idx_buf = bytearray()
+        return wrote
+
+    def cut_to_checkpoint(self) -> None:
+        """Recovery: cut ``.data`` and ``.idx`` back to their checkpointed lengths (what follows is replayed
+        from the WAL). A file shorter than that lost checkpointed bytes: said loudly, and its length kept."""
+        for suffix, want in ((".data", self.data_disk), (".idx", self.idx_disk)):
+            path = self.path(suffix)
+            try:
+                size = os.path.getsize(path)
+            except FileNotFoundError:
+                size = 0
+            if size > want:
+                os.truncate(path, want)
+            elif size < want:
+                log.error("delay store: %s holds %d bytes, the checkpoint says %d", path, size, want)
+                if suffix == ".data":
+                    self.data_disk = size
+                else:
+                    self.idx_disk = size - size % IDX_SIZE
+
+    # -- reading --------------------------------------------------------------------------------------------
+    def _fd(self) -> int:
+        if self._reader < 0:
+            self._reader = os.open(self.path(".data"), os.O_RDONLY | os.O_CLOEXEC)
+        return self._reader
+
+    def read(self, off: int, n: int) -> bytes:
+        """The payload at ``off``, checked against its framing (from the buffer if not yet written)."""
+        start = off - HEADER_SIZE
+        if start >= self.data_disk:
+            b = start - self.data_disk
+            data = bytes(self._data_buf[b:b + HEADER_SIZE + n])
+        else:
+            data = os.pread(self._fd(), HEADER_SIZE + n, start)
+        if len(data) != HEADER_SIZE + n:
+            raise CorruptRecord(f"short read at {off} in {self.path('.data')}")
+        magic, length, crc = HEADER.unpack_from(data, 0)
+        if magic != MAGIC or length != n or crc32(memoryview(data)[HEADER_SIZE:]) != crc:
+            raise CorruptRecord(f"bad record at {off} in {self.path('.data')}")
+        return data[HEADER_SIZE:]
+
+    def index(self) -> Iterator[tuple[int, int, int, int, int]]:
+        """Every index entry ``(due_ms, seq, data offset, data length, xref)``, in append order, read a
+        chunk at a time (a bucket's index is never held whole)."""
+        if self.idx_disk:
+            fd = os.open(self.path(".idx"), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                pos = 0
+                while pos < self.idx_disk:
+                    chunk = os.pread(fd, min(READ_CHUNK, self.idx_disk - pos), pos)
+                    if not chunk:
+                        break
+                    pos += len(chunk)
+                    yield from IDX.iter_unpack(chunk[:len(chunk) - len(chunk) % IDX_SIZE])
+            finally:
+                os.close(fd)
+        if self._idx_buf:
+            yield from IDX.iter_unpack(bytes(self._idx_buf))
+
+    def close_reader(self) -> None:
+        if self._reader >= 0:
+            os.close(self._reader)
+            self._reader = -1
+
+    # -- the dispatch log -----------------------------------------------------------------------------------
+    def open_disp(self, syncer: Syncer | None) -> AppendFile:
+        """The ``.disp`` file, opened (its torn tail cut) or created on first use."""
+        if self.disp is None:
+            path = self.path(".disp")
+            if os.path.exists(path):
+                with open(path, "rb") as f:
+                    _, good_end, _ = scan(f.read(), path)
+                self.disp = AppendFile.open_existing(path, syncer, good_end)
+            else:
+                self.disp = AppendFile.create(path, syncer)
+        return self.disp
+
+    def log_disp(self, syncer: Syncer | None, kind: int, entries: list[tuple[int, int, int, int]]) -> None:
+        self.open_disp(syncer).append(pack_disp(kind, entries))
+
+    def disp_records(self, syncer: Syncer | None, since: int = 0) -> Iterator[tuple[int, list[tuple[int, int, int, int]]]]:
+        """Every dispatch-log record ``(kind, [(due_ms, seq, xref, size)])`` from byte ``since`` on."""
+        if self.disp is None and not os.path.exists(self.path(".disp")):
+            return
+        data = self.open_disp(syncer).read_all()
+        if since:
+            data = data[since:]
+        records, _, _ = scan(data, self.path(".disp"))
+        view = memoryview(data)
+        for _, start, n in records:
+            yield unpack_disp(view[start:start + n])
+
+    def close(self, abandon: bool = False) -> None:
+        self.close_reader()
+        if self.disp is not None:
+            if abandon:
+                self.disp.abandon()
+            else:
+                self.disp.close()
+            self.disp = None
+
+    def delete(self) -> None:
+        self.close(abandon=True)
+        for suffix in (".data", ".idx", ".disp"):
+            try:
+                os.unlink(self.path(suffix))
+            except FileNotFoundError:
+                pass

@@ -1,0 +1,458 @@
+"""The delay store (issue 14): records held on disk until their due time, handed out in ``(due_ms, seq)``
+order, whatever the horizon, in bounded memory.
+
+Path of a record: :meth:`DelayStore.append` writes it to the WAL (durable after the syncer's fsync:
+``on_durable``) and applies it at once to its time bucket's buffered ``.data``/``.idx``; the checkpoint
+(:meth:`DelayStore.checkpoint`, called by the owner every few seconds and by the store itself every
+``checkpoint_bytes`` of WAL) fsyncs the buckets, records their lengths in the manifest, and deletes the WAL
+segments and the drained buckets. Recovery cuts every bucket back to its checkpointed length and replays
+the WAL after the checkpoint, so no record is applied twice and replay time is bounded by the checkpoint
+interval, not by the number pending.
+
+Dispatch contract (at-least-once at this layer; the broker makes it exactly-once, issue 14 §4.8):
+
+- :meth:`due` hands out the records due at ``now_ms()`` in ``(due_ms, seq)`` order, at most ``limit``, and
+  never a record before the WAL fsync covering it (so nothing handed out can vanish in a crash);
+- the caller calls :meth:`dispatched` with a batch once it is safely enqueued (the broker: after its target
+  queues' fsync); the batch's ``DISPATCHED`` record goes to the bucket's ``.disp`` through the syncer, and
+  once that is on disk the records never come out again, across any restart;
+- a record handed out and not marked when the process dies comes out again after the restart (a crash
+  between the caller's enqueue and the ``.disp`` fsync therefore yields a duplicate that only the caller
+  can recognise); :meth:`release` gives back a batch that could not be enqueued.
+
+Time: the store never reads the wall clock. ``now_ms`` is injected and read through a ratchet
+(``max(previous, now_ms())``), so a clock that jumps backwards delays dispatch (by the size of the jump)
+but never makes anything come out early or twice.
+
+Memory: per bucket, a few counters (about 8,760 buckets for a year); in the window, at most
+``max_loaded`` index entries (about 150 B each as Python tuples) for the next ``lookahead_ms``; bodies are
+read only when handed out. Listing and cancelling read a bucket's index from disk a chunk at a time.
+
+Exchange references (``xref``) are integers assigned by the broker, one per exchange incarnation, never
+reused: :meth:`drop_exchange` makes every pending record of one disappear at once (the disk space goes
+when their buckets drain or at the next checkpoint for buckets holding nothing else).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from storage.delay.bucket import Bucket, syncfs
+from storage.delay.manifest import BucketState, Manifest
+from storage.delay.record import (
+    CANCELLED,
+    DISPATCHED,
+    MAX_SEQ,
+    RECORD_HEAD,
+    DelayRecord,
+    DueRecord,
+    PendingEntry,
+)
+from storage.delay.wal import DelayWal
+from storage.delay.window import Entry, Window
+from storage.segment import CorruptRecord, fsync_dir
+from storage.syncer import Syncer
+
+log = logging.getLogger("leveret.storage")
+
+MANIFEST = "checkpoint"
+MAX_OPEN_READERS = 32  # bucket .data descriptors kept open for reads
+MIN_KEY = (-(1 << 63), 0)
+FSYNC_EACH_UP_TO = 64  # a checkpoint with more dirty buckets syncs the file system once instead
+
+
+@dataclass(slots=True, frozen=True)
+class ExchangeStats:
+    count: int
+    nbytes: int
+    next_due_ms: int | None
+
+
+class DelayStore:
+    def __init__(self, directory: str, syncer: Syncer | None, now_ms: Callable[[], int], *,
+                 bucket_ms: int = 3_600_000, lookahead_ms: int = 120_000, max_loaded: int = 100_000,
+                 checkpoint_bytes: int = 16 << 20) -> None:
+        self.dir = directory
+        self._syncer = syncer
+        self._now = now_ms
+        self._last_now = -(1 << 63)
+        self.lookahead_ms = lookahead_ms
+        self.checkpoint_bytes = checkpoint_bytes
+        self._bdir = os.path.join(directory, "buckets")
+        os.makedirs(self._bdir, exist_ok=True)
+        self._mpath = os.path.join(directory, MANIFEST)
+        m = Manifest.load(self._mpath) or Manifest(bucket_ms=bucket_ms)
+        if m.bucket_ms != bucket_ms:
+            log.warning("delay store: buckets were made %d ms long; keeping that (configured: %d)",
+                        m.bucket_ms, bucket_ms)
+        self.bucket_ms = m.bucket_ms
+        self._dead = set(m.dead)
+        self._next_seq = m.next_seq
+        self._buckets: dict[int, Bucket] = {}
+        self._starts: list[int] = []
+        self._window = Window(max_loaded)
+        self._inflight: dict[int, Entry] = {}
+        self._readers: OrderedDict[int, Bucket] = OrderedDict()
+        self._xstats: dict[int, list[int]] = {}  # xref -> [pending count, pending bytes]
+        self._durable_seq = 0
+        self.on_durable: Callable[[int], None] | None = None
+        self.on_durable_failed: Callable[[int], None] | None = None
+        self.dispatched_total = 0
+        self.cancelled_total = 0
+        self.closed = False
+        self._wal = DelayWal(os.path.join(directory, "wal"), syncer)
+        self._wal.on_durable = self._wal_durable
+        self._wal.on_durable_failed = self._wal_durable_failed
+        self._recover(m)
+
+    # -- recovery -------------------------------------------------------------------------------------------
+    def _recover(self, m: Manifest) -> None:
+        for start, st in m.buckets.items():
+            b = Bucket(self._bdir, start, st.data_len, st.idx_len, st.disp_len, st.counts)
+            b.cut_to_checkpoint()
+            self._add_bucket(b)
+        orphans = set()
+        for name in os.listdir(self._bdir):
+            stem, _, suffix = name.partition(".")
+            if not stem.isdigit() or int(stem) in self._buckets:
+                continue
+            if suffix == "disp":
+                orphans.add(int(stem))  # a bucket made after the checkpoint: kept until the replay says
+            else:
+                os.unlink(os.path.join(self._bdir, name))  # rebuilt by the replay (or a drained leftover)
+        replayed = 0
+        for payload in self._wal.replay(m.wal):
+            seq, due, _, xref, _, _, _ = RECORD_HEAD.unpack_from(payload, 0)
+            self._next_seq = max(self._next_seq, seq + 1)
+            if xref not in self._dead:
+                self._apply(bytes(payload), due, seq, xref)
+            replayed += 1
+        for start in orphans - set(self._buckets):
+            os.unlink(os.path.join(self._bdir, f"{start:020d}.disp"))
+        for b in self._buckets.values():  # resolutions logged after the checkpoint: count them
+            path = b.path(".disp")
+            if os.path.exists(path) and os.path.getsize(path) > b.disp_len:
+                for kind, entries in b.disp_records(self._syncer, b.disp_len):
+                    self._count_resolved(b, entries)
+        for b in self._buckets.values():
+            for xref, c in b.counts.items():
+                if xref not in self._dead:
+                    s = self._xstats.setdefault(xref, [0, 0])
+                    s[0] += c.count - c.resolved
+                    s[1] += c.nbytes - c.resolved_bytes
+        self._wal.roll()
+        self._durable_seq = self._next_seq
+        if replayed or m.wal == 0:
+            self.checkpoint()
+        log.info("delay store: %d buckets, %d records replayed from the WAL", len(self._buckets), replayed)
+
+    def _count_resolved(self, b: Bucket, entries: Iterable[tuple[int, int, int, int]]) -> None:
+        for _, _, xref, size in entries:
+            c = b.counts.get(xref)
+            if c is not None:
+                c.resolved += 1
+                c.resolved_bytes += size
+
+    def _add_bucket(self, b: Bucket) -> None:
+        self._buckets[b.start] = b
+        bisect.insort(self._starts, b.start)
+
+    # -- appending ------------------------------------------------------------------------------------------
+    def append(self, record: DelayRecord) -> int:
+        """Store ``record`` (its ``seq`` is ignored); returns the seq assigned. Durable once ``on_durable``
+        reports a number above it; handed out by :meth:`due` only then."""
+        if record.xref in self._dead:
+            raise ValueError(f"exchange reference {record.xref} was dropped")
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        payload = record.encode(seq)
+        self._wal.append(payload, seq + 1)
+        self._apply(payload, record.due_ms, seq, record.xref)
+        s = self._xstats.setdefault(record.xref, [0, 0])
+        s[0] += 1
+        s[1] += len(payload)
+        if self._wal.bytes_since_roll >= self.checkpoint_bytes:
+            self.checkpoint()
+        return seq
+
+    def _apply(self, payload: bytes, due: int, seq: int, xref: int) -> None:
+        start = due - due % self.bucket_ms
+        b = self._buckets.get(start)
+        if b is None:
+            b = Bucket(self._bdir, start)
+            self._add_bucket(b)
+        off, n = b.add(payload, due, seq, xref)
+        if self._window.covers(due, seq):
+            self._window.push((due, seq, start, off, n, xref))
+
+    def _wal_durable(self, seq_end: int) -> None:
+        self._durable_seq = max(self._durable_seq, seq_end)
+        if self.on_durable is not None and not self.closed:
+            self.on_durable(seq_end)
+
+    def _wal_durable_failed(self, seq_end: int) -> None:
+        if self.on_durable_failed is not None and not self.closed:
+            self.on_durable_failed(seq_end)
+
+    # -- dispatch -------------------------------------------------------------------------------------------
+    def now(self) -> int:
+        """The store's clock: the injected one, never running backwards."""
+        t = self._now()
+        self._last_now = max(self._last_now, t)
+        return self._last_now
+
+    def due(self, limit: int = 1000) -> list[DueRecord]:
+        """Hand out up to ``limit`` records due now (see the module's dispatch contract)."""
+        now = self.now()
+        w = self._window
+        out: list[DueRecord] = []
+        while len(out) < limit:
+            if w.wants(now, self.lookahead_ms):
+                self._fill(now)
+            e = w.head()
+            if e is None or e[0] > now or e[1] >= self._durable_seq:
+                break
+            w.pop()
+            seq = e[1]
+            if seq in w.cancelled:
+                w.cancelled.discard(seq)
+                continue
+            if e[5] in self._dead:
+                continue
+            rec = DelayRecord.decode(self._reader(e[2]).read(e[3], e[4]))
+            if rec.seq != seq:
+                raise CorruptRecord(f"bucket {e[2]}: seq {rec.seq} where the index says {seq}")
+            self._inflight[seq] = e
+            out.append(DueRecord(rec, e[2], e[4]))
+        return out
+
+    def next_due_ms(self) -> int | None:
+        """When :meth:`due` may next have something (the owner's timer; call it again after ``on_durable``
+        too, since a record is not handed out before it is durable). None when nothing is pending."""
+        head = self._window.head()
+        if head is not None:
+            return head[0]
+        hi = self._window.hi[0]
+        for start in self._starts[max(0, bisect.bisect_right(self._starts, hi) - 1):]:
+            if start + self.bucket_ms > hi and self._buckets[start].pending(self._dead):
+                return max(start, hi)
+        return None
+
+    def _reader(self, start: int) -> Bucket:
+        b = self._buckets[start]
+        self._readers[start] = b
+        self._readers.move_to_end(start)
+        if len(self._readers) > MAX_OPEN_READERS:
+            self._readers.popitem(last=False)[1].close_reader()
+        return b
+
+    def _fill(self, now: int) -> None:
+        """Load into the window every pending entry with hi < key <= now + look-ahead, at most its room."""
+        w = self._window
+        lo = w.hi
+        ceiling = (now + self.lookahead_ms, MAX_SEQ)
+        room = w.cap - len(w)
+        cands: list[Entry] = []
+        dead = self._dead
+        inflight = self._inflight
+        for start in self._starts[max(0, bisect.bisect_right(self._starts, lo[0]) - 1):]:
+            if start > ceiling[0]:
+                break
+            b = self._buckets[start]
+            if start + self.bucket_ms <= lo[0] or not b.pending(dead):
+                continue
+            done: set[int] = set()
+            for _, entries in b.disp_records(self._syncer):
+                done.update(s for d, s, _, _ in entries if lo < (d, s) <= ceiling)
+            for due, seq, off, n, xref in b.index():
+                k = (due, seq)
+                if k <= lo or k > ceiling or xref in dead or seq in done or seq in inflight:
+                    continue
+                cands.append((due, seq, start, off, n, xref))
+                if len(cands) > 2 * room + 1024:
+                    cands.sort()
+                    del cands[room:]
+                    ceiling = (cands[-1][0], cands[-1][1]) if cands else lo
+        w.admit(cands, ceiling)
+
+    def dispatched(self, batch: Iterable[DueRecord]) -> None:
+        """``batch`` (handed out by :meth:`due`) is safely enqueued: log it, so it never comes out again."""
+        by_bucket: dict[int, list[tuple[int, int, int, int]]] = {}
+        for d in batch:
+            e = self._inflight.pop(d.record.seq, None)
+            if e is None:
+                continue
+            by_bucket.setdefault(e[2], []).append((e[0], e[1], e[5], e[4]))
+        for start, entries in by_bucket.items():
+            b = self._buckets[start]
+            b.log_disp(self._syncer, DISPATCHED, entries)
+            self._resolve(b, entries)
+            self.dispatched_total += len(entries)
+
+    def release(self, batch: Iterable[DueRecord]) -> None:
+        """Give back records handed out and not enqueued: they come out again from :meth:`due`."""
+        for d in batch:
+            e = self._inflight.pop(d.record.seq, None)
+            if e is not None:
+                self._window.push(e)
+
+    def _resolve(self, b: Bucket, entries: list[tuple[int, int, int, int]]) -> None:
+        self._count_resolved(b, entries)
+        for _, _, xref, size in entries:
+            s = self._xstats.get(xref)
+            if s is not None:
+                s[0] -= 1
+                s[1] -= size
+
+    # -- operations -----------------------------------------------------------------------------------------
+    def _find(self, seq: int, due_ms: int) -> tuple[Bucket, tuple[int, int, int, int, int]] | None:
+        """A pending entry by id: its bucket and index entry, None if unknown, dispatched or cancelled."""
+        b = self._buckets.get(due_ms - due_ms % self.bucket_ms)
+        if b is None:
+            return None
+        found = next((e for e in b.index() if e[1] == seq and e[0] == due_ms), None)
+        if found is None or found[4] in self._dead:
+            return None
+        for _, entries in b.disp_records(self._syncer):
+            if any(s == seq for _, s, _, _ in entries):
+                return None
+        return b, found
+
+    def get(self, seq: int, due_ms: int) -> DelayRecord | None:
+        """One pending record, body included (an operator's "show one")."""
+        f = self._find(seq, due_ms)
+        if f is None:
+            return None
+        b, e = f
+        return DelayRecord.decode(self._reader(b.start).read(e[2], e[3]))
+
+    def cancel(self, seq: int, due_ms: int) -> bool:
+        """Cancel one pending record (id: its seq and due time, as listed). False if it is not pending or
+        is being dispatched right now (handed out and not yet marked or released)."""
+        if seq in self._inflight:
+            return False
+        f = self._find(seq, due_ms)
+        if f is None:
+            return False
+        b, (due, _, _, n, xref) = f
+        if seq >= self._durable_seq:  # its WAL record must be on disk before its cancellation is
+            self._wal.sync_now()
+            self._durable_seq = self._next_seq
+        entries = [(due, seq, xref, n)]
+        b.log_disp(self._syncer, CANCELLED, entries)
+        self._resolve(b, entries)
+        if self._window.covers(due, seq):
+            self._window.cancelled.add(seq)
+        self.cancelled_total += 1
+        return True
+
+    def drop_exchange(self, xref: int) -> None:
+        """Forget every pending record of ``xref`` (exchange deleted); durable when this returns."""
+        self._dead.add(xref)
+        self._xstats.pop(xref, None)
+        self.checkpoint()
+
+    def list_pending(self, xref: int, after: tuple[int, int] | None = None, limit: int = 100) -> list[PendingEntry]:
+        """Pending records of ``xref`` by ``(due_ms, seq)``, those after ``after`` (the last of the previous
+        page), at most ``limit``. Reads bucket indexes from disk, from the first bucket that may hold some."""
+        if xref in self._dead or limit <= 0:
+            return []
+        lo = after or MIN_KEY
+        out: list[PendingEntry] = []
+        for start in self._starts[max(0, bisect.bisect_right(self._starts, lo[0]) - 1):]:
+            b = self._buckets[start]
+            c = b.counts.get(xref)
+            if c is None or c.count == c.resolved:
+                continue
+            done: set[int] = set()
+            for _, entries in b.disp_records(self._syncer):
+                done.update(s for _, s, x, _ in entries if x == xref)
+            found = [PendingEntry(due, seq, xref, n) for due, seq, _, n, x in b.index()
+                     if x == xref and (due, seq) > lo and seq not in done]
+            out.extend(found)
+            if len(out) >= limit:
+                break
+        out.sort(key=lambda p: (p.due_ms, p.seq))
+        return out[:limit]
+
+    def exchange_stats(self, xref: int) -> ExchangeStats:
+        """Pending count and bytes (counters, O(1)) and next due time (reads one bucket's index)."""
+        s = self._xstats.get(xref, [0, 0])
+        first = self.list_pending(xref, limit=1) if s[0] else []
+        return ExchangeStats(s[0], s[1], first[0].due_ms if first else None)
+
+    def pending_count(self) -> int:
+        return sum(s[0] for s in self._xstats.values())
+
+    def bucket_starts(self) -> list[int]:
+        return list(self._starts)
+
+    @property
+    def loaded(self) -> int:
+        """Index entries in the window (the memory bound's subject)."""
+        return len(self._window)
+
+    # -- checkpoint, close ----------------------------------------------------------------------------------
+    def checkpoint(self) -> None:
+        """Make the buckets durable, record their lengths, delete what is no longer needed.
+
+        Blocks on fsyncs (one per bucket written since the last checkpoint); the owner calls it every few
+        seconds, and ``append`` does every ``checkpoint_bytes``."""
+        dirty = [b for b in self._buckets.values() if b.buffered]
+        many = len(dirty) > FSYNC_EACH_UP_TO
+        wrote = False
+        for b in dirty:
+            wrote = b.flush(fsync=not many) or wrote
+        if many:
+            syncfs(self._bdir)
+        for b in self._buckets.values():
+            if b.disp is not None:
+                if not b.disp.write_out():
+                    assert b.disp.error is not None
+                    raise b.disp.error
+                os.fsync(b.disp.fd)
+                b.disp_len = b.disp.size
+        if wrote:
+            fsync_dir(self._bdir)
+        first = self._wal.roll()
+        busy = {e[2] for e in self._inflight.values()}
+        drained = [s for s, b in self._buckets.items() if s not in busy and not b.pending(self._dead)]
+        kept = {s: b for s, b in self._buckets.items() if s not in set(drained)}
+        self._dead = {x for x in self._dead if any(x in b.counts for b in kept.values())}
+        m = Manifest(first, self._next_seq, self.bucket_ms, set(self._dead),
+                     {s: BucketState(b.data_disk, b.idx_disk, b.disp_len, b.counts) for s, b in kept.items()})
+        m.save(self._mpath)
+        self._wal.delete_below(first)
+        for s in drained:
+            self._buckets.pop(s).delete()
+            self._readers.pop(s, None)
+        if drained:
+            self._starts = sorted(self._buckets)
+        self._durable_seq = self._next_seq  # every record appended is now in fsynced buckets
+        now = self._last_now
+        for b in self._buckets.values():  # dispatch logs of buckets not due soon: no descriptor kept
+            if b.disp is not None and b.start > now + self.lookahead_ms:
+                b.disp.close()
+                b.disp = None
+
+    def close(self) -> None:
+        """A clean stop: a last checkpoint, then every file closed."""
+        if self.closed:
+            return
+        self.checkpoint()
+        self._close(abandon=False)
+
+    def abandon(self) -> None:
+        """Drop everything not yet handed to the kernel and close (what a crash does; tests)."""
+        self._close(abandon=True)
+
+    def _close(self, abandon: bool) -> None:
+        self.closed = True
+        for b in self._buckets.values():
+            b.close(abandon)
+        self._wal.close(abandon)
