@@ -196,6 +196,8 @@ class Settings:
     log_file_level: str | None = None
     load_definitions: Path | None = None
     shutdown_timeout: float = 10.0
+    # The horizon of x-delayed-message (issue 14): a longer delay is refused with 406, never delivered at once.
+    delayed_message_max_delay: int = 2 * 365 * 24 * 3_600_000
     # Not a setting: what loading the settings found worth a warning, logged once logging is set up.
     startup_warnings: list[str] = field(default_factory=list)
 
@@ -301,6 +303,8 @@ KEYS: dict[str, tuple[Callable[[Settings, str, str], None], str]] = {
     "definitions.import_backend": (_validate_only(lambda v: _choice(v, ("local_filesystem",))),
                                    "local_filesystem"),
     "leveret.data_dir": (_simple("data_dir", parse_path), "a directory"),
+    "delayed_message.max_delay": (_simple("delayed_message_max_delay", _int_range(1, 2**62)),
+                                  "milliseconds, at least 1 (default: two years)"),
     "leveret.shutdown_timeout": (_simple("shutdown_timeout", lambda v: _int_range(1, 2**31)(v) / 1000),
                                  "milliseconds, at least 1"),
 }

@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 from broker.deduplication_exchange import DeduplicationExchange
+from broker.delayed_exchange import DelayedExchange
 from broker.exchange import (
     DirectExchange,
     Exchange,
@@ -52,6 +53,7 @@ _TYPES: tuple[type[Exchange], ...] = (
     TopicExchange,
     HeadersExchange,
     DeduplicationExchange,
+    DelayedExchange,
 )
 
 EXCHANGE_TYPES: dict[str, type[Exchange]] = {cls.type_name: cls for cls in _TYPES}

@@ -13,6 +13,8 @@ Layout under ``data_dir``::
                             its streams' consume logs and their groups' pull logs)
     deduplication/          one DedupLog per durable deduplication cache of a queue or an exchange
                             (storage/deduplication_log.py)
+    delayed/                the node's DelayStore: every x-delayed-message exchange's pending messages
+                            (storage/delay/), opened by the first such exchange
 
 Start: construct ``NodeStorage`` (it first checks that the metadata describes the message files, see
 below; then the message store recovers), read the definitions from ``metadata``,
@@ -45,6 +47,7 @@ from typing import Any, Literal
 from storage.data_dir_lock import LOCK_FILE
 from storage.deduplication_log import DIRECTORY as DEDUP_DIRECTORY
 from storage.deduplication_log import DedupLog, log_id, log_ids, remove_files
+from storage.delay import DelayStore
 from storage.metadata_store import MetadataStore
 from storage.msg_store import SUFFIX as SEGMENT_SUFFIX
 from storage.msg_store import MsgStore
@@ -177,8 +180,12 @@ class NodeStorage:
 
     def __init__(self, data_dir: str, loop: asyncio.AbstractEventLoop | None = None, *,
                  queue_index_embed_msgs_below: int = 4096, file_size_limit: int = 16 << 20,
-                 check_metadata: Callable[[MetadataStore | None], None] | None = None) -> None:
+                 check_metadata: Callable[[MetadataStore | None], None] | None = None,
+                 delay_max_ms: int = 2 * 365 * 24 * 3_600_000) -> None:
         self.data_dir = data_dir
+        # The horizon of delayed messages (config delayed_message.max_delay), read by the exchanges that hold them.
+        self.delay_max_ms = delay_max_ms
+        self._delay_store: DelayStore | None = None
         os.makedirs(data_dir, exist_ok=True)
         self.embed_below = queue_index_embed_msgs_below
         self.metadata = self._open_metadata(check_metadata_file(data_dir), check_metadata)
@@ -258,6 +265,14 @@ class NodeStorage:
         self._dedup_logs[ident] = dedup_log
         return dedup_log, entries
 
+    def open_delay_store(self, now_ms: Callable[[], int]) -> DelayStore:
+        """The node's delay store (one for every delayed exchange of every vhost), opened on first use with
+        ``now_ms`` as its clock; it recovers what it held, and :meth:`close` checkpoints and closes it."""
+        store = self._delay_store
+        if store is None or store.closed:
+            store = self._delay_store = DelayStore(os.path.join(self.data_dir, "delayed"), self.syncer, now_ms)
+        return store
+
     def _finish_dedup_recovery(self) -> None:
         """Deduplication logs nobody opened belong to queues and exchanges that no longer exist."""
         directory = os.path.join(self.data_dir, DEDUP_DIRECTORY)
@@ -316,6 +331,8 @@ class NodeStorage:
                 store.close()
             for dedup_log in list(self._dedup_logs.values()):
                 dedup_log.close()
+            if self._delay_store is not None:
+                self._delay_store.close()
             self.syncer.sync()
             for q in queues:
                 q.write_terms()
@@ -327,6 +344,7 @@ class NodeStorage:
         self._queues.clear()
         self._stream_stores.clear()
         self._dedup_logs.clear()
+        self._delay_store = None
         self.transient.close()
         self.syncer.stop()
         self.metadata.close()

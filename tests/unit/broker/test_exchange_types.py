@@ -111,7 +111,8 @@ def declare_toy(vh: VHost, name: str = "later") -> ToyDelayedExchange:
 
 
 def test_the_built_in_types_are_registered_with_a_description():
-    assert sorted(EXCHANGE_TYPES) == ["direct", "fanout", "headers", "topic", "x-message-deduplication"]
+    assert sorted(EXCHANGE_TYPES) == ["direct", "fanout", "headers", "topic", "x-delayed-message",
+                                     "x-message-deduplication"]
     for name, cls in EXCHANGE_TYPES.items():
         assert cls.type_name == name and exchange_type(name) is cls
         if not name.startswith("x-"):
