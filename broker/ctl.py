@@ -4,12 +4,18 @@
     leveret ctl -p /orders set_permissions app '^app\\.' '^app\\.' '^app\\.'
     leveret ctl --formatter json list_exchanges name type
     leveret ctl -p /orders list_stream_groups stream group committed_offset lag members
+    leveret ctl -p /orders list_delayed reminders id due routing_key properties.message_id
 
 ``list_stream_groups`` (Leveret's, also as ``list_stream_consumer_groups``, the name of rabbitmq-streams'
 verb) lists the consumer groups of the vhost's stream queues; its columns: ``stream``, ``group`` (or
 ``reference``), ``committed_offset`` (or ``committed``), ``cursor``, ``outstanding``, ``lag``, ``members``
 (or ``consumers``) and ``next_offset``. ``list_queues`` shows a stream's ``type`` (stream), ``first_offset``,
 ``last_offset``, ``next_offset``, ``segments`` and ``stream_bytes`` when asked for those columns.
+
+``list_delayed EXCHANGE [COLUMN ...]`` lists the pending messages of an ``x-delayed-message`` exchange by
+due time (columns: ``id``, ``due``, ``due_ms``, ``delay_ms``, ``routing_key``, ``size``, ``payload_bytes``,
+``persistent``, ``properties`` or ``properties.NAME``); ``cancel_delayed EXCHANGE ID`` cancels one (the id
+as listed), ``purge_delayed EXCHANGE`` all of them.
 
 The API is found at ``--url`` (default ``$LEVERET_CTL_URL`` or ``http://127.0.0.1:15672``), with
 ``--username`` / ``--password`` (default ``$LEVERET_CTL_USERNAME`` / ``$LEVERET_CTL_PASSWORD`` or
@@ -350,6 +356,8 @@ def do_action(api: Api, args: argparse.Namespace) -> str:
             raise CtlError("only 'set_vm_memory_high_watermark absolute BYTES' is supported", 2)
         api.request("PUT", "/api/leveret/resource-limits", {"vm_memory_high_watermark": _bytes_arg(parts[1])})
         return f"Setting memory threshold on this node to {parts[1]} bytes ..."
+    if verb in DELAYED_VERBS:
+        return do_delayed(api, args)
     if verb == "status":
         overview = api.get("/api/overview")
         node = (api.get("/api/nodes") or [{}])[0]
@@ -377,10 +385,51 @@ def do_action(api: Api, args: argparse.Namespace) -> str:
     raise CtlError(f"unknown verb {verb}", 2)
 
 
+DELAYED_VERBS = ("list_delayed", "cancel_delayed", "purge_delayed")
+DELAYED_COLUMNS = ["id", "due", "routing_key", "payload_bytes"]
+DELAYED_PAGE = 500
+
+
+def do_delayed(api: Api, args: argparse.Namespace) -> str:
+    """The pending messages of an x-delayed-message exchange (/api/exchanges/{vhost}/{name}/delayed:
+    broker/management/delayed.py): ``list_delayed EXCHANGE [COLUMN ...]`` walks every page by due time;
+    ``cancel_delayed EXCHANGE ID``; ``purge_delayed EXCHANGE``."""
+    verb, vhost = args.verb, args.vhost
+    if verb == "list_delayed":
+        if not args.columns:
+            raise CtlError("usage: leveret ctl list_delayed [-p VHOST] EXCHANGE [COLUMN ...]", 2)
+        name, *columns = args.columns
+        columns = columns or DELAYED_COLUMNS
+        base = f"/api/exchanges/{q(vhost)}/{q(name)}/delayed?page_size={DELAYED_PAGE}"
+        rows: list[dict[str, Any]] = []
+        cursor: str | None = None
+        while True:
+            page = api.get(base + (f"&after={q(cursor)}" if cursor else ""))
+            rows += page["items"]
+            cursor = page.get("next")
+            if not cursor:
+                break
+        cells = [[_field(r, c, {}) for c in columns] for r in rows]
+        if args.formatter == "json":
+            return json.dumps([dict(zip(columns, r)) for r in cells], indent=1)
+        table = render_table(columns, cells)
+        if args.quiet:
+            return "\n".join(table.splitlines()[1:])
+        return f"Listing delayed messages of exchange '{name}' in vhost '{vhost}' ...\n{table}"
+    if verb == "cancel_delayed":
+        name, ident = _need(args, 2, "[-p VHOST] EXCHANGE ID")
+        api.request("DELETE", f"/api/exchanges/{q(vhost)}/{q(name)}/delayed/{q(ident)}")
+        return f"Cancelling delayed message {ident} of exchange '{name}' in vhost '{vhost}' ..."
+    (name,) = _need(args, 1, "[-p VHOST] EXCHANGE")  # purge_delayed
+    before = api.get(f"/api/exchanges/{q(vhost)}/{q(name)}").get("delayed_pending", 0)
+    api.request("DELETE", f"/api/exchanges/{q(vhost)}/{q(name)}/delayed")
+    return f"Purging delayed messages of exchange '{name}' in vhost '{vhost}' ...\n{before} pending before"
+
+
 ACTIONS = ("add_user", "delete_user", "change_password", "set_user_tags", "set_permissions", "clear_permissions",
            "add_vhost", "delete_vhost", "trace_on", "trace_off", "set_policy", "clear_policy", "purge_queue", "delete_queue",
            "close_connection", "export_definitions", "import_definitions", "status", "set_disk_free_limit",
-           "set_vm_memory_high_watermark", *LIMIT_VERBS)
+           "set_vm_memory_high_watermark", *LIMIT_VERBS, *DELAYED_VERBS)
 
 
 def _bytes_arg(text: str) -> int:
@@ -437,6 +486,6 @@ def main(args: argparse.Namespace) -> int:
     except CtlError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return exc.code
-    if out and not (args.quiet and args.verb in ACTIONS and args.verb not in ("status", "export_definitions")):
+    if out and not (args.quiet and args.verb in ACTIONS and args.verb not in ("status", "export_definitions", "list_delayed")):
         print(out)
     return 0

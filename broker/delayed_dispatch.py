@@ -24,6 +24,7 @@ What it does, on the node's clock:
 
 from __future__ import annotations
 
+import bisect
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -39,6 +40,37 @@ log = structlog.get_logger("leveret.delayed")
 BATCH = 500  # records per due() call; the loop yields between batches
 CHECKPOINT_EVERY = 5.0  # seconds
 RETRY_AFTER = 1.0  # seconds: the timer's fallback when the head is due but not yet durable
+
+
+# Upper bounds (seconds) of the dispatch lateness histogram's buckets; the target is p99 <= 100 ms.
+LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class Lateness:
+    """How late due messages were let go (now - due time, at ``release_due``), pre-bucketed in plain
+    integers: observing is a bisect and two additions per message; the exporter (broker/metrics.py)
+    reads it when Prometheus scrapes, so nothing here knows prometheus_client."""
+
+    __slots__ = ("count", "counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENESS_BUCKETS) + 1)  # the last one: above every bound (+Inf only)
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        seconds = max(0.0, seconds)
+        self.counts[bisect.bisect_left(LATENESS_BUCKETS, seconds)] += 1
+        self.count += 1
+        self.sum += seconds
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """Prometheus' ``le`` buckets: ``(bound, observations <= bound)``, ending with ``+Inf``."""
+        out, running = [], 0
+        for bound, n in zip((*(str(b) for b in LATENESS_BUCKETS), "+Inf"), self.counts):
+            running += n
+            out.append((bound, running))
+        return out
 
 
 class Holder(Protocol):
@@ -66,6 +98,7 @@ class DelayDispatcher:
         self._timer_at: float | None = None
         self._checkpoint_timer: TimerHandle | None = None
         self._dirty = False
+        self.lateness = Lateness()
         store.on_durable = self._on_durable
         store.on_durable_failed = self._on_durable_failed
 
@@ -131,8 +164,9 @@ class DelayDispatcher:
         if self.store.closed:
             return
         batch = self.store.due(BATCH)
+        now = self.clock.now_ms()
         for due in batch:
-            self._release(due)
+            self._release(due, now)
         if len(batch) == BATCH:
             self._timer_at = self.clock.now_ms()
             self._timer = self.clock.call_later(0, self._fire)
@@ -145,7 +179,7 @@ class DelayDispatcher:
         else:
             self.schedule()
 
-    def _release(self, due: DueRecord) -> None:
+    def _release(self, due: DueRecord, now_ms: float) -> None:
         holder = self._holders.get(due.record.xref)
         if holder is None:
             log.info("delayed messages of an exchange that no longer exists dropped", xref=due.record.xref)
@@ -160,6 +194,7 @@ class DelayDispatcher:
             log.exception("a due delayed message could not be published; it is kept", xref=due.record.xref)
             self.store.release([due])
             return
+        self.lateness.observe((now_ms - due.record.due_ms) / 1000.0)
         if pending:
             self._inflight[cseq] = (due, pending, True)
         else:

@@ -43,7 +43,7 @@ from broker.message import Message
 from broker.publish import PENDING, ROUTED
 from protocol.constants import PRECONDITION_FAILED
 from protocol.fastcodec import shortstr
-from storage.delay import DelayRecord, DueRecord
+from storage.delay import DelayRecord, DueRecord, ExchangeStats
 
 if TYPE_CHECKING:
     from broker.publish import Publisher
@@ -112,15 +112,23 @@ class DelayedExchange(Exchange):
         if isinstance(row, dict) and isinstance(row.get("xref"), int):
             xref = row["xref"]
         else:
-            counter = meta.get("node", XREF_COUNTER)
-            xref = counter["next"] if isinstance(counter, dict) else 1
-            meta.put("node", XREF_COUNTER, {"next": xref + 1})
-            if self.durable:
-                meta.put(XREF_KIND, key, {"xref": xref})
+            xref = self._new_xref()
         self.xref = xref
         self._max_delay_ms = storage.delay_max_ms
         self._dispatcher = dispatcher_for(storage.open_delay_store, self.services.clock)
         self._dispatcher.register(xref, self)
+
+    def _new_xref(self) -> int:
+        """A reference no exchange incarnation had before (the node's counter), recorded for a durable one."""
+        durable = self.services.durable
+        assert durable is not None
+        meta = durable.storage.metadata
+        counter = meta.get("node", XREF_COUNTER)
+        xref = counter["next"] if isinstance(counter, dict) else 1
+        meta.put("node", XREF_COUNTER, {"next": xref + 1})
+        if self.durable:
+            meta.put(XREF_KIND, (self.services.vhost, self.name), {"xref": xref})
+        return xref
 
     def on_declare(self) -> None:
         self._open(recovered=False)
@@ -147,10 +155,54 @@ class DelayedExchange(Exchange):
 
     def pending(self) -> int:
         """Messages held and not yet let go (the plugin's ``messages_delayed``)."""
-        d, xref = self._dispatcher, self.xref
-        if d is None or xref is None or d.store.closed:
+        stats = self.delayed_stats()
+        return 0 if stats is None else stats.count
+
+    # -- operators (HTTP API, Prometheus: issue 14) ---------------------------------------------------------
+    @property
+    def dispatcher(self) -> DelayDispatcher | None:
+        """The node's dispatcher this exchange holds messages with (None without storage, or once closed)."""
+        d = self._dispatcher
+        return None if d is None or d.store.closed else d
+
+    def delayed_stats(self) -> ExchangeStats | None:
+        """Pending count, bytes and next due time; None when the exchange holds nothing (no storage)."""
+        d, xref = self.dispatcher, self.xref
+        return None if d is None or xref is None else d.store.exchange_stats(xref)
+
+    def list_delayed(self, after: tuple[int, int] | None, limit: int) -> list[DelayRecord]:
+        """Pending messages by ``(due_ms, seq)``, those after the cursor ``after``, at most ``limit``."""
+        d, xref = self.dispatcher, self.xref
+        return [] if d is None or xref is None else d.store.list_records(xref, after, limit)
+
+    def get_delayed(self, due_ms: int, seq: int) -> DelayRecord | None:
+        """One pending message of this exchange by its id (another exchange's record is not found here)."""
+        d = self.dispatcher
+        if d is None:
+            return None
+        rec = d.store.get(seq, due_ms)
+        return rec if rec is not None and rec.xref == self.xref else None
+
+    def cancel_delayed(self, due_ms: int, seq: int) -> bool:
+        """Cancel one pending message: it is never routed. False if it is not pending here (or is being
+        dispatched at this moment)."""
+        d = self.dispatcher
+        if d is None or self.get_delayed(due_ms, seq) is None:
+            return False
+        return d.store.cancel(seq, due_ms)
+
+    def purge_delayed(self) -> int:
+        """Cancel every pending message at once: the store drops this exchange's reference (durably, as on
+        deletion) and the exchange goes on under a fresh one, so a purge costs the same whatever the count.
+        Returns how many were pending."""
+        d, old = self.dispatcher, self.xref
+        if d is None or old is None:
             return 0
-        return d.store.exchange_stats(xref).count
+        new = self._new_xref()
+        d.register(new, self)  # before unregistering the old one: the dispatcher stops with no holder left
+        d.unregister(old)
+        self.xref = new
+        return d.store.purge_exchange(old)
 
     # -- publishing -----------------------------------------------------------------------------------------
     def hold(self, msg: Message, persistent: bool, publisher: Publisher | None, confirm_seq: int) -> int:

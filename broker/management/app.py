@@ -19,6 +19,7 @@ from broker.management import (
     bindings,
     connections,
     definitions_api,
+    delayed,
     exchanges,
     health,
     limits,
@@ -37,8 +38,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("leveret.management")
 
-MODULES = (overview, health, connections, exchanges, queues, streams, bindings, vhosts, users, policies, limits,
-           definitions_api)
+MODULES = (overview, health, connections, exchanges, delayed, queues, streams, bindings, vhosts, users, policies,
+           limits, definitions_api)
 # Paths answered without credentials (RabbitMQ's UI asks /api/auth before logging in).
 PUBLIC = ("/api/auth",)
 

@@ -10,6 +10,7 @@ does not have fails loudly here (and in mypy) instead of showing a default.
 from __future__ import annotations
 
 import base64
+import datetime
 import hashlib
 import json
 import time
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from broker.deduplication_exchange import DeduplicationExchange
+from broker.delayed_exchange import DelayedExchange
 from broker.exchange import EXCHANGE, QUEUE
 from broker.json_values import json_safe
 from broker.reader import open_connections
@@ -257,7 +259,20 @@ def exchange_info(node: Node, vh: VHost, ex: Exchange) -> dict[str, Any]:
     }
     if isinstance(ex, DeduplicationExchange) and ex.cache is not None:
         info["cache_info"] = ex.cache.info()  # the plugin's exchange info item
+    if isinstance(ex, DelayedExchange):
+        stats = ex.delayed_stats()
+        nxt = None if stats is None else stats.next_due_ms
+        info["delayed_pending"] = 0 if stats is None else stats.count
+        info["delayed_bytes"] = 0 if stats is None else stats.nbytes
+        info["delayed_next_due"] = None if nxt is None else iso_ms(nxt)
+        info["delayed_next_due_ms"] = nxt
     return info
+
+
+def iso_ms(ms: int) -> str:
+    """An epoch time in ms as ISO 8601 UTC with milliseconds (``2025-01-31T12:00:00.250Z``)."""
+    t = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
 def all_exchanges(vh: VHost) -> list[Exchange]:

@@ -360,10 +360,30 @@ class DelayStore:
     def list_pending(self, xref: int, after: tuple[int, int] | None = None, limit: int = 100) -> list[PendingEntry]:
         """Pending records of ``xref`` by ``(due_ms, seq)``, those after ``after`` (the last of the previous
         page), at most ``limit``. Reads bucket indexes from disk, from the first bucket that may hold some."""
+        return [PendingEntry(due, seq, xref, n) for due, seq, _, _, n in self._pending(xref, after, limit)]
+
+    def list_records(self, xref: int, after: tuple[int, int] | None = None, limit: int = 100) -> list[DelayRecord]:
+        """As :meth:`list_pending`, with each record read whole (an operator's page of routing keys and
+        properties): one read per record at the offset its index entry gives, no index scan per record."""
+        return [DelayRecord.decode(self._reader(start).read(off, n))
+                for _, _, start, off, n in self._pending(xref, after, limit)]
+
+    def purge_exchange(self, xref: int) -> int:
+        """Cancel every pending record of ``xref`` at once (an operator's purge): the reference is dropped as
+        on exchange deletion, so the owner must use a fresh one for what it holds next. Returns how many
+        were pending (counted in ``cancelled_total``)."""
+        n = self._xstats.get(xref, [0, 0])[0]
+        self.drop_exchange(xref)
+        self.cancelled_total += n
+        return n
+
+    def _pending(self, xref: int, after: tuple[int, int] | None,
+                 limit: int) -> list[tuple[int, int, int, int, int]]:
+        """``(due_ms, seq, bucket start, data offset, data length)`` of the pending records of ``xref``."""
         if xref in self._dead or limit <= 0:
             return []
         lo = after or MIN_KEY
-        out: list[PendingEntry] = []
+        out: list[tuple[int, int, int, int, int]] = []
         for start in self._starts[max(0, bisect.bisect_right(self._starts, lo[0]) - 1):]:
             b = self._buckets[start]
             c = b.counts.get(xref)
@@ -372,12 +392,11 @@ class DelayStore:
             done: set[int] = set()
             for _, entries in b.disp_records(self._syncer):
                 done.update(s for _, s, x, _ in entries if x == xref)
-            found = [PendingEntry(due, seq, xref, n) for due, seq, _, n, x in b.index()
-                     if x == xref and (due, seq) > lo and seq not in done]
-            out.extend(found)
+            out.extend((due, seq, start, off, n) for due, seq, off, n, x in b.index()
+                       if x == xref and (due, seq) > lo and seq not in done)
             if len(out) >= limit:
                 break
-        out.sort(key=lambda p: (p.due_ms, p.seq))
+        out.sort()
         return out[:limit]
 
     def exchange_stats(self, xref: int) -> ExchangeStats:
