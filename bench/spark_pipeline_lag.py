@@ -1,0 +1,208 @@
+"""End-to-end lag of the traffic pipeline (issue 13): a message published → its row in the traffic parquet.
+
+    .venv/bin/python -m bench.spark_pipeline_lag [--rate 5000] [--seconds 60] [--trigger 10]
+
+Starts a broker of its own (temporary data dir, free ports), turns tracing on, binds a stream ``trace`` to
+``amq.rabbitmq.trace``, starts the traffic job (leveret_pipeline.traffic, in this process, a processingTime
+trigger), waits for its first micro-batch (so the JVM's warm-up is not measured), then runs ``leveret perf``
+(``--rate`` split over two producers, two consumers, manual acks) for ``--seconds``, and lets the job catch
+up. The lag of a message = when the micro-batch that counted its publish finished replacing that minute's
+traffic file (``_batches.jsonl``'s ``done_ms``) − the publish's ``x-leveret-event-time``. It is at least the
+wait for the next trigger (0 to ``--trigger`` s) plus the batch's read and processing time; it grows without
+bound when a batch takes longer than the trigger interval for the traffic it holds (the job falls behind).
+
+Prints p50 / p99 / max over the publishes of the perf run, the rates the broker and the job reached, and each
+micro-batch (events; seconds in all, reading + parsing, pairing + writing the events, recomputing the
+minutes) and the broker's CPU use while perf ran (cores); ``--json-out`` keeps them. Needs Java 17 and ``pip install -e pipeline``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pika
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _api(port: int, method: str, path: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/api/{path}", data=data, method=method)
+    req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        raw = resp.read()
+    return json.loads(raw) if raw else None
+
+
+def _start_broker(port: int, management: int, data_dir: Path, log: Path) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "broker", "serve", "--port", str(port), "--management-port", str(management),
+         "--prometheus-port", "0", "--data-dir", str(data_dir)],
+        stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115 (the child owns it)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            _api(management, "GET", "overview")
+            return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"the broker did not start: {log.read_text(errors='replace')[-2000:]}")
+
+
+def _trace_into_stream(port: int, management: int) -> None:
+    _api(management, "PUT", "vhosts/%2F", {"tracing": True})
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    ch = conn.channel()
+    ch.queue_declare("trace", durable=True, arguments={"x-queue-type": "stream"})
+    ch.queue_bind("trace", "amq.rabbitmq.trace", "#")
+    ch.queue_declare("warm-up")
+    ch.basic_publish("", "warm-up", b"first batch")
+    conn.close()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _quantile(values: list[int], q: float) -> int:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _lags(out: Path, first_ms: int, last_ms: int) -> list[int]:
+    """Lag (ms) of every publish event with its time in [first_ms, last_ms]."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    done: dict[int, int] = {}
+    for line in (out / "_batches.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        done[record["batch"]] = record["done_ms"]  # a batch run twice: its last run wrote the file
+    events = ds.dataset(out / "events", format="parquet", partitioning="hive")
+    table = events.to_table(columns=["kind", "t", "batch"], filter=(
+        (pc.field("kind") == "publish") & (pc.field("t") >= first_ms) & (pc.field("t") <= last_ms)))
+    return [done[b] - t for t, b in zip(table["t"].to_pylist(), table["batch"].to_pylist(), strict=True)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.spark_pipeline_lag", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rate", type=int, default=5000, help="messages/s published (over two producers)")
+    ap.add_argument("--seconds", type=float, default=60.0, help="how long perf publishes")
+    ap.add_argument("--trigger", type=float, default=10.0, help="the job's micro-batch interval, seconds")
+    ap.add_argument("--size", type=int, default=100, help="message body bytes")
+    ap.add_argument("--catch-up", type=float, default=300.0, help="longest wait for the job after perf, s")
+    ap.add_argument("--json-out", type=Path)
+    args = ap.parse_args(argv)
+
+    from leveret_pipeline.cli import _session
+    from leveret_pipeline.traffic import TrafficJob, TrafficSink, run
+
+    tmp = Path(tempfile.mkdtemp(prefix="leveret-lag-"))
+    port, management = _free_port(), _free_port()
+    broker = _start_broker(port, management, tmp / "data", tmp / "broker.log")
+    perf: subprocess.Popen | None = None
+    try:
+        _trace_into_stream(port, management)
+        uri = f"amqp://guest:guest@127.0.0.1:{port}/%2F"
+        spark, _ = _session("local[2]")
+        job = TrafficJob(uri=uri, stream="trace", out=tmp / "out", management_uri=f"http://127.0.0.1:{management}",
+                         trigger_seconds=args.trigger)
+        window: dict[str, int] = {}
+        cpu: dict[str, float] = {}
+        perf_done = threading.Event()
+        batches: list[dict[str, Any]] = []
+
+        def start_perf() -> None:
+            nonlocal perf
+            window["first"] = int(time.time() * 1000)
+            cpu["start"] = _cpu_seconds(broker.pid)
+            perf = subprocess.Popen(
+                [sys.executable, "-m", "broker", "perf", "--url", uri, "--producers", "2", "--consumers", "2",
+                 "--rate", str(args.rate // 2), "--size", str(args.size), "--ack", "--time", str(args.seconds),
+                 "--json-out", str(tmp / "perf.json")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+            def wait() -> None:
+                assert perf is not None
+                perf.wait()
+                window["last"] = int(time.time() * 1000)
+                cpu["end"] = _cpu_seconds(broker.pid)
+                perf_done.set()
+
+            threading.Thread(target=wait, daemon=True).start()
+
+        def on_batch(record: dict[str, Any]) -> None:
+            batches.append(record)
+            if len(batches) == 1:
+                start_perf()  # the job is warm: the first batch (the warm-up message) is done
+
+        started = time.monotonic()
+
+        def caught_up(sink: TrafficSink) -> bool:
+            if not perf_done.is_set():
+                return False
+            if time.monotonic() - started > args.seconds + args.catch_up + 120:
+                print("the job did not catch up within --catch-up", file=sys.stderr)
+                return True
+            return sink.events >= _api(management, "GET", "queues/%2F/trace")["next_offset"]
+
+        run(spark, job, on_batch=on_batch, until=caught_up)
+        lags = _lags(job.out, window["first"], window["last"])
+        perf_result = json.loads((tmp / "perf.json").read_text()) if (tmp / "perf.json").exists() else {}
+        measured = batches[1:]
+        events = sum(b["events"] for b in measured)
+        span = (measured[-1]["done_ms"] - measured[0]["started_ms"]) / 1000 if measured else 0.0
+        result = {
+            "rate_asked": args.rate, "trigger_s": args.trigger, "seconds": args.seconds,
+            "publishes_measured": len(lags),
+            "lag_ms": {"p50": _quantile(lags, 0.5), "p99": _quantile(lags, 0.99), "max": max(lags)} if lags else {},
+            "perf": {k: perf_result.get(k) for k in ("publish_rate", "consume_rate") if k in perf_result},
+            "job_events": events, "job_events_per_s": round(events / span) if span else None,
+            "broker_cores_during_perf": round((cpu["end"] - cpu["start"]) * 1000
+                                              / (window["last"] - window["first"]), 2),
+            "batches": [{"batch": b["batch"], "events": b["events"],
+                         "seconds": round((b["done_ms"] - b["started_ms"]) / 1000, 2),
+                         "read_s": b["read_s"], "events_s": b["events_s"], "minutes_s": b["minutes_s"]}
+                        for b in measured],
+        }
+        print(json.dumps(result, indent=2))
+        if args.json_out:
+            args.json_out.write_text(json.dumps(result, indent=2) + "\n")
+        spark.stop()
+    finally:
+        if perf is not None and perf.poll() is None:
+            perf.kill()
+        broker.terminate()
+        try:
+            broker.wait(15)
+        except subprocess.TimeoutExpired:
+            broker.kill()
+        if not os.environ.get("LEVERET_BENCH_KEEP"):
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"kept {tmp}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
