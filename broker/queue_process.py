@@ -367,7 +367,8 @@ class QueueProcess:
         def expired(e: int | None) -> bool:
             return e is not None and e <= now
 
-        if self.settings.dlx is None and not self._delivery_counts:
+        if self.settings.dlx is None and not self._delivery_counts and self.vhost.tracing is None:
+            # Nobody needs the messages (no dead-lettering, no trace event): drop them unread.
             dropped, expiry = bq.dropwhile(expired)
             self.stats.expired += dropped
         else:

@@ -345,6 +345,10 @@ class VHost:
             result = exchange.hold(msg, persistent, publisher, confirm_seq)
         else:
             queues = self.route(exchange, msg)
+        if tracer is not None and not (dead_letter or held):
+            # Before the delivery (a consumer waiting on the queue gets it at once): publish, then deliver,
+            # in the trace as in RabbitMQ's.
+            tracer.published(exchange.name, msg, queues, publisher)
         if queues:
             if dead_letter:
                 deaths = deaths_of(msg)
@@ -354,8 +358,6 @@ class VHost:
             result = delegate.deliver(queues, msg, persistent, publisher, confirm_seq) | ROUTED
         if dead_letter or held:
             return result
-        if tracer is not None:
-            tracer.published(exchange.name, msg, queues, publisher)
         counters = self.counters
         if counters is not None:
             counters.messages_received += 1

@@ -279,3 +279,46 @@ def test_tracing_is_off_after_a_restart(node: Node):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+@pytest.mark.leveret_only
+def test_an_expiry_without_a_dead_letter_exchange_is_still_an_event(traced: Node):
+    """A message that expires in a queue without a dead-letter exchange leaves it: the deadletter event says so
+    (reason expired, no dead_letter_exchange), as for one that is dead-lettered."""
+    c = traced.connect()
+    try:
+        ch = c.channel()
+        with sink(ch) as s:
+            ch.queue_declare("tr.ttl", auto_delete=True, arguments={"x-message-ttl": 100})
+            ch.basic_publish("", "tr.ttl", b"gone", pika.BasicProperties(message_id="ttl-1"))
+            time.sleep(0.5)  # the queue's TTL timer drops it
+            evs = events(ch, s)
+    finally:
+        c.close()
+    dead = [(h["x-leveret-message-id"], h["reason"], "dead_letter_exchange" in h, b)
+            for k, h, b in evs if k == "deadletter.tr.ttl"]
+    assert dead == [("ttl-1", "expired", False, b"gone")]
+
+
+def test_a_message_handed_to_a_waiting_consumer_is_traced_publish_first(traced: Node):
+    """The trace shows a message's publish before its delivery even when a consumer is waiting and the
+    delivery happens within the publish (RabbitMQ traces on the way in, then out)."""
+    c = traced.connect()
+    try:
+        ch = c.channel()
+        got: list[bytes] = []
+        with sink(ch) as s:
+            ch.queue_declare("tr.wait", auto_delete=True)
+            ch.basic_consume("tr.wait", lambda _c, _m, _p, body: got.append(body), auto_ack=True)
+            for i in range(5):
+                ch.basic_publish("", "tr.wait", b"w%d" % i, pika.BasicProperties(message_id=f"w{i}"))
+            deadline = time.monotonic() + 5
+            while len(got) < 5 and time.monotonic() < deadline:
+                c.process_data_events(time_limit=0.1)
+            evs = events(ch, s)
+    finally:
+        c.close()
+    order = [(k.split(".")[0], h["x-leveret-message-id"]) for k, h, _b in evs
+             if k in ("publish.", "deliver.tr.wait")]
+    for i in range(5):
+        assert order.index(("publish", f"w{i}")) < order.index(("deliver", f"w{i}")), order
