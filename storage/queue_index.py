@@ -91,6 +91,10 @@ class QueueIndex:
         self._files: dict[int, AppendFile] = {}
         self._unacked: dict[int, int] = {}  # per segment: publishes written and not yet acked
         self._transient: dict[int, int] = {}  # per segment: how many of those are transient
+        # The segment publishes go to now. It is kept while written even when everything in it is acked (a
+        # consumer that keeps up acks each message before the next arrives: deleting the file then made every
+        # publish create it again and every ack unlink it); it goes once publishes have moved on.
+        self._write_seg = -1
         if not durable and os.path.isdir(directory):
             shutil.rmtree(directory)
         os.makedirs(directory, exist_ok=True)
@@ -100,6 +104,8 @@ class QueueIndex:
                 expiry: int | None, body: bytes | None) -> int:
         """Record a message at ``seq_id``; returns where an embedded body starts (-1 if not embedded)."""
         seg = seq_id // SEGMENT_ENTRIES
+        if seg != self._write_seg:
+            self._move_write_segment(seg)
         f = self._files.get(seg) or self._open(seg)
         mid = msg_id or 0
         flags = (F_PERSISTENT if persistent else 0) | (F_DELIVERED if delivered else 0)
@@ -127,7 +133,11 @@ class QueueIndex:
         if left <= 0:
             self._unacked.pop(seg, None)
             self._transient.pop(seg, None)
-            self._delete_segment(seg)  # everything in it is acked: no need to even write this ack
+            if seg != self._write_seg:
+                self._delete_segment(seg)  # everything in it is acked: no need to even write this ack
+                return
+            # The segment being written: keep it, with the ack recorded (deleted once publishes move on).
+            (self._files.get(seg) or self._open(seg)).append(EVT.pack(K_ACK, seq_id))
             return
         self._unacked[seg] = left
         (self._files.get(seg) or self._open(seg)).append(EVT.pack(K_ACK, seq_id))
@@ -216,6 +226,13 @@ class QueueIndex:
             f = AppendFile.create(path, self._syncer)
         self._files[seg] = f
         return f
+
+    def _move_write_segment(self, seg: int) -> None:
+        """Publishes go on in segment ``seg``: the one they leave goes if nothing in it waits for an ack."""
+        prev = self._write_seg
+        self._write_seg = seg
+        if prev >= 0 and not self._unacked.get(prev):
+            self._delete_segment(prev)
 
     def _delete_segment(self, seg: int) -> None:
         f = self._files.pop(seg, None)

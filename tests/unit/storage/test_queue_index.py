@@ -49,7 +49,33 @@ def test_segments_are_deleted_once_all_acked(tmp_path: Path) -> None:
     assert [e.seq_id for e in qi.read_segment(1, 0, n)][:2] == [SEGMENT_ENTRIES + 5, SEGMENT_ENTRIES + 6]
     for s in range(SEGMENT_ENTRIES + 5, n):
         qi.ack(s)
-    assert qi.segment_numbers() == []
+    syncer.flush()
+    assert qi.segment_numbers() == [2], "the segment being written stays while publishes go on in it"
+    qi.publish(SEGMENT_ENTRIES * 3, None, True, False, 3, None, b"abc")  # publishes move on to segment 3
+    assert qi.segment_numbers() == [3]
+    qi.ack(SEGMENT_ENTRIES * 3)
+    qi.close({"any": 1})
+    reopened = QueueIndex(str(tmp_path / "q"), syncer, durable=True)
+    reopened.recover_terms()
+    assert reopened.segment_numbers() == [], "a clean start drops a written segment with nothing unacked"
+
+
+def test_a_consumer_that_keeps_up_does_not_make_a_file_per_message(tmp_path: Path) -> None:
+    """Publish, ack, publish, ack... in one segment: its file is created once and kept (it used to be unlinked
+    by each ack that emptied it and created again by the next publish)."""
+    syncer = Syncer()
+    qi = QueueIndex(str(tmp_path / "q"), syncer, durable=True)
+    qi.publish(0, None, True, False, 3, None, b"abc")
+    syncer.flush()
+    one = os.path.getsize(qi._path(0))  # the file holding one publish
+    for s in range(1, 200):
+        qi.ack(s - 1)
+        qi.publish(s, None, True, False, 3, None, b"abc")
+    syncer.flush()
+    # Kept: it holds every publish and ack (a file made again by the last publish would hold one publish).
+    assert os.path.getsize(qi._path(0)) > 199 * one
+    live = qi.read_segment(0, 0, SEGMENT_ENTRIES)
+    assert [e.seq_id for e in live] == [199], "only the last message is unacked"
 
 
 def test_torn_index_tail_is_cut_on_dirty_recovery(tmp_path: Path) -> None:
