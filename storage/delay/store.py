@@ -9,7 +9,8 @@ segments and the drained buckets. Recovery cuts every bucket back to its checkpo
 the WAL after the checkpoint, so no record is applied twice and replay time is bounded by the checkpoint
 interval, not by the number pending.
 
-Dispatch contract (at-least-once at this layer; the broker makes it exactly-once, issue 14 §4.8):
+Dispatch contract (at-least-once at this layer; broker/delayed_dispatch.py is at-least-once too for now: exactly-once,
+issue 14 and research/delayed.md §4.8, is not built yet):
 
 - :meth:`due` hands out the records due at ``now_ms()`` in ``(due_ms, seq)`` order, at most ``limit``, and
   never a record before the WAL fsync covering it (so nothing handed out can vanish in a crash);
