@@ -168,6 +168,10 @@ class DelayDispatcher:
         self._timer_at = None
         if self.store.closed:
             return
+        # The store's clock (whole ms) as due() reads it: "due but not handed out" is judged by it, not by the
+        # loop's clock read later (a timer firing a fraction of a millisecond early made the head look due
+        # yet unavailable, and sent dispatch to the fallback below).
+        store_now = self.store.now()
         batch = self.store.due(BATCH)
         now = self.clock.now_ms()
         if batch:
@@ -179,7 +183,7 @@ class DelayDispatcher:
             self._timer = self.clock.call_later(0, self._fire)
             return
         nxt = self.store.next_due_ms()
-        if nxt is not None and nxt <= self.clock.now_ms():
+        if nxt is not None and nxt <= store_now:
             # Due but not handed out: not durable yet (on_durable re-arms) or being dispatched; a fallback.
             retry = self._retry
             self._retry = min(retry * 2, RETRY_MAX)
