@@ -44,6 +44,7 @@ from broker.publish import PENDING, ROUTED
 from protocol.constants import PRECONDITION_FAILED
 from protocol.fastcodec import shortstr
 from storage.delay import DelayRecord, DueRecord, ExchangeStats
+from storage.dispatch_evidence import origin_msg_id
 
 if TYPE_CHECKING:
     from broker.publish import Publisher
@@ -226,11 +227,47 @@ class DelayedExchange(Exchange):
             result |= 1 << PENDING
         return result
 
-    def release_due(self, due: DueRecord, publisher: Any, confirm_seq: int) -> int:
-        """The dispatcher lets a due record go: routed now through the one publish path (``held``)."""
-        rec = due.record
+    def _due_message(self, rec: DelayRecord) -> Message:
         rk = rec.routing_key.decode(errors="replace")
-        msg = Message(self.name, rk, shortstr(self.name) + shortstr(rk),
-                      delivered_header(rec.properties, rec.delay_ms), rec.body)
-        return self.services.publish(self, msg, bool(rec.flags & FLAG_PERSISTENT), False, publisher,
-                                     confirm_seq, held=True)
+        return Message(self.name, rk, shortstr(self.name) + shortstr(rk),
+                       delivered_header(rec.properties, rec.delay_ms), rec.body)
+
+    def release_due(self, due: DueRecord, publisher: Any, confirm_seq: int, epoch: int,
+                    skip: frozenset[str] = frozenset()) -> int:
+        """The dispatcher lets a due record go: routed now through the one publish path (``held``), to every
+        queue the bindings name except those in ``skip``. A persistent one carries its origin id (dispatch
+        ``epoch``, store seq) as message id: the queues' proof that they have it (broker/delayed_dispatch.py)."""
+        rec = due.record
+        msg = self._due_message(rec)
+        persistent = bool(rec.flags & FLAG_PERSISTENT)
+        if persistent:
+            msg.msg_id = origin_msg_id(epoch, rec.seq)
+        return self.services.publish(self, msg, persistent, False, publisher, confirm_seq, held=True, skip=skip)
+
+    def in_doubt_plan(self, dues: list[DueRecord]) -> list[tuple[DueRecord, frozenset[str] | None]]:
+        """For records whose dispatch was in progress at a crash: the durable queues the bindings route each
+        to that already hold it (to be skipped when it is sent again), or None when there is nothing to send
+        (all of them hold it, or it is transient: at most once). Each durable queue is asked once."""
+        seqs = {d.record.seq for d in dues if d.record.flags & FLAG_PERSISTENT}
+        held_by: dict[str, set[int]] = {}
+        plan: list[tuple[DueRecord, frozenset[str] | None]] = []
+        for due in dues:
+            seq = due.record.seq
+            if seq not in seqs:
+                plan.append((due, None))
+                continue
+            durable = [q for q in self.services.route(self, self._due_message(due.record)) if q.durable]
+            have = set()
+            for q in durable:
+                held = held_by.get(q.name)
+                if held is None:
+                    held = held_by[q.name] = q.origins_held(seqs)
+                if seq in held:
+                    have.add(q.name)
+            plan.append((due, None if len(have) == len(durable) else frozenset(have)))
+        return plan
+
+    def after_recovery(self) -> None:
+        """Every exchange, queue and binding is back: settle the dispatches a crash left in doubt."""
+        if self._dispatcher is not None:
+            self._dispatcher.resolve_in_doubt()

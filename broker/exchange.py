@@ -55,14 +55,25 @@ class Publish(Protocol):
 
     def __call__(self, exchange: Exchange, msg: Message, persistent: bool, mandatory: bool = False,
                  publisher: Publisher | None = None, confirm_seq: int = 0, dead_letter: bool = False,
-                 held: bool = False) -> int: ...
+                 held: bool = False, skip: Collection[str] = ()) -> int: ...
+
+
+class RoutedQueue(Protocol):
+    """What routing without publishing (:class:`Route`) tells about each queue reached."""
+
+    name: str
+    durable: bool
+
+    def origins_held(self, seqs: set[int]) -> set[int]:
+        """Which delayed-message dispatches (delay-store seqs) the queue holds (storage/dispatch_evidence.py)."""
+        ...
 
 
 class Route(Protocol):
     """:meth:`broker.vhost.VHost.route`: the queues a message published to ``exchange`` would reach now
     (exchange-to-exchange bindings and alternate exchanges followed), without publishing it."""
 
-    def __call__(self, exchange: Exchange, msg: Message) -> Collection[object]: ...
+    def __call__(self, exchange: Exchange, msg: Message) -> Collection[RoutedQueue]: ...
 
 
 class DurableStore(Protocol):
@@ -170,6 +181,9 @@ class Exchange:
 
     def on_recover(self) -> None:
         """Just restored at start from the durable store (its bindings come after): pick up what it kept."""
+
+    def after_recovery(self) -> None:
+        """Every durable exchange, queue and binding of the node has been restored (called once at start)."""
 
     def on_delete(self) -> None:
         """Deleted (its bindings are gone; so is its vhost, if that was deleted): drop what it keeps, files too."""

@@ -274,6 +274,9 @@ class DurableDefinitions:
             ex.add_binding(Binding(source, dest, kind, rk, _untable(v["arguments"])))
             counts["binding"] += 1
         self.storage.finish_recovery()
+        for vh in vhosts.values():
+            for ex in list(vh.exchanges.values()):
+                ex.after_recovery()
         log.info("recovered durable definitions", clean=self.storage.was_clean, **counts)
 
 

@@ -643,6 +643,10 @@ class QueueProcess:
         """One bounded step of paging towards the budget."""
         self.bq.timeout()
 
+    def origins_held(self, seqs: set[int]) -> set[int]:
+        """Which delayed-message dispatches (delay-store seqs) this queue received (recovery only)."""
+        return self.bq.origins_held(seqs)
+
     def figures(self) -> Figures:
         """The queue's message figures (ready, unacked, their bytes, paged out), for the HTTP API and metrics:
         asked of the backing queue at a scrape or a request, never per message."""

@@ -619,6 +619,11 @@ class StreamQueue:
     def figures(self) -> Figures:
         return Figures(self.message_count(), 0, self.log.bytes, 0, 0)
 
+    def origins_held(self, seqs: set[int]) -> set[int]:
+        """A stream keeps no message ids: a delayed message in doubt after a crash is appended again (at
+        least once; broker/delayed_dispatch.py)."""
+        return set()
+
     def groups(self) -> dict[str, GroupLog]:
         """The stream's consumer groups (committed offset, cursor), for the HTTP API, metrics and ctl."""
         return self.log.groups()

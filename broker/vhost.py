@@ -8,6 +8,7 @@ exchange's own bindings select nothing, as RabbitMQ does.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -307,7 +308,7 @@ class VHost:
     # -- publishing: the one path (broker/publish.py) -----------------------------------------------------
     def publish(self, exchange: Exchange, msg: Message, persistent: bool, mandatory: bool = False,
                 publisher: Publisher | None = None, confirm_seq: int = 0, dead_letter: bool = False,
-                held: bool = False) -> int:
+                held: bool = False, skip: Collection[str] = ()) -> int:
         """Put ``msg``, published to ``exchange``, into the queues it routes to; returns broker/publish.py's
         packed result (ROUTED, REFUSED, the queues that confirm later).
 
@@ -318,7 +319,8 @@ class VHost:
         ``dead_letter``: a queue republishing a dead message: the queues it already died in are skipped (the
         cycle rule) and the client counters (received, routed, unroutable) are left alone, as in RabbitMQ.
         An exchange that ``holds_messages`` keeps the message (Exchange.hold answers for it) unless ``held``:
-        the exchange letting go of a message it held (not counted again as a client's publish).
+        the exchange letting go of a message it held (not counted again as a client's publish); ``skip``: queues
+        it must not reach although bound (a delayed message in doubt after a crash, already in them).
         TTLs count from here: the message's publish time is stamped now, on the vhost's clock. Direct, no task,
         no allocation beyond the routing sets: this is the hot path of every basic.publish. While the vhost
         traces, a client's publish (not a dead letter, not a held message let go, not the tracer's own copies,
@@ -350,6 +352,8 @@ class VHost:
             # in the trace as in RabbitMQ's.
             tracer.published(exchange.name, msg, queues, publisher)
         if queues:
+            if skip:
+                queues = [q for q in queues if q.name not in skip]
             if dead_letter:
                 deaths = deaths_of(msg)
                 queues = [q for q in queues if not is_cycle(q.name, deaths)]

@@ -75,7 +75,8 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, Protocol
 
-_id_base = int.from_bytes(os.urandom(8), "little") << 64
+# Bit 127 stays clear: ids with it set are dispatches of delayed messages (storage/dispatch_evidence.py).
+_id_base = (int.from_bytes(os.urandom(8), "little") >> 1) << 64
 _id_counter = itertools.count(1)
 
 
@@ -155,3 +156,8 @@ class BackingQueue(Protocol):
     def delete_and_terminate(self) -> int: ...
 
     def close(self) -> None: ...
+
+    def origins_held(self, seqs: set[int]) -> set[int]:
+        """Which of the delay store's ``seqs`` this queue received as delayed-message dispatches, acked
+        since or not (storage/dispatch_evidence.py). Asked only at recovery, for messages in doubt."""
+        ...

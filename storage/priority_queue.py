@@ -176,6 +176,9 @@ class PriorityBackingQueue:
         for q in self._queues:
             q.close()
 
+    def origins_held(self, seqs: set[int]) -> set[int]:
+        return set().union(*(q.origins_held(seqs) for q in self._queues))
+
     # -- memory: the budget is shared out evenly between the sub-queues that hold messages ---------------
     def set_ram_budget(self, max_bytes: int | None) -> None:
         busy = [q for q in self._queues if not q.is_empty()] or self._queues

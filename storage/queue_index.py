@@ -13,7 +13,8 @@ flags: 1 persistent, 2 embedded, 4 delivered (publish_delivered writes one recor
 Messages smaller than ``queue_index_embed_msgs_below`` are embedded: one write, no store entry.
 
 A segment file is deleted when every publish written to it has been acked, so a drained queue leaves
-nothing behind. The index is also the paging area of non-durable queues (``durable=False``: no fsync,
+nothing behind, except for a short while a segment holding a delayed message's dispatch whose record in the
+delay store is not yet durable (storage/dispatch_evidence.py: the proof that the queue had it). The index is also the paging area of non-durable queues (``durable=False``: no fsync,
 emptied on open). Durable queues' transient messages are written here only when paged out; their
 entries are dead after a restart, which recovery skips (``transient_floor``).
 
@@ -32,6 +33,7 @@ from typing import Any
 
 import msgpack
 
+from storage.dispatch_evidence import PIN, origin_epoch, origins_in
 from storage.segment import (
     AppendFile,
     CorruptRecord,
@@ -95,6 +97,12 @@ class QueueIndex:
         # consumer that keeps up acks each message before the next arrives: deleting the file then made every
         # publish create it again and every ack unlink it); it goes once publishes have moved on.
         self._write_seg = -1
+        # Per segment, the newest dispatch epoch of the delayed messages in it (dispatch_evidence.py), and
+        # the fully acked segments kept until those epochs settle; the dispatches found in fully acked
+        # segments deleted at recovery.
+        self._seg_epoch: dict[int, int] = {}
+        self._deferred: set[int] = set()
+        self._acked_origins: set[int] = set()
         if not durable and os.path.isdir(directory):
             shutil.rmtree(directory)
         os.makedirs(directory, exist_ok=True)
@@ -108,6 +116,10 @@ class QueueIndex:
             self._move_write_segment(seg)
         f = self._files.get(seg) or self._open(seg)
         mid = msg_id or 0
+        if mid >> 127:
+            epoch = origin_epoch(mid >> 64)
+            if epoch > self._seg_epoch.get(seg, 0):
+                self._seg_epoch[seg] = epoch
         flags = (F_PERSISTENT if persistent else 0) | (F_DELIVERED if delivered else 0)
         self._unacked[seg] = self._unacked.get(seg, 0) + 1
         if not persistent:
@@ -133,11 +145,14 @@ class QueueIndex:
         if left <= 0:
             self._unacked.pop(seg, None)
             self._transient.pop(seg, None)
-            if seg != self._write_seg:
+            if seg != self._write_seg and not self._pinned(seg):
                 self._delete_segment(seg)  # everything in it is acked: no need to even write this ack
                 return
-            # The segment being written: keep it, with the ack recorded (deleted once publishes move on).
+            # The segment being written (deleted once publishes move on), or one that is the proof of a
+            # dispatch not yet settled (deleted when it is): kept, with the ack recorded.
             (self._files.get(seg) or self._open(seg)).append(EVT.pack(K_ACK, seq_id))
+            if seg != self._write_seg:
+                self._defer(seg)
             return
         self._unacked[seg] = left
         (self._files.get(seg) or self._open(seg)).append(EVT.pack(K_ACK, seq_id))
@@ -232,9 +247,48 @@ class QueueIndex:
         prev = self._write_seg
         self._write_seg = seg
         if prev >= 0 and not self._unacked.get(prev):
-            self._delete_segment(prev)
+            if self._pinned(prev):
+                self._defer(prev)
+            else:
+                self._delete_segment(prev)
+
+    # -- dispatch evidence (storage/dispatch_evidence.py) -------------------------------------------------
+    def _pinned(self, seg: int) -> bool:
+        epoch = self._seg_epoch.get(seg)
+        return epoch is not None and PIN.pinned(epoch)
+
+    def _defer(self, seg: int) -> None:
+        self._deferred.add(seg)
+        PIN.wait(self)
+
+    def retry_deferred(self) -> bool:
+        """Epochs settled: delete the deferred segments that are still fully acked and no longer pinned."""
+        for seg in list(self._deferred):
+            if self._unacked.get(seg) or seg == self._write_seg:
+                self._deferred.discard(seg)  # live again: the usual rules delete it later
+            elif not self._pinned(seg):
+                self._delete_segment(seg)
+        return bool(self._deferred)
+
+    def origins_held(self, seqs: set[int]) -> set[int]:
+        """Which delay-store ``seqs`` this queue received as dispatches, acked since or not (recovery's
+        question for a message in doubt): every segment on disk is read, plus what recovery kept from
+        the fully acked ones it deleted."""
+        found = self._acked_origins & seqs
+        for seg in self.segment_numbers():
+            data = self._read(seg)
+            records, _, _ = scan(data, self._path(seg))
+            found |= origins_in(records, data) & seqs
+        return found
+
+    def _keep_origins(self, data: bytes, name: str) -> None:
+        """Recovery deletes a fully acked segment: remember the dispatches it proves first."""
+        records, _, _ = scan(data, name)
+        self._acked_origins |= origins_in(records, data)
 
     def _delete_segment(self, seg: int) -> None:
+        self._seg_epoch.pop(seg, None)
+        self._deferred.discard(seg)
         f = self._files.pop(seg, None)
         if f is not None:
             f.abandon()  # every entry is acked: nothing buffered needs writing
@@ -273,7 +327,10 @@ class QueueIndex:
             return None
         for seg in self.segment_numbers():
             if seg not in self._unacked:  # held only transient (now dead) or acked entries
-                os.unlink(self._path(seg))
+                path = self._path(seg)
+                with open(path, "rb") as fh:
+                    self._keep_origins(fh.read(), path)
+                os.unlink(path)
         return terms
 
     def scan_all(self) -> Iterator[tuple[int, int, list[IndexEntry]]]:
@@ -292,6 +349,7 @@ class QueueIndex:
             if live:
                 self._unacked[seg] = len(live)
             else:
+                self._keep_origins(data, path)
                 os.unlink(path)
             yield seg, top, live
 
@@ -309,6 +367,7 @@ class QueueIndex:
                 self._unacked[seg] = live
             elif seg in self._unacked:
                 self._unacked.pop(seg, None)
+                self._keep_origins(data, path)
                 self._delete_segment(seg)
 
     # -- shutdown -----------------------------------------------------------------------------------------
@@ -331,6 +390,8 @@ class QueueIndex:
         self._files.clear()
         self._unacked.clear()
         self._transient.clear()
+        self._seg_epoch.clear()
+        self._deferred.clear()
         shutil.rmtree(self.directory, ignore_errors=True)
 
 

@@ -696,6 +696,10 @@ class VariableQueue:
         self._syncer.sync()
         self.write_terms()
 
+    def origins_held(self, seqs: set[int]) -> set[int]:
+        """A durable queue's index is the proof (storage/dispatch_evidence.py); a transient one has none."""
+        return self._index.origins_held(seqs) if self.durable and not self.deleted else set()
+
     # -- inspection (tests, debugging) ------------------------------------------------------------------
     def parts(self) -> dict[str, list[int]]:
         """The seq_ids in each part, head first; delta's are read from the index."""

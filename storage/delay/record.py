@@ -17,7 +17,8 @@ crash the file is cut to its checkpointed length and rebuilt from the WAL)::
 
     i64 due_ms | u64 seq | u64 data offset (of the payload) | u32 data length | u32 xref      (32 bytes)
 
-A *dispatch-log record* (``.disp``, framed): ``u8 kind`` (1 dispatched, 2 cancelled) followed by entries
+A *dispatch-log record* (``.disp``, framed): ``u8 kind`` (1 dispatched, 2 cancelled, 3 begun: about to be
+enqueued, so in doubt after a crash until a dispatched or cancelled record follows) followed by entries
 ``i64 due_ms | u64 seq | u32 xref | u32 data length`` (24 bytes each); the due time is kept so that a
 window load reads only the entries of its time range, and xref and length so that the counters can be
 brought up to date at recovery without reading the index.
@@ -38,6 +39,8 @@ DISP_SIZE = DISP.size
 assert DISP_SIZE == 24
 DISPATCHED = 1
 CANCELLED = 2
+BEGUN = 3
+RESOLVING = (DISPATCHED, CANCELLED)  # the kinds that settle an entry for good
 MAX_SEQ = (1 << 64) - 1
 
 

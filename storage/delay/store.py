@@ -9,21 +9,29 @@ segments and the drained buckets. Recovery cuts every bucket back to its checkpo
 the WAL after the checkpoint, so no record is applied twice and replay time is bounded by the checkpoint
 interval, not by the number pending.
 
-Dispatch contract (at-least-once at this layer; broker/delayed_dispatch.py is at-least-once too for now: exactly-once,
-issue 14 and research/delayed.md §4.8, is not built yet):
+Dispatch contract (the store's half of exactly-once dispatch; the broker's half is broker/delayed_dispatch.py and
+storage/dispatch_evidence.py):
 
 - :meth:`due` hands out the records due at ``now_ms()`` in ``(due_ms, seq)`` order, at most ``limit``, and
   never a record before the WAL fsync covering it (so nothing handed out can vanish in a crash);
+- the caller logs the batch :meth:`begin` (a ``BEGUN`` record in each bucket's ``.disp``) and enqueues it only
+  once that is durable (:meth:`when_durable`);
 - the caller calls :meth:`dispatched` with a batch once it is safely enqueued (the broker: after its target
   queues' fsync); the batch's ``DISPATCHED`` record goes to the bucket's ``.disp`` through the syncer, and
   once that is on disk the records never come out again, across any restart;
-- a record handed out and not marked when the process dies comes out again after the restart (a crash
-  between the caller's enqueue and the ``.disp`` fsync therefore yields a duplicate that only the caller
-  can recognise); :meth:`release` gives back a batch that could not be enqueued.
+- a record begun and not marked dispatched or cancelled when the process dies is *in doubt* after the
+  restart: it is not handed out by :meth:`due`; :meth:`take_in_doubt` gives it to the caller, who finds out
+  whether its enqueue happened (the queues keep the proof) and marks it or enqueues it where it is missing.
+  A record handed out and not begun comes out again as usual; :meth:`release` gives back a batch that
+  could not be enqueued.
 
-Time: the store never reads the wall clock. ``now_ms`` is injected and read through a ratchet
-(``max(previous, now_ms())``), so a clock that jumps backwards delays dispatch (by the size of the jump)
-but never makes anything come out early or twice.
+Time: the store never reads the wall clock; ``now_ms`` is injected. Due times are absolute, on the clock
+the records were appended by, so a clock that jumps backwards makes the records pending at the jump wait
+until it reads their due time again (late by the size of the jump) and records appended after it are on
+time: nothing comes out early, and nothing twice (the dispatch log says what went). A forward jump lets
+out what became due (early relative to the time that really passed: unavoidable with absolute times).
+An earlier version read the clock through a ratchet (never backwards); that made records appended after a
+backward jump come out early, by the size of the jump.
 
 Memory: per bucket, a few counters (about 8,760 buckets for a year); in the window, at most
 ``max_loaded`` index entries (about 150 B each as Python tuples) for the next ``lookahead_ms``; bodies are
@@ -46,10 +54,12 @@ from dataclasses import dataclass
 from storage.delay.bucket import Bucket, syncfs
 from storage.delay.manifest import BucketState, Manifest
 from storage.delay.record import (
+    BEGUN,
     CANCELLED,
     DISPATCHED,
     MAX_SEQ,
     RECORD_HEAD,
+    RESOLVING,
     DelayRecord,
     DueRecord,
     PendingEntry,
@@ -98,6 +108,7 @@ class DelayStore:
         self._starts: list[int] = []
         self._window = Window(max_loaded)
         self._inflight: dict[int, Entry] = {}
+        self._in_doubt: list[int] = []  # seqs begun and not resolved before the last stop (see take_in_doubt)
         self._readers: OrderedDict[int, Bucket] = OrderedDict()
         self._xstats: dict[int, list[int]] = {}  # xref -> [pending count, pending bytes]
         self._durable_seq = 0
@@ -139,18 +150,53 @@ class DelayStore:
             path = b.path(".disp")
             if os.path.exists(path) and os.path.getsize(path) > b.disp_len:
                 for kind, entries in b.disp_records(self._syncer, b.disp_len):
-                    self._count_resolved(b, entries)
+                    if kind in RESOLVING:
+                        self._count_resolved(b, entries)
         for b in self._buckets.values():
             for xref, c in b.counts.items():
                 if xref not in self._dead:
                     s = self._xstats.setdefault(xref, [0, 0])
                     s[0] += c.count - c.resolved
                     s[1] += c.nbytes - c.resolved_bytes
+        self._find_in_doubt()
         self._wal.roll()
         self._durable_seq = self._next_seq
         if replayed or m.wal == 0:
             self.checkpoint()
         log.info("delay store: %d buckets, %d records replayed from the WAL", len(self._buckets), replayed)
+
+    def _find_in_doubt(self) -> None:
+        """Entries begun and never resolved: held in flight (so :meth:`due` skips them) for
+        :meth:`take_in_doubt`."""
+        for start, b in self._buckets.items():
+            begun: dict[int, tuple[int, int, int, int]] = {}
+            resolved: set[int] = set()
+            for kind, entries in b.disp_records(self._syncer):
+                if kind == BEGUN:
+                    begun.update((e[1], e) for e in entries)
+                else:
+                    resolved.update(e[1] for e in entries)
+            doubt = {seq for seq, e in begun.items() if seq not in resolved and e[2] not in self._dead}
+            if not doubt:
+                continue
+            for due, seq, off, n, xref in b.index():
+                if seq in doubt:
+                    self._inflight[seq] = (due, seq, start, off, n, xref)
+                    self._in_doubt.append(seq)
+        if self._in_doubt:
+            log.warning("delay store: %d dispatches were in progress at the last stop (in doubt)",
+                        len(self._in_doubt))
+
+    def take_in_doubt(self) -> list[DueRecord]:
+        """The records whose dispatch was begun and not resolved before the last stop, once: the caller
+        resolves each with :meth:`dispatched` (its enqueue happened, or is done now) or :meth:`release`."""
+        out = []
+        for seq in self._in_doubt:
+            e = self._inflight.get(seq)
+            if e is not None and e[5] not in self._dead:
+                out.append(DueRecord(DelayRecord.decode(self._reader(e[2]).read(e[3], e[4])), e[2], e[4]))
+        self._in_doubt = []
+        return out
 
     def _count_resolved(self, b: Bucket, entries: Iterable[tuple[int, int, int, int]]) -> None:
         for _, _, xref, size in entries:
@@ -202,10 +248,10 @@ class DelayStore:
 
     # -- dispatch -------------------------------------------------------------------------------------------
     def now(self) -> int:
-        """The store's clock: the injected one, never running backwards."""
+        """The store's clock: the injected one (see the module docstring on jumps)."""
         t = self._now()
         self._last_now = max(self._last_now, t)
-        return self._last_now
+        return t
 
     def due(self, limit: int = 1000) -> list[DueRecord]:
         """Hand out up to ``limit`` records due now (see the module's dispatch contract)."""
@@ -268,8 +314,9 @@ class DelayStore:
             if start + self.bucket_ms <= lo[0] or not b.pending(dead):
                 continue
             done: set[int] = set()
-            for _, entries in b.disp_records(self._syncer):
-                done.update(s for d, s, _, _ in entries if lo < (d, s) <= ceiling)
+            for kind, entries in b.disp_records(self._syncer):
+                if kind in RESOLVING:
+                    done.update(s for d, s, _, _ in entries if lo < (d, s) <= ceiling)
             for due, seq, off, n, xref in b.index():
                 k = (due, seq)
                 if k <= lo or k > ceiling or xref in dead or seq in done or seq in inflight:
@@ -280,6 +327,29 @@ class DelayStore:
                     del cands[room:]
                     ceiling = (cands[-1][0], cands[-1][1]) if cands else lo
         w.admit(cands, ceiling)
+
+    def begin(self, batch: Iterable[DueRecord]) -> None:
+        """``batch`` (handed out by :meth:`due`) is about to be enqueued: log it ``BEGUN``, so that a crash
+        from here until :meth:`dispatched` leaves it in doubt rather than simply pending. Durable after
+        :meth:`when_durable` calls back."""
+        by_bucket: dict[int, list[tuple[int, int, int, int]]] = {}
+        for d in batch:
+            e = self._inflight.get(d.record.seq)
+            if e is not None:
+                by_bucket.setdefault(e[2], []).append((e[0], e[1], e[5], e[4]))
+        for start, entries in by_bucket.items():
+            self._buckets[start].log_disp(self._syncer, BEGUN, entries)
+
+    def when_durable(self, callback: Callable[[bool], None]) -> None:
+        """Call ``callback(True)`` once everything logged so far is fsynced (``False`` if that fsync failed);
+        at once without a syncer."""
+        if self._syncer is None:
+            for b in self._buckets.values():
+                if b.disp is not None and b.disp.write_out():
+                    os.fsync(b.disp.fd)
+            callback(True)
+            return
+        self._syncer.wait(_Durable(self._syncer.generation, callback))
 
     def dispatched(self, batch: Iterable[DueRecord]) -> None:
         """``batch`` (handed out by :meth:`due`) is safely enqueued: log it, so it never comes out again."""
@@ -319,8 +389,8 @@ class DelayStore:
         found = next((e for e in b.index() if e[1] == seq and e[0] == due_ms), None)
         if found is None or found[4] in self._dead:
             return None
-        for _, entries in b.disp_records(self._syncer):
-            if any(s == seq for _, s, _, _ in entries):
+        for kind, entries in b.disp_records(self._syncer):
+            if kind in RESOLVING and any(s == seq for _, s, _, _ in entries):
                 return None
         return b, found
 
@@ -391,8 +461,9 @@ class DelayStore:
             if c is None or c.count == c.resolved:
                 continue
             done: set[int] = set()
-            for _, entries in b.disp_records(self._syncer):
-                done.update(s for _, s, x, _ in entries if x == xref)
+            for kind, entries in b.disp_records(self._syncer):
+                if kind in RESOLVING:
+                    done.update(s for _, s, x, _ in entries if x == xref)
             out.extend((due, seq, start, off, n) for due, seq, off, n, x in b.index()
                        if x == xref and (due, seq) > lo and seq not in done)
             if len(out) >= limit:
@@ -476,3 +547,25 @@ class DelayStore:
         for b in self._buckets.values():
             b.close(abandon)
         self._wal.close(abandon)
+
+
+class _Durable:
+    """A syncer waiter for :meth:`DelayStore.when_durable`: one generation, one callback."""
+
+    __slots__ = ("callback", "generation")
+
+    def __init__(self, generation: int, callback: Callable[[bool], None]) -> None:
+        self.generation = generation
+        self.callback = callback
+
+    def on_synced(self, generation: int) -> bool:
+        if generation < self.generation:
+            return True
+        self.callback(True)
+        return False
+
+    def on_sync_failed(self, generation: int) -> bool:
+        if generation < self.generation:
+            return True
+        self.callback(False)
+        return False
