@@ -29,10 +29,11 @@ RUN_ARGS := $(if $(PORT),--port $(PORT)) $(if $(BIND),--bind $(BIND)) $(if $(DAT
 run: $(STAMP)
 	$(BIN)/leveret serve $(RUN_ARGS)
 
-# The system tools the tests use (network namespaces, tmpfs and loop-mounted ext4 images; Java 17 for Spark),
-# installed from Debian when missing (they are on the usual machine already).
+# The system tools the tests use (network namespaces, tmpfs and loop-mounted ext4 images; Java 17 for Spark;
+# libfaketime, which the faketime package brings, for the broker's wall-clock jumps), installed from Debian when
+# missing (they are on the usual machine already).
 TEST_TOOLS := ip:iproute2 mkfs.ext4:e2fsprogs e2fsck:e2fsprogs losetup:mount mount:mount \
-	java:openjdk-17-jre-headless
+	java:openjdk-17-jre-headless faketime:faketime
 
 test-tools:
 	@missing=""; for t in $(TEST_TOOLS); do command -v $${t%%:*} >/dev/null || missing="$$missing $${t##*:}"; done; \

@@ -198,6 +198,9 @@ class Settings:
     shutdown_timeout: float = 10.0
     # The horizon of x-delayed-message (issue 14): a longer delay is refused with 406, never delivered at once.
     delayed_message_max_delay: int = 2 * 365 * 24 * 3_600_000
+    # The delay store's time bucket (issue 14: UTC, an hour by default): pending messages are kept in one file
+    # set per bucket, deleted once drained. A store keeps the length it was made with (storage/delay/store.py).
+    delayed_message_bucket_size: int = 3_600_000
     # Not a setting: what loading the settings found worth a warning, logged once logging is set up.
     startup_warnings: list[str] = field(default_factory=list)
 
@@ -305,6 +308,8 @@ KEYS: dict[str, tuple[Callable[[Settings, str, str], None], str]] = {
     "leveret.data_dir": (_simple("data_dir", parse_path), "a directory"),
     "delayed_message.max_delay": (_simple("delayed_message_max_delay", _int_range(1, 2**62)),
                                   "milliseconds, at least 1 (default: two years)"),
+    "delayed_message.bucket_size": (_simple("delayed_message_bucket_size", _int_range(1000, 86_400_000)),
+                                    "milliseconds 1000-86400000 (default: an hour)"),
     "leveret.shutdown_timeout": (_simple("shutdown_timeout", lambda v: _int_range(1, 2**31)(v) / 1000),
                                  "milliseconds, at least 1"),
 }

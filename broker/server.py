@@ -119,7 +119,8 @@ class Server:
             self.node.storage = NodeStorage(data_dir, asyncio.get_running_loop(),
                                        queue_index_embed_msgs_below=self.node.settings.queue_index_embed_msgs_below,
                                        check_metadata=self._read_metadata_file,
-                                       delay_max_ms=self.node.settings.delayed_message_max_delay)
+                                       delay_max_ms=self.node.settings.delayed_message_max_delay,
+                                       delay_bucket_ms=self.node.settings.delayed_message_bucket_size)
             durable = DurableDefinitions(self.node.storage)
             migrating = self._metadata_doc is not None
             if durable.has_node_metadata:

@@ -181,10 +181,13 @@ class NodeStorage:
     def __init__(self, data_dir: str, loop: asyncio.AbstractEventLoop | None = None, *,
                  queue_index_embed_msgs_below: int = 4096, file_size_limit: int = 16 << 20,
                  check_metadata: Callable[[MetadataStore | None], None] | None = None,
-                 delay_max_ms: int = 2 * 365 * 24 * 3_600_000) -> None:
+                 delay_max_ms: int = 2 * 365 * 24 * 3_600_000, delay_bucket_ms: int = 3_600_000) -> None:
         self.data_dir = data_dir
         # The horizon of delayed messages (config delayed_message.max_delay), read by the exchanges that hold them.
         self.delay_max_ms = delay_max_ms
+        # The delay store's bucket length for a new store (config delayed_message.bucket_size); an existing
+        # store keeps the length it was made with.
+        self.delay_bucket_ms = delay_bucket_ms
         self._delay_store: DelayStore | None = None
         os.makedirs(data_dir, exist_ok=True)
         self.embed_below = queue_index_embed_msgs_below
@@ -270,7 +273,8 @@ class NodeStorage:
         ``now_ms`` as its clock; it recovers what it held, and :meth:`close` checkpoints and closes it."""
         store = self._delay_store
         if store is None or store.closed:
-            store = self._delay_store = DelayStore(os.path.join(self.data_dir, "delayed"), self.syncer, now_ms)
+            store = self._delay_store = DelayStore(os.path.join(self.data_dir, "delayed"), self.syncer, now_ms,
+                                                   bucket_ms=self.delay_bucket_ms)
         return store
 
     def _finish_dedup_recovery(self) -> None:
