@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from broker.delayed_dispatch import DelayDispatcher, dispatcher_for
-from broker.delayed_message import delivered_header, due_time
+from broker.delayed_message import delivered_header, due_time, due_time_of, raw_delay_headers
 from broker.errors import AMQPError
 from broker.exchange import (
     Binding,
@@ -212,7 +212,9 @@ class DelayedExchange(Exchange):
         services = self.services
         now = int(services.clock.now_ms())
         d = self._dispatcher
-        due = due_time(msg.headers, now, self._max_delay_ms if d is not None else 1 << 62)
+        horizon = self._max_delay_ms if d is not None else 1 << 62
+        raw = raw_delay_headers(msg.header, msg.props.headers_span)  # not the whole table decoded, mostly
+        due = due_time(msg.headers, now, horizon) if raw is None else due_time_of(raw[0], raw[1], now, horizon)
         if due is None:
             return services.publish(self, msg, persistent, False, publisher, confirm_seq, held=True)
         if d is None or self.xref is None or d.store.closed:
