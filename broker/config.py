@@ -1,9 +1,14 @@
 """Settings: built-in defaults < config file (RabbitMQ's rabbitmq.conf format and key names) < environment
 (``LEVERET_<KEY>`` with dots as underscores, upper case) < command line.
 
-The file format is RabbitMQ's "sysctl" style: ``key = value`` lines, ``#`` comments. An unknown key or a bad
-value stops start-up with one message naming the key, the line and what is allowed. ``KEYS`` below is the
-whole list; ``config/leveret.conf`` shows every key with its default.
+The file format is RabbitMQ's "sysctl" style: ``key = value`` lines, ``#`` comments. ``KEYS`` below is the
+whole list of keys Leveret reads; ``config/leveret.conf`` shows every key with its default.
+
+Every problem of a file (and of the environment and command line) is found before start-up stops, and all are
+reported in one message, each with its line: a bad value, an unknown key (a misspelling: no RabbitMQ version
+has it), or a key of a RabbitMQ feature Leveret does not have (clustering, TLS, plugins, ...: ``_RABBITMQ_ONLY``,
+taken from the configuration schemas of RabbitMQ 3.8 to 4.x). With ``leveret.unsupported_keys = warn`` the
+last kind is ignored with one warning listing them, so an existing rabbitmq.conf can be used as is.
 """
 
 from __future__ import annotations
@@ -20,6 +25,10 @@ from protocol.constants import FRAME_MIN_SIZE
 
 class ConfigError(Exception):
     pass
+
+
+class _Unsupported(Exception):
+    """Raised by a setter: the value asks for a RabbitMQ feature Leveret does not have (the text says which)."""
 
 
 _UNITS = {"": 1, "kb": 1000, "kib": 1024, "k": 1024, "mb": 1000**2, "mib": 1024**2, "m": 1024**2,
@@ -194,6 +203,14 @@ class Settings:
     log_console: bool = True
     log_file: Path | None = None
     log_file_level: str | None = None
+    # RabbitMQ's log.dir: a relative log.file is in it; alone, it turns on <log.dir>/leveret.log (resolved by
+    # load_settings, so log_file is the file written). log_file_off: log.file = false was given.
+    log_dir: Path | None = None
+    log_file_off: bool = False
+    # How often the HTTP API samples the counters its rates come from, in ms (RabbitMQ's 5000).
+    collect_statistics_interval: int = 5000
+    # RabbitMQ keys of features Leveret does not have: "error" stops start-up, "warn" ignores them with a warning.
+    unsupported_keys: str = "error"
     load_definitions: Path | None = None
     shutdown_timeout: float = 10.0
     # The horizon of x-delayed-message (issue 14): a longer delay is refused with 406, never delivered at once.
@@ -260,6 +277,31 @@ def _validate_only(parse: Callable[[str], Any]) -> Callable[[Settings, str, str]
     return setter
 
 
+def _only(allowed: tuple[str, ...], feature: str, case: bool = False) -> Callable[[Settings, str, str], None]:
+    """A RabbitMQ key Leveret accepts with the values that ask for what it does anyway (``allowed``); any
+    other value asks for ``feature``, which Leveret does not have."""
+    def setter(s: Settings, key: str, value: str) -> None:
+        v = value.strip() if case else value.strip().lower()
+        if not v:
+            raise ValueError("expected a value")
+        if v not in allowed:
+            raise _Unsupported(feature)
+    return setter
+
+
+def _only_false(feature: str) -> Callable[[Settings, str, str], None]:
+    """A RabbitMQ switch of a feature Leveret does not have: ``false`` is accepted, ``true`` is not."""
+    def setter(s: Settings, key: str, value: str) -> None:
+        if parse_bool(value):
+            raise _Unsupported(feature)
+    return setter
+
+
+def _set_log_file(s: Settings, key: str, value: str) -> None:
+    s.log_file = parse_log_file(value)
+    s.log_file_off = s.log_file is None
+
+
 _HTTP_PORT = "a port number 1-65535, or 0 to turn the listener off"
 _LEVELS = "debug, info, warning, error, critical, none"
 
@@ -298,8 +340,26 @@ KEYS: dict[str, tuple[Callable[[Settings, str, str], None], str]] = {
     "log.console.level": (_simple("log_level", parse_level), _LEVELS),
     "log.console.format": (_simple("log_format", parse_log_format), "console, json or auto"),
     "log.console.formatter": (_simple("log_format", parse_log_format), "plaintext, json or auto"),
-    "log.file": (_simple("log_file", parse_log_file), "a file path, or false"),
+    "log.file": (_set_log_file, "a file path (relative: in log.dir), or false"),
     "log.file.level": (_simple("log_file_level", parse_level), _LEVELS),
+    "log.dir": (_simple("log_dir", parse_path), "a directory"),
+    "log.file.formatter": (_only(("json",), "a plain-text log file (Leveret's log file is JSON lines)"), "json"),
+    "log.exchange": (_only_false("logging to the amq.rabbitmq.log exchange"), "false"),
+    "log.syslog": (_only_false("logging to syslog"), "false"),
+    "log.journald": (_only_false("logging to journald"), "false"),
+    "collect_statistics_interval": (_simple("collect_statistics_interval", _int_range(100, 2**31)),
+                                    "milliseconds, at least 100"),
+    "management.listener.port": (_simple("management_port", _int_range(1, 65535, zero_ok=True)), _HTTP_PORT),
+    "management.listener.ip": (_simple("management_bind", parse_address), "an IP address"),
+    "management.rates_mode": (_only(("basic",), "management rates modes other than basic"), "basic"),
+    "management.disable_stats": (_only_false("turning the HTTP API's statistics off"), "false"),
+    "default_queue_type": (_only(("classic",), "a default queue type other than classic (a queue declared "
+                                               "without x-queue-type is classic in Leveret)"), "classic"),
+    "listeners.ssl": (_only(("none",), "TLS listeners"), "none"),
+    "proxy_protocol": (_only_false("the PROXY protocol"), "false"),
+    "reverse_dns_lookups": (_only_false("reverse DNS lookups of client addresses"), "false"),
+    "anonymous_login_user": (_only(("none",), "the ANONYMOUS login mechanism"), "none"),
+    "anonymous_login_pass": (_only(("none",), "the ANONYMOUS login mechanism"), "none"),
     "load_definitions": (_simple("load_definitions", parse_path), "a file path"),
     "management.load_definitions": (_simple("load_definitions", parse_path), "a file path"),
     "definitions.local.path": (_simple("load_definitions", parse_path), "a file path"),
@@ -312,6 +372,8 @@ KEYS: dict[str, tuple[Callable[[Settings, str, str], None], str]] = {
                                     "milliseconds 1000-86400000 (default: an hour)"),
     "leveret.shutdown_timeout": (_simple("shutdown_timeout", lambda v: _int_range(1, 2**31)(v) / 1000),
                                  "milliseconds, at least 1"),
+    "leveret.unsupported_keys": (_simple("unsupported_keys", lambda v: _choice(v.lower(), ("error", "warn"))),
+                                 "error (stop start-up) or warn (ignore them with a warning)"),
 }
 
 
@@ -325,7 +387,93 @@ def _choice(value: str, allowed: tuple[str, ...]) -> str:
 _PATTERNS: list[tuple[str, Callable[[Settings, str, str], None], str]] = [
     ("loopback_users.", _set_loopback, "true or false"),
     ("default_user_tags.", _set_user_tag, "true or false"),
+    # listeners.tcp.NAME: any name, as RabbitMQ (listeners.tcp.1 = ...); Leveret listens on one address.
+    ("listeners.tcp.", _set_listener, "PORT or ADDRESS:PORT"),
+    ("auth_backends.", _only(("internal", "rabbit_auth_backend_internal"), "authentication backends other "
+                             "than internal"), "internal"),
+    ("auth_mechanisms.", _only(("PLAIN", "AMQPLAIN"), "SASL mechanisms other than PLAIN and AMQPLAIN",
+                               case=True), "PLAIN or AMQPLAIN (Leveret offers both)"),
 ]
+
+# Keys of RabbitMQ (its broker's and its plugins' configuration schemas, 3.8 to 4.x) for features Leveret does
+# not have: the feature (as in "a RabbitMQ key for <feature>") → patterns, each matching whole keys.
+_RABBITMQ_ONLY_KEYS: list[tuple[str, list[str]]] = [
+    ("clustering (Leveret runs as a single node)", [
+        r"cluster_formation\..+", r"cluster_partition_handling(\..+)?", r"cluster_keepalive_interval",
+        r"(cluster|node)_tags\..+", r"mnesia_table_loading_retry_(timeout|limit)", r"queue_(master|leader)_locator",
+        r"mirroring_sync_(batch_size|max_throughput)", r"net_ticktime", r"distribution\..+", r"metadata_store\..+",
+        r"prevent_startup_if_node_was_reset", r"aws\..+"]),
+    ("quorum queue replication (Raft) tuning", [r"quorum_queue\..+", r"raft\..+"]),
+    ("TLS (no TLS listener in Leveret yet)", [
+        r"ssl_options(\..+)?", r"listeners\.ssl\..+", r"num_acceptors\.ssl", r"ssl_handshake_timeout",
+        r"ssl_cert_login_.+", r"ssl_allow_poodle_attack", r"(management|prometheus)\.ssl\..+",
+        r"management\.listener\.ssl(_opts)?(\..+)?", r"definitions\.tls\..+", r"trust_store\..+",
+        r"log\.syslog\.ssl_options\..+"]),
+    ("turning the plain AMQP listener off", [r"listeners\.tcp"]),
+    ("TCP socket options", [r"tcp_listen_options(\..+)?", r"num_acceptors\.tcp"]),
+    ("the MQTT plugin", [r"mqtt\..+"]),
+    ("the Web MQTT plugin", [r"web_mqtt\..+"]),
+    ("the STOMP plugin", [r"stomp\..+"]),
+    ("the Web STOMP plugin", [r"web_stomp\..+"]),
+    ("the stream protocol plugin (Leveret serves stream queues over AMQP 0-9-1)", [r"stream\..+"]),
+    ("the AMQP 1.0 plugin", [r"amqp1_0\..+"]),
+    ("the Erlang AMQP clients of shovels and federation links", [r"amqp_client\..+", r"amqp10_client\..+"]),
+    ("the federation plugin", [r"federation\..+"]),
+    ("the shovel plugin", [r"shovel\..+"]),
+    ("the LDAP authentication backend", [r"auth_ldap\..+"]),
+    ("the HTTP authentication backend", [r"auth_http\..+"]),
+    ("OAuth 2 authentication", [r"auth_oauth2\..+", r"management\.(oauth|uaa)_.+", r"management\.enable_uaa"]),
+    ("the authentication cache plugin", [r"auth_cache\..+"]),
+    ("authentication backends and credential validation", [
+        r"auth_backends\.\d+\.(authn|authz)", r"http_dispatch\..+", r"credential_validator\..+",
+        r"password_hashing_module"]),
+    ("the event exchange plugin", [r"event_exchange\..+"]),
+    ("the tracing plugin (rabbitmq_tracing)", [r"tracing\..+"]),
+    ("the Erlang system monitor", [r"sysmon_handler\..+"]),
+    ("the management agent's metrics collector", [r"management_agent\..+"]),
+    ("log file rotation", [r"log\.file\.rotation\.(compress|count|date|size)"]),
+    ("per-category log levels and files", [
+        r"log\.(default|channel|connection|federation|mirroring|queue|ra|upgrade|user)\.(level|file)",
+        r"log\.(default|channel|connection|federation|mirroring|queue|ra|upgrade|user)\.rotation\..+"]),
+    ("logging to syslog, journald or the amq.rabbitmq.log exchange", [r"log\.(syslog|journald|exchange)\..+"]),
+    ("log formatting options", [
+        r"log\.(console|file|exchange|syslog)\.formatter\..+", r"log\.console\.(stdio|use_colors|color_esc_seqs\..+)",
+        r"log\.summarize_process_state", r"log\.error_logger_format_depth"]),
+    ("HTTP listener tuning", [
+        r"(management|prometheus)\.tcp\.(compress|idle_timeout|inactivity_timeout|max_connections)",
+        r"(management|prometheus)\.tcp\.(max_keepalive|request_timeout|shutdown_timeout|listener)",
+        r"management\.listener\.server\..+"]),
+    ("a management plugin option Leveret's HTTP API does not have", [
+        r"management\.(cors|csp|hsts|headers|http|restrictions|sample_retention_policies)\..+",
+        r"management\.(path_prefix|http_log_dir|login_session_timeout|credential_encryption_secret)",
+        r"management\.(db_cache_multiplier|delegate_count|disable_basic_auth|enable_queue_totals)",
+        r"management\.(require_auth_for_api_reference|definitions\.require_json_extension)"]),
+    ("a Prometheus plugin option Leveret does not have", [
+        r"prometheus\.(authentication\.enabled|filter_aggregated_queue_metrics_pattern)",
+        r"prometheus\.(path|return_per_object_metrics)"]),
+    ("importing definitions over HTTPS or only when changed", [
+        r"definitions\.(https\.url|skip_if_unchanged|hashing\.algorithm)"]),
+    ("default users, policies and limits (Leveret creates default_user only)", [
+        r"default_(users|policies|limits)\..+"]),
+    ("node-wide limits", [
+        r"connection_max", r"max_connections", r"channel_max_per_node", r"session_max_per_connection",
+        r"link_max_per_session", r"consumer_max_per_channel", r"max_channels_per_connection", r"vhost_max",
+        r"ranch_connection_max", r"cluster_(queue|exchange)_limit", r"runtime_parameters\.limits\..+"]),
+    ("memory monitor tuning", [
+        r"vm_memory_high_watermark_paging_ratio", r"vm_memory_calculation_strategy",
+        r"total_memory_available_override_value", r"memory_monitor_interval"]),
+    ("statistics collection levels", [r"collect_statistics"]),
+    ("switches of RabbitMQ's queue and exchange types and deprecated features", [
+        r"classic_queue\..+", r"queue_types\..+", r"deprecated_features\..+", r"exchange_types\..+"]),
+    ("message and channel interceptors", [r"message_interceptors\..+", r"channel_interceptor\..+"]),
+    ("Erlang runtime tuning", [
+        r"background_gc_(enabled|target_interval)", r"hipe_compile", r"erlang\..+", r"delegate_count",
+        r"default_worker_pool_size", r"socket_writer\..+", r"message_store_shutdown_timeout",
+        r"(lazy_)?queue_explicit_gc_run_operation_threshold", r"initial_frame_max", r"consumer_disconnected_timeout",
+        r"vhost_restart_strategy"]),
+    ("the product name and message of the day", [r"motd_file", r"product\.(name|version)"]),
+]
+_RABBITMQ_ONLY = [(re.compile("|".join(patterns)), feature) for feature, patterns in _RABBITMQ_ONLY_KEYS]
 
 
 def _lookup(key: str) -> tuple[Callable[[Settings, str, str], None], str] | None:
@@ -334,6 +482,14 @@ def _lookup(key: str) -> tuple[Callable[[Settings, str, str], None], str] | None
     for prefix, setter, allowed in _PATTERNS:
         if key.startswith(prefix) and len(key) > len(prefix):
             return setter, allowed
+    return None
+
+
+def rabbitmq_only_feature(key: str) -> str | None:
+    """The RabbitMQ feature ``key`` configures when it is a RabbitMQ key Leveret does not read, else None."""
+    for pattern, feature in _RABBITMQ_ONLY:
+        if pattern.fullmatch(key):
+            return feature
     return None
 
 
@@ -349,36 +505,123 @@ def _suggest(key: str) -> str:
 SHIPPED_CONFIG = Path(__file__).resolve().with_name("leveret.conf")
 
 
-def apply_setting(settings: Settings, key: str, value: str, where: str) -> None:
+@dataclass
+class _Problem:
+    """One thing wrong with a key: ``text`` names where (file and line), the key and why. ``feature`` is set
+    for a RabbitMQ key (or value) of a feature Leveret does not have: the kind leveret.unsupported_keys = warn
+    lets through."""
+
+    where: str
+    key: str
+    text: str
+    feature: str | None = None
+
+
+def _apply(settings: Settings, key: str, value: str, where: str) -> _Problem | None:
     entry = _lookup(key)
     if entry is None:
-        raise ConfigError(f"{where}: unknown configuration key '{key}'{_suggest(key)}; "
-                          f"see {SHIPPED_CONFIG} for the keys Leveret knows")
+        feature = rabbitmq_only_feature(key)
+        if feature is not None:
+            return _Problem(where, key, f"{where}: '{key}' is a RabbitMQ key for {feature}, not supported by "
+                                        "Leveret", feature)
+        return _Problem(where, key, f"{where}: unknown configuration key '{key}'{_suggest(key)}; "
+                                    f"see {SHIPPED_CONFIG} for the keys Leveret knows")
     setter, allowed = entry
     try:
         setter(settings, key, value)
+    except _Unsupported as exc:
+        return _Problem(where, key, f"{where}: '{key} = {value.strip()}' asks for {exc}, not supported by "
+                                    f"Leveret; allowed: {allowed}", str(exc))
     except ValueError as exc:
-        raise ConfigError(f"{where}: bad value {value.strip()!r} for '{key}': {exc}; allowed: {allowed}") from None
+        return _Problem(where, key, f"{where}: bad value {value.strip()!r} for '{key}': {exc}; allowed: {allowed}")
+    return None
 
 
-def load_file(settings: Settings, path: Path) -> None:
+_WARN_HINT = "set leveret.unsupported_keys = warn to start with them ignored"
+
+
+def _error_text(problems: list[_Problem]) -> str:
+    unsupported = sum(p.feature is not None for p in problems)
+    if len(problems) == 1:
+        return problems[0].text + (f" ({_WARN_HINT.replace('them', 'it')})" if unsupported else "")
+    text = f"{len(problems)} configuration problems:\n" + "\n".join("  " + p.text for p in problems)
+    if unsupported:
+        text += (f"\n{unsupported} of them are RabbitMQ features Leveret does not have: {_WARN_HINT}"
+                 + ("; unknown keys and bad values still stop start-up" if unsupported < len(problems) else ""))
+    return text
+
+
+def _conclude(settings: Settings, problems: list[_Problem]) -> None:
+    """Stop with one message naming every problem, or (leveret.unsupported_keys = warn, and only keys of
+    RabbitMQ features Leveret does not have) add one warning naming them all."""
+    warn = settings.unsupported_keys == "warn"
+    fatal = [p for p in problems if p.feature is None or not warn]
+    if fatal:
+        raise ConfigError(_error_text(fatal))
+    if problems:
+        # One file's keys by line ("line 12"), others by where they came from ("command line").
+        lines = [re.fullmatch(r"(.+):(\d+)", p.where) for p in problems]
+        files = {m.group(1) for m in lines if m}
+        one_file = files.pop() if len(files) == 1 else None
+        by_feature: dict[str, list[str]] = {}
+        for p, m in zip(problems, lines, strict=True):
+            where = f"line {m.group(2)}" if m and m.group(1) == one_file else p.where
+            by_feature.setdefault(p.feature or "", []).append(f"{p.key} ({where})")
+        settings.startup_warnings.append(
+            f"ignoring {len(problems)} configuration key{'s' if len(problems) > 1 else ''} of RabbitMQ features "
+            f"Leveret does not have{f' in {one_file}' if one_file else ''} (leveret.unsupported_keys = warn): "
+            + "; ".join(f"{feature}: {', '.join(keys)}" for feature, keys in by_feature.items()))
+
+
+def _finish(settings: Settings) -> None:
+    """What depends on more than one key: the log file in log.dir."""
+    if settings.log_dir is not None and not settings.log_file_off:
+        settings.log_file = settings.log_dir / (settings.log_file or "leveret.log")
+
+
+def apply_setting(settings: Settings, key: str, value: str, where: str) -> None:
+    problem = _apply(settings, key, value, where)
+    if problem is not None:
+        _conclude(settings, [problem])
+
+
+def _read_file(settings: Settings, path: Path) -> list[_Problem]:
+    """Apply every line of ``path``; returns what was wrong with any of them (a file it cannot read raises)."""
     try:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read configuration file {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"cannot read configuration file {path}: not UTF-8 text") from None
+    problems: list[_Problem] = []
+    listener: tuple[str, str] | None = None  # the first listeners.tcp.NAME key of the file, and its line
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()  # only whole-line comments: values such as passwords may contain '#'
         if not line or line.startswith("#"):
             continue
-        if "=" not in line:
-            raise ConfigError(f"{path}:{lineno}: expected 'key = value', got {raw.strip()!r}")
-        key, value = line.split("=", 1)
+        where = f"{path}:{lineno}"
+        key, _, value = line.partition("=")
         key = key.strip()
-        if not key:
-            raise ConfigError(f"{path}:{lineno}: expected 'key = value', got {raw.strip()!r}")
-        apply_setting(settings, key, value, f"{path}:{lineno}")
+        if "=" not in line or not key:
+            problems.append(_Problem(where, key, f"{where}: expected 'key = value', got {raw.strip()!r}"))
+            continue
+        if key.startswith("listeners.tcp.") and key != "listeners.tcp.":
+            if listener is not None and listener[0] != key:
+                feature = f"a second AMQP listener (Leveret listens on one address, {listener[0]} of line " \
+                          f"{listener[1]})"
+                problems.append(_Problem(where, key, f"{where}: '{key}' asks for {feature}, not supported by "
+                                                     "Leveret", feature))
+                continue
+            listener = (key, str(lineno))
+        problem = _apply(settings, key, value, where)
+        if problem is not None:
+            problems.append(problem)
+    return problems
+
+
+def load_file(settings: Settings, path: Path) -> None:
+    _conclude(settings, _read_file(settings, path))
+    _finish(settings)
 
 
 def env_name(key: str) -> str:
@@ -388,7 +631,7 @@ def env_name(key: str) -> str:
 # Environment variables that are not a config key: the file to read, and a short name for the log format.
 CONFIG_FILE_ENV = "LEVERET_CONFIG_FILE"
 _ENV_ALIASES = {"LEVERET_LOG_FORMAT": "log.console.format", "LEVERET_LOG_LEVEL": "log.console.level",
-                "LEVERET_DATA_DIR": "leveret.data_dir"}
+                "LEVERET_DATA_DIR": "leveret.data_dir", "LEVERET_UNSUPPORTED_KEYS": "leveret.unsupported_keys"}
 
 
 # LEVERET_* variables that belong to other parts than the broker's settings (the ctl, the container's
@@ -397,15 +640,21 @@ _OTHER_ENV_PREFIXES = ("LEVERET_TEST_", "LEVERET_CTL_", "LEVERET_HEALTHCHECK_", 
                        "LEVERET_PAGING_", "LEVERET_POWERCUT_", "LEVERET_CELERY_", "LEVERET_NO_EXTENSIONS")
 
 
-def load_env(settings: Settings, environ: dict[str, str] | None = None) -> list[str]:
+def load_env(settings: Settings, environ: dict[str, str] | None = None,
+             problems: list[_Problem] | None = None) -> list[str]:
     """Apply the ``LEVERET_<KEY>`` variables; returns warnings about LEVERET_* variables that name no
-    setting (a misspelling would otherwise be ignored in silence), with a "did you mean" where one is close."""
+    setting (a misspelling would otherwise be ignored in silence), with a "did you mean" where one is close.
+    A bad value is added to ``problems`` when given, else raised at once."""
     env = os.environ if environ is None else environ
     by_env_name = {env_name(k): k for k in KEYS}
     by_env_name.update(_ENV_ALIASES)
     for name, key in by_env_name.items():
         if name in env:
-            apply_setting(settings, key, env[name], f"environment variable {name}")
+            where = f"environment variable {name}"
+            if problems is None:
+                apply_setting(settings, key, env[name], where)
+            elif (problem := _apply(settings, key, env[name], where)) is not None:
+                problems.append(problem)
     known = set(by_env_name) | {CONFIG_FILE_ENV}
     warnings = []
     for name in sorted(env):
@@ -421,15 +670,17 @@ def load_env(settings: Settings, environ: dict[str, str] | None = None) -> list[
 def load_settings(config_file: str | Path | None = None, overrides: list[tuple[str, str]] | None = None,
                   environ: dict[str, str] | None = None) -> Settings:
     """Defaults < file (``config_file``, else ``$LEVERET_CONFIG_FILE``) < environment < ``overrides``
-    (the command line, as (key, value) pairs)."""
+    (the command line, as (key, value) pairs). Every problem of the three is reported in one ConfigError."""
     env = os.environ if environ is None else environ
     settings = Settings()
     path = config_file or env.get(CONFIG_FILE_ENV)
-    if path:
-        load_file(settings, Path(path))
-    settings.startup_warnings = load_env(settings, dict(env))
+    problems = _read_file(settings, Path(path)) if path else []
+    settings.startup_warnings = load_env(settings, dict(env), problems)
     for key, value in overrides or []:
-        apply_setting(settings, key, value, "command line")
+        if (problem := _apply(settings, key, value, "command line")) is not None:
+            problems.append(problem)
+    _conclude(settings, problems)  # with leveret.unsupported_keys as the file, environment and command line left it
+    _finish(settings)
     return settings
 
 

@@ -127,7 +127,7 @@ async def _landing(request: web.Request) -> web.Response:
 def make_app(node: Node) -> web.Application:
     app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=128 * 1024 * 1024)
     app["node"] = node
-    app["sampler"] = RateSampler()
+    app["sampler"] = RateSampler(node.settings.collect_statistics_interval / 1000)
     app.cleanup_ctx.append(_sample_rates)
     app.router.add_get("/", _landing)
     for module in MODULES:
