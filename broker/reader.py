@@ -130,9 +130,12 @@ class Reader(asyncio.Protocol):
         # management API.
         self.flow_blocked_at = 0.0
         self.auth_mechanism = ""  # the SASL mechanism of connection.start-ok
-        # Bytes read from and written to the socket (per read and per write, not per frame).
+        # Bytes read from and written to the socket, and the reads and writes (RabbitMQ's recv_oct / send_oct /
+        # recv_cnt / send_cnt): added to per socket read and per write, never per frame.
         self.recv_oct = 0
         self.send_oct = 0
+        self.recv_cnt = 0
+        self.send_cnt = 0
         self._read_this_turn = 0
         self._out: list[bytes | memoryview] = []
         self._flush_scheduled = False
@@ -191,6 +194,7 @@ class Reader(asyncio.Protocol):
             return
         self._received_since_tick = True
         self.recv_oct += len(data)
+        self.recv_cnt += 1
         self._read_this_turn += len(data)
         if self._read_this_turn > READ_BYTES_PER_TURN and "turn" not in self._pause_reasons:
             self.pause_for("turn")
@@ -682,6 +686,7 @@ class Reader(asyncio.Protocol):
         self._sent_since_tick = True
         data = b"".join(out)
         self.send_oct += len(data)
+        self.send_cnt += 1
         transport.write(data)
 
 

@@ -57,11 +57,12 @@ def _connection(request: web.Request) -> Reader:
 
 async def list_connections(request: web.Request) -> web.Response:
     node = node_of(request)
-    return respond_list(request, (connection_info(node, c) for c in _visible_connections(request)))
+    sampler = request.app["sampler"]
+    return respond_list(request, (connection_info(node, c, sampler) for c in _visible_connections(request)))
 
 
 async def get_connection(request: web.Request) -> web.Response:
-    return respond(connection_info(node_of(request), _connection(request)))
+    return respond(connection_info(node_of(request), _connection(request), request.app["sampler"]))
 
 
 async def delete_connection(request: web.Request) -> web.Response:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from broker.queue_process import QueueProcess
     from broker.reader import Reader
     from broker.vhost import VHost
+    from storage.backing_queue import Figures
     from storage.stream_log import GroupLog
 
 DEFAULT_EXCHANGE_PATH = "amq.default"
@@ -49,6 +50,7 @@ class RateSampler:
         self.interval = interval
         self._prev: dict[Any, tuple[float, int]] = {}
         self._rates: dict[Any, float] = {}
+        self.idle = IdleTracker()
 
     def observe(self, key: Any, value: int, now: float) -> None:
         prev = self._prev.get(key)
@@ -63,7 +65,7 @@ class RateSampler:
         now = time.monotonic()
         for name, value in global_message_counts(node).items():
             self.observe(("global", name), value, now)
-        live = set()
+        live: set[Any] = set()
         for vh in node.vhosts.values():
             for q in vh.queues:
                 key = id(q)
@@ -74,9 +76,51 @@ class RateSampler:
                 for name, value in (("messages_ready", f.ready), ("messages_unacknowledged", f.unacked),
                                     ("messages", f.messages)):
                     self.observe((key, name), value, now)
+                self.idle.observe(q, key)
+        for conn in open_connections(node):
+            key = id(conn)
+            live.add(key)
+            for name, value in connection_byte_counts(conn).items():
+                self.observe((key, name), value, now)
         for key in [k for k in self._prev if k[0] != "global" and k[0] not in live]:
             self._prev.pop(key, None)
             self._rates.pop(key, None)
+        self.idle.forget_all_but(live)
+
+
+class IdleTracker:
+    """When each queue last did something, for the queue's ``idle_since``, worked out from counters the queue
+    keeps anyway (nothing is added to its hot path): a queue whose activity figures (publishes, deliveries,
+    gets, acks, redeliveries, dead-letterings, expiries, drops, its message and consumer counts) are the same
+    as when they were last looked at (by the sampler every ``interval`` seconds, or by a request) has been idle
+    since they were first seen with these values. ``idle_since`` is therefore late by at most the time between
+    two looks, and a queue is first shown idle at the second look that finds it unchanged (RabbitMQ shows a
+    queue idle once its process hibernates, after a second or so without work)."""
+
+    def __init__(self) -> None:
+        # id(queue) -> (the queue, its activity figures, when first seen with them). Holding the queue keeps
+        # its id from being reused by a new queue until the sampler forgets a deleted one.
+        self._seen: dict[int, tuple[QueueProcess, tuple[int, ...], float]] = {}
+
+    @staticmethod
+    def activity(q: QueueProcess) -> tuple[int, ...]:
+        s, f = q.stats, q.figures()
+        return (s.published, s.delivered, s.get, s.acked, s.redelivered, s.dead_lettered, s.expired, s.dropped,
+                f.ready, f.unacked, q.consumers.count)
+
+    def observe(self, q: QueueProcess, key: int) -> float | None:
+        """The wall-clock time (seconds since the epoch) the queue has been idle since, None if it did
+        something since it was last looked at (or this is the first look)."""
+        figures = self.activity(q)
+        seen = self._seen.get(key)
+        if seen is not None and seen[0] is q and seen[1] == figures:
+            return seen[2]
+        self._seen[key] = (q, figures, q.vhost.clock.now_ms() / 1000.0)
+        return None
+
+    def forget_all_but(self, live: set[Any]) -> None:
+        for key in [k for k in self._seen if k not in live]:
+            del self._seen[key]
 
 
 def with_details(counts: dict[str, int], sampler: RateSampler | None, key: Any) -> dict[str, Any]:
@@ -107,6 +151,12 @@ def global_message_counts(node: Node) -> dict[str, int]:
     }
 
 
+def connection_byte_counts(conn: Reader) -> dict[str, int]:
+    """A connection's socket counters (bytes and reads/writes), as RabbitMQ's connection object names them."""
+    return {"recv_oct": conn.recv_oct, "recv_cnt": conn.recv_cnt, "send_oct": conn.send_oct,
+            "send_cnt": conn.send_cnt}
+
+
 def queue_message_counts(q: QueueProcess) -> dict[str, int]:
     s = q.stats
     return {"publish": s.published, "deliver_get": s.delivered + s.get, "deliver": s.delivered, "get": s.get,
@@ -135,6 +185,28 @@ def effective_policy_definition(q: QueueProcess) -> dict[str, Any]:
     return out
 
 
+# What a queue's memory estimate adds to the bytes of its ready messages in RAM (QueueProcess.ram_bytes(),
+# which counts their bookkeeping too): the queue object itself, and each unacknowledged message's object and
+# status (storage/variable_queue.py's MSG_OVERHEAD + STATUS_OVERHEAD).
+QUEUE_BASE_MEMORY = 2048
+UNACKED_MESSAGE_OVERHEAD = 600
+
+
+def queue_memory(q: QueueProcess, f: Figures) -> int:
+    """An estimate of the bytes of RAM the queue holds (RabbitMQ's ``memory``, which is the queue process's
+    heap): the ready messages in RAM with their bookkeeping (what the memory budget pages by,
+    ``QueueProcess.ram_bytes()``; 0 for a stream, whose log is on disk), plus the unacknowledged messages'
+    bodies and ``UNACKED_MESSAGE_OVERHEAD`` each, plus ``QUEUE_BASE_MEMORY`` for the queue itself. Python does
+    not measure a queue's objects; this is the figure paging works with, not a measurement."""
+    return QUEUE_BASE_MEMORY + q.ram_bytes() + f.unacked_bytes + f.unacked * UNACKED_MESSAGE_OVERHEAD
+
+
+def format_timestamp(seconds: float) -> str:
+    """A time as RabbitMQ's HTTP API writes ``idle_since`` (rabbit_mgmt_format: ISO 8601, UTC, in
+    milliseconds): ``2024-01-01T12:00:00.000+00:00``."""
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).isoformat(timespec="milliseconds")
+
+
 def queue_info(node: Node, q: QueueProcess, sampler: RateSampler | None = None) -> dict[str, Any]:
     f = q.figures()
     consumers = q.consumers.count
@@ -161,8 +233,12 @@ def queue_info(node: Node, q: QueueProcess, sampler: RateSampler | None = None) 
         "message_bytes_ready": f.ready_bytes,
         "message_bytes_unacknowledged": f.unacked_bytes,
         "messages_paged_out": f.paged_out,
+        "memory": queue_memory(q, f),
         "message_stats": with_details(queue_message_counts(q), sampler, key),
     }
+    idle_since = sampler.idle.observe(q, key) if sampler is not None else None
+    if idle_since is not None:  # RabbitMQ shows the field only while the queue is idle
+        info["idle_since"] = format_timestamp(idle_since)
     for name, value in (("messages", f.messages), ("messages_ready", f.ready),
                         ("messages_unacknowledged", f.unacked)):
         info[name] = value
@@ -331,13 +407,22 @@ def _ms(ts: float) -> int:
     return int(ts * 1000)
 
 
-def connection_info(node: Node, conn: Reader) -> dict[str, Any]:
+def user_provided_name(conn: Reader) -> str | None:
+    """The name the client gave its connection (the ``connection_name`` client property), as RabbitMQ's
+    ``user_provided_name``; None if it gave none."""
+    name = conn.client_properties.get("connection_name")
+    if isinstance(name, (bytes, bytearray)):
+        name = bytes(name).decode(errors="replace")
+    return name if isinstance(name, str) else None
+
+
+def connection_info(node: Node, conn: Reader, sampler: RateSampler | None = None) -> dict[str, Any]:
     transport = conn.transport
     local = transport.get_extra_info("sockname") if transport is not None else None
     local = local if isinstance(local, tuple) else ("", 0)
     user = conn.user
     vhost = conn.vhost
-    return {
+    info: dict[str, Any] = {
         "name": conn.name,
         "node": node.name,
         "vhost": vhost.name if vhost is not None else None,
@@ -358,10 +443,17 @@ def connection_info(node: Node, conn: Reader) -> dict[str, Any]:
         "timeout": conn.heartbeat,
         "connected_at": _ms(conn.connected_at),
         "client_properties": json_safe(conn.client_properties),
-        "recv_oct": conn.recv_oct,
-        "send_oct": conn.send_oct,
+        **connection_byte_counts(conn),
+        # The socket's write buffer (RabbitMQ: the bytes waiting in the port's send queue).
+        "send_pend": transport.get_write_buffer_size() if transport is not None else 0,
         "blocked": conn.blocked_by_alarm,
     }
+    for name in ("recv_oct", "send_oct"):  # the two counters RabbitMQ gives a rate
+        info[name + "_details"] = {"rate": sampler.rate((id(conn), name)) if sampler else 0.0}
+    provided = user_provided_name(conn)
+    if provided is not None:  # RabbitMQ has the key only for a connection the client named
+        info["user_provided_name"] = provided
+    return info
 
 
 def channel_name(conn: Reader, ch: Channel) -> str:
@@ -394,8 +486,19 @@ def channel_info(node: Node, conn: Reader, ch: Channel) -> dict[str, Any]:
 
 
 def consumer_info(node: Node, conn: Reader, ch: Channel, consumer: Consumer) -> dict[str, Any]:
+    """A consumer as RabbitMQ's /api/consumers shows it. ``active`` / ``activity_status``: on a
+    single-active-consumer queue only the active one is active ("single_active"), the others "waiting";
+    elsewhere every consumer is "up". ``consumer_timeout`` (milliseconds: the queue's ``x-consumer-timeout``,
+    or the node's ``consumer_timeout``) is present only where a timeout applies: a JSON null there is what
+    rabbitmqadmin's table output cannot print."""
     q = consumer.queue
-    return {
+    consumers = q.consumers
+    if consumers.single_active:
+        active = consumers.active is consumer
+        status = "single_active" if active else "waiting"
+    else:
+        active, status = True, "up"
+    info: dict[str, Any] = {
         "consumer_tag": consumer.tag,
         "queue": {"name": q.name, "vhost": q.vhost.name},
         "channel_details": {"name": channel_name(conn, ch), "number": ch.id, "node": node.name,
@@ -405,11 +508,19 @@ def consumer_info(node: Node, conn: Reader, ch: Channel, consumer: Consumer) -> 
         "exclusive": consumer.exclusive,
         "prefetch_count": consumer.prefetch,
         "arguments": json_safe(consumer.arguments),
-        "active": True,
-        "activity_status": "up",
-        "consumer_timeout": node.settings.consumer_timeout,
+        "active": active,
+        "activity_status": status,
         "priority": consumer.priority,
     }
+    timeout = q.settings.consumer_timeout or node.settings.consumer_timeout
+    if timeout is not None:
+        info["consumer_timeout"] = timeout
+    return info
+
+
+def queue_consumer_details(node: Node, q: QueueProcess) -> list[dict[str, Any]]:
+    """The consumers of one queue (RabbitMQ's ``consumer_details`` of ``GET /api/queues/{vhost}/{name}``)."""
+    return [consumer_info(node, conn, ch, c) for conn, ch, c in iter_consumers(node) if c.queue is q]
 
 
 def iter_channels(node: Node) -> Iterator[tuple[Reader, Channel]]:

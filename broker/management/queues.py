@@ -28,7 +28,7 @@ from broker.management.common import (
     vhost_for_write,
     visible_vhosts,
 )
-from broker.management.objects import binding_info, default_binding_info, queue_info
+from broker.management.objects import binding_info, default_binding_info, queue_consumer_details, queue_info
 from protocol.frames import FrameError
 from protocol.properties import decode_properties
 
@@ -78,7 +78,10 @@ def _queue(request: web.Request, vh: VHost) -> Any:
 
 async def get_queue(request: web.Request) -> web.Response:
     vh = vhost_for(request)
-    return respond(queue_info(node_of(request), _queue(request, vh), request.app["sampler"]))
+    node, q = node_of(request), _queue(request, vh)
+    info = queue_info(node, q, request.app["sampler"])
+    info["consumer_details"] = queue_consumer_details(node, q)  # one queue's page only, as in RabbitMQ
+    return respond(info)
 
 
 async def put_queue(request: web.Request) -> web.Response:
