@@ -10,6 +10,13 @@ checkpoint are what recovery cuts them back to before replaying the WAL, so no r
 
 ``.disp`` is never cut back: it goes through the node's syncer like any append file, and a record in it
 is the proof that an entry must not be handed out again.
+
+*Slices* (``<start>.s00`` .. ``.s59``): the index entries of the bucket grouped by due time, one file per
+sixtieth of the bucket (a minute of an hour bucket), in append order within each, so that a window load
+reads only the minutes it covers instead of the whole index. They are a cache derived from ``.idx`` (made
+by one streaming pass the first time a load touches the bucket, then extended with what was appended since),
+never fsynced and never read by recovery: a new process overwrites them on its first split, and they go
+with the bucket.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ import ctypes
 import ctypes.util
 import logging
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Generator, Iterator
 from zlib import crc32
 
 from storage.delay.record import IDX, IDX_SIZE, pack_disp, unpack_disp
@@ -28,6 +36,9 @@ from storage.syncer import Syncer
 log = logging.getLogger("leveret.storage")
 
 READ_CHUNK = 4096 * IDX_SIZE  # index entries read per pread when scanning a bucket
+SLICES = 60  # slice files per bucket (see the module docstring)
+SLICE_WRITE_AT = 256 << 10  # bytes buffered per slice while splitting (at most 60 of them) before a write
+_NATIVE_LE = sys.byteorder == "little"  # the index is little-endian: due times read as a native array
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
 
@@ -64,8 +75,8 @@ class XrefCount:
 
 
 class Bucket:
-    __slots__ = ("_data_buf", "_idx_buf", "_reader", "counts", "data_disk", "dir", "disp", "disp_len",
-                 "idx_disk", "start")
+    __slots__ = ("_data_buf", "_idx_buf", "_reader", "ahead", "counts", "data_disk", "dir", "disp", "disp_len",
+                 "disp_seen", "idx_disk", "slice_len", "slice_ms", "split_len", "start")
 
     def __init__(self, directory: str, start: int, data_len: int = 0, idx_len: int = 0, disp_len: int = 0,
                  counts: dict[int, XrefCount] | None = None) -> None:
@@ -79,6 +90,15 @@ class Bucket:
         self._reader = -1
         self.disp: AppendFile | None = None
         self.counts = counts if counts is not None else {}
+        # Window loads (DelayStore._fill): the slices, made on first use; split_len is how much of the
+        # index (bytes, counting the unwritten buffer) they hold, slice_len each one's length in bytes.
+        self.slice_ms = 0
+        self.split_len = -1  # not split (yet) by this process
+        self.slice_len: list[int] = []
+        # .disp bytes already read by window loads, and the resolutions read there whose key was ahead of
+        # the window then (seq -> (due_ms, seq)); dropped once the window passes them.
+        self.disp_seen = 0
+        self.ahead: dict[int, tuple[int, int]] = {}
 
     def path(self, suffix: str) -> str:
         return os.path.join(self.dir, f"{self.start:020d}{suffix}")
@@ -194,6 +214,122 @@ class Bucket:
         if self._idx_buf:
             yield from IDX.iter_unpack(bytes(self._idx_buf))
 
+    def index_chunks(self, pos: int) -> Generator[bytes, None, None]:
+        """The raw index from byte ``pos`` on (whole entries, the unwritten buffer included), a chunk at a
+        time."""
+        if pos < self.idx_disk:
+            fd = os.open(self.path(".idx"), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                while pos < self.idx_disk:
+                    chunk = os.pread(fd, min(READ_CHUNK, self.idx_disk - pos), pos)
+                    chunk = chunk[:len(chunk) - len(chunk) % IDX_SIZE]
+                    if not chunk:
+                        raise CorruptRecord(f"short read at {pos} in {self.path('.idx')}")
+                    pos += len(chunk)
+                    yield chunk
+            finally:
+                os.close(fd)
+        b = pos - self.idx_disk
+        while b < len(self._idx_buf):
+            chunk = bytes(self._idx_buf[b:b + READ_CHUNK])
+            b += len(chunk)
+            yield chunk
+
+    # -- slices (window loads) ------------------------------------------------------------------------------
+    def slice_path(self, k: int) -> str:
+        return self.path(f".s{k:02d}")
+
+    def slice_of(self, due_ms: int) -> int:
+        """The slice holding due time ``due_ms`` (a time outside the bucket: the nearest slice)."""
+        return min(SLICES - 1, max(0, (due_ms - self.start) // self.slice_ms))
+
+    def split(self, bucket_ms: int, limit: int | None = None) -> int:
+        """Bring the slices up to date with the index: made from the whole index the first time (files
+        left by an earlier process are overwritten), then extended with the entries appended since; with
+        ``limit``, stop after about that many (a chunk's worth more at most) and go on at the next call.
+        Returns how many entries were added to them."""
+        if self.split_len < 0:
+            self.slice_ms = max(1, -(-bucket_ms // SLICES))
+            self._delete_slices()
+            self.slice_len = [0] * SLICES
+            self.split_len = 0
+            os.close(os.open(self.slice_path(0), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644))
+        if self.split_len >= self.idx_len:
+            return 0
+        try:
+            return self._extend_slices(limit)
+        except BaseException:
+            self.split_len = -1  # the slices are now in an unknown state: remade from scratch next time
+            raise
+
+    def _extend_slices(self, limit: int | None) -> int:
+        start, width, last = self.start, self.slice_ms, SLICES - 1
+        bufs = [bytearray() for _ in range(SLICES)]
+        added = 0
+        chunks = self.index_chunks(self.split_len)
+        for chunk in chunks:
+            if _NATIVE_LE:
+                dues = memoryview(chunk).cast("q")[::4].tolist()
+            else:
+                dues = [e[0] for e in IDX.iter_unpack(chunk)]
+            for i, due in enumerate(dues):
+                k = (due - start) // width
+                o = i * IDX_SIZE
+                bufs[k if 0 <= k <= last else (0 if k < 0 else last)] += chunk[o:o + IDX_SIZE]
+            added += len(dues)
+            self.split_len += len(chunk)
+            for k, buf in enumerate(bufs):
+                if len(buf) >= SLICE_WRITE_AT:
+                    self._write_slice(k, buf)
+                    bufs[k] = bytearray()
+            if limit is not None and added >= limit:
+                break
+        chunks.close()
+        for k, buf in enumerate(bufs):
+            if buf:
+                self._write_slice(k, buf)
+        return added
+
+    def _write_slice(self, k: int, buf: bytearray) -> None:
+        fd = os.open(self.slice_path(k), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(buf)
+            done = 0
+            while done < len(view):
+                done += os.pwrite(fd, view[done:], self.slice_len[k] + done)
+            view.release()
+        finally:
+            os.close(fd)
+        self.slice_len[k] += len(buf)
+
+    def slice_chunks(self, k: int) -> Iterator[bytes]:
+        """Slice ``k``'s entries (raw, whole entries), a chunk at a time."""
+        size = self.slice_len[k]
+        if not size:
+            return
+        fd = os.open(self.slice_path(k), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            pos = 0
+            while pos < size:
+                chunk = os.pread(fd, min(READ_CHUNK, size - pos), pos)
+                chunk = chunk[:len(chunk) - len(chunk) % IDX_SIZE]
+                if not chunk:
+                    raise CorruptRecord(f"short read at {pos} in {self.slice_path(k)}")
+                pos += len(chunk)
+                yield chunk
+        finally:
+            os.close(fd)
+
+    def _delete_slices(self) -> None:
+        """Remove the slice files (this process's, or an earlier one's: slice 0 always exists then)."""
+        if self.split_len < 0 and not os.path.exists(self.slice_path(0)):
+            return
+        for k in range(SLICES):
+            try:
+                os.unlink(self.slice_path(k))
+            except FileNotFoundError:
+                pass
+
     def close_reader(self) -> None:
         if self._reader >= 0:
             os.close(self._reader)
@@ -227,6 +363,31 @@ class Bucket:
         for _, start, n in records:
             yield unpack_disp(view[start:start + n])
 
+    def disp_since(self, pos: int) -> tuple[list[tuple[int, list[tuple[int, int, int, int]]]], int]:
+        """The dispatch-log records from byte ``pos`` (a record boundary) on, buffered ones included, and
+        where the last whole one ends; reads only what follows ``pos``."""
+        if self.disp is not None:
+            data = self.disp.pread(pos, self.disp.size - pos)
+        else:
+            try:
+                fd = os.open(self.path(".disp"), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return [], pos
+            try:
+                parts = []
+                at = pos
+                while chunk := os.pread(fd, 1 << 20, at):
+                    parts.append(chunk)
+                    at += len(chunk)
+                data = b"".join(parts)
+            finally:
+                os.close(fd)
+        if not data:
+            return [], pos
+        records, good_end, _ = scan(data, self.path(".disp"))
+        view = memoryview(data)
+        return [unpack_disp(view[start:start + n]) for _, start, n in records], pos + good_end
+
     def close(self, abandon: bool = False) -> None:
         self.close_reader()
         if self.disp is not None:
@@ -243,3 +404,5 @@ class Bucket:
                 os.unlink(self.path(suffix))
             except FileNotFoundError:
                 pass
+        self._delete_slices()
+        self.split_len = -1

@@ -51,12 +51,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from storage.delay.bucket import Bucket, syncfs
+from storage.delay.bucket import SLICES, Bucket, syncfs
 from storage.delay.manifest import BucketState, Manifest
 from storage.delay.record import (
     BEGUN,
     CANCELLED,
     DISPATCHED,
+    IDX,
+    IDX_SIZE,
     MAX_SEQ,
     RECORD_HEAD,
     RESOLVING,
@@ -75,6 +77,8 @@ MANIFEST = "checkpoint"
 MAX_OPEN_READERS = 32  # bucket .data descriptors kept open for reads
 MIN_KEY = (-(1 << 63), 0)
 FSYNC_EACH_UP_TO = 64  # a checkpoint with more dirty buckets syncs the file system once instead
+SPLIT_MIN = 16_384  # index entries: a window load reads a smaller bucket's index whole rather than slice it
+PRESPLIT_MIN = 65_536  # index entries of the next bucket split ahead of time per window load, at least
 
 
 @dataclass(slots=True, frozen=True)
@@ -116,6 +120,12 @@ class DelayStore:
         self.on_durable_failed: Callable[[int], None] | None = None
         self.dispatched_total = 0
         self.cancelled_total = 0
+        # Window loads (_fill): where the window ended at the last one, and what they cost, for tests and
+        # benches: index entries examined, entries written to slices, dispatch-log bytes read.
+        self._fill_lo = MIN_KEY
+        self.fill_scanned = 0
+        self.fill_split = 0
+        self.fill_disp_read = 0
         self.closed = False
         self._wal = DelayWal(os.path.join(directory, "wal"), syncer)
         self._wal.on_durable = self._wal_durable
@@ -299,7 +309,14 @@ class DelayStore:
         return b
 
     def _fill(self, now: int) -> None:
-        """Load into the window every pending entry with hi < key <= now + look-ahead, at most its room."""
+        """Load into the window every pending entry with hi < key <= now + look-ahead, at most its room.
+
+        Costs what the range holds, not what the buckets hold: a bucket's entries are read from the slices
+        (bucket.py) covering the range, made by one pass over its index the first time a load touches it
+        and extended with what was appended since (the next bucket is split a part per load ahead of time:
+        :meth:`_presplit`); its dispatch log is read from where the last load stopped, keeping only the
+        resolutions ahead of the window (what was dispatched was in the window then, and a cancel of an
+        entry in the window is in ``window.cancelled``)."""
         w = self._window
         lo = w.hi
         ceiling = (now + self.lookahead_ms, MAX_SEQ)
@@ -307,26 +324,70 @@ class DelayStore:
         cands: list[Entry] = []
         dead = self._dead
         inflight = self._inflight
+        if lo < self._fill_lo:  # the window went back: resolutions behind the old one matter again
+            for b in self._buckets.values():
+                b.disp_seen = 0
+                b.ahead = {}
+        self._fill_lo = lo
+        following = None
         for start in self._starts[max(0, bisect.bisect_right(self._starts, lo[0]) - 1):]:
             if start > ceiling[0]:
+                following = start
                 break
             b = self._buckets[start]
             if start + self.bucket_ms <= lo[0] or not b.pending(dead):
                 continue
-            done: set[int] = set()
-            for kind, entries in b.disp_records(self._syncer):
-                if kind in RESOLVING:
-                    done.update(s for d, s, _, _ in entries if lo < (d, s) <= ceiling)
-            for due, seq, off, n, xref in b.index():
-                k = (due, seq)
-                if k <= lo or k > ceiling or xref in dead or seq in done or seq in inflight:
-                    continue
-                cands.append((due, seq, start, off, n, xref))
-                if len(cands) > 2 * room + 1024:
-                    cands.sort()
-                    del cands[room:]
-                    ceiling = (cands[-1][0], cands[-1][1]) if cands else lo
+            done = self._resolved_ahead(b, lo)
+            if b.split_len < 0 and b.idx_len < SPLIT_MIN * IDX_SIZE:
+                parts: Iterable[int | None] = (None,)  # small: the whole index, no slices
+            else:
+                self.fill_split += b.split(self.bucket_ms)
+                parts = range(b.slice_of(lo[0]), SLICES)
+            for k in parts:
+                if k is not None and start + k * b.slice_ms > ceiling[0]:
+                    break
+                for chunk in b.index_chunks(0) if k is None else b.slice_chunks(k):
+                    self.fill_scanned += len(chunk) // IDX_SIZE
+                    for due, seq, off, n, xref in IDX.iter_unpack(chunk):
+                        key = (due, seq)
+                        if key <= lo or key > ceiling or xref in dead or seq in done or seq in inflight:
+                            continue
+                        cands.append((due, seq, start, off, n, xref))
+                        if len(cands) > 2 * room + 1024:
+                            cands.sort()
+                            del cands[room:]
+                            ceiling = (cands[-1][0], cands[-1][1]) if cands else lo
         w.admit(cands, ceiling)
+        if following is not None and following - ceiling[0] <= self.bucket_ms:
+            self._presplit(self._buckets[following], following - ceiling[0])
+
+    def _presplit(self, b: Bucket, until: int) -> None:
+        """Split part of the next bucket ahead of time (``until`` ms before a load reaches it), so that no
+        single load pays for splitting a whole big bucket: what is left, over the loads expected before it
+        is reached (one per half look-ahead, more when the window's cap binds, which only makes it done
+        sooner), at least PRESPLIT_MIN entries per load."""
+        left = (b.idx_len - max(b.split_len, 0)) // IDX_SIZE
+        if not left or (b.split_len < 0 and b.idx_len < SPLIT_MIN * IDX_SIZE) or not b.pending(self._dead):
+            return
+        loads = max(1, until // max(1, self.lookahead_ms // 2))
+        self.fill_split += b.split(self.bucket_ms, max(PRESPLIT_MIN, -(-left // loads)))
+
+    def _resolved_ahead(self, b: Bucket, lo: tuple[int, int]) -> dict[int, tuple[int, int]]:
+        """The seqs of ``b`` dispatched or cancelled with a key above ``lo`` (the window's end), brought up
+        to date from the part of its dispatch log not read yet."""
+        records, end = b.disp_since(b.disp_seen)
+        self.fill_disp_read += end - b.disp_seen
+        b.disp_seen = end
+        ahead = b.ahead
+        for kind, entries in records:
+            if kind in RESOLVING:
+                for due, seq, _, _ in entries:
+                    if (due, seq) > lo:
+                        ahead[seq] = (due, seq)
+        if ahead:
+            for seq in [s for s, key in ahead.items() if key <= lo]:
+                del ahead[seq]
+        return ahead
 
     def begin(self, batch: Iterable[DueRecord]) -> None:
         """``batch`` (handed out by :meth:`due`) is about to be enqueued: log it ``BEGUN``, so that a crash
@@ -369,7 +430,9 @@ class DelayStore:
         """Give back records handed out and not enqueued: they come out again from :meth:`due`."""
         for d in batch:
             e = self._inflight.pop(d.record.seq, None)
-            if e is not None:
+            if e is not None and self._window.covers(e[0], e[1]):
+                # Beyond the window's end (a record in doubt after a restart): a later load finds it, and
+                # pushing it too would put it in the window twice.
                 self._window.push(e)
 
     def _resolve(self, b: Bucket, entries: list[tuple[int, int, int, int]]) -> None:

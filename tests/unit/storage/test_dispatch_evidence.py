@@ -91,3 +91,21 @@ def test_a_dispatch_begun_and_not_marked_is_in_doubt_after_a_crash_and_not_hande
     third = DelayStore(str(tmp_path / "d"), None, lambda: now[0])
     assert third.take_in_doubt() == [] and [d.record.seq for d in third.due(10)] == [seqs[2]]
     third.close()
+
+
+def test_an_in_doubt_record_given_back_comes_out_once(tmp_path: Path) -> None:
+    now = [T0]
+    store = DelayStore(str(tmp_path / "d"), None, lambda: now[0])
+    seq = store.append(DelayRecord(T0 + 10, 1, b"k", b"", b"m"))
+    store.checkpoint()
+    now[0] = T0 + 100
+    batch = store.due(10)
+    store.begin(batch)
+    store.when_durable(lambda ok: None)
+    store.abandon()
+    again = DelayStore(str(tmp_path / "d"), None, lambda: now[0])
+    doubt = again.take_in_doubt()
+    again.release(doubt)  # e.g. its publish failed: it is handed out again, once
+    out = again.due(10) + again.due(10)
+    assert [d.record.seq for d in out] == [seq]
+    again.close()
