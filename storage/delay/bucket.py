@@ -21,12 +21,13 @@ with the bucket.
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import ctypes.util
 import logging
 import os
 import sys
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from zlib import crc32
 
 from storage.delay.record import IDX, IDX_SIZE, pack_disp, unpack_disp
@@ -35,11 +36,22 @@ from storage.syncer import Syncer
 
 log = logging.getLogger("leveret.storage")
 
+SEAL_EVERY = 64  # framed records buffered before they are joined into one chunk of the bucket's .data buffer
 READ_CHUNK = 4096 * IDX_SIZE  # index entries read per pread when scanning a bucket
 SLICES = 60  # slice files per bucket (see the module docstring)
 SLICE_WRITE_AT = 256 << 10  # bytes buffered per slice while splitting (at most 60 of them) before a write
 _NATIVE_LE = sys.byteorder == "little"  # the index is little-endian: due times read as a native array
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+def _pwrite_all(fd: int, buf: bytes | bytearray, pos: int) -> None:
+    view = memoryview(buf)
+    try:
+        done = 0
+        while done < len(view):
+            done += os.pwrite(fd, view[done:], pos + done)
+    finally:
+        view.release()
 
 
 def syncfs(directory: str) -> None:
@@ -75,8 +87,9 @@ class XrefCount:
 
 
 class Bucket:
-    __slots__ = ("_data_buf", "_idx_buf", "_reader", "ahead", "counts", "data_disk", "dir", "disp", "disp_len",
-                 "disp_seen", "idx_disk", "slice_len", "slice_ms", "split_len", "start")
+    __slots__ = ("_chunk_offs", "_chunks", "_data_buffered", "_frames", "_idx_buf", "_reader", "_sealed", "ahead",
+                 "counts", "data_disk", "dir", "disp", "disp_len", "disp_seen", "idx_disk", "slice_len", "slice_ms",
+                 "split_len", "start")
 
     def __init__(self, directory: str, start: int, data_len: int = 0, idx_len: int = 0, disp_len: int = 0,
                  counts: dict[int, XrefCount] | None = None) -> None:
@@ -85,7 +98,14 @@ class Bucket:
         self.data_disk = data_len  # bytes of .data / .idx on disk (as of the last checkpoint or flush)
         self.idx_disk = idx_len
         self.disp_len = disp_len  # .disp length at the last checkpoint (recovery re-counts what follows)
-        self._data_buf = bytearray()
+        # ``.data`` not yet written: framed records as they were appended (``_frames``, no copy made), joined
+        # every SEAL_EVERY into ``_chunks`` (``_chunk_offs``: where each starts, counted from ``data_disk``;
+        # ``_sealed``: their length). A growing bytearray copied every byte about nine times over as it grew.
+        self._frames: list[bytes] = []
+        self._chunks: list[bytes] = []
+        self._chunk_offs: list[int] = []
+        self._sealed = 0
+        self._data_buffered = 0
         self._idx_buf = bytearray()
         self._reader = -1
         self.disp: AppendFile | None = None
@@ -105,7 +125,7 @@ class Bucket:
 
     @property
     def data_len(self) -> int:
-        return self.data_disk + len(self._data_buf)
+        return self.data_disk + self._data_buffered
 
     @property
     def idx_len(self) -> int:
@@ -113,47 +133,70 @@ class Bucket:
 
     @property
     def buffered(self) -> int:
-        return len(self._data_buf) + len(self._idx_buf)
+        return self._data_buffered + len(self._idx_buf)
 
     def pending(self, dead: set[int] | frozenset[int]) -> int:
         return sum(c.count - c.resolved for x, c in self.counts.items() if x not in dead)
 
     # -- appending (the applier) ----------------------------------------------------------------------------
-    def add(self, payload: bytes, due_ms: int, seq: int, xref: int) -> tuple[int, int]:
-        """Buffer one record and its index entry; returns (payload offset, payload length)."""
-        off = self.data_len + HEADER_SIZE
-        self._data_buf += HEADER.pack(MAGIC, len(payload), crc32(payload))
-        self._data_buf += payload
-        self._idx_buf += IDX.pack(due_ms, seq, off, len(payload), xref)
+    def add(self, payload: bytes, due_ms: int, seq: int, xref: int, framed: bool = False) -> tuple[int, int]:
+        """Buffer one record and its index entry; returns (payload offset, payload length). ``framed``:
+        ``payload`` is the record already framed (:meth:`DelayRecord.frame`), kept as it is."""
+        if framed:
+            frame = payload
+            n = len(frame) - HEADER_SIZE
+        else:
+            n = len(payload)
+            frame = HEADER.pack(MAGIC, n, crc32(payload)) + payload
+        off = self.data_disk + self._data_buffered + HEADER_SIZE
+        frames = self._frames
+        frames.append(frame)
+        self._data_buffered += len(frame)
+        if len(frames) >= SEAL_EVERY:
+            self._seal()
+        self._idx_buf += IDX.pack(due_ms, seq, off, n, xref)
         c = self.counts.get(xref)
         if c is None:
             c = self.counts[xref] = XrefCount()
         c.count += 1
-        c.nbytes += len(payload)
-        return off, len(payload)
+        c.nbytes += n
+        return off, n
+
+    def _seal(self) -> None:
+        """Join the frames appended since the last seal into one chunk."""
+        if self._frames:
+            chunk = b"".join(self._frames)
+            self._frames = []
+            self._chunk_offs.append(self._sealed)
+            self._chunks.append(chunk)
+            self._sealed += len(chunk)
 
     def flush(self, fsync: bool = True) -> bool:
         """Write the buffers to the files and fsync them (the checkpoint's job; without ``fsync`` the
         caller makes them durable with :func:`syncfs`); True if anything was written."""
+        self._seal()
+        bufs: Sequence[bytes | bytearray]
         wrote = False
-        for suffix, buf, disk in ((".data", self._data_buf, self.data_disk), (".idx", self._idx_buf, self.idx_disk)):
-            if not buf:
+        for suffix, bufs, disk in ((".data", self._chunks, self.data_disk), (".idx", (self._idx_buf,), self.idx_disk)):
+            if not any(bufs):
                 continue
             fd = os.open(self.path(suffix), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
-                view = memoryview(buf)
-                done = 0
-                while done < len(view):
-                    done += os.pwrite(fd, view[done:], disk + done)
-                view.release()
+                pos = disk
+                for buf in bufs:
+                    _pwrite_all(fd, buf, pos)
+                    pos += len(buf)
                 if fsync:
                     os.fsync(fd)
             finally:
                 os.close(fd)
             wrote = True
-        self.data_disk += len(self._data_buf)
+        self.data_disk += self._data_buffered
         self.idx_disk += len(self._idx_buf)
-        self._data_buf = bytearray()
+        self._chunks = []
+        self._chunk_offs = []
+        self._sealed = 0
+        self._data_buffered = 0
         self._idx_buf = bytearray()
         return wrote
 
@@ -184,9 +227,12 @@ class Bucket:
     def read(self, off: int, n: int) -> bytes:
         """The payload at ``off``, checked against its framing (from the buffer if not yet written)."""
         start = off - HEADER_SIZE
+        if start - self.data_disk >= self._sealed:
+            self._seal()  # it is among the frames not sealed yet
         if start >= self.data_disk:
             b = start - self.data_disk
-            data = bytes(self._data_buf[b:b + HEADER_SIZE + n])
+            i = bisect.bisect_right(self._chunk_offs, b) - 1
+            data = self._chunks[i][b - self._chunk_offs[i]:b - self._chunk_offs[i] + HEADER_SIZE + n] if i >= 0 else b""
         else:
             data = os.pread(self._fd(), HEADER_SIZE + n, start)
         if len(data) != HEADER_SIZE + n:

@@ -227,25 +227,28 @@ class DelayStore:
             raise ValueError(f"exchange reference {record.xref} was dropped")
         seq = self._next_seq
         self._next_seq = seq + 1
-        payload = record.encode(seq)
-        self._wal.append(payload, seq + 1)
-        self._apply(payload, record.due_ms, seq, record.xref)
+        framed = record.frame(seq)  # the same bytes go to the WAL and to the bucket's .data
+        self._wal.append_frame(framed, seq + 1)
+        n = self._apply(framed, record.due_ms, seq, record.xref, True)
         s = self._xstats.setdefault(record.xref, [0, 0])
         s[0] += 1
-        s[1] += len(payload)
+        s[1] += n
         if self._wal.bytes_since_roll >= self.checkpoint_bytes:
             self.checkpoint()
         return seq
 
-    def _apply(self, payload: bytes, due: int, seq: int, xref: int) -> None:
+    def _apply(self, payload: bytes, due: int, seq: int, xref: int, framed: bool = False) -> int:
+        """Add one record (``framed``: as :meth:`DelayRecord.frame` built it) to its bucket and, when it
+        falls inside it, to the window; returns its payload length."""
         start = due - due % self.bucket_ms
         b = self._buckets.get(start)
         if b is None:
             b = Bucket(self._bdir, start)
             self._add_bucket(b)
-        off, n = b.add(payload, due, seq, xref)
-        if self._window.covers(due, seq):
+        off, n = b.add(payload, due, seq, xref, framed)
+        if (due, seq) <= self._window.hi:  # Window.covers, inlined (once per append)
             self._window.push((due, seq, start, off, n, xref))
+        return n
 
     def _wal_durable(self, seq_end: int) -> None:
         self._durable_seq = max(self._durable_seq, seq_end)

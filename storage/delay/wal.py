@@ -17,7 +17,7 @@ import os
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from storage.segment import AppendFile, scan
+from storage.segment import FLUSH_AT, HEADER_SIZE, AppendFile, scan
 from storage.syncer import Syncer
 
 log = logging.getLogger("leveret.storage")
@@ -81,7 +81,25 @@ class DelayWal:
         """Buffer one record; ``seq_end`` (its seq + 1) is reported through ``on_durable`` once fsynced."""
         assert self.active is not None
         self.active.append(payload)
-        self.bytes_since_roll += len(payload) + 12
+        self.bytes_since_roll += len(payload) + HEADER_SIZE
+        self._appended(seq_end)
+
+    def append_frame(self, framed: bytes, seq_end: int) -> None:
+        """As :meth:`append`, for a record already framed (magic, length, CRC32, payload: what
+        :meth:`AppendFile.append` would buffer; :meth:`DelayRecord.frame` builds it), buffered as it is."""
+        f = self.active
+        assert f is not None
+        buf = f.buf
+        buf += framed
+        if not f.dirty and f.syncer is not None:
+            f.dirty = True
+            f.syncer.mark(f)
+        if len(buf) >= FLUSH_AT:
+            f.write_out()
+        self.bytes_since_roll += len(framed)
+        self._appended(seq_end)
+
+    def _appended(self, seq_end: int) -> None:
         syncer = self._syncer
         if syncer is None:
             if self.on_durable is not None:
