@@ -7,7 +7,20 @@ them when asked. Nothing here runs on a timer or imports the rest of the broker,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+
+# rabbitmq_message_size_bytes's bucket bounds (RabbitMQ's): a size counts in the first bucket whose bound is >= it.
+MESSAGE_SIZE_BOUNDS = (100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000, 50_000_000, 100_000_000)
+
+
+@dataclass(slots=True)
+class MessageSizes:
+    """The histogram of published body sizes: per-bucket counts (MESSAGE_SIZE_BOUNDS, then +Inf) and their sum.
+    The publish path adds with ``buckets[bisect_left(MESSAGE_SIZE_BOUNDS, size)] += 1`` (a C bisect over eight
+    ints) and ``sum += size``; the exporter accumulates the buckets when scraped."""
+
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(MESSAGE_SIZE_BOUNDS) + 1))
+    sum: int = 0
 
 
 @dataclass(slots=True)
@@ -46,6 +59,8 @@ class GlobalCounters:
     auth_attempts: int = 0
     auth_attempts_succeeded: int = 0
     auth_attempts_failed: int = 0
+    # rabbitmq_message_size_bytes (not a counter: left out of as_dict)
+    message_sizes: MessageSizes = field(default_factory=MessageSizes)
 
     def dead_lettered(self, reason: str, count: int) -> None:
         """``count`` messages were dead-lettered for ``reason`` (``expired``, ``rejected``, ``maxlen``; the
@@ -58,4 +73,5 @@ class GlobalCounters:
             self.messages_dead_lettered_maxlen += count
 
     def as_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Every plain counter by name (the histogram ``message_sizes`` is not one)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.type == "int"}

@@ -8,7 +8,20 @@ HTTP API: it reads the node and nothing below imports it.
 
 Endpoints (port ``prometheus.tcp.port``, default 15692): ``/metrics`` sums queue, channel and connection
 figures per node as RabbitMQ does by default; ``/metrics/per-object`` gives one series per queue
-(labels ``vhost``, ``queue``).
+(labels ``vhost``, ``queue``); ``/metrics/detailed`` is the same as per-object. Both carry the same node
+totals, so a Prometheus should scrape ``/metrics`` only, and per-object as a separate job only where per-queue
+series are wanted (RabbitMQ's guidance; docker/prometheus.yml). As RabbitMQ's plugin does,
+``rabbitmq_identity_info`` names the endpoint in its ``rabbitmq_endpoint`` label (``aggregated``,
+``per-object``, ``detailed``): the stock dashboards join every query on it, so a dashboard reads one job's
+figures even where both endpoints are scraped.
+
+For the stock "RabbitMQ-Overview" dashboard and its older revisions, there are also
+``rabbitmq_erlang_uptime_seconds`` (the broker process's uptime: there is no Erlang VM),
+``rabbitmq_process_open_tcp_sockets`` / ``rabbitmq_process_max_tcp_sockets``, and the ``rabbitmq_channel_*``
+families, as node totals (one unlabelled series on every endpoint): the counters are the node's global
+counters, so they never go down when a channel closes, unlike RabbitMQ's sums over the open channels.
+``rabbitmq_message_size_bytes{protocol}`` is the histogram of published body sizes (RabbitMQ's buckets; kept
+by broker/counters.py's MessageSizes, observed in the publish path).
 
 Stream queues (broker/stream_queue.py) add Leveret's series on ``/metrics/per-object``: per stream
 ``leveret_stream_first_offset``, ``leveret_stream_next_offset``, ``leveret_stream_segments``,
@@ -34,8 +47,10 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 from broker import PRODUCT, VERSION
+from broker.counters import MESSAGE_SIZE_BOUNDS
 from broker.delayed_dispatch import DelayDispatcher, Lateness
 from broker.delayed_exchange import DelayedExchange
 from broker.os_probes import disk_free, max_fds, open_fds, resident_memory, uptime_seconds
@@ -43,11 +58,15 @@ from broker.reader import open_connections
 from broker.stream_queue import StreamQueue
 
 if TYPE_CHECKING:
+    from broker.channel import Channel
     from broker.node import Node
     from broker.queue_process import QueueProcess
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PROTOCOL = "amqp091"
+# The rabbitmq_endpoint label of rabbitmq_identity_info, per path (as rabbitmq_prometheus names them).
+ENDPOINTS = {"/metrics": "aggregated", "/metrics/per-object": "per-object", "/metrics/detailed": "detailed"}
+# rabbitmq_message_size_bytes' upper bounds (RabbitMQ's rabbit_msg_size_metrics), then +Inf.
 
 
 # GlobalCounters field → help; the metric is rabbitmq_global_<field>_total{protocol="amqp091"}.
@@ -88,6 +107,36 @@ OBJECT_COUNTER_METRICS = {
                                 "Total number of successful authentication attempts"),
     "auth_attempts_failed": ("rabbitmq_auth_attempts_failed_total",
                              "Total number of failed authentication attempts"),
+}
+# The rabbitmq_channel_* counters of RabbitMQ's channel metrics (older stock dashboards read them), as node
+# totals: metric → (GlobalCounters field, help).
+CHANNEL_COUNTER_METRICS = {
+    "rabbitmq_channel_messages_published": ("messages_received",
+                                            "Total number of messages published into an exchange on a channel"),
+    "rabbitmq_channel_messages_confirmed": ("messages_confirmed", ("Total number of messages published into an "
+                                                                   "exchange and confirmed on the channel")),
+    "rabbitmq_channel_messages_unroutable_returned": ("messages_unroutable_returned",
+                                                      ("Total number of messages published as mandatory into an "
+                                                       "exchange and returned to the publisher as unroutable")),
+    "rabbitmq_channel_messages_unroutable_dropped": ("messages_unroutable_dropped",
+                                                     ("Total number of messages published as non-mandatory into an "
+                                                      "exchange and dropped as unroutable")),
+    "rabbitmq_channel_messages_delivered_ack": ("messages_delivered_consume_manual_ack",
+                                                ("Total number of messages delivered to consumers in manual "
+                                                 "acknowledgement mode")),
+    "rabbitmq_channel_messages_delivered": ("messages_delivered_consume_auto_ack",
+                                            ("Total number of messages delivered to consumers in automatic "
+                                             "acknowledgement mode")),
+    "rabbitmq_channel_get_ack": ("messages_delivered_get_manual_ack",
+                                 "Total number of messages fetched with basic.get in manual acknowledgement mode"),
+    "rabbitmq_channel_get": ("messages_delivered_get_auto_ack",
+                             "Total number of messages fetched with basic.get in automatic acknowledgement mode"),
+    "rabbitmq_channel_get_empty": ("messages_get_empty",
+                                   "Total number of times basic.get operations fetched no message"),
+    "rabbitmq_channel_messages_redelivered": ("messages_redelivered",
+                                              "Total number of messages redelivered to consumers"),
+    "rabbitmq_channel_messages_acked": ("messages_acknowledged",
+                                        "Total number of messages acknowledged by consumers"),
 }
 # Per-queue gauges and counters: (metric, help); their values come from queue_values.
 QUEUE_GAUGES = (
@@ -160,9 +209,10 @@ def queue_values(q: QueueProcess) -> dict[str, int]:
 class RabbitCollector:
     """A prometheus-client collector: builds every family from the node's state at scrape time."""
 
-    def __init__(self, node: Node, per_object: bool) -> None:
+    def __init__(self, node: Node, per_object: bool, endpoint: str = "aggregated") -> None:
         self.node = node
         self.per_object = per_object
+        self.endpoint = endpoint  # rabbitmq_identity_info's rabbitmq_endpoint label
 
     def collect(self) -> Iterator[Metric]:
         node = self.node
@@ -199,6 +249,8 @@ class RabbitCollector:
                      sum(len(ch.unacked) for ch in channels))
         yield _gauge("rabbitmq_channel_prefetch", "Total limit of unacknowledged messages for all consumers "
                      "on a channel", sum(ch.global_prefetch for ch in channels))
+        yield from self._channels(channels, counted)
+        yield from self._message_sizes()
         # -- queues ---------------------------------------------------------------------------------------
         yield from self._queues(queues)
         yield from self._streams([q for q in queues if isinstance(q, StreamQueue)])
@@ -215,7 +267,12 @@ class RabbitCollector:
         yield _gauge("rabbitmq_disk_space_available_limit_bytes", "Free disk space low watermark in bytes",
                      disk_limit)
         yield _gauge("rabbitmq_process_open_fds", "Open file descriptors", open_fds())
-        yield _gauge("rabbitmq_process_max_fds", "Open file descriptors limit", max_fds())
+        fd_limit = max_fds()
+        yield _gauge("rabbitmq_process_max_fds", "Open file descriptors limit", fd_limit)
+        yield _gauge("rabbitmq_process_open_tcp_sockets", "Open TCP sockets (Leveret: the open AMQP client "
+                     "connections)", len(connections))
+        yield _gauge("rabbitmq_process_max_tcp_sockets", "Open TCP sockets limit (Leveret: the open file "
+                     "descriptors limit, which sockets share)", fd_limit)
         alarms = node.alarms()
         yield _gauge("rabbitmq_alarms_memory_used_watermark",
                      "is 1 if VM memory watermark threshold is in effect", int("memory" in alarms))
@@ -224,8 +281,10 @@ class RabbitCollector:
         yield _gauge("rabbitmq_alarms_file_descriptor_limit",
                      "is 1 if file descriptor limit is in effect", 0)
         # -- Leveret's own -----------------------------------------------------------------------------------
-        yield _gauge("leveret_uptime_seconds", "Seconds since the broker started",
-                     uptime_seconds(node.started_at))
+        uptime = uptime_seconds(node.started_at)
+        yield _gauge("rabbitmq_erlang_uptime_seconds", "Node uptime (Leveret: seconds since the broker process "
+                     "started; there is no Erlang VM; the same as leveret_uptime_seconds)", uptime)
+        yield _gauge("leveret_uptime_seconds", "Seconds since the broker started", uptime)
         yield _gauge("leveret_vhosts", "Virtual hosts", len(node.vhosts))
         yield _gauge("leveret_users", "Users", len(node.users.users))
         yield _gauge("leveret_exchanges", "Exchanges (all vhosts, without the default exchange)",
@@ -236,8 +295,9 @@ class RabbitCollector:
     def _node_info(self) -> Iterable[Metric]:
         node = self.node
         identity = GaugeMetricFamily("rabbitmq_identity_info", "RabbitMQ node & cluster identity info",
-                                     labels=["rabbitmq_node", "rabbitmq_cluster", "rabbitmq_cluster_permanent_id"])
-        identity.add_metric([node.name, node.cluster_name, node.cluster_name], 1)
+                                     labels=["rabbitmq_node", "rabbitmq_cluster", "rabbitmq_cluster_permanent_id",
+                                             "rabbitmq_endpoint"])
+        identity.add_metric([node.name, node.cluster_name, node.cluster_name, self.endpoint], 1)
         yield identity
         build = GaugeMetricFamily("rabbitmq_build_info", "RabbitMQ & Erlang/OTP version info",
                                   labels=["rabbitmq_version", "prometheus_plugin_version",
@@ -246,6 +306,39 @@ class RabbitCollector:
         build.add_metric([node.rabbitmq_version, VERSION, _prometheus_client_version(), "none", PRODUCT,
                           VERSION, platform.python_version()], 1)
         yield build
+
+    def _channels(self, channels: list[Channel], counted: dict[str, int]) -> Iterable[Metric]:
+        """RabbitMQ's rabbitmq_channel_* families, summed over the node (older stock dashboards read them):
+        gauges over the open channels, counters from the node's global counters."""
+        yield _gauge("rabbitmq_channel_consumers", "Consumers on a channel (all open channels)",
+                     sum(len(ch.consumers) for ch in channels))
+        yield _gauge("rabbitmq_channel_messages_unconfirmed", "Published but not yet confirmed messages (all "
+                     "open channels)",
+                     sum(ch.confirms.messages_unconfirmed for ch in channels if ch.confirms is not None))
+        yield _gauge("rabbitmq_channel_messages_uncommitted", "Messages received in a transaction but not yet "
+                     "committed (all open channels)",
+                     sum(sum(1 for kind, _item in ch.tx.work if kind == "publish")
+                         for ch in channels if ch.tx is not None))
+        yield _gauge("rabbitmq_channel_acks_uncommitted", "Message acknowledgements in a transaction not yet "
+                     "committed (all open channels)",
+                     sum(sum(len(pairs) for kind, pairs in ch.tx.work if kind != "publish")
+                         for ch in channels if ch.tx is not None))
+        for name, (field, help_) in CHANNEL_COUNTER_METRICS.items():
+            yield _counter(name, help_ + " (Leveret: the node's total since it started, closed channels "
+                           "included)", counted[field])
+
+    def _message_sizes(self) -> Iterable[Metric]:
+        """rabbitmq_message_size_bytes{protocol="amqp091"} from the node's ``message_sizes`` (per-bucket counts
+        for MESSAGE_SIZE_BOUNDS and +Inf, and the sum of the sizes)."""
+        sizes = self.node.counters.message_sizes
+        hist = HistogramMetricFamily("rabbitmq_message_size_bytes", "Size of messages received from publishers",
+                                     labels=["protocol"])
+        cumulative, total = [], 0
+        for bound, count in zip([*map(floatToGoString, MESSAGE_SIZE_BOUNDS), "+Inf"], sizes.buckets):
+            total += count
+            cumulative.append((bound, total))
+        hist.add_metric([PROTOCOL], cumulative, sizes.sum)
+        yield hist
 
     def _queues(self, queues: list[QueueProcess]) -> Iterable[Metric]:
         labels = ["vhost", "queue"] if self.per_object else []
@@ -374,9 +467,10 @@ def _counter(name: str, help_: str, value: float, labels: dict[str, str] | None 
     return c
 
 
-def render(node: Node, per_object: bool) -> bytes:
+def render(node: Node, per_object: bool, endpoint: str | None = None) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RabbitCollector(node, per_object))
+    registry.register(RabbitCollector(node, per_object,
+                                      endpoint or ("per-object" if per_object else "aggregated")))
     return generate_latest(registry)
 
 
@@ -387,7 +481,8 @@ def make_app(node: Node) -> web.Application:
         return web.Response(body=render(node, per_object=False), headers={"Content-Type": CONTENT_TYPE})
 
     async def per_object(request: web.Request) -> web.Response:
-        return web.Response(body=render(node, per_object=True), headers={"Content-Type": CONTENT_TYPE})
+        body = render(node, per_object=True, endpoint=ENDPOINTS[request.path])
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)

@@ -8,6 +8,7 @@ exchange's own bindings select nothing, as RabbitMQ does.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ import structlog
 from broker import delegate, permissions, topic_permissions
 from broker.amqqueue import QueueRegistry
 from broker.clock import Clock, LoopClock
+from broker.counters import MESSAGE_SIZE_BOUNDS
 from broker.dead_letter import deaths_of, is_cycle
 from broker.errors import AMQPError
 from broker.exchange import EXCHANGE, QUEUE, Binding, Exchange, ExchangeServices
@@ -365,6 +367,10 @@ class VHost:
         counters = self.counters
         if counters is not None:
             counters.messages_received += 1
+            size = len(msg.body)
+            sizes = counters.message_sizes
+            sizes.buckets[bisect_left(MESSAGE_SIZE_BOUNDS, size)] += 1
+            sizes.sum += size
             if confirm_seq > 0:
                 counters.messages_received_confirm += 1
             if result:
