@@ -159,6 +159,33 @@ def parse_regex(value: str) -> str:
     return v
 
 
+# log.file.rotation.date: RabbitMQ's (newsyslog's) specs that Leveret follows: $H[MM] hourly at minute MM,
+# $D[HH] daily at hour HH, $W<0-6>[D<HH>] weekly (0 is Sunday), $M<1-31|L>[D<HH>] monthly (L: last day).
+_ROTATION_DATE = re.compile(r"\$(?:H(\d{1,2})?|D(\d{1,2})?|W([0-6])(?:D(\d{1,2}))?|M(\d{1,2}|[Ll])(?:D(\d{1,2}))?)")
+
+
+def parse_rotation_date(value: str) -> str | None:
+    """``log.file.rotation.date``: a date spec such as ``$D0``, or an empty value (RabbitMQ's "no
+    rotation by date"); returned as given (broker/logs.py reads it), or None for none."""
+    v = value.strip()
+    if v in ("", "none", "false"):
+        return None
+    m = _ROTATION_DATE.fullmatch(v)
+    if not m:
+        if v.startswith("$"):
+            raise _Unsupported(f"the log rotation date spec {v!r} (Leveret takes $H, $D, $W and $M specs)")
+        raise ValueError("expected a date spec such as $D0, $H00, $W0D23 or $M1D0")
+    minute, day_hour, _wd, week_hour, mday, month_hour = m.groups()
+    if minute is not None and int(minute) > 59:
+        raise ValueError(f"minute {minute} is out of range")
+    for hour in (day_hour, week_hour, month_hour):
+        if hour is not None and int(hour) > 23:
+            raise ValueError(f"hour {hour} is out of range")
+    if mday is not None and mday.upper() != "L" and not 1 <= int(mday) <= 31:
+        raise ValueError(f"day {mday} is out of range")
+    return v
+
+
 def parse_log_file(value: str) -> Path | None:
     v = value.strip()
     if v.lower() == "false":
@@ -207,6 +234,12 @@ class Settings:
     # load_settings, so log_file is the file written). log_file_off: log.file = false was given.
     log_dir: Path | None = None
     log_file_off: bool = False
+    # log.file.rotation.*: rotate the log file on a date spec (None: never by date) and/or past a size in
+    # bytes (0: never by size), keeping ``count`` rotated files (0: none), gzipped when ``compress``.
+    log_file_rotation_date: str | None = None
+    log_file_rotation_size: int = 0
+    log_file_rotation_count: int = 5
+    log_file_rotation_compress: bool = False
     # How often the HTTP API samples the counters its rates come from, in ms (RabbitMQ's 5000).
     collect_statistics_interval: int = 5000
     # RabbitMQ keys of features Leveret does not have: "error" stops start-up, "warn" ignores them with a warning.
@@ -220,6 +253,8 @@ class Settings:
     delayed_message_bucket_size: int = 3_600_000
     # Not a setting: what loading the settings found worth a warning, logged once logging is set up.
     startup_warnings: list[str] = field(default_factory=list)
+    # Not a setting: the configuration file(s) read (the start-up banner names them).
+    config_files: list[Path] = field(default_factory=list)
 
 
 def _set_loopback(s: Settings, key: str, value: str) -> None:
@@ -343,6 +378,13 @@ KEYS: dict[str, tuple[Callable[[Settings, str, str], None], str]] = {
     "log.file": (_set_log_file, "a file path (relative: in log.dir), or false"),
     "log.file.level": (_simple("log_file_level", parse_level), _LEVELS),
     "log.dir": (_simple("log_dir", parse_path), "a directory"),
+    "log.file.rotation.date": (_simple("log_file_rotation_date", parse_rotation_date),
+                               ("a date spec: $D<hour>, $H<minute>, $W<0-6>D<hour> or $M<day|L>D<hour>, "
+                                "e.g. $D0 (daily at midnight); empty for none")),
+    "log.file.rotation.size": (_simple("log_file_rotation_size", parse_bytes), "a size, e.g. 10485760 (0: none)"),
+    "log.file.rotation.count": (_simple("log_file_rotation_count", _int_range(0, 10_000)),
+                                "a number of rotated files to keep 0-10000"),
+    "log.file.rotation.compress": (_simple("log_file_rotation_compress", parse_bool), "true or false"),
     "log.file.formatter": (_only(("json",), "a plain-text log file (Leveret's log file is JSON lines)"), "json"),
     "log.exchange": (_only_false("logging to the amq.rabbitmq.log exchange"), "false"),
     "log.syslog": (_only_false("logging to syslog"), "false"),
@@ -431,7 +473,6 @@ _RABBITMQ_ONLY_KEYS: list[tuple[str, list[str]]] = [
     ("the tracing plugin (rabbitmq_tracing)", [r"tracing\..+"]),
     ("the Erlang system monitor", [r"sysmon_handler\..+"]),
     ("the management agent's metrics collector", [r"management_agent\..+"]),
-    ("log file rotation", [r"log\.file\.rotation\.(compress|count|date|size)"]),
     ("per-category log levels and files", [
         r"log\.(default|channel|connection|federation|mirroring|queue|ra|upgrade|user)\.(level|file)",
         r"log\.(default|channel|connection|federation|mirroring|queue|ra|upgrade|user)\.rotation\..+"]),
@@ -675,6 +716,7 @@ def load_settings(config_file: str | Path | None = None, overrides: list[tuple[s
     settings = Settings()
     path = config_file or env.get(CONFIG_FILE_ENV)
     problems = _read_file(settings, Path(path)) if path else []
+    settings.config_files = [Path(path)] if path else []
     settings.startup_warnings = load_env(settings, dict(env), problems)
     for key, value in overrides or []:
         if (problem := _apply(settings, key, value, "command line")) is not None:

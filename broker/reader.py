@@ -163,7 +163,18 @@ class Reader(asyncio.Protocol):
         transport.set_write_buffer_limits(high=1 << 20)
         self.node.connections.add(self)
         self._handshake_timer = self.clock.call_later(self.settings.handshake_timeout, self._handshake_timeout)
-        log.info("connection accepted", connection=self.name)
+        log.info("connection accepted", **self.log_id)
+
+    @property
+    def log_id(self) -> dict[str, str]:
+        """How log lines name this connection: its addresses, and the client's ``connection_name`` property
+        when it gave one (as RabbitMQ adds it to its connection lines)."""
+        name = self.client_properties.get("connection_name")
+        if isinstance(name, (bytes, bytearray)):
+            name = bytes(name).decode(errors="replace")
+        if isinstance(name, str) and name:
+            return {"connection": self.name, "connection_name": name}
+        return {"connection": self.name}
 
     def connection_lost(self, exc: Exception | None) -> None:
         was_open = self.state == Reader.RUNNING
@@ -177,7 +188,7 @@ class Reader(asyncio.Protocol):
         self._cleanup()
         self.node.connections.discard(self)
         if was_open:
-            log.info("connection closed abruptly", connection=self.name, user=self.user.name,
+            log.info("connection closed abruptly", **self.log_id, user=self.user.name,
                      reason=str(exc) if exc else "client closed the socket")
 
     def pause_writing(self) -> None:
@@ -225,7 +236,7 @@ class Reader(asyncio.Protocol):
                 self.close_connection(exc.reply_code, exc.text,
                                       *self._failing_method(frame_type, channel_id, payload))
             except Exception:
-                log.exception("internal error handling a frame", connection=self.name)
+                log.exception("internal error handling a frame", **self.log_id)
                 self.close_connection(541, "internal error")
         if error is not None and self.state < Reader.CLOSING:
             self.close_connection(error.reply_code, error.text)
@@ -264,7 +275,7 @@ class Reader(asyncio.Protocol):
             # explanation: the socket is closed (as RabbitMQ does).
             if not (frame_type == FRAME_METHOD and channel_id == 0
                     and method_index(payload) == spec.Connection.StartOk.index):
-                log.warning("unexpected frame before login, closing", connection=self.name)
+                log.warning("unexpected frame before login, closing", **self.log_id)
                 self._close_transport()
                 return
         if frame_type == FRAME_HEARTBEAT:
@@ -372,7 +383,7 @@ class Reader(asyncio.Protocol):
         if self.client_capability("connection.blocked"):
             self.send(method_frame(0, spec.Connection.Blocked, reason=reason))
         self.pause_for("alarm")
-        log.info("connection blocked", connection=self.name, reason=reason)
+        log.info("connection blocked", **self.log_id, reason=reason)
 
     def unblock_after_alarm(self) -> None:
         if not self.blocked_by_alarm:
@@ -381,7 +392,7 @@ class Reader(asyncio.Protocol):
         if self.state < Reader.CLOSING and self.client_capability("connection.blocked"):
             self.send(method_frame(0, spec.Connection.Unblocked))
         self.resume_for("alarm")
-        log.info("connection unblocked", connection=self.name)
+        log.info("connection unblocked", **self.log_id)
 
     def _next_turn(self) -> None:
         self._read_this_turn = 0
@@ -436,7 +447,7 @@ class Reader(asyncio.Protocol):
             # now, and nothing of theirs can follow close-ok.
             self._cleanup()
             self.send(method_frame(0, spec.Connection.CloseOk))
-            log.info("connection closed", connection=self.name, user=self.user.name,
+            log.info("connection closed", **self.log_id, user=self.user.name,
                      reply_code=method.reply_code, reason=method.reply_text)
             self._close_transport()
         elif state == Reader.STARTING and isinstance(method, spec.Connection.StartOk):
@@ -471,7 +482,7 @@ class Reader(asyncio.Protocol):
         counters.auth_attempts += 1
         if isinstance(result, str):
             counters.auth_attempts_failed += 1
-            log.warning("authentication failed", connection=self.name, reason=result)
+            log.warning("authentication failed", **self.log_id, reason=result)
             if self.client_capability("authentication_failure_close"):
                 self.close_connection(ACCESS_REFUSED, result, CLASS_CONNECTION, 11)
             else:
@@ -513,7 +524,7 @@ class Reader(asyncio.Protocol):
 
     def _fail_negotiation(self, reason: str) -> None:
         """Tune-ok broke a limit: nothing more is read or sent; the socket closes after a delay."""
-        log.warning("failed to negotiate connection parameters", connection=self.name, reason=reason)
+        log.warning("failed to negotiate connection parameters", **self.log_id, reason=reason)
         self.state = Reader.CLOSING
         if self.transport is not None:
             self.transport.pause_reading()
@@ -534,7 +545,7 @@ class Reader(asyncio.Protocol):
         if self.heartbeat:
             self._schedule_heartbeat()
         self.send(method_frame(0, spec.Connection.OpenOk))
-        log.info("connection opened", connection=self.name, user=self.user.name, vhost=self.vhost.name)
+        log.info("connection opened", **self.log_id, user=self.user.name, vhost=self.vhost.name)
 
     def _update_secret(self, m: spec.Connection.UpdateSecret) -> None:
         """connection.update-secret (an OAuth 2 client refreshing its token): RabbitMQ asks each auth
@@ -542,7 +553,7 @@ class Reader(asyncio.Protocol):
         the internal backend's, whose state never expires (``expiry_timestamp`` is ``never``), so, as in
         RabbitMQ, the secret is not checked and the same user goes on: update-secret-ok. A backend that
         checks it would refuse with 530 "New secret was refused by one of the backends"."""
-        log.info("connection: user updated secret", connection=self.name, user=self.user.name,
+        log.info("connection: user updated secret", **self.log_id, user=self.user.name,
                  reason=m.reason if isinstance(m.reason, str) else repr(m.reason))
         self.send(method_frame(0, spec.Connection.UpdateSecretOk))
 
@@ -567,7 +578,7 @@ class Reader(asyncio.Protocol):
         else:
             self._missed_heartbeats += 1
             if self._missed_heartbeats >= 4:
-                log.warning("missed heartbeats from client, closing connection", connection=self.name,
+                log.warning("missed heartbeats from client, closing connection", **self.log_id,
                             timeout=self.heartbeat)
                 self._close_transport()
                 return
@@ -581,7 +592,7 @@ class Reader(asyncio.Protocol):
         if self.state < Reader.RUNNING:
             stage = {Reader.HANDSHAKE: "protocol header", Reader.STARTING: "connection.start-ok",
                      Reader.TUNING: "connection.tune-ok", Reader.OPENING: "connection.open"}[self.state]
-            log.warning("handshake timeout, closing", connection=self.name, waiting_for=stage,
+            log.warning("handshake timeout, closing", **self.log_id, waiting_for=stage,
                         timeout=self.settings.handshake_timeout)
             self._close_transport()
 
@@ -591,7 +602,7 @@ class Reader(asyncio.Protocol):
                    "tls": "a TLS handshake was sent to the plain AMQP port",
                    "amqp": f"unsupported AMQP protocol header {exc.received!r}",
                    "garbage": f"not an AMQP protocol header: {exc.received!r}"}
-        log.warning("refused connection", connection=self.name, reason=reasons[exc.kind])
+        log.warning("refused connection", **self.log_id, reason=reasons[exc.kind])
         if self.transport is not None:
             self.transport.write(PROTOCOL_HEADER)
         self._close_transport()
@@ -604,8 +615,8 @@ class Reader(asyncio.Protocol):
         if exc.is_soft and channel_id != 0 and channel_id in self.channels:
             channel = self.channels.pop(channel_id)
             self.node.counters.channels_closed += 1
-            log.info("channel error", connection=self.name, channel=channel_id, reply_code=exc.reply_code,
-                     reason=exc.text)
+            log.warning("channel error", **self.log_id, channel=channel_id, reply_code=exc.reply_code,
+                        reply_text=exc.reply_text)
             channel.shutdown()
             self.closing_channels.add(channel_id)
             self.send(method_frame(channel_id, spec.Channel.Close, reply_code=exc.reply_code,
@@ -619,7 +630,7 @@ class Reader(asyncio.Protocol):
         if self.state >= Reader.CLOSING:
             return
         err = AMQPError(code, text)
-        log.warning("closing connection with error", connection=self.name, reply_code=code, reason=text)
+        log.warning("closing connection with error", **self.log_id, reply_code=code, reason=text)
         if self.state == Reader.HANDSHAKE:
             self._close_transport()
             return

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import platform
 import signal
 import socket
 import time
@@ -20,11 +21,13 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from broker import definitions, metrics
+from broker import PRODUCT, VERSION, definitions, metrics
 from broker.alarms import ResourceMonitor, configured_disk_free_limit, configured_memory_limit
+from broker.logs import log_banner
 from broker.management.app import make_app
 from broker.memory_budget import MemoryBudget, set_memory_limit
 from broker.node import Node
+from broker.os_probes import total_memory
 from broker.persistence import NODE_METADATA_KEY, DurableDefinitions
 from broker.reader import Reader, open_connections
 from storage.data_dir_lock import DataDirLock, DataDirLocked
@@ -58,6 +61,11 @@ def listen_hosts(bind: str) -> str | list[str] | None:
     if bind in ("127.0.0.1", "localhost"):
         return ["127.0.0.1", "::1"] if _ipv6_loopback_available() else ["127.0.0.1"]
     return bind
+
+
+def _address(host: str, port: int) -> str:
+    """``127.0.0.1:5672``, ``[::1]:5672``: an address and port as an operator types them."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class StartupError(Exception):
@@ -205,6 +213,33 @@ class Server:
             self.node.listeners.append({"protocol": "amqp", "ip_address": address, "port": self.node.settings.port})
             log.info("listening", protocol="amqp", address=address, port=self.node.settings.port)
         await self._start_http()
+        self._log_banner(monitor)
+
+    def _log_banner(self, monitor: ResourceMonitor) -> None:
+        """The start-up banner, once every listener is bound: what RabbitMQ's start-up log tells an operator
+        (version, runtime, config files, data directory, logs, listeners, memory and disk limits) in one event.
+        The "listening" lines stay too: they come as each listener binds, so a start stopped by a port that is
+        taken still shows what was bound before it; the banner is the summary of a start that succeeded."""
+        s = self.node.settings
+        loop = asyncio.get_running_loop()
+        runtime = f"{platform.python_implementation()} {platform.python_version()}"
+        if type(loop).__module__.startswith("uvloop"):
+            import uvloop
+
+            runtime += f", uvloop {uvloop.__version__}"
+        else:
+            runtime += ", asyncio event loop (no uvloop)"
+        relative = s.vm_memory_high_watermark_relative if not s.vm_memory_high_watermark_absolute else None
+        log_banner(
+            log, version=f"{PRODUCT} {VERSION}", python=runtime,
+            config_files=[str(p) for p in s.config_files],
+            data_dir=str(s.data_dir.resolve()),
+            log_files=([str(s.log_file)] if s.log_file else []) + (["<stderr>"] if s.log_console else []),
+            listeners=[{"protocol": li["protocol"], "address": _address(li["ip_address"], li["port"])}
+                       for li in self.node.listeners],
+            memory_high_watermark={"bytes": monitor.memory_limit, "relative": relative,
+                                   "total_memory": total_memory()},
+            disk_free_limit={"bytes": monitor.disk_free_limit, "relative": s.disk_free_limit_relative})
 
     async def _start_http(self) -> None:
         """The HTTP API and Prometheus listeners, on the same addresses as AMQP unless configured. A port

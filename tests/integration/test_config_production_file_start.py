@@ -17,7 +17,7 @@ from conftest import ROOT, free_port
 pytestmark = pytest.mark.leveret_only
 
 PRODUCTION = Path(__file__).resolve().parents[1] / "data" / "production-rabbitmq.conf"
-UNSUPPORTED_LINES = [6, 7, 8, 12, 13, 14, 15, 40, 45, 46, 47, 48, 49, 55, 56, 65, 66, 67, 68]
+UNSUPPORTED_LINES = [6, 7, 8, 12, 13, 14, 15, 40, 45, 46, 47, 48, 49, 65, 66, 67, 68]
 
 
 def test_without_warn_start_up_stops_naming_every_unsupported_key(tmp_path):
@@ -56,5 +56,5 @@ def test_with_warn_the_broker_starts_with_the_files_settings(start_broker, tmp_p
     assert warning["level"] == "warning"
     assert f"ignoring {len(UNSUPPORTED_LINES)} configuration keys" in warning["event"]
     for key in ("cluster_formation.peer_discovery_backend (line 45)", "ssl_options.verify (line 15)",
-                "mqtt.listeners.tcp.default (line 65)", "log.file.rotation.count (line 56)"):
+                "mqtt.listeners.tcp.default (line 65)", "cluster_partition_handling (line 49)"):
         assert key in warning["event"]
