@@ -4,7 +4,8 @@
 [--prometheus-port N] [--log-level L] [--load-definitions FILE] [--set KEY=VALUE ...] [--force-reset]`` runs
 the broker (``--force-reset``, like ``rabbitmqctl force_reset``, wipes the data directory first: a one-off
 operator action, hence a flag and no configuration key);
-``leveret ctl VERB ...`` operates a running one over its HTTP API (see broker/ctl.py).
+``leveret ctl VERB ...`` operates a running one over its HTTP API (see broker/ctl.py);
+``leveret diagnostics COMMAND`` runs rabbitmq-diagnostics' health checks against it (also broker/ctl.py).
 
 Settings come from built-in defaults < the config file < ``LEVERET_…`` environment variables < these flags.
 """
@@ -19,7 +20,7 @@ import sys
 import structlog
 
 from broker.config import ConfigError, Settings, load_settings
-from broker.logs import configure_logging
+from broker.logs import FileRotation, configure_logging
 
 # Command-line flag → configuration key (so a flag is validated exactly as the same key in a file).
 _FLAG_KEYS = {
@@ -56,7 +57,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"leveret: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format, console=settings.log_console,
-                      file=settings.log_file, file_level=settings.log_file_level)
+                      file=settings.log_file, file_level=settings.log_file_level,
+                      rotation=FileRotation.from_settings(settings))
     for warning in settings.startup_warnings:
         structlog.get_logger("leveret.config").warning(warning)
     from broker.node import Node
@@ -89,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         from broker import ctl
 
         return ctl.run(argv[1:])
+    if argv and argv[0] == "diagnostics":
+        from broker import ctl
+
+        return ctl.diagnostics_run(argv[1:])
     if argv and argv[0] == "perf":
         from bench import perf  # the load generator of bench/ (PerfTest-like), any broker by URL
 
@@ -114,5 +120,6 @@ def main(argv: list[str] | None = None) -> int:
     from broker import ctl
 
     ctl.add_parser(sub)
+    ctl.diagnostics_add_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)

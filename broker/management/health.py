@@ -9,6 +9,7 @@ from aiohttp import web
 
 from broker.management.common import node_of, require_admin, respond, vhost_for_write
 from broker.management.exchanges import make_message
+from broker.os_probes import total_memory
 from broker.publish import ROUTED
 
 ALIVENESS_QUEUE = "aliveness-test"
@@ -83,7 +84,9 @@ async def aliveness_test(request: web.Request) -> web.Response:
 async def set_resource_limits(request: web.Request) -> web.Response:
     """Leveret's endpoint behind ``leveret ctl set_disk_free_limit`` / ``set_vm_memory_high_watermark``
     (rabbitmqctl's verbs; RabbitMQ's HTTP API has no equivalent). Body: ``{"disk_free_limit": bytes}``
-    and/or ``{"vm_memory_high_watermark": bytes}``. The alarms are re-evaluated at once."""
+    and/or ``{"vm_memory_high_watermark": bytes}``, or the relative forms ``vm_memory_high_watermark_relative``
+    (a fraction of this machine's RAM, 0 < f <= 1) and ``disk_free_limit_relative`` (a multiple of its RAM,
+    rabbitmqctl's ``mem_relative``). The alarms are re-evaluated at once."""
     require_admin(request)
     node = node_of(request)
     try:
@@ -93,9 +96,18 @@ async def set_resource_limits(request: web.Request) -> web.Response:
         if (disk is not None and (not isinstance(disk, int) or disk < 0)) or \
                 (memory is not None and (not isinstance(memory, int) or memory <= 0)):
             raise ValueError
-    except ValueError:
-        return respond({"error": "bad_request", "reason": "limits must be non-negative integers (bytes)"},
-                       status=400)
+        memory_rel, disk_rel = body.get("vm_memory_high_watermark_relative"), body.get("disk_free_limit_relative")
+        for rel, top in ((memory_rel, 1.0), (disk_rel, None)):
+            if rel is not None and (isinstance(rel, bool) or not isinstance(rel, (int, float)) or rel <= 0
+                                    or (top is not None and rel > top)):
+                raise ValueError
+    except (ValueError, AttributeError):
+        return respond({"error": "bad_request", "reason": "limits must be non-negative integers (bytes), or "
+                        "fractions of the RAM (vm_memory_high_watermark_relative: 0 < f <= 1)"}, status=400)
+    if memory_rel is not None:
+        memory = int(memory_rel * total_memory())
+    if disk_rel is not None:
+        disk = int(disk_rel * total_memory())
     node.set_resource_limits(disk_free_limit=disk, memory_limit=memory)
     return respond({"disk_free_limit": node.disk_free_limit, "vm_memory_high_watermark": node.memory_limit})
 

@@ -3,6 +3,7 @@ RabbitMQ UI and tools ask for (``/api/auth``, ``/api/extensions``, ``/api/featur
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import resource
@@ -153,6 +154,24 @@ async def get_node(request: web.Request) -> web.Response:
     return respond(node_info(node))
 
 
+async def get_environment(request: web.Request) -> web.Response:
+    """Leveret's ``/api/leveret/environment``: the settings in force (behind ``leveret ctl environment``, as
+    ``rabbitmqctl environment`` shows the application environment); the default user's password left out."""
+    require_admin(request)
+    out: dict[str, Any] = {}
+    settings = node_of(request).settings
+    for f in dataclasses.fields(settings):
+        if f.name in ("default_pass", "startup_warnings"):
+            continue
+        value = getattr(settings, f.name)
+        if isinstance(value, set):
+            value = sorted(value)
+        elif not isinstance(value, (str, int, float, list, dict)) and value is not None:
+            value = str(value)  # a Path, or any type a setting may take later: shown, never a 500
+        out[f.name] = value
+    return respond(out)
+
+
 async def get_whoami(request: web.Request) -> web.Response:
     user = user_of(request)
     return respond({"name": user.name, "tags": list(user.tags), "is_internal_user": True})
@@ -185,6 +204,7 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/api/nodes", get_nodes)
     router.add_get("/api/nodes/{node}", get_node)
     router.add_get("/api/whoami", get_whoami)
+    router.add_get("/api/leveret/environment", get_environment)
     router.add_get("/api/cluster-name", get_cluster_name)
     router.add_put("/api/cluster-name", put_cluster_name)
     router.add_get("/api/auth", get_auth)
