@@ -10,62 +10,24 @@ import os
 import random
 from pathlib import Path
 
+import delay_harness
 import pytest
+from delay_harness import Clock
 
 import storage.delay.bucket as bucket_mod
 import storage.delay.store as store_mod
-from storage.delay import DelayRecord, DelayStore
 from storage.delay.bucket import SLICES
 from storage.delay.record import DueRecord
-from storage.syncer import Syncer
 
 HOUR = 3_600_000
 MINUTE = 60_000
 T0 = 1_700_000_000_000 - 1_700_000_000_000 % HOUR  # a bucket's start: nothing here reads the wall clock
 
 
-class Clock:
-    def __init__(self, t: int) -> None:
-        self.t = t
-
-    def __call__(self) -> int:
-        return self.t
-
-
-class Node:
-    def __init__(self, path: Path, clock: Clock, **kw: int) -> None:
-        self.path = path
-        self.clock = clock
-        self.kw = kw
-        self.start()
-
-    def start(self) -> None:
-        self.syncer = Syncer(None)
-        self.store = DelayStore(str(self.path), self.syncer, self.clock, **self.kw)
-
-    def restart(self) -> None:
-        self.store.close()
-        self.syncer.close()
-        self.start()
-
-    def crash(self) -> None:
-        self.store.abandon()
-        self.start()
-
-    def put(self, due: int, xref: int = 1) -> int:
-        return self.store.append(DelayRecord(due, xref, b"rk", b"", b"%d" % due))
-
-    def sync(self) -> None:
-        self.syncer.flush()
-
-    def drain(self, limit: int = 1000) -> list[DueRecord]:
-        out: list[DueRecord] = []
-        while True:
-            batch = self.store.due(limit)
-            if not batch:
-                return out
-            self.store.dispatched(batch)
-            out.extend(batch)
+class Node(delay_harness.Node):
+    def put(self, due: int, body: bytes = b"", xref: int = 1, delay: int = 0) -> int:
+        """By default the body names the due time."""
+        return super().put(due, body or b"%d" % due, xref, delay)
 
     def slice_files(self) -> list[str]:
         return sorted(n for n in os.listdir(self.path / "buckets") if ".s" in n)
