@@ -11,6 +11,7 @@ import pytest
 from pamqp import commands as spec
 
 from broker.auth import User
+from broker.counters import MessageSizes
 from broker.errors import AMQPError
 from broker.message import Message
 from broker.publish import PENDING, REFUSED, ROUTED, check_properties, property_flags
@@ -25,6 +26,7 @@ class Counters:
     def __init__(self) -> None:
         for name in COUNTERS:
             setattr(self, name, 0)
+        self.message_sizes = MessageSizes()
 
     def values(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in COUNTERS if getattr(self, name)}

@@ -13,6 +13,7 @@ import pytest
 from pamqp import commands as spec
 
 from broker.clock import ManualClock, TimerHandle
+from broker.counters import MessageSizes
 from broker.errors import AMQPError
 from broker.exchange import DirectExchange, Exchange
 from broker.exchange_types import EXCHANGE_TYPES, exchange_type
@@ -83,6 +84,7 @@ class Counters:
     def __init__(self) -> None:
         self.messages_received = self.messages_received_confirm = self.messages_routed = 0
         self.messages_unroutable_dropped = self.messages_unroutable_returned = 0
+        self.message_sizes = MessageSizes()
 
 
 @pytest.fixture
