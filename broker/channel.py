@@ -124,6 +124,19 @@ class Channel:
         # Queues this channel published to: it counts as one of their publishers while it is open.
         self.published_to: set[QueueProcess] = set()
         self.counters = reader.node.counters
+        # This channel's message_stats (RabbitMQ's names after ``msg_``), plain ints the paths below add to;
+        # the HTTP API reads them (broker/management/objects.py: channel_message_counts).
+        self.msg_publish = 0
+        self.msg_confirm = 0
+        self.msg_return_unroutable = 0
+        self.msg_drop_unroutable = 0
+        self.msg_deliver = 0
+        self.msg_deliver_no_ack = 0
+        self.msg_get = 0
+        self.msg_get_no_ack = 0
+        self.msg_get_empty = 0
+        self.msg_redeliver = 0
+        self.msg_ack = 0
         self._ack_timer: Any = None
         self._handlers: dict[type, Callable[[Any], None]] = {
             spec.Basic.Qos: self._basic_qos,
@@ -200,9 +213,14 @@ class Channel:
             result = self.vhost.publish(exchange, msg, persistent, args.mandatory, self, seq)
         else:
             result = self.vhost.publish(exchange, msg, persistent, args.mandatory, self, tx_token)
-        if args.mandatory and not result & ROUTED:
-            self.reader.send(fastcodec.encode_basic_return(self.id, NO_ROUTE, "NO_ROUTE", args.names_raw))
-            self.reader.send_content(self.id, msg.header, msg.body)
+        self.msg_publish += 1
+        if not result & ROUTED:
+            if args.mandatory:
+                self.msg_return_unroutable += 1
+                self.reader.send(fastcodec.encode_basic_return(self.id, NO_ROUTE, "NO_ROUTE", args.names_raw))
+                self.reader.send_content(self.id, msg.header, msg.body)
+            else:
+                self.msg_drop_unroutable += 1
         if confirms is not None and confirms.published(seq, result >> PENDING, result & REFUSED):
             self.reader.confirms_pending(self)
         return result
@@ -243,6 +261,7 @@ class Channel:
             send(fastcodec.encode_basic_nack(channel_id, tag, False))
         if acked:
             self.counters.messages_confirmed += acked
+            self.msg_confirm += acked
             for tag, multiple in acks:
                 send(fastcodec.encode_basic_ack(channel_id, tag, multiple))
 
@@ -263,10 +282,13 @@ class Channel:
         counters.messages_delivered += 1
         if redelivered:
             counters.messages_redelivered += 1
+            self.msg_redeliver += 1
         if consumer.no_ack:
             counters.messages_delivered_consume_auto_ack += 1
+            self.msg_deliver_no_ack += 1
         else:
             counters.messages_delivered_consume_manual_ack += 1
+            self.msg_deliver += 1
             self.unacked[tag] = (queue, seq_id, consumer)
             consumer.unacked += 1
             self.consumer_unacked += 1
@@ -362,6 +384,7 @@ class Channel:
                 ids.append(seq_id)
         if action == "ack":
             self.counters.messages_acknowledged += len(pairs)
+            self.msg_ack += len(pairs)
         for queue, seq_ids in by_queue.items():
             if action == "ack":
                 queue.ack(seq_ids)
@@ -490,16 +513,20 @@ class Channel:
         counters = self.counters
         if got is None:
             counters.messages_get_empty += 1
+            self.msg_get_empty += 1
             self.send(spec.Basic.GetEmpty)
             return
         seq_id, msg, redelivered, left = got
         counters.messages_delivered += 1
         if redelivered:
             counters.messages_redelivered += 1
+            self.msg_redeliver += 1
         if m.no_ack:
             counters.messages_delivered_get_auto_ack += 1
+            self.msg_get_no_ack += 1
         else:
             counters.messages_delivered_get_manual_ack += 1
+            self.msg_get += 1
         tag = self.next_delivery_tag
         self.next_delivery_tag = tag + 1
         if not m.no_ack:

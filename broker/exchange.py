@@ -155,6 +155,11 @@ class Exchange:
         self.arguments = dict(arguments or {})
         self.bindings: dict[tuple, Binding] = {}
         self._services = services
+        # RabbitMQ's exchange message_stats, counted by VHost.publish for clients' publishes (not dead letters,
+        # not a held message let go): ``publish_in`` every message published to this exchange, routed or not;
+        # ``publish_out`` one per queue a message published to it reached (exchange-to-exchange hops included).
+        self.publish_in = 0
+        self.publish_out = 0
 
     @property
     def services(self) -> ExchangeServices:

@@ -362,8 +362,11 @@ class VHost:
                 if not queues:
                     return 0
             result = delegate.deliver(queues, msg, persistent, publisher, confirm_seq) | ROUTED
+            if not dead_letter:
+                exchange.publish_out += len(queues)
         if dead_letter or held:
             return result
+        exchange.publish_in += 1
         counters = self.counters
         if counters is not None:
             counters.messages_received += 1

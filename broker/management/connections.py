@@ -74,13 +74,15 @@ async def delete_connection(request: web.Request) -> web.Response:
 async def connection_channels(request: web.Request) -> web.Response:
     node = node_of(request)
     conn = _connection(request)
-    return respond_list(request, (channel_info(node, conn, ch) for ch in list(conn.channels.values())))
+    sampler = request.app["sampler"]
+    return respond_list(request, (channel_info(node, conn, ch, sampler) for ch in list(conn.channels.values())))
 
 
 async def list_channels(request: web.Request) -> web.Response:
     node = node_of(request)
     visible = set(_visible_connections(request))
-    return respond_list(request, (channel_info(node, conn, ch) for conn, ch in iter_channels(node)
+    sampler = request.app["sampler"]
+    return respond_list(request, (channel_info(node, conn, ch, sampler) for conn, ch in iter_channels(node)
                                   if conn in visible))
 
 
@@ -89,7 +91,7 @@ async def get_channel(request: web.Request) -> web.Response:
     visible = set(_visible_connections(request))
     for conn, ch in iter_channels(node):
         if conn in visible and channel_name(conn, ch) == request.match_info["name"]:
-            info = channel_info(node, conn, ch)
+            info = channel_info(node, conn, ch, request.app["sampler"])
             info["consumer_details"] = [consumer_info(node, conn, ch, c) for c in list(ch.consumers.values())]
             return respond(info)
     raise not_found()

@@ -94,7 +94,8 @@ def make_message(exchange_name: str, routing_key: str, body: bytes, properties: 
 async def list_exchanges(request: web.Request) -> web.Response:
     node = node_of(request)
     vhs = [vhost_for(request)] if "vhost" in request.match_info else visible_vhosts(request)
-    return respond_list(request, (exchange_info(node, vh, ex) for vh in vhs for ex in all_exchanges(vh)))
+    sampler = request.app["sampler"]
+    return respond_list(request, (exchange_info(node, vh, ex, sampler) for vh in vhs for ex in all_exchanges(vh)))
 
 
 def _lookup(request: web.Request, vh: VHost) -> Any:
@@ -106,7 +107,7 @@ def _lookup(request: web.Request, vh: VHost) -> Any:
 
 async def get_exchange(request: web.Request) -> web.Response:
     vh = vhost_for(request)
-    return respond(exchange_info(node_of(request), vh, _lookup(request, vh)))
+    return respond(exchange_info(node_of(request), vh, _lookup(request, vh), request.app["sampler"]))
 
 
 async def put_exchange(request: web.Request) -> web.Response:

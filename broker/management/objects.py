@@ -15,7 +15,7 @@ import hashlib
 import json
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from broker.deduplication_exchange import DeduplicationExchange
@@ -44,7 +44,13 @@ DEFAULT_EXCHANGE_PATH = "amq.default"
 
 class RateSampler:
     """Keeps the previous sample of every counter it is asked about; a rate is the change per second
-    between the last two samples (taken every ``interval`` seconds by the app)."""
+    between the last two samples (taken every ``interval`` seconds by the app, the node's
+    ``collect_statistics_interval``), as RabbitMQ's management agent works out ``*_details.rate``:
+    ``(value now - value at the previous sample) / (seconds between the two samples)``.
+
+    What is sampled: the node's message counters and object churn (key ``"global"``), each vhost's message
+    totals (key ``("vhost", name)``), and per queue, connection, channel and exchange (key ``id(object)``)
+    the counters its HTTP API object shows with a rate. Keys of objects gone are dropped at the next sample."""
 
     def __init__(self, interval: float = 5.0) -> None:
         self.interval = interval
@@ -61,27 +67,52 @@ class RateSampler:
     def rate(self, key: Any) -> float:
         return round(self._rates.get(key, 0.0), 1)
 
+    def rate_sum(self, keys: Iterable[Any]) -> float:
+        """The rate of a sum of sampled counters (the sum of their rates, rounded once)."""
+        rates = self._rates
+        return round(sum(rates.get(key, 0.0) for key in keys), 1)
+
     def sample(self, node: Node) -> None:
         now = time.monotonic()
         for name, value in global_message_counts(node).items():
             self.observe(("global", name), value, now)
+        for name, value in churn_counts(node).items():
+            self.observe(("global", name), value, now)
         live: set[Any] = set()
         for vh in node.vhosts.values():
+            for ex in all_exchanges(vh):
+                key = id(ex)
+                live.add(key)
+                for name, value in exchange_message_counts(ex).items():
+                    self.observe((key, name), value, now)
+            ready = unacked = 0
             for q in vh.queues:
                 key = id(q)
                 live.add(key)
                 for name, value in queue_message_counts(q).items():
                     self.observe((key, name), value, now)
                 f = q.figures()
+                ready += f.ready
+                unacked += f.unacked
                 for name, value in (("messages_ready", f.ready), ("messages_unacknowledged", f.unacked),
                                     ("messages", f.messages)):
                     self.observe((key, name), value, now)
                 self.idle.observe(q, key)
+            vkey = ("vhost", vh.name)  # the vhost's totals (its HTTP API object, /api/overview's queue_totals)
+            live.add(vkey)
+            for name, value in (("messages", ready + unacked), ("messages_ready", ready),
+                                ("messages_unacknowledged", unacked)):
+                self.observe((vkey, name), value, now)
         for conn in open_connections(node):
             key = id(conn)
             live.add(key)
             for name, value in connection_byte_counts(conn).items():
                 self.observe((key, name), value, now)
+            for ch in list(conn.channels.values()):
+                key = id(ch)
+                live.add(key)
+                for name, value in channel_message_counts(ch).items():
+                    self.observe((key, name), value, now)
         for key in [k for k in self._prev if k[0] != "global" and k[0] not in live]:
             self._prev.pop(key, None)
             self._rates.pop(key, None)
@@ -149,6 +180,57 @@ def global_message_counts(node: Node) -> dict[str, int]:
         "redeliver": c.messages_redelivered,
         "ack": c.messages_acknowledged,
     }
+
+
+def churn_counts(node: Node) -> dict[str, int]:
+    """The node's object churn counters under the names of RabbitMQ's ``churn_rates`` (in /api/overview)."""
+    c = node.counters
+    return {
+        "channel_closed": c.channels_closed,
+        "channel_created": c.channels_opened,
+        "connection_closed": c.connections_closed,
+        "connection_created": c.connections_opened,
+        "queue_created": c.queues_created,
+        "queue_declared": c.queues_declared,
+        "queue_deleted": c.queues_deleted,
+    }
+
+
+def channel_message_counts(ch: Channel) -> dict[str, int]:
+    """A channel's ``message_stats`` (RabbitMQ's fields for a channel), from the plain ints the channel keeps
+    (``Channel.msg_*``): publishes and their confirms and unroutable outcomes, deliveries to its consumers and
+    basic.get answers (``deliver_get`` is their sum), redeliveries and acks."""
+    deliver, deliver_no_ack, get, get_no_ack = ch.msg_deliver, ch.msg_deliver_no_ack, ch.msg_get, ch.msg_get_no_ack
+    return {
+        "publish": ch.msg_publish,
+        "confirm": ch.msg_confirm,
+        "return_unroutable": ch.msg_return_unroutable,
+        "drop_unroutable": ch.msg_drop_unroutable,
+        "deliver_get": deliver + deliver_no_ack + get + get_no_ack,
+        "deliver": deliver,
+        "deliver_no_ack": deliver_no_ack,
+        "get": get,
+        "get_no_ack": get_no_ack,
+        "get_empty": ch.msg_get_empty,
+        "redeliver": ch.msg_redeliver,
+        "ack": ch.msg_ack,
+    }
+
+
+def exchange_message_counts(ex: Exchange) -> dict[str, int]:
+    """An exchange's ``message_stats``: ``publish_in`` (messages clients published to it) and ``publish_out``
+    (one per queue such a message reached), counted by VHost.publish."""
+    return {"publish_in": ex.publish_in, "publish_out": ex.publish_out}
+
+
+def vhost_message_totals(vh: VHost) -> dict[str, int]:
+    """The messages in a vhost's queues (``messages``, ``messages_ready``, ``messages_unacknowledged``)."""
+    ready = unacked = 0
+    for q in vh.queues:
+        f = q.figures()
+        ready += f.ready
+        unacked += f.unacked
+    return {"messages": ready + unacked, "messages_ready": ready, "messages_unacknowledged": unacked}
 
 
 def connection_byte_counts(conn: Reader) -> dict[str, int]:
@@ -321,8 +403,8 @@ def stream_group_info(q: StreamQueue, name: str, group: GroupLog, members: dict[
 
 # -- exchanges and bindings ------------------------------------------------------------------------------------
 
-def exchange_info(node: Node, vh: VHost, ex: Exchange) -> dict[str, Any]:
-    info = {
+def exchange_info(node: Node, vh: VHost, ex: Exchange, sampler: RateSampler | None = None) -> dict[str, Any]:
+    info: dict[str, Any] = {
         "name": ex.name,
         "vhost": vh.name,
         "type": ex.type_name,
@@ -332,6 +414,7 @@ def exchange_info(node: Node, vh: VHost, ex: Exchange) -> dict[str, Any]:
         "arguments": json_safe(ex.arguments),
         "user_who_performed_action": "rmq-internal",  # exchanges do not record who declared them
         "policy": None,  # policies apply to queues only (broker/policy.py)
+        "message_stats": with_details(exchange_message_counts(ex), sampler, id(ex)),
     }
     if isinstance(ex, DeduplicationExchange) and ex.cache is not None:
         info["cache_info"] = ex.cache.info()  # the plugin's exchange info item
@@ -460,7 +543,7 @@ def channel_name(conn: Reader, ch: Channel) -> str:
     return f"{conn.name} ({ch.id})"
 
 
-def channel_info(node: Node, conn: Reader, ch: Channel) -> dict[str, Any]:
+def channel_info(node: Node, conn: Reader, ch: Channel, sampler: RateSampler | None = None) -> dict[str, Any]:
     user = conn.user
     tx = ch.tx
     return {
@@ -482,6 +565,7 @@ def channel_info(node: Node, conn: Reader, ch: Channel) -> dict[str, Any]:
         "confirm": ch.confirm,
         "transactional": tx is not None,
         "pending_raft_commands": 0,
+        "message_stats": with_details(channel_message_counts(ch), sampler, id(ch)),
     }
 
 
@@ -537,12 +621,8 @@ def iter_consumers(node: Node) -> Iterator[tuple[Reader, Channel, Consumer]]:
 
 # -- vhosts, users, permissions, policies ---------------------------------------------------------------------
 
-def vhost_info(node: Node, vh: VHost) -> dict[str, Any]:
-    ready = unacked = 0
-    for q in vh.queues:
-        f = q.figures()
-        ready += f.ready
-        unacked += f.unacked
+def vhost_info(node: Node, vh: VHost, sampler: RateSampler | None = None) -> dict[str, Any]:
+    totals = vhost_message_totals(vh)
     description = vh.description
     tags = list(vh.tags)
     dqt = vh.default_queue_type
@@ -554,9 +634,7 @@ def vhost_info(node: Node, vh: VHost) -> dict[str, Any]:
         "metadata": {"description": description, "tags": tags, "default_queue_type": dqt},
         "tracing": vh.tracing is not None,
         "cluster_state": {node.name: "running"},
-        "messages": ready + unacked,
-        "messages_ready": ready,
-        "messages_unacknowledged": unacked,
+        **with_details(totals, sampler, ("vhost", vh.name)),
     }
 
 

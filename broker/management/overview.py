@@ -26,9 +26,11 @@ from broker.management.common import (
     visible_vhosts,
 )
 from broker.management.objects import (
+    churn_counts,
     global_message_counts,
     iter_channels,
     iter_consumers,
+    vhost_message_totals,
     with_details,
 )
 from broker.os_probes import disk_free, open_fds, resident_memory
@@ -49,22 +51,18 @@ async def get_overview(request: web.Request) -> web.Response:
     vhs = visible_vhosts(request)
     user = user_of(request)
     all_visible = sees_all(user)
-    ready = unacked = n_queues = 0
+    totals = {"messages": 0, "messages_ready": 0, "messages_unacknowledged": 0}
     for vh in vhs:
-        for q in vh.queues:
-            f = q.figures()
-            ready += f.ready
-            unacked += f.unacked
-            n_queues += 1
+        for name, value in vhost_message_totals(vh).items():
+            totals[name] += value
     names = {vh.name for vh in vhs}
     conns = [c for c in open_connections(node) if all_visible or c.user.name == user.name]
     channels = [1 for conn, _ in iter_channels(node) if conn in conns]
     consumers = [1 for conn, _, _ in iter_consumers(node) if conn in conns]
     queue_totals: dict[str, Any] = {}
-    for name, value in (("messages", ready + unacked), ("messages_ready", ready),
-                        ("messages_unacknowledged", unacked)):
+    for name, value in totals.items():  # the rate of the visible vhosts' totals: the sum of theirs
         queue_totals[name] = value
-        queue_totals[name + "_details"] = {"rate": 0.0}
+        queue_totals[name + "_details"] = {"rate": sampler.rate_sum((("vhost", vh.name), name) for vh in vhs)}
     return respond({
         "management_version": VERSION,
         "rates_mode": "basic",
@@ -83,14 +81,14 @@ async def get_overview(request: web.Request) -> web.Response:
         "is_op_policy_updating_enabled": True,
         "enable_queue_totals": True,
         "message_stats": with_details(global_message_counts(node), sampler, "global"),
-        "churn_rates": {},
+        "churn_rates": with_details(churn_counts(node), sampler, "global"),
         "queue_totals": queue_totals,
         "object_totals": {
             "channels": len(channels),
             "connections": len(conns),
             "consumers": len(consumers),
             "exchanges": sum(len(vh.exchanges) + 1 for vh in vhs),
-            "queues": n_queues,
+            "queues": sum(len(vh.queues) for vh in vhs),
         },
         "statistics_db_event_queue": 0,
         "node": node.name,

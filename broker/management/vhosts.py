@@ -28,13 +28,13 @@ QUEUE_TYPES = ("classic", "quorum", "stream")
 
 
 async def list_vhosts(request: web.Request) -> web.Response:
-    node = node_of(request)
-    return respond_list(request, (vhost_info(node, vh) for vh in sorted(visible_vhosts(request),
-                                                                        key=lambda v: v.name)))
+    node, sampler = node_of(request), request.app["sampler"]
+    return respond_list(request, (vhost_info(node, vh, sampler) for vh in sorted(visible_vhosts(request),
+                                                                                 key=lambda v: v.name)))
 
 
 async def get_vhost(request: web.Request) -> web.Response:
-    return respond(vhost_info(node_of(request), vhost_for(request)))
+    return respond(vhost_info(node_of(request), vhost_for(request), request.app["sampler"]))
 
 
 async def put_vhost(request: web.Request) -> web.Response:
