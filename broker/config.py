@@ -6,7 +6,7 @@ whole list of keys Leveret reads; ``config/leveret.conf`` shows every key with i
 
 Every problem of a file (and of the environment and command line) is found before start-up stops, and all are
 reported in one message, each with its line: a bad value, an unknown key (a misspelling: no RabbitMQ version
-has it), or a key of a RabbitMQ feature Leveret does not have (clustering, TLS, plugins, ...: ``_RABBITMQ_ONLY``,
+has it), or a key of a RabbitMQ feature Leveret does not have (clustering, HTTPS, plugins, ...: ``_RABBITMQ_ONLY``,
 taken from the configuration schemas of RabbitMQ 3.8 to 4.x). With ``leveret.unsupported_keys = warn`` the
 last kind is ignored with one warning listing them, so an existing rabbitmq.conf can be used as is.
 """
@@ -251,6 +251,21 @@ class Settings:
     # The delay store's time bucket (issue 14: UTC, an hour by default): pending messages are kept in one file
     # set per bucket, deleted once drained. A store keeps the length it was made with (storage/delay/store.py).
     delayed_message_bucket_size: int = 3_600_000
+    # The AMQP-over-TLS listener (RabbitMQ's listeners.ssl.default, ssl_options.*; broker/tls.py builds the
+    # context): off (None) unless a port is given; its address defaults to the plain listener's (bind).
+    ssl_bind: str | None = None
+    ssl_port: int | None = None
+    ssl_cacertfile: Path | None = None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    ssl_password: str | None = None  # of an encrypted keyfile
+    ssl_verify: str = "verify_none"  # or verify_peer: ask for a client certificate and check it
+    ssl_fail_if_no_peer_cert: bool = False  # with verify_peer: refuse a client without a certificate
+    # ssl_options.versions.N / ciphers.N by N (a later key of the same N replaces it); empty: the defaults
+    # (TLS 1.2 and 1.3; OpenSSL's ciphers).
+    ssl_versions: dict[str, str] = field(default_factory=dict)
+    ssl_ciphers: dict[str, str] = field(default_factory=dict)
+    ssl_handshake_timeout: float = 5.0  # seconds (the key is in ms, RabbitMQ's 5000)
     # Not a setting: what loading the settings found worth a warning, logged once logging is set up.
     startup_warnings: list[str] = field(default_factory=list)
     # Not a setting: the configuration file(s) read (the start-up banner names them).
@@ -297,6 +312,56 @@ def _set_listener(s: Settings, key: str, value: str) -> None:
     if host is not None:
         s.bind = host
     s.port = port
+
+
+def _set_ssl_listener(s: Settings, key: str, value: str) -> None:
+    if key == "listeners.ssl":  # RabbitMQ's "no TLS listener"
+        if value.strip().lower() != "none":
+            raise ValueError("expected none (or listeners.ssl.default = PORT or ADDRESS:PORT)")
+        s.ssl_bind, s.ssl_port = None, None
+        return
+    s.ssl_bind, s.ssl_port = parse_listener(value)
+
+
+TLS_VERSIONS = ("tlsv1.2", "tlsv1.3")
+# Versions RabbitMQ (Erlang's ssl) accepts in ssl_options.versions that Leveret refuses: broken or deprecated
+# (RFC 8996), and refused by OpenSSL 3's default security level anyway.
+_OLD_TLS_VERSIONS = ("tlsv1.1", "tlsv1", "sslv3")
+
+
+def _set_ssl_version(s: Settings, key: str, value: str) -> None:
+    v = value.strip().lower().replace("'", "")
+    if v in _OLD_TLS_VERSIONS:
+        raise _Unsupported(f"{v} (Leveret offers TLS 1.2 and 1.3 only)")
+    if v not in TLS_VERSIONS:
+        raise ValueError("expected tlsv1.2 or tlsv1.3")
+    s.ssl_versions[key.rsplit(".", 1)[1]] = v
+
+
+def parse_cipher(value: str) -> str:
+    """One ``ssl_options.ciphers.N``: an OpenSSL cipher name (ECDHE-RSA-AES256-GCM-SHA384), or a TLS 1.3
+    suite name (TLS_AES_256_GCM_SHA384)."""
+    import ssl
+
+    v = value.strip()
+    if v in TLS13_CIPHER_SUITES:
+        return v
+    if not re.fullmatch(r"[A-Za-z0-9_\-+!@=]+", v):
+        raise ValueError("expected one OpenSSL cipher name, e.g. ECDHE-RSA-AES256-GCM-SHA384")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).set_ciphers(v)
+    except ssl.SSLError:
+        raise ValueError("not a cipher this OpenSSL has") from None
+    return v
+
+
+# The TLS 1.3 cipher suites of OpenSSL (Python's ssl module cannot restrict these: broker/tls.py warns).
+TLS13_CIPHER_SUITES = ("TLS_AES_256_GCM_SHA384", "TLS_CHACHA20_POLY1305_SHA256", "TLS_AES_128_GCM_SHA256",
+                       "TLS_AES_128_CCM_SHA256", "TLS_AES_128_CCM_8_SHA256")
+
+
+def _set_ssl_cipher(s: Settings, key: str, value: str) -> None:
+    s.ssl_ciphers[key.rsplit(".", 1)[1]] = parse_cipher(value)
 
 
 def _simple(attr: str, parse: Callable[[str], Any]) -> Callable[[Settings, str, str], None]:
@@ -397,7 +462,17 @@ KEYS: dict[str, tuple[Callable[[Settings, str, str], None], str]] = {
     "management.disable_stats": (_only_false("turning the HTTP API's statistics off"), "false"),
     "default_queue_type": (_only(("classic",), "a default queue type other than classic (a queue declared "
                                                "without x-queue-type is classic in Leveret)"), "classic"),
-    "listeners.ssl": (_only(("none",), "TLS listeners"), "none"),
+    "listeners.ssl": (_set_ssl_listener, "none"),
+    "listeners.ssl.default": (_set_ssl_listener, "PORT or ADDRESS:PORT"),
+    "ssl_options.cacertfile": (_simple("ssl_cacertfile", parse_path), "a PEM file of CA certificates"),
+    "ssl_options.certfile": (_simple("ssl_certfile", parse_path), "a PEM certificate file"),
+    "ssl_options.keyfile": (_simple("ssl_keyfile", parse_path), "a PEM private key file"),
+    "ssl_options.password": (_simple("ssl_password", str.strip), "the password of an encrypted keyfile"),
+    "ssl_options.verify": (_simple("ssl_verify", lambda v: _choice(v.lower(), ("verify_none", "verify_peer"))),
+                           "verify_none or verify_peer"),
+    "ssl_options.fail_if_no_peer_cert": (_simple("ssl_fail_if_no_peer_cert", parse_bool), "true or false"),
+    "ssl_handshake_timeout": (_simple("ssl_handshake_timeout", lambda v: _int_range(1, 2**31)(v) / 1000),
+                              "milliseconds, at least 1"),
     "proxy_protocol": (_only_false("the PROXY protocol"), "false"),
     "reverse_dns_lookups": (_only_false("reverse DNS lookups of client addresses"), "false"),
     "anonymous_login_user": (_only(("none",), "the ANONYMOUS login mechanism"), "none"),
@@ -431,6 +506,10 @@ _PATTERNS: list[tuple[str, Callable[[Settings, str, str], None], str]] = [
     ("default_user_tags.", _set_user_tag, "true or false"),
     # listeners.tcp.NAME: any name, as RabbitMQ (listeners.tcp.1 = ...); Leveret listens on one address.
     ("listeners.tcp.", _set_listener, "PORT or ADDRESS:PORT"),
+    # listeners.ssl.NAME likewise: one TLS listener.
+    ("listeners.ssl.", _set_ssl_listener, "PORT or ADDRESS:PORT"),
+    ("ssl_options.versions.", _set_ssl_version, "tlsv1.2 or tlsv1.3"),
+    ("ssl_options.ciphers.", _set_ssl_cipher, "an OpenSSL cipher name, e.g. ECDHE-RSA-AES256-GCM-SHA384"),
     ("auth_backends.", _only(("internal", "rabbit_auth_backend_internal"), "authentication backends other "
                              "than internal"), "internal"),
     ("auth_mechanisms.", _only(("PLAIN", "AMQPLAIN"), "SASL mechanisms other than PLAIN and AMQPLAIN",
@@ -446,13 +525,18 @@ _RABBITMQ_ONLY_KEYS: list[tuple[str, list[str]]] = [
         r"mirroring_sync_(batch_size|max_throughput)", r"net_ticktime", r"distribution\..+", r"metadata_store\..+",
         r"prevent_startup_if_node_was_reset", r"aws\..+"]),
     ("quorum queue replication (Raft) tuning", [r"quorum_queue\..+", r"raft\..+"]),
-    ("TLS (no TLS listener in Leveret yet)", [
-        r"ssl_options(\..+)?", r"listeners\.ssl\..+", r"num_acceptors\.ssl", r"ssl_handshake_timeout",
-        r"ssl_cert_login_.+", r"ssl_allow_poodle_attack", r"(management|prometheus)\.ssl\..+",
-        r"management\.listener\.ssl(_opts)?(\..+)?", r"definitions\.tls\..+", r"trust_store\..+",
-        r"log\.syslog\.ssl_options\..+"]),
+    # The AMQP listener's TLS keys Leveret reads are in KEYS and _PATTERNS (found before these).
+    ("a TLS option Leveret does not have", [
+        r"ssl_options", r"ssl_allow_poodle_attack",
+        (r"ssl_options\.(?!(cacertfile|certfile|keyfile|password|verify|fail_if_no_peer_cert"
+         r"|versions\.[^.]+|ciphers\.[^.]+)$).+")]),
+    ("certificate login (the EXTERNAL mechanism)", [r"ssl_cert_login_.+"]),
+    ("HTTPS for the HTTP API and Prometheus", [
+        r"(management|prometheus)\.ssl\..+", r"management\.listener\.ssl(_opts)?(\..+)?"]),
+    ("TLS for definitions, the trust store plugin and syslog", [
+        r"definitions\.tls\..+", r"trust_store\..+", r"log\.syslog\.ssl_options\..+"]),
     ("turning the plain AMQP listener off", [r"listeners\.tcp"]),
-    ("TCP socket options", [r"tcp_listen_options(\..+)?", r"num_acceptors\.tcp"]),
+    ("TCP socket options", [r"tcp_listen_options(\..+)?", r"num_acceptors\.(tcp|ssl)"]),
     ("the MQTT plugin", [r"mqtt\..+"]),
     ("the Web MQTT plugin", [r"web_mqtt\..+"]),
     ("the STOMP plugin", [r"stomp\..+"]),
@@ -635,7 +719,8 @@ def _read_file(settings: Settings, path: Path) -> list[_Problem]:
     except UnicodeDecodeError:
         raise ConfigError(f"cannot read configuration file {path}: not UTF-8 text") from None
     problems: list[_Problem] = []
-    listener: tuple[str, str] | None = None  # the first listeners.tcp.NAME key of the file, and its line
+    # The first listeners.tcp.NAME (and listeners.ssl.NAME) key of the file, and its line.
+    listeners: dict[str, tuple[str, str]] = {}
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()  # only whole-line comments: values such as passwords may contain '#'
         if not line or line.startswith("#"):
@@ -646,14 +731,17 @@ def _read_file(settings: Settings, path: Path) -> list[_Problem]:
         if "=" not in line or not key:
             problems.append(_Problem(where, key, f"{where}: expected 'key = value', got {raw.strip()!r}"))
             continue
-        if key.startswith("listeners.tcp.") and key != "listeners.tcp.":
+        kind = key[:14] if key.startswith(("listeners.tcp.", "listeners.ssl.")) and len(key) > 14 else None
+        if kind is not None:
+            listener = listeners.get(kind)
             if listener is not None and listener[0] != key:
-                feature = f"a second AMQP listener (Leveret listens on one address, {listener[0]} of line " \
+                what = "AMQP" if kind == "listeners.tcp." else "AMQP-over-TLS"
+                feature = f"a second {what} listener (Leveret listens on one address, {listener[0]} of line " \
                           f"{listener[1]})"
                 problems.append(_Problem(where, key, f"{where}: '{key}' asks for {feature}, not supported by "
                                                      "Leveret", feature))
                 continue
-            listener = (key, str(lineno))
+            listeners[kind] = (key, str(lineno))
         problem = _apply(settings, key, value, where)
         if problem is not None:
             problems.append(problem)

@@ -15,13 +15,14 @@ import os
 import platform
 import signal
 import socket
+import ssl
 import time
 from typing import Any
 
 import structlog
 from aiohttp import web
 
-from broker import PRODUCT, VERSION, definitions, metrics
+from broker import PRODUCT, VERSION, definitions, metrics, tls
 from broker.alarms import ResourceMonitor, configured_disk_free_limit, configured_memory_limit
 from broker.logs import log_banner
 from broker.management.app import make_app
@@ -83,6 +84,8 @@ class Server:
         # migrated into the metadata store at start.
         self._metadata_doc: dict[str, Any] | None = None
         self._server: asyncio.base_events.Server | None = None
+        self._tls_server: asyncio.base_events.Server | None = None  # listeners.ssl.default: AMQP over TLS
+        self._tls_context: ssl.SSLContext | None = None
         self._http_runners: list[Any] = []
         self._data_dir_lock: DataDirLock | None = None  # held from start to exit: one broker per directory
 
@@ -188,7 +191,41 @@ class Server:
         log.warning("force_reset: deleted every message, queue, user and definition of this node; "
                     "starting as a new node", data_dir=data_dir, removed=removed)
 
+    def build_tls_context(self) -> None:
+        """The TLS listener's context (listeners.ssl.default set), built once, before the data directory is
+        touched: a certificate or key that cannot be read stops the start, naming the key and the file."""
+        if self.node.settings.ssl_port is None:
+            return
+        try:
+            self._tls_context, warnings = tls.server_context(self.node.settings)
+        except tls.TLSSetupError as exc:
+            raise StartupError(f"cannot start the AMQP-over-TLS listener: {exc}") from None
+        for warning in warnings:
+            log.warning(warning)
+
+    async def _listen_amqp(self, protocol: str, bind: str, port: int,
+                           context: ssl.SSLContext | None = None) -> asyncio.base_events.Server:
+        """One AMQP listener, plain or over TLS: the same connections (Reader) either way. Over TLS a
+        handshake not finished within ssl_handshake_timeout is closed (so is a plaintext client: OpenSSL
+        refuses its first bytes); the AMQP handshake_timeout starts once TLS is up."""
+        loop = asyncio.get_running_loop()
+        tls_args: dict[str, Any] = {}
+        if context is not None:
+            tls_args = {"ssl": context, "ssl_handshake_timeout": self.node.settings.ssl_handshake_timeout}
+        try:
+            server = await loop.create_server(lambda: Reader(self.node), listen_hosts(bind), port,
+                                              reuse_address=True, backlog=1024, **tls_args)
+        except OSError as exc:
+            what = "AMQP over TLS" if context is not None else "AMQP"
+            raise StartupError(f"cannot listen for {what} on {bind}:{port}: {exc.strerror or exc}") from None
+        for sock in server.sockets:
+            address = sock.getsockname()[0]
+            self.node.listeners.append({"protocol": protocol, "ip_address": address, "port": port})
+            log.info("listening", protocol=protocol, address=address, port=port)
+        return server
+
     async def start(self) -> None:
+        self.build_tls_context()
         self.open_storage()
         monitor = self.start_resource_monitor()
         set_memory_limit(monitor.memory_limit)
@@ -200,18 +237,13 @@ class Server:
             except (definitions.DefinitionsError, MetadataWriteError) as exc:
                 raise StartupError(f"load_definitions {self.node.settings.load_definitions}: {exc}") from None
             log.info("definitions loaded", file=str(self.node.settings.load_definitions))
-        loop = asyncio.get_running_loop()
-        hosts = listen_hosts(self.node.settings.bind)
-        try:
-            self._server = await loop.create_server(lambda: Reader(self.node), hosts, self.node.settings.port,
-                                                    reuse_address=True, backlog=1024)
-        except OSError as exc:
-            raise StartupError(f"cannot listen for AMQP on {self.node.settings.bind}:{self.node.settings.port}: "
-                               f"{exc.strerror or exc}") from None
-        for sock in self._server.sockets:
-            address = sock.getsockname()[0]
-            self.node.listeners.append({"protocol": "amqp", "ip_address": address, "port": self.node.settings.port})
-            log.info("listening", protocol="amqp", address=address, port=self.node.settings.port)
+        s = self.node.settings
+        if self._tls_context is not None and s.ssl_port is not None:
+            # Before the plain listener: a client (or test) that waits for the plain port finds both up.
+            # RabbitMQ's name of this listener's protocol is amqp/ssl.
+            self._tls_server = await self._listen_amqp("amqp/ssl", s.ssl_bind or s.bind, s.ssl_port,
+                                                       self._tls_context)
+        self._server = await self._listen_amqp("amqp", s.bind, s.port)
         await self._start_http()
         self._log_banner(monitor)
 
@@ -272,8 +304,9 @@ class Server:
         """Graceful shutdown: stop accepting, close every connection with 320 CONNECTION_FORCED, wait for
         them (at most ``leveret.shutdown_timeout``), run the shutdown hooks, close the HTTP listeners."""
         self.node.stopping = True
-        if self._server is not None:
-            self._server.close()
+        for server in (self._server, self._tls_server):
+            if server is not None:
+                server.close()
         for conn in list(self.node.connections):
             conn.force_close(SHUTDOWN_REASON)
         deadline = time.monotonic() + self.node.settings.shutdown_timeout

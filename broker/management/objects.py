@@ -24,6 +24,7 @@ from broker.exchange import EXCHANGE, QUEUE
 from broker.json_values import json_safe
 from broker.reader import open_connections
 from broker.stream_queue import StreamQueue
+from broker.tls import connection_tls_info
 
 if TYPE_CHECKING:
     from broker.auth import User
@@ -515,7 +516,7 @@ def connection_info(node: Node, conn: Reader, sampler: RateSampler | None = None
         "type": "network",
         "protocol": "AMQP 0-9-1",
         "auth_mechanism": conn.auth_mechanism,
-        "ssl": False,
+        **connection_tls_info(transport),  # ssl and, over TLS, the protocol, cipher and client certificate
         "peer_host": conn.peer[0],
         "peer_port": conn.peer[1],
         "host": str(local[0]),

@@ -15,10 +15,10 @@ from broker.config import ConfigError, Settings, load_file, load_settings, rabbi
 
 PRODUCTION = Path(__file__).resolve().parents[1] / "data" / "production-rabbitmq.conf"
 
-# line → key of every key in the file for a RabbitMQ feature Leveret does not have
+# line → key of every key in the file for a RabbitMQ feature Leveret does not have (its TLS listener's keys,
+# lines 6 and 12-15, are Leveret's too: check_supported_keys_took_effect)
 UNSUPPORTED = {
-    6: "listeners.ssl.default", 7: "tcp_listen_options.backlog", 8: "tcp_listen_options.nodelay",
-    12: "ssl_options.cacertfile", 13: "ssl_options.certfile", 14: "ssl_options.keyfile", 15: "ssl_options.verify",
+    7: "tcp_listen_options.backlog", 8: "tcp_listen_options.nodelay",
     40: "vm_memory_high_watermark_paging_ratio",
     45: "cluster_formation.peer_discovery_backend", 46: "cluster_formation.classic_config.nodes.1",
     47: "cluster_formation.classic_config.nodes.2", 48: "cluster_formation.classic_config.nodes.3",
@@ -43,7 +43,8 @@ def test_every_unsupported_key_is_named_in_one_error_with_its_line():
     named = re.findall(r":(\d+): '", message)
     assert sorted(map(int, named)) == sorted(UNSUPPORTED)  # nothing else, each once
     assert "unknown configuration key" not in message
-    assert "clustering" in message and "TLS" in message and "the MQTT plugin" in message
+    assert "clustering" in message and "TCP socket options" in message and "the MQTT plugin" in message
+    assert "ssl" not in message
     assert "set leveret.unsupported_keys = warn" in message.splitlines()[-1]
 
 
@@ -65,6 +66,14 @@ def check_supported_keys_took_effect(s: Settings) -> None:
     assert (s.log_file_rotation_date, s.log_file_rotation_count) == ("$D0", 7)
     assert (s.management_port, s.management_bind, s.prometheus_port) == (15672, "0.0.0.0", 15692)
     assert s.collect_statistics_interval == 10_000
+    # The TLS listener: port 5671 on the plain listener's address, verify_peer with the file's certificates
+    # (files that do not exist here: reading them is start-up's, tests/integration/test_config_production_file_start.py)
+    assert (s.ssl_bind, s.ssl_port) == (None, 5671)
+    assert (s.ssl_cacertfile, s.ssl_certfile, s.ssl_keyfile) == (
+        Path("/etc/rabbitmq/tls/ca_certificate.pem"), Path("/etc/rabbitmq/tls/server_certificate.pem"),
+        Path("/etc/rabbitmq/tls/server_key.pem"))
+    assert (s.ssl_verify, s.ssl_fail_if_no_peer_cert) == ("verify_peer", False)
+    assert s.ssl_versions == {} and s.ssl_ciphers == {} and s.ssl_handshake_timeout == 5.0
 
 
 @pytest.mark.parametrize("how", ["command line", "environment", "short environment", "file"])
@@ -205,7 +214,8 @@ def test_collect_statistics_interval_sets_the_http_apis_sampling():
     "auth_ldap.servers.1", "auth_oauth2.resource_server_id", "management.path_prefix", "management.ssl.port",
     "prometheus.return_per_object_metrics", "log.connection.level", "log.default.rotation.count",
     "quorum_queue.compute_checksums", "default_users.alice.password", "deprecated_features.permit.global_qos",
-    "federation.queues.shutdown.timeout", "shovel.operating_mode", "tracing.dir", "ssl_options.versions.1",
+    "federation.queues.shutdown.timeout", "shovel.operating_mode", "tracing.dir", "ssl_options.depth",
+    "ssl_options.honor_cipher_order", "ssl_cert_login_from", "prometheus.ssl.port", "num_acceptors.ssl",
     "num_acceptors.tcp", "connection_max", "total_memory_available_override_value", "collect_statistics",
 ])
 def test_documented_rabbitmq_keys_are_known_as_such(key):
