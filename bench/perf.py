@@ -42,9 +42,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
+import os
 import resource
+import signal
 import socket
 import sys
 import time
@@ -53,10 +56,12 @@ from dataclasses import asdict, dataclass, field
 from pamqp import commands
 
 from bench.amqp import (
+    HIST_SIZE,
     Connection,
     PublishTemplate,
     connect,
     hist_percentiles,
+    hist_value,
     merge_hists,
     new_hist,
 )
@@ -64,8 +69,10 @@ from bench.procstat import ProcSampler
 
 INIT, GO, MEASURE, DRAIN, STOP = 0, 1, 2, 3, 4
 # Per-worker counter slots in shared memory.
-C_PUB, C_CONF, C_NACK, C_CONS, C_ERR, C_READY, C_PDONE = range(7)
-NSLOTS = 7
+C_PUB, C_CONF, C_NACK, C_CONS, C_ERR, C_READY, C_PDONE, C_CDONE, C_RET = range(9)
+NSLOTS = 9
+STOP_ON_SIGTERM = False  # the CLI sets it: SIGTERM (like Ctrl-C) ends a timed run early, with its summary
+LATENCY_COPY_S = 0.2  # with progress lines: how often a worker copies its latency histogram to shared memory
 
 
 @dataclass
@@ -99,18 +106,49 @@ class PerfConfig:
     stream_offset: str | None = None  # consumer argument x-stream-offset ("first", "last", "next", "123")
     consumer_args: dict = field(default_factory=dict)  # further consumer arguments (x-stream-group, …)
     keep_publishing: bool = False  # backlog mode: producers go on publishing while the consumers drain
+    # PerfTest's options (the CLI maps its letters onto these; every default leaves the behaviour above as is).
+    queue: str = ""              # -u: the queue's exact name (with queues > 1: NAME-0 … NAME-N-1)
+    pmessages: int = 0           # -C: each producer publishes this many (confirmed, with confirm), then stops
+    cmessages: int = 0           # -D: each consumer stops after this many
+    consumer_rate: float = 0.0   # -R: per consumer, msg/s; 0 = unlimited
+    mandatory: bool = False      # -f mandatory: basic.publish mandatory=true (returns are counted)
+    exchange_type: str = ""      # -t: publish through `exchange` of this type ("" = default exchange / fanout)
+    routing_key: str = ""        # -k: routing key (and binding key); "" = the queue's name
+    queue_args: dict = field(default_factory=dict)  # -qa: further queue arguments
+    predeclared: bool = False    # -p: use existing queues (and exchange): declare and delete nothing
+    uris: list = field(default_factory=list)  # -H: connections spread round-robin over these (else `url`)
+    progress: float = 0.0        # -i: print a PerfTest progress line every N s (0 = none)
+    run_id: str = ""             # -d: the id on the progress and summary lines
     label: str = ""
     extra: dict = field(default_factory=dict)
 
     def queue_names(self) -> list[str]:
+        if self.queue:
+            return [self.queue] if self.queues <= 1 else [f"{self.queue}-{i}" for i in range(self.queues)]
         return [f"{self.queue_prefix}-{i}" for i in range(max(1, self.queues))]
+
+    @property
+    def exchange_kind(self) -> str:
+        """The type of the exchange the producers publish to; "" for the default exchange."""
+        return "fanout" if self.fanout else self.exchange_type
+
+    def url_for(self, i: int) -> str:
+        return self.uris[i % len(self.uris)] if self.uris else self.url
+
+    def fan_out(self) -> int:
+        """How many queues one publish reaches."""
+        if self.exchange_kind == "fanout" or (self.exchange_kind and self.routing_key):
+            return len(self.queue_names())
+        return 1
 
     @property
     def stream(self) -> bool:
         return self.queue_type == "stream"
 
     def queue_arguments(self) -> dict:
-        return {"x-queue-type": self.queue_type} if self.queue_type else {}
+        args = {"x-queue-type": self.queue_type} if self.queue_type else {}
+        args.update({k: _arg_value(v) for k, v in self.queue_args.items()})
+        return args
 
     def consume_arguments(self) -> dict:
         args = {"x-stream-offset": _arg_value(self.stream_offset)} if self.stream_offset is not None else {}
@@ -148,10 +186,18 @@ def raise_nofile() -> int:
 
 # ---------------------------------------------------------------------------------------------------------
 # Producer
+def _template(exchange: str, key: str, cfg: PerfConfig) -> PublishTemplate:
+    t = PublishTemplate(exchange, key, cfg.size, cfg.persistent)
+    if cfg.mandatory:  # basic.publish's bit field (mandatory = bit 0) follows the exchange and the routing key
+        bits = 7 + 4 + 2 + 1 + len(exchange.encode()) + 1 + len(key.encode())
+        t.head = t.head[:bits] + b"\x01" + t.head[bits + 1:]
+    return t
+
+
 class Publisher:
     def __init__(self, conn: Connection, exchange: str, keys: list[str], cfg: PerfConfig, total: int) -> None:
         self.conn = conn
-        self.templates = [PublishTemplate(exchange, k, cfg.size, cfg.persistent) for k in keys]
+        self.templates = [_template(exchange, k, cfg) for k in keys]
         self.batch_max = max(1, cfg.batch_bytes // self.templates[0].wire_size)
         self.window = cfg.confirm
         self.rate = cfg.rate
@@ -275,13 +321,16 @@ def plan_roles(cfg: PerfConfig) -> list[tuple]:
         roles.append(("c", i, qnames[i % q]))
     p = cfg.producers
     for j in range(p):
-        if cfg.fanout:
-            exchange, keys = cfg.exchange, [""]
+        own = [qnames[k] for k in range(q) if k % p == j] or [qnames[j % q]]
+        if cfg.exchange_kind == "fanout":
+            exchange, keys = cfg.exchange, [cfg.routing_key]
+        elif cfg.exchange_kind:
+            exchange, keys = cfg.exchange, [cfg.routing_key] if cfg.routing_key else own
         else:
             exchange = ""
-            keys = [qnames[k] for k in range(q) if k % p == j] or [qnames[j % q]]
+            keys = [cfg.routing_key] if cfg.routing_key else own
         total = cfg.backlog // p + (1 if j < cfg.backlog % p else 0) if cfg.backlog and not cfg.keep_publishing \
-            else 0
+            else cfg.pmessages
         roles.append(("p", j, exchange, keys, total))
     return roles
 
@@ -294,7 +343,33 @@ async def _start_consumer(conn: Connection, queue: str, idx: int, cfg: PerfConfi
                                           arguments=cfg.consume_arguments() or None))
 
 
-async def worker_main(wid: int, roles: list[tuple], cfg: PerfConfig, counters, phase) -> dict:
+async def _govern_consumers(consumers: list[tuple[Connection, str, int]], cfg: PerfConfig, stopped: set) -> None:
+    """-D and -R: stop reading a consumer's socket once it has its count, or while it is ahead of its rate.
+
+    Deliveries are counted per socket read (bench/amqp.py), so a consumer stops within one read of -D."""
+    started: dict[int, float] = {}
+    burst = max(1.0, cfg.consumer_rate * 0.01)
+    while True:
+        now = time.monotonic()
+        for c, _q, i in consumers:
+            if i in stopped or c.transport is None:
+                continue
+            n = c.consumed
+            if cfg.cmessages and n >= cfg.cmessages:
+                c.transport.pause_reading()
+                stopped.add(i)
+            elif cfg.consumer_rate:
+                if n and i not in started:
+                    started[i] = now - 1 / cfg.consumer_rate
+                if i in started:
+                    if n >= cfg.consumer_rate * (now - started[i]) + burst:
+                        c.transport.pause_reading()
+                    else:
+                        c.transport.resume_reading()
+        await asyncio.sleep(0.005)
+
+
+async def worker_main(wid: int, roles: list[tuple], cfg: PerfConfig, counters, phase, lat=None) -> dict:
     base = wid * NSLOTS
     errors: list[str] = []
     sem = asyncio.Semaphore(cfg.connect_concurrency)
@@ -306,7 +381,8 @@ async def worker_main(wid: int, roles: list[tuple], cfg: PerfConfig, counters, p
     async def open_role(role: tuple) -> None:
         async with sem:
             kind, idx = role[0], role[1]
-            conn = await connect(cfg.url, name=f"perf-{kind}{idx}")
+            conn = await connect(cfg.url_for(idx if kind == "c" else cfg.consumers + idx),
+                                 name=f"perf-{kind}{idx}")
             if kind == "c":
                 conn.seen = seen
                 consumers.append((conn, role[2], idx))
@@ -328,6 +404,11 @@ async def worker_main(wid: int, roles: list[tuple], cfg: PerfConfig, counters, p
     t_go = time.monotonic()
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     tasks = [asyncio.ensure_future(p.run()) for p in publishers]
+    stopped: set[int] = set()  # consumers that have their -D count
+    governor = asyncio.ensure_future(_govern_consumers(consumers, cfg, stopped)) \
+        if consumers and (cfg.cmessages or cfg.consumer_rate) else None
+    lat_off = wid * HIST_SIZE
+    lat_copied = 0.0
     measuring = False
     draining = False
     measure_base: list[int] = []
@@ -359,6 +440,11 @@ async def worker_main(wid: int, roles: list[tuple], cfg: PerfConfig, counters, p
         counters[base + C_NACK] = nack
         counters[base + C_CONS] = sum(c.consumed for c, _q, _i in consumers)
         counters[base + C_PDONE] = pdone
+        counters[base + C_CDONE] = len(stopped)
+        counters[base + C_RET] = sum(p.conn.returned for p in publishers)
+        if lat is not None and measuring and time.monotonic() - lat_copied >= LATENCY_COPY_S:
+            lat[lat_off:lat_off + HIST_SIZE] = hist
+            lat_copied = time.monotonic()
         conn_errors = sum(1 for c, _q, _i in consumers if c.error) + sum(1 for p in publishers if p.conn.error)
         counters[base + C_ERR] = len(errors) + conn_errors
         if ph >= STOP:
@@ -366,6 +452,8 @@ async def worker_main(wid: int, roles: list[tuple], cfg: PerfConfig, counters, p
         await asyncio.sleep(0.05)
     t_stop = time.monotonic()
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    if governor is not None:
+        governor.cancel()
     for p in publishers:
         p.stop()
     for t in tasks:
@@ -417,11 +505,12 @@ async def worker_main(wid: int, roles: list[tuple], cfg: PerfConfig, counters, p
     }
 
 
-def _worker_entry(wid: int, roles: list[tuple], cfg: PerfConfig, counters, phase, result_q) -> None:
+def _worker_entry(wid: int, roles: list[tuple], cfg: PerfConfig, counters, phase, result_q, lat=None) -> None:
     raise_nofile()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the run and summarises
     try:
         import uvloop
-        res = uvloop.run(worker_main(wid, roles, cfg, counters, phase))
+        res = uvloop.run(worker_main(wid, roles, cfg, counters, phase, lat))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         res = {"worker": wid, "fatal": f"{type(exc).__name__}: {exc}"}
         counters[wid * NSLOTS + C_READY] = 1
@@ -448,11 +537,17 @@ async def _parallel_control(cfg: PerfConfig, items: list, action, conns: int = 1
 
 
 async def setup_topology(cfg: PerfConfig) -> None:
+    if cfg.predeclared:  # -p: the queues (and exchange) are there already; only check that the queues are
+        async def check(c: Connection, q: str) -> None:
+            await c.rpc(commands.Queue.Declare(queue=q, passive=True))
+        await _parallel_control(cfg, cfg.queue_names(), check)
+        return
     durable = cfg.durable or cfg.persistent
-    if cfg.fanout:
+    kind = cfg.exchange_kind
+    if kind:
         c = await connect(cfg.url, name="perf-control")
         try:
-            await c.rpc(commands.Exchange.Declare(exchange=cfg.exchange, exchange_type="fanout", durable=durable))
+            await c.rpc(commands.Exchange.Declare(exchange=cfg.exchange, exchange_type=kind, durable=durable))
         finally:
             await c.close()
 
@@ -460,16 +555,20 @@ async def setup_topology(cfg: PerfConfig) -> None:
         await c.rpc(commands.Queue.Delete(queue=q))
         await c.rpc(commands.Queue.Declare(queue=q, durable=durable or cfg.stream,
                                            arguments=cfg.queue_arguments() or None))
-        if cfg.fanout:
-            await c.rpc(commands.Queue.Bind(queue=q, exchange=cfg.exchange, routing_key=""))
+        if kind:
+            key = cfg.routing_key if cfg.routing_key or kind == "fanout" else q
+            await c.rpc(commands.Queue.Bind(queue=q, exchange=cfg.exchange, routing_key=key))
     await _parallel_control(cfg, cfg.queue_names(), declare)
 
 
 async def cleanup_topology(cfg: PerfConfig) -> None:
+    if cfg.predeclared:
+        return
+
     async def delete(c: Connection, q: str) -> None:
         await c.rpc(commands.Queue.Delete(queue=q))
     await _parallel_control(cfg, cfg.queue_names(), delete)
-    if cfg.fanout:
+    if cfg.exchange_kind:
         c = await connect(cfg.url, name="perf-control")
         try:
             await c.rpc(commands.Exchange.Delete(exchange=cfg.exchange))
@@ -493,7 +592,83 @@ def _totals(counters, nw: int) -> list[int]:
     return out
 
 
-async def _monitor(cfg: PerfConfig, nw: int, counters, phase, procs, sampler, out: dict) -> None:
+LATENCY_QUANTILES = (0.5, 0.75, 0.95, 0.99)
+
+
+def latency_stats(hist) -> list[float] | None:
+    """PerfTest's min/median/75th/95th/99th (µs) of a histogram (bench/amqp.py's buckets); None if empty."""
+    total = sum(hist)
+    if not total:
+        return None
+    targets = [max(1, int(q * total + 0.999999)) for q in LATENCY_QUANTILES]
+    out: list[float] = []
+    acc = 0
+    for idx, n in enumerate(hist):
+        if not n:
+            continue
+        if not out:
+            out.append(hist_value(idx))
+        acc += n
+        while len(out) <= len(targets) and acc >= targets[len(out) - 1]:
+            out.append(hist_value(idx))
+        if len(out) > len(targets):
+            break
+    return out
+
+
+def _rate(n: float) -> str:
+    return f"{n:.0f}" if n >= 10 or n == 0 else f"{n:.2f}"
+
+
+def progress_line(cfg: PerfConfig, elapsed: float, rates: dict, lat: list[float] | None) -> str:
+    """One line in PerfTest's shape: id, time, sent (confirmed, nacked, returned), received, consumer latency."""
+    parts = [f"id: {cfg.run_id}", f"time {elapsed:.3f} s"]
+    if cfg.producers:
+        parts.append(f"sent: {_rate(rates['sent'])} msg/s")
+        if cfg.mandatory:
+            parts.append(f"returned: {_rate(rates['returned'])} msg/s")
+        if cfg.confirm:
+            parts.append(f"confirmed: {_rate(rates['confirmed'])} msg/s")
+            parts.append(f"nacked: {_rate(rates['nacked'])} msg/s")
+    if cfg.consumers:
+        parts.append(f"received: {_rate(rates['received'])} msg/s")
+        if cfg.size >= 8:
+            parts.append("min/median/75th/95th/99th consumer latency: "
+                         + "/".join(f"{v:.0f}" for v in (lat or [0] * 5)) + " µs")
+    return ", ".join(parts)
+
+
+async def _progress(cfg: PerfConfig, nw: int, counters, lat, t0: float) -> None:
+    """Every cfg.progress seconds: the rates since the last line and the latency of the deliveries in between
+    (the workers copy their histograms to `lat` every LATENCY_COPY_S)."""
+    prev = _totals(counters, nw)
+    prev_t = t0
+    prev_hist = [0] * HIST_SIZE
+    tick = t0
+    while True:
+        tick += cfg.progress
+        await asyncio.sleep(max(0.0, tick - time.monotonic()))
+        now = time.monotonic()
+        tot = _totals(counters, nw)
+        dt = max(1e-9, now - prev_t)
+        rates = {"sent": (tot[C_PUB] - prev[C_PUB]) / dt, "confirmed": (tot[C_CONF] - prev[C_CONF]) / dt,
+                 "nacked": (tot[C_NACK] - prev[C_NACK]) / dt, "received": (tot[C_CONS] - prev[C_CONS]) / dt,
+                 "returned": (tot[C_RET] - prev[C_RET]) / dt}
+        stats = None
+        if lat is not None:
+            merged = list(lat[0:HIST_SIZE])
+            for w in range(1, nw):
+                merged = [a + b for a, b in zip(merged, lat[w * HIST_SIZE:(w + 1) * HIST_SIZE], strict=True)]
+            stats = latency_stats([a - b for a, b in zip(merged, prev_hist, strict=True)])
+            prev_hist = merged
+        try:
+            print(progress_line(cfg, now - t0, rates, stats), flush=True)
+        except OSError:  # stdout closed (| head): the run goes on, silently
+            return
+        prev, prev_t = tot, now
+
+
+async def _monitor(cfg: PerfConfig, nw: int, counters, phase, procs, sampler, out: dict, lat=None) -> None:
     deadline = time.monotonic() + cfg.setup_timeout
     while _totals(counters, nw)[C_READY] < nw:
         if time.monotonic() > deadline:
@@ -507,10 +682,14 @@ async def _monitor(cfg: PerfConfig, nw: int, counters, phase, procs, sampler, ou
         out["broker_rss_ready_kb"] = sampler.sample()
         sampler.mark_start()
     series = []
+    task = asyncio.current_task()
+    if STOP_ON_SIGTERM and task is not None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     t0 = time.monotonic()
     phase.value = GO
+    progress = asyncio.ensure_future(_progress(cfg, nw, counters, lat, t0)) if cfg.progress > 0 else None
     if cfg.backlog:
-        expected_depth = cfg.backlog * (max(1, cfg.queues) if cfg.fanout else 1)
+        expected_depth = cfg.backlog * cfg.fan_out()
         ctrl = await connect(cfg.url, name="perf-depth")
         try:
             last_progress = (time.monotonic(), -1)
@@ -583,16 +762,39 @@ async def _monitor(cfg: PerfConfig, nw: int, counters, phase, procs, sampler, ou
         phase.value = MEASURE
         m0 = _totals(counters, nw)
         tm = time.monotonic()
-        end = tm + cfg.duration
+        end = tm + cfg.duration if cfg.duration > 0 else float("inf")  # -z 0: until the counts or Ctrl-C
+        counted = bool(cfg.pmessages or cfg.cmessages)
+        last_sample = 0.0
+        caught_up = (0, tm)  # -C without -D: (consumed, since when) once the producers are done
         while True:
             now = time.monotonic()
             tot = _totals(counters, nw)
-            series.append((round(now - t0, 2), tot[C_PUB], tot[C_CONS]))
+            if now - last_sample >= 1.0 or now >= end:
+                series.append((round(now - t0, 2), tot[C_PUB], tot[C_CONS]))
+                last_sample = now
             if now >= end:
                 break
             if tot[C_ERR] and not any(p.is_alive() for p in procs):
                 break
-            await asyncio.sleep(min(1.0, end - now))
+            if counted:
+                producers_done = tot[C_PDONE] >= cfg.producers if cfg.pmessages else True
+                if cfg.cmessages:
+                    consumers_done = tot[C_CDONE] >= cfg.consumers
+                elif cfg.consumers and producers_done:
+                    # -C alone: the consumers are done once they have what was published (or stop getting any)
+                    if tot[C_CONS] != caught_up[0]:
+                        caught_up = (tot[C_CONS], now)
+                    consumers_done = (tot[C_CONS] >= (tot[C_PUB] - tot[C_RET]) * cfg.fan_out()
+                                      or now - caught_up[1] > 3.0)
+                else:
+                    consumers_done = True
+                if producers_done and consumers_done:
+                    break
+            try:
+                await asyncio.sleep(min(0.05 if counted else 1.0, end - now))
+            except asyncio.CancelledError:  # Ctrl-C: stop here and report what was measured
+                out["interrupted"] = True
+                break
         m1 = _totals(counters, nw)
         window = time.monotonic() - tm
         out["publish_rate"] = round((m1[C_PUB] - m0[C_PUB]) / window, 1)
@@ -600,6 +802,8 @@ async def _monitor(cfg: PerfConfig, nw: int, counters, phase, procs, sampler, ou
     if sampler:
         sampler.mark_end()
     phase.value = STOP
+    if progress is not None:
+        progress.cancel()
     out["window_s"] = round(window, 3)
     out["published"] = m1[C_PUB] - m0[C_PUB]
     out["consumed"] = m1[C_CONS] - m0[C_CONS]
@@ -641,13 +845,18 @@ def run(cfg: PerfConfig) -> dict:
     counters = ctx.Array("q", nw * NSLOTS, lock=False)
     phase = ctx.Value("i", INIT, lock=False)
     result_q = ctx.Queue()
-    procs = [ctx.Process(target=_worker_entry, args=(w, per_worker[w], cfg, counters, phase, result_q),
+    lat = ctx.Array("q", nw * HIST_SIZE, lock=False) if cfg.progress > 0 else None
+    procs = [ctx.Process(target=_worker_entry, args=(w, per_worker[w], cfg, counters, phase, result_q, lat),
                          daemon=True) for w in range(nw)]
     for p in procs:
         p.start()
     out["_t_setup"] = t_setup
     try:
-        asyncio.run(_monitor(cfg, nw, counters, phase, procs, sampler, out))
+        asyncio.run(_monitor(cfg, nw, counters, phase, procs, sampler, out, lat))
+    except KeyboardInterrupt:  # Ctrl-C: the timed loop has recorded what was measured; go on and summarise
+        out["interrupted"] = True
+        if "window_s" not in out:
+            out["failed"] = True
     except Exception as exc:  # noqa: BLE001
         out["errors"].append(f"run: {type(exc).__name__}: {exc}")
         out["failed"] = True
@@ -704,7 +913,11 @@ def _summarise_workers(out: dict, results: list[dict], nw: int) -> None:
         out["returned"] = out.get("returned", 0) + r["returned"]
     if len(results) < nw:
         out["errors"].append(f"only {len(results)} of {nw} workers reported")
-    lat = hist_percentiles(merge_hists(hists)) if hists else {}
+    merged = merge_hists(hists) if hists else None
+    lat = hist_percentiles(merged, (0.5, 0.75, 0.95, 0.99, 0.999)) if merged else {}
+    if merged:
+        stats = latency_stats(merged)
+        lat["min"] = stats[0] if stats else None
     out["latency_us"] = lat
     if per_consumer:
         out["consumers"] = {"count": len(per_consumer), "min": min(per_consumer), "max": max(per_consumer),
@@ -781,59 +994,186 @@ def summary_line(r: dict) -> str:
     return "; ".join(parts)
 
 
+_PERFTEST_EPILOG = """\
+Output: a line every -i seconds in PerfTest's shape (rates since the previous line, latency of the deliveries
+in between; publish → deliver, from a timestamp in the body, so -s must be ≥ 8), then the summary:
+
+  id: test-114243-453, time 1.000 s, sent: 26390 msg/s, received: 25848 msg/s, min/median/75th/95th/99th consumer latency: 310/1203/1560/2210/2900 µs
+  id: test-114243-453, sending rate avg: 26012 msg/s
+  id: test-114243-453, receiving rate avg: 25990 msg/s
+  id: test-114243-453, consumer latency min/median/75th/95th/99th 280/1190/1530/2190/2870 µs
+
+and a last line with Leveret's extras (broker RSS and CPU with --broker-pid, errors). These lines go to stdout
+on a terminal (--text: always); when stdout is a pipe or a file (--json: always) it gets the full result as
+JSON, as scripts read it, and the lines go to stderr. --json-out FILE writes the JSON to FILE as well.
+
+Where they differ from PerfTest: without -u the queues are perf-0 … (deleted and declared again at start,
+deleted at the end; -ad false or --no-cleanup keeps them); without -z a run lasts 10 s, or until the -C/-D
+counts are reached when one is given (-z 0: until the counts or Ctrl-C); with -C alone, the run ends once
+the consumers have received what was published; -D counts per socket read, so a consumer stops within one
+read of its count; -R is enforced by pausing the consumer's socket; -t takes direct, fanout or topic.
+"""
+
+
+def _kv_list(text: str) -> dict:
+    """PerfTest's KEY=VALUE,KEY=VALUE (-qa, -ca)."""
+    return parse_kv([p for p in text.split(",") if p])
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("true", "yes", "1"):
+        return True
+    if text.lower() in ("false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m bench.perf", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="leveret perf", description=__doc__.split("\n\n")[0], add_help=False,
+                                 allow_abbrev=False, epilog=_PERFTEST_EPILOG,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--url", "-H", default=PerfConfig.url)
-    ap.add_argument("--producers", "-x", type=int, default=1)
-    ap.add_argument("--consumers", "-y", type=int, default=1)
-    ap.add_argument("--queues", "-u", type=int, default=1, help="number of queues (perf-0 … perf-N-1)")
-    ap.add_argument("--queue-prefix", default="perf")
-    ap.add_argument("--size", "-s", type=int, default=16, help="body size in bytes (≥ 8 carries a timestamp)")
-    ap.add_argument("--rate", "-r", type=float, default=0, help="publish rate limit per producer, msg/s")
-    ap.add_argument("--persistent", "-f", action="store_true", help="delivery-mode 2, durable queues")
-    ap.add_argument("--durable", action="store_true", help="durable queues")
-    ap.add_argument("--confirm", "-c", type=int, default=0, help="publisher confirms, at most N outstanding")
-    ap.add_argument("--ack", dest="manual_ack", action="store_true", help="manual acks (multiple=true, one per socket read)")
-    ap.add_argument("--prefetch", "-q", type=int, default=0, help="basic.qos prefetch (with --ack)")
-    ap.add_argument("--fanout", action="store_true", help="publish to a fanout exchange bound to all queues")
-    ap.add_argument("--backlog", type=int, default=0, help="publish N with no consumer, then drain")
-    ap.add_argument("--time", "-z", dest="duration", type=float, default=10.0, help="seconds to measure")
-    ap.add_argument("--warmup", type=float, default=0.0, help="seconds before measuring")
-    ap.add_argument("--processes", "-P", type=int, default=1, help="worker processes")
-    ap.add_argument("--broker-pid", type=int, help="PID whose RSS and CPU time are reported")
-    ap.add_argument("--connect-concurrency", type=int, default=100)
-    ap.add_argument("--no-cleanup", dest="cleanup", action="store_false")
-    ap.add_argument("--queue-type", default="", help="x-queue-type of the queues: stream, quorum, classic")
-    ap.add_argument("--stream-offset", help="consumer argument x-stream-offset: first, last, next or a number")
-    ap.add_argument("--consumer-arg", dest="consumer_args", action="append", metavar="KEY=VALUE",
+    ap.add_argument("-?", "--help", action="help", help="show this help and exit (-h is the URI, as in PerfTest)")
+    pt = ap.add_argument_group("PerfTest's options (same letters, same meanings)")
+    pt.add_argument("-h", "--uri", "--url", dest="url", default=PerfConfig.url,
+                    help="connection URI, amqp://user:pass@host:port/vhost (default %(default)s)")
+    pt.add_argument("-H", "--uris", help="connection URIs separated by commas; connections spread over them")
+    pt.add_argument("-x", "--producers", type=int, default=1, help="producer count (one connection each)")
+    pt.add_argument("-y", "--consumers", type=int, default=1, help="consumer count (one connection each)")
+    pt.add_argument("-s", "--size", type=int, default=16,
+                    help="message size in bytes (≥ 8 carries the timestamp for latency)")
+    pt.add_argument("-u", "--queue", default="", help="queue name (default perf-0 … perf-N-1, see --queues)")
+    pt.add_argument("-a", "--autoack", action="store_true", help="auto ack (default: manual acks, as PerfTest)")
+    pt.add_argument("-q", "--qos", "--prefetch", dest="prefetch", type=int, default=0,
+                    help="consumer prefetch count (basic.qos, with manual acks)")
+    pt.add_argument("-c", "--confirm", type=int, default=0, help="publisher confirms: max unconfirmed publishes")
+    pt.add_argument("-f", "--flag", dest="flags", action="append", choices=("persistent", "mandatory"),
+                    help="message flag, repeatable: persistent (delivery-mode 2, durable queues), mandatory")
+    pt.add_argument("-r", "--rate", type=float, default=0, help="producer rate limit, msg/s per producer")
+    pt.add_argument("-R", "--consumer-rate", type=float, default=0, help="consumer rate limit, msg/s per consumer")
+    pt.add_argument("-z", "--time", dest="duration", type=float, default=None,
+                    help="run duration in seconds (default 10, or unlimited with -C/-D)")
+    pt.add_argument("-C", "--pmessages", type=int, default=0, help="producer message count (each producer)")
+    pt.add_argument("-D", "--cmessages", type=int, default=0, help="consumer message count (each consumer)")
+    pt.add_argument("-e", "--exchange", help="exchange name (default: the default exchange; with -t: perf.TYPE)")
+    pt.add_argument("-t", "--type", dest="exchange_type", choices=("direct", "fanout", "topic"),
+                    help="exchange type (the queues are bound with -k, else their names; direct if only -e)")
+    pt.add_argument("-k", "--routing-key", default="", help="routing key (default: the queue's name)")
+    pt.add_argument("-p", "--predeclared", action="store_true",
+                    help="use existing queues (and exchange): declare and delete nothing")
+    pt.add_argument("-ad", "--auto-delete", type=_bool, default=True, metavar="true|false",
+                    help="delete the queues at the end (default true)")
+    pt.add_argument("-qa", "--queue-args", type=_kv_list, metavar="K=V,K=V", help="queue arguments")
+    pt.add_argument("-ca", "--consumer-args", type=_kv_list, metavar="K=V,K=V", help="consumer arguments")
+    pt.add_argument("-qq", "--quorum-queue", action="store_true", help="quorum queues (x-queue-type quorum)")
+    pt.add_argument("-sq", "--stream-queue", action="store_true", help="stream queues (x-queue-type stream)")
+    pt.add_argument("-i", "--interval", type=float, default=1.0, help="seconds between progress lines (0: none)")
+    pt.add_argument("-d", "--id", default="", help="test ID (default test-HHMMSS-mmm)")
+    lv = ap.add_argument_group("Leveret's own options (no PerfTest letter)")
+    lv.add_argument("--queues", type=int, default=1, help="number of queues (perf-0 … perf-N-1, or -u NAME-i)")
+    lv.add_argument("--queue-prefix", default="perf")
+    lv.add_argument("--persistent", action="store_true", help="same as -f persistent")
+    lv.add_argument("--durable", action="store_true", help="durable queues")
+    lv.add_argument("--ack", action="store_true", help="manual acks (the default; multiple=true, one per socket read)")
+    lv.add_argument("--fanout", action="store_true", help="same as -t fanout: one exchange bound to all queues")
+    lv.add_argument("--backlog", type=int, default=0, help="publish N with no consumer, then drain")
+    lv.add_argument("--warmup", type=float, default=0.0, help="seconds before measuring")
+    lv.add_argument("--processes", type=int, default=1, help="worker processes")
+    lv.add_argument("--broker-pid", type=int, help="PID whose RSS and CPU time are reported")
+    lv.add_argument("--connect-concurrency", type=int, default=100)
+    lv.add_argument("--no-cleanup", dest="cleanup", action="store_false", help="keep the queues (as -ad false)")
+    lv.add_argument("--queue-type", default="", help="x-queue-type of the queues: stream, quorum, classic")
+    lv.add_argument("--stream-offset", help="consumer argument x-stream-offset: first, last, next or a number")
+    lv.add_argument("--consumer-arg", dest="consumer_arg", action="append", metavar="KEY=VALUE",
                     help="a consumer argument (repeatable), e.g. x-stream-group=perf; numbers are sent as numbers")
-    ap.add_argument("--keep-publishing", action="store_true",
+    lv.add_argument("--keep-publishing", action="store_true",
                     help="backlog mode: producers go on publishing while the consumers drain the first N")
-    ap.add_argument("--sink", action="store_true",
+    lv.add_argument("--sink", action="store_true",
                     help="run against a local sink (discards publishes, streams deliveries): the ceiling")
-    ap.add_argument("--json-out", help="also write the JSON result to this file")
-    ap.add_argument("--series", action="store_true", help="keep the per-second series in the JSON")
+    out = lv.add_mutually_exclusive_group()
+    out.add_argument("--json", dest="output", action="store_const", const="json",
+                     help="the JSON result on stdout, the PerfTest lines on stderr (the default when stdout is "
+                          "not a terminal, as scripts read it)")
+    out.add_argument("--text", dest="output", action="store_const", const="text",
+                     help="the PerfTest lines on stdout and no JSON there (the default on a terminal)")
+    lv.add_argument("--json-out", help="also write the JSON result to this file")
+    lv.add_argument("--series", action="store_true", help="keep the per-second series in the JSON")
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    kw = {k: v for k, v in vars(args).items() if k not in ("json_out", "series")}
+def config_from_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> PerfConfig:
+    flags = args.flags or []
+    if args.quorum_queue and args.stream_queue:
+        ap.error("-qq and -sq exclude each other")
+    queue_type = "quorum" if args.quorum_queue else "stream" if args.stream_queue else args.queue_type
+    if args.fanout and args.exchange_type not in (None, "fanout"):
+        ap.error(f"--fanout and -t {args.exchange_type} exclude each other")
+    exchange_type = "" if args.fanout else args.exchange_type or ("direct" if args.exchange else "")
+    if args.exchange == "" and args.exchange_type:
+        ap.error("-t needs a named exchange (-e NAME)")
     try:
-        kw["consumer_args"] = parse_kv(kw["consumer_args"])
+        consumer_args = parse_kv(args.consumer_arg)
     except argparse.ArgumentTypeError as exc:
-        build_parser().error(str(exc))
-    cfg = PerfConfig(**kw)
-    r = run(cfg)
+        ap.error(str(exc))
+    consumer_args.update(args.consumer_args or {})
+    uris = [u for u in (args.uris or "").split(",") if u]
+    duration = args.duration if args.duration is not None else 0.0 if args.pmessages or args.cmessages else 10.0
+    ms = int(time.time() * 1000) % 1000
+    return PerfConfig(
+        url=uris[0] if uris else args.url, uris=uris, producers=args.producers, consumers=args.consumers,
+        queues=args.queues, queue_prefix=args.queue_prefix, queue=args.queue,
+        exchange=args.exchange or f"perf.{exchange_type or 'fanout'}", exchange_type=exchange_type,
+        fanout=args.fanout, routing_key=args.routing_key, size=args.size, rate=args.rate,
+        consumer_rate=args.consumer_rate, persistent=args.persistent or "persistent" in flags,
+        mandatory="mandatory" in flags, durable=args.durable, confirm=args.confirm, manual_ack=not args.autoack,
+        prefetch=args.prefetch, backlog=args.backlog, duration=duration, warmup=args.warmup,
+        pmessages=args.pmessages, cmessages=args.cmessages, processes=args.processes, broker_pid=args.broker_pid,
+        connect_concurrency=args.connect_concurrency, cleanup=args.cleanup and args.auto_delete, sink=args.sink,
+        queue_type=queue_type, queue_args=args.queue_args or {}, stream_offset=args.stream_offset,
+        consumer_args=consumer_args, keep_publishing=args.keep_publishing, predeclared=args.predeclared,
+        progress=args.interval, run_id=args.id or time.strftime("test-%H%M%S-") + f"{ms:03d}")
+
+
+def summary_lines(cfg: PerfConfig, r: dict) -> list[str]:
+    """PerfTest's end-of-run summary, then one line of Leveret's extras (summary_line)."""
+    head = f"id: {cfg.run_id}"
+    lines = [f"{head}, sending rate avg: {_rate(r.get('publish_rate', 0))} msg/s",
+             f"{head}, receiving rate avg: {_rate(r.get('consume_rate', 0))} msg/s"]
+    lat = r.get("latency_us") or {}
+    if lat.get("p50") is not None:
+        vals = [lat.get(k) or 0 for k in ("min", "p50", "p75", "p95", "p99")]
+        lines.append(f"{head}, consumer latency min/median/75th/95th/99th "
+                     + "/".join(f"{v:.0f}" for v in vals) + " µs")
+    lines.append(f"{head}, {summary_line(r)}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    global STOP_ON_SIGTERM
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.ack and args.autoack:
+        ap.error("-a (auto ack) and --ack (manual acks) exclude each other")
+    cfg = config_from_args(ap, args)
+    as_json = args.output == "json" or (args.output is None and not sys.stdout.isatty())
+    lines = sys.stderr if as_json else sys.stdout
+    STOP_ON_SIGTERM = True
+    with contextlib.redirect_stdout(lines):
+        r = run(cfg)
     if not args.series:
         r.pop("series", None)
     text = json.dumps(r, indent=2)
-    print(text)
     if args.json_out:
         with open(args.json_out, "w") as f:
             f.write(text + "\n")
-    print(summary_line(r), file=sys.stderr)
+    try:
+        for line in summary_lines(cfg, r):
+            print(line, file=lines, flush=True)
+        for err in r.get("errors", [])[:10]:
+            print(f"id: {cfg.run_id}, error: {err}", file=sys.stderr)
+        if as_json:
+            print(text, flush=True)
+    except BrokenPipeError:  # | head: stop writing, and let the interpreter's final flush find nothing to write
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 1 if r.get("failed") else 0
 
 

@@ -5,7 +5,8 @@
 the broker (``--force-reset``, like ``rabbitmqctl force_reset``, wipes the data directory first: a one-off
 operator action, hence a flag and no configuration key);
 ``leveret ctl VERB ...`` operates a running one over its HTTP API (see broker/ctl.py);
-``leveret diagnostics COMMAND`` runs rabbitmq-diagnostics' health checks against it (also broker/ctl.py).
+``leveret diagnostics COMMAND`` runs rabbitmq-diagnostics' health checks against it (also broker/ctl.py);
+``leveret perf [PerfTest's flags]`` is the load generator of bench/perf.py (``leveret perf --help``).
 
 Settings come from built-in defaults < the config file < ``LEVERET_…`` environment variables < these flags.
 """
@@ -117,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="delete everything in the data directory (every message, queue, user and "
                             "definition) and start as a new node, like rabbitmqctl force_reset")
     serve.set_defaults(func=_serve)
+    # `leveret perf` is dispatched above, before this parser; listed here so that `leveret --help` shows it.
+    sub.add_parser("perf", add_help=False,
+                   help="load generator for any AMQP 0-9-1 broker, with PerfTest's flags (leveret perf --help)")
     from broker import ctl
 
     ctl.add_parser(sub)
