@@ -190,6 +190,18 @@ class UserStore:
             return None
         return user
 
+    def authenticate_external(self, name: str | None, peer_host: str | None, loopback_users: set[str]) -> User | str:
+        """EXTERNAL (rabbitmq_auth_mechanism_ssl): the user named by the client's verified certificate
+        (``name``, None without one); no password is checked, as in RabbitMQ."""
+        if name is None:
+            return "EXTERNAL login refused: no peer certificate"
+        user = self.users.get(name)
+        if user is None:
+            return f"EXTERNAL login refused: user '{name}' - invalid credentials"
+        if name in loopback_users and not is_loopback(peer_host):
+            return f"EXTERNAL login refused: user '{name}' can only connect via localhost"
+        return user
+
     def authenticate(self, mechanism: str, response: bytes, peer_host: str | None,
                      loopback_users: set[str]) -> User | str:
         parse = MECHANISMS.get(mechanism)

@@ -207,6 +207,11 @@ class Settings:
     default_permissions: dict[str, str] = field(
         default_factory=lambda: {"configure": ".*", "write": ".*", "read": ".*"})
     loopback_users: set[str] = field(default_factory=lambda: {"guest"})
+    # SASL mechanisms offered, in order (auth_mechanisms.N; EXTERNAL only to a client with a verified certificate)
+    # and where EXTERNAL takes the user name from (ssl_cert_login_from).
+    auth_mechanisms: list[str] = field(default_factory=lambda: ["AMQPLAIN", "PLAIN"])
+    auth_mechanisms_set: bool = False
+    ssl_cert_login_from: str = "distinguished_name"
     heartbeat: int = 60
     frame_max: int = 131072
     channel_max: int = 2047
@@ -270,6 +275,21 @@ class Settings:
     startup_warnings: list[str] = field(default_factory=list)
     # Not a setting: the configuration file(s) read (the start-up banner names them).
     config_files: list[Path] = field(default_factory=list)
+
+
+def _set_auth_mechanism(s: Settings, key: str, value: str) -> None:
+    """auth_mechanisms.N: the first one given replaces the default list; the mechanisms are offered in the
+    order of their keys' N (as RabbitMQ's cuttlefish list), each once."""
+    v = value.strip()
+    if not v:
+        raise ValueError("expected a value")
+    if v not in ("PLAIN", "AMQPLAIN", "EXTERNAL"):
+        raise _Unsupported("SASL mechanisms other than PLAIN, AMQPLAIN and EXTERNAL")
+    if not s.auth_mechanisms_set:
+        s.auth_mechanisms = []
+        s.auth_mechanisms_set = True
+    if v not in s.auth_mechanisms:
+        s.auth_mechanisms.append(v)
 
 
 def _set_loopback(s: Settings, key: str, value: str) -> None:
@@ -471,6 +491,9 @@ KEYS: dict[str, tuple[Callable[[Settings, str, str], None], str]] = {
     "ssl_options.verify": (_simple("ssl_verify", lambda v: _choice(v.lower(), ("verify_none", "verify_peer"))),
                            "verify_none or verify_peer"),
     "ssl_options.fail_if_no_peer_cert": (_simple("ssl_fail_if_no_peer_cert", parse_bool), "true or false"),
+    "ssl_cert_login_from": (_simple("ssl_cert_login_from",
+                                    lambda v: _choice(v.strip().lower(), ("distinguished_name", "common_name"))),
+                            "distinguished_name or common_name"),
     "ssl_handshake_timeout": (_simple("ssl_handshake_timeout", lambda v: _int_range(1, 2**31)(v) / 1000),
                               "milliseconds, at least 1"),
     "proxy_protocol": (_only_false("the PROXY protocol"), "false"),
@@ -512,8 +535,7 @@ _PATTERNS: list[tuple[str, Callable[[Settings, str, str], None], str]] = [
     ("ssl_options.ciphers.", _set_ssl_cipher, "an OpenSSL cipher name, e.g. ECDHE-RSA-AES256-GCM-SHA384"),
     ("auth_backends.", _only(("internal", "rabbit_auth_backend_internal"), "authentication backends other "
                              "than internal"), "internal"),
-    ("auth_mechanisms.", _only(("PLAIN", "AMQPLAIN"), "SASL mechanisms other than PLAIN and AMQPLAIN",
-                               case=True), "PLAIN or AMQPLAIN (Leveret offers both)"),
+    ("auth_mechanisms.", _set_auth_mechanism, "PLAIN, AMQPLAIN or EXTERNAL"),
 ]
 
 # Keys of RabbitMQ (its broker's and its plugins' configuration schemas, 3.8 to 4.x) for features Leveret does
@@ -530,7 +552,7 @@ _RABBITMQ_ONLY_KEYS: list[tuple[str, list[str]]] = [
         r"ssl_options", r"ssl_allow_poodle_attack",
         (r"ssl_options\.(?!(cacertfile|certfile|keyfile|password|verify|fail_if_no_peer_cert"
          r"|versions\.[^.]+|ciphers\.[^.]+)$).+")]),
-    ("certificate login (the EXTERNAL mechanism)", [r"ssl_cert_login_.+"]),
+    ("certificate login from a subject alternative name", [r"ssl_cert_login_san_.+"]),
     ("HTTPS for the HTTP API and Prometheus", [
         r"(management|prometheus)\.ssl\..+", r"management\.listener\.ssl(_opts)?(\..+)?"]),
     ("TLS for definitions, the trust store plugin and syslog", [

@@ -24,6 +24,7 @@ from broker import PRODUCT, VERSION, limits
 from broker.auth import User
 from broker.channel import Channel
 from broker.errors import AMQPError
+from broker.tls import peer_login_name
 from protocol import fastcodec
 from protocol.constants import (
     ACCESS_REFUSED,
@@ -470,14 +471,30 @@ class Reader(asyncio.Protocol):
     def _start(self) -> None:
         self.state = Reader.STARTING
         self.send(method_frame(0, spec.Connection.Start, version_major=0, version_minor=9,
-                               server_properties=server_properties(), mechanisms="AMQPLAIN PLAIN",
+                               server_properties=server_properties(), mechanisms=" ".join(self._mechanisms()),
                                locales="en_US"))
+
+    def _mechanisms(self) -> list[str]:
+        """The configured SASL mechanisms; EXTERNAL only to a client whose certificate was verified (as
+        RabbitMQ's should_offer)."""
+        settings = self.settings
+        return [m for m in settings.auth_mechanisms
+                if m != "EXTERNAL" or peer_login_name(self.transport, settings.ssl_cert_login_from) is not None]
 
     def _start_ok(self, m: spec.Connection.StartOk) -> None:
         self.client_properties = dict(m.client_properties or {})
         self.auth_mechanism = str(m.mechanism)
         response = m.response.encode("latin-1") if isinstance(m.response, str) else bytes(m.response)
-        result = self.node.users.authenticate(m.mechanism, response, self.peer[0], self.settings.loopback_users)
+        settings = self.settings
+        users = self.node.users
+        result: User | str
+        if m.mechanism not in self._mechanisms():
+            result = f"unsupported authentication mechanism '{m.mechanism}'"
+        elif m.mechanism == "EXTERNAL":
+            result = users.authenticate_external(peer_login_name(self.transport, settings.ssl_cert_login_from),
+                                                 self.peer[0], settings.loopback_users)
+        else:
+            result = users.authenticate(m.mechanism, response, self.peer[0], settings.loopback_users)
         counters = self.node.counters
         counters.auth_attempts += 1
         if isinstance(result, str):

@@ -129,3 +129,18 @@ def connection_tls_info(transport: Any) -> dict[str, Any]:
         if "notBefore" in cert:
             info["peer_cert_validity"] = f"{cert['notBefore']} - {cert['notAfter']}"
     return info
+
+
+def peer_login_name(transport: Any, login_from: str) -> str | None:
+    """The user name EXTERNAL logs in as (rabbitmq_auth_mechanism_ssl): the verified client certificate's
+    subject as a distinguished name (``ssl_cert_login_from = distinguished_name``, RabbitMQ's default: the
+    RFC 4514 form of :func:`_name`) or its common name (``common_name``); None without a verified certificate."""
+    obj = transport.get_extra_info("ssl_object") if transport is not None else None
+    cert = obj.getpeercert() if obj is not None else None  # {} when the certificate was not verified
+    if not cert:
+        return None
+    subject = cert.get("subject")
+    if login_from == "common_name":
+        names = [v for rdn in subject or () for k, v in rdn if k == "commonName"]
+        return names[-1] if names else None
+    return _name(subject)

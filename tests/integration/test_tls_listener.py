@@ -399,3 +399,77 @@ def test_the_connection_tls_fields(certs):
     server_side.close()
     client_side.close()
     assert connection_tls_info(SimpleNamespace(get_extra_info=lambda name: None))["ssl"] is False
+
+
+# -- EXTERNAL: the user named by the client's certificate (rabbitmq_auth_mechanism_ssl) ----------------------
+CLIENT_CN = "leveret-test-client"
+
+
+def _client_dn(certs) -> str:
+    """The client certificate's subject in RFC 4514 form (the most specific part first), as the cryptography
+    package writes it: trustme adds an OU of its own, so it is read from the certificate."""
+    from cryptography import x509
+
+    return x509.load_pem_x509_certificate(certs.client.cert_chain_pems[0].bytes()).subject.rfc4514_string()
+
+
+def _external_broker(start_broker, certs, user: str, *mechanisms: str, **extra: str) -> BrokerProcess:
+    port = free_port()
+    mech = {f"auth_mechanisms.{i}": m for i, m in enumerate(mechanisms, 1)}
+    b = start_broker(*tls_keys(certs, port, default_user=user, **mech, **extra))
+    b.tls_port = port  # type: ignore[attr-defined]
+    return b
+
+
+def _external_params(b: BrokerProcess, ctx: ssl.SSLContext) -> pika.ConnectionParameters:
+    return pika.ConnectionParameters("127.0.0.1", b.tls_port, credentials=pika.credentials.ExternalCredentials(),
+                                     ssl_options=pika.SSLOptions(ctx, server_hostname="127.0.0.1"),
+                                     connection_attempts=1, socket_timeout=5)
+
+
+def _api_connections(b: BrokerProcess, user: str) -> list[dict]:
+    auth = base64.b64encode(f"{user}:guest".encode()).decode()  # default_pass stays guest
+    req = urllib.request.Request(f"http://127.0.0.1:{b.management_port}/api/connections",
+                                 headers={"Authorization": "Basic " + auth})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.load(resp)
+
+
+@pytest.mark.leveret_only
+def test_external_logs_in_as_the_certificates_common_name(start_broker, certs):
+    b = _external_broker(start_broker, certs, CLIENT_CN, "PLAIN", "AMQPLAIN", "EXTERNAL",
+                         ssl_cert_login_from="common_name")
+    conn = pika.BlockingConnection(_external_params(b, client_context(certs)))
+    try:
+        ch = conn.channel()
+        q = ch.queue_declare("", exclusive=True).method.queue  # the default vhost, the default user's rights
+        ch.basic_publish("", q, b"as the certificate")
+        assert ch.basic_get(q, auto_ack=True)[2] == b"as the certificate"
+        [info] = [c for c in _api_connections(b, CLIENT_CN) if c["port"] == b.tls_port]
+        assert (info["user"], info["auth_mechanism"]) == (CLIENT_CN, "EXTERNAL")
+    finally:
+        conn.close()
+    # No certificate to name anyone on the plain port: EXTERNAL is not even offered there.
+    with pytest.raises(pika.exceptions.AMQPConnectionError):
+        pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", b.port, connection_attempts=1,
+                                                          credentials=pika.credentials.ExternalCredentials()))
+
+
+@pytest.mark.leveret_only
+def test_external_by_distinguished_name_and_only_external(start_broker, certs):
+    dn = _client_dn(certs)
+    assert dn.startswith(f"CN={CLIENT_CN},") and dn.endswith(",O=Leveret tests")
+    b = _external_broker(start_broker, certs, dn, "EXTERNAL")
+    conn = pika.BlockingConnection(_external_params(b, client_context(certs)))
+    conn.close()
+    # PLAIN is not among the mechanisms offered (pika gives up before answering): a right password is no use.
+    with pytest.raises(pika.exceptions.AMQPConnectionError):
+        pika.BlockingConnection(pika_params(b, client_context(certs)))
+
+
+@pytest.mark.leveret_only
+def test_external_refuses_a_certificate_naming_no_user(start_broker, certs):
+    b = _external_broker(start_broker, certs, "someone-else", "PLAIN", "EXTERNAL", ssl_cert_login_from="common_name")
+    with pytest.raises(pika.exceptions.AMQPConnectionError):
+        pika.BlockingConnection(_external_params(b, client_context(certs)))
+    assert f"EXTERNAL login refused: user '{CLIENT_CN}'" in b.log_text()

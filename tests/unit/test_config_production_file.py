@@ -144,7 +144,8 @@ def test_one_problem_is_one_line_as_before(tmp_path):
     ("auth_backends.1 = rabbit_auth_backend_internal", True),
     ("auth_backends.1 = ldap", False),
     ("auth_mechanisms.1 = AMQPLAIN", True),
-    ("auth_mechanisms.1 = EXTERNAL", False),
+    ("auth_mechanisms.1 = EXTERNAL", True),
+    ("auth_mechanisms.1 = ANONYMOUS", False),
     ("listeners.ssl = none", True),
     ("listeners.tcp = none", False),
     ("log.syslog = false", True),
@@ -215,7 +216,7 @@ def test_collect_statistics_interval_sets_the_http_apis_sampling():
     "prometheus.return_per_object_metrics", "log.connection.level", "log.default.rotation.count",
     "quorum_queue.compute_checksums", "default_users.alice.password", "deprecated_features.permit.global_qos",
     "federation.queues.shutdown.timeout", "shovel.operating_mode", "tracing.dir", "ssl_options.depth",
-    "ssl_options.honor_cipher_order", "ssl_cert_login_from", "prometheus.ssl.port", "num_acceptors.ssl",
+    "ssl_options.honor_cipher_order", "ssl_cert_login_san_type", "prometheus.ssl.port", "num_acceptors.ssl",
     "num_acceptors.tcp", "connection_max", "total_memory_available_override_value", "collect_statistics",
 ])
 def test_documented_rabbitmq_keys_are_known_as_such(key):

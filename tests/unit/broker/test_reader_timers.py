@@ -67,7 +67,8 @@ def clock() -> ManualClock:
 
 def connect(clock: ManualClock, handshake_timeout: float = 100.0) -> tuple[Reader, Transport]:
     settings = SimpleNamespace(handshake_timeout=handshake_timeout, heartbeat=60, frame_max=131072,
-                               channel_max=2047, loopback_users={"guest"}, max_message_size=1 << 20)
+                               channel_max=2047, loopback_users={"guest"}, max_message_size=1 << 20,
+                               auth_mechanisms=["AMQPLAIN", "PLAIN"], ssl_cert_login_from="distinguished_name")
     node = SimpleNamespace(settings=settings, clock=clock, connections=set(), counters=SimpleNamespace(
         auth_attempts=0, auth_attempts_failed=0, auth_attempts_succeeded=0, connections_closed=0),
         alarm_state=SimpleNamespace(blocked=set(), active=False), users=Users())
