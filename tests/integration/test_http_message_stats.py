@@ -9,12 +9,11 @@ message_stats, queue_totals and churn_rates and of a vhost's totals, which becom
 from __future__ import annotations
 
 import time
-import urllib.parse
 
 import pika
 import pika.exceptions
 import pytest
-from test_management_api import Http
+from test_management_api import Http, q, wait_for
 
 pytestmark = [pytest.mark.leveret_only, pytest.mark.timeout(90)]
 
@@ -22,18 +21,6 @@ CHANNEL_FIELDS = ("publish", "confirm", "return_unroutable", "drop_unroutable", 
                   "deliver_no_ack", "get", "get_no_ack", "get_empty", "redeliver", "ack")
 
 
-def q(s: str) -> str:
-    return urllib.parse.quote(s, safe="")
-
-
-def wait_for(predicate, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(0.05)
-    return predicate()
 
 
 @pytest.fixture

@@ -12,11 +12,10 @@ import re
 import subprocess
 import sys
 import time
-import urllib.parse
 
 import pika
 import pytest
-from test_management_api import Http, _find_rabbitmqadmin
+from test_management_api import Http, _find_rabbitmqadmin, q, wait_for
 
 pytestmark = [pytest.mark.leveret_only, pytest.mark.timeout(90)]
 
@@ -29,18 +28,6 @@ def api(broker) -> Http:
     return Http(broker.management_port)
 
 
-def q(s: str) -> str:
-    return urllib.parse.quote(s, safe="")
-
-
-def wait_for(predicate, timeout: float = 5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(0.05)
-    return predicate()
 
 
 def named_connection(api: Http, name: str) -> dict:

@@ -97,6 +97,17 @@ def q(s: str) -> str:
     return urllib.parse.quote(s, safe="")
 
 
+def wait_for(predicate, timeout: float = 10.0):
+    """``predicate()``'s first truthy result within ``timeout`` seconds (polled), else its last result."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        time.sleep(0.05)
+    return predicate()
+
+
 # -- authentication ---------------------------------------------------------------------------------------------
 
 def test_requests_without_or_with_bad_credentials_are_401(api):
