@@ -33,7 +33,7 @@ run: $(STAMP)
 # libfaketime, which the faketime package brings, for the broker's wall-clock jumps), installed from Debian when
 # missing (they are on the usual machine already).
 TEST_TOOLS := ip:iproute2 mkfs.ext4:e2fsprogs e2fsck:e2fsprogs losetup:mount mount:mount \
-	java:openjdk-17-jre-headless faketime:faketime prometheus:prometheus
+	java:openjdk-17-jre-headless faketime:faketime prometheus:prometheus chromium:chromium
 
 test-tools:
 	@missing=""; for t in $(TEST_TOOLS); do command -v $${t%%:*} >/dev/null || missing="$$missing $${t##*:}"; done; \

@@ -545,6 +545,11 @@ class QueueProcess:
             self.drop_expired_msgs()  # a new head: expire it now or arm the timer for it
         return seq_id, msg, redelivered, self.bq.len()
 
+    def peek_messages(self, count: int) -> list[tuple[Message, bool]]:
+        """The first ``count`` ready messages and their redelivered flags, in delivery order, left exactly
+        where they are (the HTTP API's peek: no delivery, no counter, no TTL or expiry timer touched)."""
+        return [(msg, delivered) for _, msg, delivered in self.bq.peek_many(count)]
+
     # -- acknowledgements --------------------------------------------------------------------------------
     def _forget(self, seq_id: int) -> None:
         if self._delivery_counts:

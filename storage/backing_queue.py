@@ -54,6 +54,11 @@ Contracts:
   ``fetchwhile(pred)`` instead fetches them with ack required (for dead-lettering). None of the three
   reads a paged-out message from disk except ``fetchwhile`` for the messages it takes. ``peek`` returns
   the head message without taking it (it may read it from disk: the owner uses it only on a slow path).
+- ``peek_many(count)`` returns up to ``count`` ready messages as ``(seq_id, msg, is_delivered)`` in the
+  order ``fetch`` would take them, changing nothing: no message moves between parts or to/from RAM, no
+  delivered flag is set, no counter changes. It reads paged-out messages from disk (the HTTP API's peek,
+  a slow path; the caller bounds ``count``). An asynchronous store may answer only the messages it has
+  at hand (a prefix of that order, possibly shorter than ``count``), and never waits.
 - Availability: ``fetch`` may answer None while ``len()`` is not 0 when the implementation is still
   bringing messages in (an asynchronous store); it then calls ``on_available()`` (an attribute the owner
   sets, like ``on_confirm``) on the event loop thread once they can be fetched, and the owner runs its
@@ -140,6 +145,8 @@ class BackingQueue(Protocol):
     def head_expiry(self) -> int | None: ...
 
     def peek(self) -> Any | None: ...
+
+    def peek_many(self, count: int) -> list[tuple[int, Any, bool]]: ...
 
     def dropwhile(self, pred: Callable[[int | None], bool]) -> tuple[int, int | None]: ...
 

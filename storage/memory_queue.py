@@ -100,6 +100,16 @@ class MemoryBackingQueue:
         status = self._head()
         return None if status is None else status.msg
 
+    def peek_many(self, count: int) -> list[tuple[int, Any, bool]]:
+        """Up to ``count`` ready messages in fetch order (requeued first), left in place."""
+        out: list[tuple[int, Any, bool]] = []
+        for part in (sorted(self._requeued), self._ready):
+            for status in part:
+                if len(out) >= count:
+                    return out
+                out.append((status.seq_id, status.msg, status.is_delivered))
+        return out
+
     def head_expiry(self) -> int | None:
         status = self._head()
         return None if status is None else status.expiry

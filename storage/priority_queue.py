@@ -82,6 +82,18 @@ class PriorityBackingQueue:
         head = self._head_queue()
         return None if head is None else head[1].peek()
 
+    def peek_many(self, count: int) -> list[tuple[int, Any, bool]]:
+        """Up to ``count`` ready messages in fetch order: the highest priority's first."""
+        out: list[tuple[int, Any, bool]] = []
+        for p in range(self.max_priority, -1, -1):
+            if len(out) >= count:
+                break
+            q = self._queues[p]
+            if not q.is_empty():
+                out.extend(((seq_id << _SHIFT) | p, msg, delivered)
+                           for seq_id, msg, delivered in q.peek_many(count - len(out)))
+        return out
+
     def head_expiry(self) -> int | None:
         head = self._head_queue()
         return None if head is None else head[1].head_expiry()

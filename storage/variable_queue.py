@@ -311,6 +311,37 @@ class VariableQueue:
             return None
         return st.msg if st.msg is not None else self._load(st)
 
+    def peek_many(self, count: int) -> list[tuple[int, Any, bool]]:
+        """Up to ``count`` ready messages in fetch order (q4, q3, delta, q2, q1), changing nothing: betas
+        and delta's messages are read from disk into the answer only, never into the queue's parts."""
+        out: list[tuple[int, Any, bool]] = []
+        if count <= 0:
+            return out
+        for st in self._peek_statuses():
+            msg = st.msg if st.msg is not None else self._load(st)
+            if msg is None:  # damaged or lost on disk (logged by the read): fetch will drop it
+                continue
+            out.append((st.seq_id, msg, st.is_delivered))
+            if len(out) >= count:
+                break
+        return out
+
+    def _peek_statuses(self) -> Iterator[MsgStatus]:
+        yield from self.q4
+        yield from self.q3
+        d = self.delta
+        if d.count:
+            for e in self._delta_entries(d.start, d.end):
+                st = MsgStatus(e.seq_id, e.msg_id, None, e.persistent, e.delivered or e.seq_id < self._dirty_floor,
+                               e.body_pos < 0, True, STORE if e.body_pos < 0 else INDEX, e.size, e.expiry,
+                               e.body_pos)
+                if st.msg_in_store and (e.msg_id is None or
+                                        not (self._pstore if e.persistent else self._tstore).contains(e.msg_id)):
+                    continue
+                yield st
+        yield from self.q2
+        yield from self.q1
+
     def dropwhile(self, pred: Callable[[int | None], bool]) -> tuple[int, int | None]:
         """Drop head messages while ``pred(expiry)`` holds; returns (how many, the new head's expiry)."""
         n = 0

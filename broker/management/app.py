@@ -1,19 +1,17 @@
-"""The aiohttp application of the HTTP API: basic authentication against the broker's users (a user needs
-one of the tags administrator, monitoring, policymaker or management), RabbitMQ's JSON error bodies, and
-the routes of each resource module."""
+"""The aiohttp application of the HTTP API and the web UI: basic authentication against the broker's users,
+or the UI's session cookie (broker/management/login.py; a user needs one of the tags administrator,
+monitoring, policymaker or management), RabbitMQ's JSON error bodies, security headers on every answer,
+the UI's files at ``/`` and ``/ui/`` (broker/management/ui_assets.py) and the routes of each resource module."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
 from aiohttp import web
 
-from broker.auth import is_loopback
 from broker.errors import AMQPError
 from broker.management import (
     bindings,
@@ -23,15 +21,19 @@ from broker.management import (
     exchanges,
     health,
     limits,
+    login,
+    move,
     overview,
     policies,
     queues,
     streams,
+    ui_assets,
     users,
     vhosts,
 )
-from broker.management.common import API_TAGS, amqp_error, not_authorised, unauthenticated
+from broker.management.common import amqp_error, not_authorised, unauthenticated
 from broker.management.objects import RateSampler
+from broker.management.sessions import SessionTable
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -39,22 +41,12 @@ if TYPE_CHECKING:
 log = structlog.get_logger("leveret.management")
 
 MODULES = (overview, health, connections, exchanges, delayed, queues, streams, bindings, vhosts, users, policies,
-           limits, definitions_api)
-# Paths answered without credentials (RabbitMQ's UI asks /api/auth before logging in).
-PUBLIC = ("/api/auth",)
-
-
-def _credentials(request: web.Request) -> tuple[str, str] | None:
-    header = request.headers.get("Authorization", "")
-    scheme, _, value = header.partition(" ")
-    if scheme.lower() != "basic" or not value:
-        return None
-    try:
-        decoded = base64.b64decode(value.strip(), validate=True).decode()
-    except (binascii.Error, UnicodeDecodeError):
-        return None
-    name, sep, password = decoded.partition(":")
-    return (name, password) if sep else None
+           limits, definitions_api, login, move)
+# Paths answered without credentials (RabbitMQ's UI asks /api/auth before logging in; /api/login checks
+# what it is given itself).
+PUBLIC = ("/api/auth", "/api/login")
+# Sent by the web UI on every request (broker/management/ui/static/api.js).
+UI_HEADER = "X-Leveret-UI"
 
 
 @web.middleware
@@ -63,20 +55,17 @@ async def auth_middleware(request: web.Request,
     if request.path in PUBLIC or not request.path.startswith("/api/"):
         return await handler(request)
     node: Node = request.app["node"]
-    creds = _credentials(request)
-    if creds is None:
-        raise unauthenticated()
-    user = node.users.check_credentials(*creds)
-    if user is None:
-        raise unauthenticated()
-    if user.name in node.settings.loopback_users and not is_loopback(request.remote):
-        # loopback_users holds over HTTP as over AMQP (RabbitMQ's answer and text): guest can't
-        # administer a broker bound to 0.0.0.0 from another host.
-        log.warning("HTTP API login refused: loopback-only user from elsewhere", user=user.name,
-                    peer=request.remote)
-        raise not_authorised("User can only log in via localhost")
-    if not user.has_tag(*API_TAGS):
-        raise not_authorised("Not management user")
+    creds = login.basic_credentials(request)
+    if creds is not None:
+        user = login.admit(request, node.users.check_credentials(*creds))
+    else:
+        found = login.session_user(request)
+        if found is None:
+            if request.headers.get(UI_HEADER):
+                # The UI's own requests: no WWW-Authenticate, so the browser shows our login form, not its own.
+                raise not_authorised("Login required")
+            raise unauthenticated()
+        user = login.admit(request, found[0], challenge=False)
     request["user"] = user
     try:
         return await handler(request)
@@ -120,16 +109,15 @@ async def _sample_rates(app: web.Application) -> Any:
     task.cancel()
 
 
-async def _landing(request: web.Request) -> web.Response:
-    return web.Response(text="Leveret HTTP API: see /api/overview (RabbitMQ management API paths).\n")
-
-
 def make_app(node: Node) -> web.Application:
-    app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=128 * 1024 * 1024)
+    app = web.Application(middlewares=[ui_assets.security_headers, error_middleware, auth_middleware],
+                          client_max_size=128 * 1024 * 1024)
     app["node"] = node
+    app["sessions"] = SessionTable()
+    app["ui_assets"] = ui_assets.load_assets()
     app["sampler"] = RateSampler(node.settings.collect_statistics_interval / 1000)
     app.cleanup_ctx.append(_sample_rates)
-    app.router.add_get("/", _landing)
+    ui_assets.add_routes(app.router)
     for module in MODULES:
         module.add_routes(app.router)
     return app

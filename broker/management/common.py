@@ -5,7 +5,6 @@ list endpoints, and request bodies."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +12,7 @@ from aiohttp import web
 
 from broker.auth import User
 from broker.errors import AMQPError
+from broker.management.name_filter import name_matcher, page_params
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -140,15 +140,9 @@ def respond_list(request: web.Request, items: Iterable[dict[str, Any]]) -> web.R
     ``page_size`` (then the answer is RabbitMQ's paged object)."""
     q = request.query
     rows = list(items)
-    if q.get("name"):
-        if q.get("use_regex") == "true":
-            try:
-                pattern = re.compile(q["name"])
-            except re.error as exc:
-                raise bad_request(f"invalid regex: {exc}") from None
-            rows = [r for r in rows if pattern.search(str(r.get("name", "")))]
-        else:
-            rows = [r for r in rows if q["name"] in str(r.get("name", ""))]
+    match = name_matcher(q)  # bounded: no backtracking-prone regex from a query (name_filter.py)
+    if match is not None:
+        rows = [r for r in rows if match(str(r.get("name", "")))]
     if q.get("sort"):
         key = q["sort"]
         rows.sort(key=lambda r: (_get_path(r, key) is None, str(_get_path(r, key))
@@ -166,12 +160,9 @@ def respond_list(request: web.Request, items: Iterable[dict[str, Any]]) -> web.R
                     _set_path(out, c, v)
             trimmed.append(out)
         rows = trimmed
-    if "page" in q:
-        try:
-            page = max(1, int(q["page"]))
-            size = max(1, min(500, int(q.get("page_size", 100))))
-        except ValueError:
-            raise bad_request("page and page_size must be integers") from None
+    params = page_params(q)
+    if params is not None:
+        page, size = params
         total = len(rows)
         chunk = rows[(page - 1) * size: page * size]
         return respond({"items": chunk, "page": page, "page_size": size, "page_count": -(-total // size),

@@ -1,5 +1,7 @@
 """``/api/queues``: list, get, declare (PUT), delete, the queue's bindings, purge (``DELETE .../contents``)
-and ``POST .../get`` with RabbitMQ's ack modes. Everything goes through the vhost's queue registry and the
+and ``POST .../get`` with RabbitMQ's ack modes, and Leveret's ``POST .../peek`` (read without taking).
+``GET /api/queues?page=...`` is filtered, sorted and paged before the page's objects are built
+(broker/management/listing.py). Everything goes through the vhost's queue registry and the
 queue process, as the AMQP methods do. A stream queue's object (``"type": "stream"``) adds its offsets,
 segments and consumer groups (broker/management/objects.py's ``stream_fields``); its groups alone are at
 ``/api/stream-groups`` (broker/management/streams.py)."""
@@ -28,7 +30,9 @@ from broker.management.common import (
     vhost_for_write,
     visible_vhosts,
 )
+from broker.management.listing import paged
 from broker.management.objects import binding_info, default_binding_info, queue_consumer_details, queue_info
+from broker.stream_queue import StreamQueue
 from protocol.frames import FrameError
 from protocol.properties import decode_properties
 
@@ -61,12 +65,30 @@ def properties_json(header: bytes) -> dict[str, Any]:
     return {name: json_safe(value) for name, value in shown if value is not None}
 
 
+# Sort keys read straight from the queue object, so a page of 10,000 queues sorts without building
+# 10,000 JSON objects (broker/management/listing.py); other sort fields fall back to the full build.
+SORT_KEYS: dict[str, Any] = {
+    "name": lambda q: (q.name, q.vhost.name),
+    "vhost": lambda q: (q.vhost.name, q.name),
+    "messages": lambda q: q.figures().messages,
+    "messages_ready": lambda q: q.figures().ready,
+    "messages_unacknowledged": lambda q: q.figures().unacked,
+    "message_bytes": lambda q: q.figures().bytes,
+    "consumers": lambda q: q.consumers.count,
+    "durable": lambda q: q.durable,
+}
+
+
 async def list_queues(request: web.Request) -> web.Response:
     node = node_of(request)
     sampler = request.app["sampler"]
     vhs = [vhost_for(request)] if "vhost" in request.match_info else visible_vhosts(request)
-    return respond_list(request, (queue_info(node, q, sampler) for vh in vhs
-                                  for q in sorted(vh.queues, key=lambda q: q.name)))
+    objects = [q for vh in vhs for q in vh.queues]
+    page = paged(request, objects, lambda q: q.name, SORT_KEYS, lambda q: queue_info(node, q, sampler))
+    if page is not None:
+        return page
+    objects.sort(key=lambda q: (q.vhost.name, q.name))
+    return respond_list(request, (queue_info(node, q, sampler) for q in objects))
 
 
 def _queue(request: web.Request, vh: VHost) -> Any:
@@ -164,6 +186,55 @@ async def get_messages(request: web.Request) -> web.Response:
     return respond(out)
 
 
+MAX_PEEK = 100
+MAX_PEEK_BYTES = 1024 * 1024  # the whole answer's payloads: a peek at big messages stays small
+
+
+async def peek_messages(request: web.Request) -> web.Response:
+    """Leveret's peek (the path LavinMQ proposes, cloudamqp/lavinmq#2142): the first ``count`` ready
+    messages of a classic queue, in delivery order, without taking them, so nothing is redelivered or
+    reordered (RabbitMQ's "get" requeues, which sets redelivered). Needs read permission, as a get does.
+    A stream has no ready messages to peek: its readers choose offsets (405)."""
+    vh = vhost_for_write(request)
+    q = _queue(request, vh)
+    body = await body_of(request)
+    try:
+        count = int(body.get("count", 10))
+        truncate = int(body["truncate"]) if body.get("truncate") not in (None, "") else None
+    except (TypeError, ValueError):
+        raise bad_request("count and truncate must be integers") from None
+    if not 1 <= count <= MAX_PEEK:
+        raise bad_request(f"count must be within 1..{MAX_PEEK}")
+    encoding = body.get("encoding", "auto")
+    if encoding not in ("auto", "base64"):
+        raise bad_request("encoding must be auto or base64")
+    if isinstance(q, StreamQueue):
+        raise web.HTTPMethodNotAllowed(
+            "POST", [], text='{"error":"Method Not Allowed","reason":"a stream is read from an offset, '
+            'not peeked"}', content_type="application/json")
+    permissions.basic_get(user_of(request), vh.name, q.name)
+    out: list[dict[str, Any]] = []
+    budget = MAX_PEEK_BYTES
+    for position, (msg, redelivered) in enumerate(q.peek_messages(count)):
+        limit = budget if truncate is None else min(truncate, budget)
+        out.append(_message_json(msg, msg.body[:limit], redelivered, encoding) | {"position": position})
+        budget -= min(limit, len(msg.body))
+    return respond(out)
+
+
+def _message_json(msg: Any, payload: bytes, redelivered: bool, encoding: str) -> dict[str, Any]:
+    if encoding == "auto":
+        try:
+            text, payload_encoding = payload.decode(), "string"
+        except UnicodeDecodeError:
+            text, payload_encoding = base64.b64encode(payload).decode(), "base64"
+    else:
+        text, payload_encoding = base64.b64encode(payload).decode(), "base64"
+    return {"payload_bytes": len(msg.body), "redelivered": redelivered, "exchange": msg.exchange,
+            "routing_key": msg.routing_key, "properties": properties_json(msg.header), "payload": text,
+            "payload_encoding": payload_encoding}
+
+
 def _take_messages(q: Any, count: int, truncate: int | None, encoding: str, counters: Any,
                    out: list[dict[str, Any]], taken: list[int]) -> None:
     """basic.get up to ``count`` messages (without settling them): their JSON into ``out``, their seq ids
@@ -181,17 +252,7 @@ def _take_messages(q: Any, count: int, truncate: int | None, encoding: str, coun
         if redelivered:
             counters.messages_redelivered += 1
         payload = msg.body if truncate is None else msg.body[:truncate]
-        if encoding == "auto":
-            try:
-                text, payload_encoding = payload.decode(), "string"
-            except UnicodeDecodeError:
-                text, payload_encoding = base64.b64encode(payload).decode(), "base64"
-        else:
-            text, payload_encoding = base64.b64encode(payload).decode(), "base64"
-        out.append({"payload_bytes": len(msg.body), "redelivered": redelivered, "exchange": msg.exchange,
-                    "routing_key": msg.routing_key, "message_count": left,
-                    "properties": properties_json(msg.header), "payload": text,
-                    "payload_encoding": payload_encoding})
+        out.append(_message_json(msg, payload, redelivered, encoding) | {"message_count": left})
 
 
 def add_routes(router: web.UrlDispatcher) -> None:
@@ -204,3 +265,4 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_delete("/api/queues/{vhost}/{name}/contents", purge_queue)
     router.add_get("/api/queues/{vhost}/{name}/bindings", queue_bindings)
     router.add_post("/api/queues/{vhost}/{name}/get", get_messages)
+    router.add_post("/api/queues/{vhost}/{name}/peek", peek_messages)

@@ -1,0 +1,132 @@
+// Exchanges: the list, and one exchange with its bindings both ways and a publish form (routing key,
+// properties, headers, payload as text or base64; the answer says whether the message was routed).
+import { api, get } from "../api.js";
+import { facts, field, h, replace, section, table } from "../dom.js";
+import { bytes, detail, enc, num, rate } from "../format.js";
+import { confirmAction } from "../dialog.js";
+
+function shownName(name) { return name === "" ? "(AMQP default)" : name; }
+
+export function exchangeLink(vhost, name) {
+  return h("a", { href: "#/exchanges/" + enc(vhost) + "/" + enc(name === "" ? "amq.default" : name),
+    class: "exchange-link" }, shownName(name));
+}
+
+export async function mountList(root) {
+  const box = h("div");
+  root.append(h("h1", {}, "Exchanges"), box);
+  async function refresh() {
+    const data = await get("/api/exchanges?page=1&page_size=500&sort=name");
+    replace(box, section(`${data.filtered_count} exchanges`, table("exchanges", [
+      ["Virtual host", (x) => x.vhost], ["Name", (x) => exchangeLink(x.vhost, x.name)], ["Type", (x) => x.type],
+      ["Features", (x) => [x.durable ? "D" : "", x.auto_delete ? " AD" : "", x.internal ? " I" : ""].join("").trim()],
+      ["In", (x) => rate(detail(x.message_stats, "publish_in")), { numeric: true }],
+      ["Out", (x) => rate(detail(x.message_stats, "publish_out")), { numeric: true }],
+    ], data.items)));
+  }
+  await refresh();
+  return refresh;
+}
+
+export async function mountDetail(root, [vhost, name]) {
+  const base = "/api/exchanges/" + enc(vhost) + "/" + enc(name);
+  const info = h("div");
+  const bindings = h("div");
+  const delayed = h("div", { id: "delayed-box" });
+  root.append(h("h1", {}, "Exchange ", h("span", { id: "exchange-name" }, name), h("span", { class: "muted" }, " in " + vhost)),
+    h("div", { class: "grid2" }, info, bindings), delayed, publishCard(base));
+  async function refresh() {
+    const [x, src, dst] = await Promise.all([get(base), get(base + "/bindings/source"), get(base + "/bindings/destination")]);
+    replace(info, section("Details", facts("exchange-facts", [
+      ["Type", x.type, "type"], ["Durable", String(x.durable), "durable"], ["Auto-delete", String(x.auto_delete)],
+      ["Internal", String(x.internal)], ["Arguments", JSON.stringify(x.arguments || {})], ["Policy", x.policy || "–"],
+    ])));
+    if (x.type === "x-delayed-message") replace(delayed, await delayedCard(base, refresh));
+    replace(bindings, section("Bindings from this exchange", table("bindings-source", [
+      ["To", (b) => b.destination_type === "queue"
+        ? h("a", { href: "#/queues/" + enc(b.vhost) + "/" + enc(b.destination) }, b.destination)
+        : exchangeLink(b.vhost, b.destination)],
+      ["Routing key", (b) => b.routing_key], ["Arguments", (b) => JSON.stringify(b.arguments || {})],
+    ], src, { empty: "No bindings." })), section("Bindings to this exchange", table("bindings-destination", [
+      ["From", (b) => exchangeLink(b.vhost, b.source)], ["Routing key", (b) => b.routing_key],
+    ], dst, { empty: "No bindings." })));
+  }
+  await refresh();
+  return refresh;
+}
+
+// The messages an x-delayed-message exchange holds (Leveret's /delayed endpoints): due time, cancel.
+async function delayedCard(base, refresh) {
+  const page = await get(base + "/delayed?page_size=100");
+  const result = h("p", { id: "delayed-result" });
+  return section(`Delayed messages (${num(page.total_count)} pending)`, table("delayed", [
+    ["Due", (m) => m.due], ["Routing key", (m) => m.routing_key], ["Size", (m) => bytes(m.size), { numeric: true }],
+    ["", (m) => h("button", { type: "button", class: "danger", "data-cancel": m.id, onclick: async () => {
+      if (!(await confirmAction(`Cancel delayed message ${m.id}?`))) return;
+      try {
+        await api("DELETE", base + "/delayed/" + enc(m.id));
+        result.className = "ok";
+        result.textContent = "Cancelled " + m.id + ".";
+        await refresh();
+      } catch (e) {
+        result.className = "error";
+        result.textContent = "Cancel failed: " + e.message;
+      }
+    } }, "Cancel")],
+  ], page.items, { empty: "No pending messages." }), page.next ? h("p", { class: "muted" }, "Showing the first 100.") : null,
+  result);
+}
+
+// "key = value" per line; numbers and true/false become typed values, as RabbitMQ's form offers.
+export function parseHeaders(text) {
+  const out = {};
+  for (const line of text.split("\n")) {
+    if (!line.trim()) continue;
+    const at = line.indexOf("=");
+    if (at < 1) throw new Error("a header line is “name = value”: " + line);
+    const key = line.slice(0, at).trim();
+    const raw = line.slice(at + 1).trim();
+    if (/^-?\d+$/.test(raw)) out[key] = Number(raw);
+    else if (raw === "true" || raw === "false") out[key] = raw === "true";
+    else out[key] = raw;
+  }
+  return out;
+}
+
+const PROPS = ["content_type", "content_encoding", "correlation_id", "reply_to", "expiration", "message_id",
+  "type", "app_id", "priority"];
+
+function publishCard(base) {
+  const key = h("input", { id: "publish-routing-key" });
+  const mode = h("select", { id: "publish-delivery-mode" },
+    h("option", { value: "1" }, "1 - non-persistent"), h("option", { value: "2" }, "2 - persistent"));
+  const headers = h("textarea", { id: "publish-headers", placeholder: "name = value (one per line)" });
+  const props = Object.fromEntries(PROPS.map((p) => [p, h("input", { id: "publish-prop-" + p })]));
+  const payload = h("textarea", { id: "publish-payload" });
+  const encoding = h("select", { id: "publish-encoding" },
+    h("option", { value: "string" }, "String"), h("option", { value: "base64" }, "Base64"));
+  const result = h("p", { id: "publish-result", role: "status" });
+  const form = h("form", { id: "publish-form", onsubmit: async (ev) => {
+    ev.preventDefault();
+    result.className = "";
+    try {
+      const properties = { delivery_mode: Number(mode.value), headers: parseHeaders(headers.value) };
+      for (const p of PROPS) {
+        const v = props[p].value.trim();
+        if (v) properties[p] = p === "priority" ? Number(v) : v;
+      }
+      const answer = await api("POST", base + "/publish",
+        { routing_key: key.value, properties, payload: payload.value, payload_encoding: encoding.value });
+      result.className = answer.routed ? "ok" : "error";
+      result.textContent = answer.routed ? "Message published and routed." : "Message published, but not routed.";
+    } catch (e) {
+      result.className = "error";
+      result.textContent = "Publish failed: " + e.message;
+    }
+  } },
+  h("div", { class: "inline" }, field("Routing key", key), field("Delivery mode", mode)),
+  h("div", { class: "inline" }, PROPS.map((p) => field(p, props[p]))),
+  field("Headers", headers), h("div", { class: "inline" }, field("Payload encoding", encoding)),
+  field("Payload", payload), h("button", { type: "submit", id: "publish" }, "Publish message"));
+  return section("Publish message", form, result);
+}
