@@ -6,7 +6,7 @@ whole list of keys Leveret reads; ``config/leveret.conf`` shows every key with i
 
 Every problem of a file (and of the environment and command line) is found before start-up stops, and all are
 reported in one message, each with its line: a bad value, an unknown key (a misspelling: no RabbitMQ version
-has it), or a key of a RabbitMQ feature Leveret does not have (clustering, HTTPS, plugins, ...: ``_RABBITMQ_ONLY``,
+has it), or a key of a RabbitMQ feature Leveret does not have (clustering, plugins, ...: ``_RABBITMQ_ONLY``,
 taken from the configuration schemas of RabbitMQ 3.8 to 4.x). With ``leveret.unsupported_keys = warn`` the
 last kind is ignored with one warning listing them, so an existing rabbitmq.conf can be used as is.
 """
@@ -194,6 +194,25 @@ def parse_log_file(value: str) -> Path | None:
 
 
 @dataclass
+class TLSOptions:
+    """The TLS keys of one HTTPS listener (``management.ssl.*`` or ``prometheus.ssl.*``: RabbitMQ's names, the
+    same options as ``ssl_options.*``). ``configured``: some key of the prefix was given; as in RabbitMQ that
+    alone turns the HTTPS listener on (on its default port when ``port`` is not given)."""
+
+    configured: bool = False
+    port: int | None = None
+    bind: str | None = None  # None: the plain listener's address
+    cacertfile: Path | None = None
+    certfile: Path | None = None
+    keyfile: Path | None = None
+    password: str | None = field(default=None, repr=False)  # never in a log line or the environment listing
+    verify: str = "verify_none"
+    fail_if_no_peer_cert: bool = False
+    versions: dict[str, str] = field(default_factory=dict)
+    ciphers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class Settings:
     """Every setting the broker reads, with RabbitMQ's defaults where RabbitMQ has the same knob."""
 
@@ -271,6 +290,24 @@ class Settings:
     ssl_versions: dict[str, str] = field(default_factory=dict)
     ssl_ciphers: dict[str, str] = field(default_factory=dict)
     ssl_handshake_timeout: float = 5.0  # seconds (the key is in ms, RabbitMQ's 5000)
+    # HTTPS for the HTTP API and Prometheus (management.ssl.*, prometheus.ssl.*). When one is configured and no
+    # key of its plain listener was given (management.tcp.* / management.listener.*, prometheus.tcp.*), the
+    # plain listener is off, as RabbitMQ does: http_configured names the ones whose plain keys were given.
+    management_ssl: TLSOptions = field(default_factory=TLSOptions)
+    prometheus_ssl: TLSOptions = field(default_factory=TLSOptions)
+    http_configured: set[str] = field(default_factory=set)
+    # Failed logins (Leveret's, RabbitMQ has none): after ``login_throttle_after`` failures from one address
+    # within ``login_throttle_window`` seconds, each further login from it is answered after a delay doubling
+    # from ``login_throttle_delay`` up to ``login_throttle_max_delay``; 0 failures turns it off.
+    login_throttle_after: int = 5
+    login_throttle_window: float = 60.0
+    login_throttle_delay: float = 0.5
+    login_throttle_max_delay: float = 5.0
+    login_throttle_exempt_loopback: bool = True
+    # Connections that have not finished the AMQP handshake (connection.open): at most this many per client
+    # address and in all (0: no limit); one more is closed at once.
+    handshake_max_per_source: int = 64
+    handshake_max: int = 1024
     # Not a setting: what loading the settings found worth a warning, logged once logging is set up.
     startup_warnings: list[str] = field(default_factory=list)
     # Not a setting: the configuration file(s) read (the start-up banner names them).
@@ -349,13 +386,17 @@ TLS_VERSIONS = ("tlsv1.2", "tlsv1.3")
 _OLD_TLS_VERSIONS = ("tlsv1.1", "tlsv1", "sslv3")
 
 
-def _set_ssl_version(s: Settings, key: str, value: str) -> None:
+def parse_tls_version(value: str) -> str:
     v = value.strip().lower().replace("'", "")
     if v in _OLD_TLS_VERSIONS:
         raise _Unsupported(f"{v} (Leveret offers TLS 1.2 and 1.3 only)")
     if v not in TLS_VERSIONS:
         raise ValueError("expected tlsv1.2 or tlsv1.3")
-    s.ssl_versions[key.rsplit(".", 1)[1]] = v
+    return v
+
+
+def _set_ssl_version(s: Settings, key: str, value: str) -> None:
+    s.ssl_versions[key.rsplit(".", 1)[1]] = parse_tls_version(value)
 
 
 def parse_cipher(value: str) -> str:
@@ -423,6 +464,40 @@ def _set_log_file(s: Settings, key: str, value: str) -> None:
 
 
 _HTTP_PORT = "a port number 1-65535, or 0 to turn the listener off"
+
+
+def _plain_http(setter: Callable[[Settings, str, str], None]) -> Callable[[Settings, str, str], None]:
+    """A key of the plain HTTP API or Prometheus listener: given, that listener stays on beside HTTPS."""
+    def set_plain(s: Settings, key: str, value: str) -> None:
+        setter(s, key, value)
+        s.http_configured.add(key.split(".", 1)[0])
+    return set_plain
+
+
+def _https(attr: str, parse: Callable[[str], Any]) -> Callable[[Settings, str, str], None]:
+    """One ``management.ssl.*`` / ``prometheus.ssl.*`` key (``versions.N`` and ``ciphers.N`` by N)."""
+    def setter(s: Settings, key: str, value: str) -> None:
+        opts = s.management_ssl if key.startswith("management.") else s.prometheus_ssl
+        if attr in ("versions", "ciphers"):
+            getattr(opts, attr)[key.rsplit(".", 1)[1]] = parse(value)
+        else:
+            setattr(opts, attr, parse(value))
+        opts.configured = True
+    return setter
+
+
+def _https_keys(prefix: str) -> dict[str, tuple[Callable[[Settings, str, str], None], str]]:
+    return {
+        f"{prefix}.port": (_https("port", _int_range(1, 65535)), "a port number 1-65535"),
+        f"{prefix}.ip": (_https("bind", parse_address), "an IP address"),
+        f"{prefix}.cacertfile": (_https("cacertfile", parse_path), "a PEM file of CA certificates"),
+        f"{prefix}.certfile": (_https("certfile", parse_path), "a PEM certificate file"),
+        f"{prefix}.keyfile": (_https("keyfile", parse_path), "a PEM private key file"),
+        f"{prefix}.password": (_https("password", str.strip), "the password of an encrypted keyfile"),
+        f"{prefix}.verify": (_https("verify", lambda v: _choice(v.lower(), ("verify_none", "verify_peer"))),
+                             "verify_none or verify_peer"),
+        f"{prefix}.fail_if_no_peer_cert": (_https("fail_if_no_peer_cert", parse_bool), "true or false"),
+    }
 _LEVELS = "debug, info, warning, error, critical, none"
 
 # key → (setter, what is allowed). RabbitMQ's names where RabbitMQ has the knob; Leveret's own under leveret.
@@ -452,10 +527,12 @@ KEYS: dict[str, tuple[Callable[[Settings, str, str], None], str]] = {
     "consumer_timeout": (_simple("consumer_timeout", parse_int), "milliseconds"),
     "queue_index_embed_msgs_below": (_simple("queue_index_embed_msgs_below", parse_bytes), "a size in bytes"),
     "cluster_name": (_simple("cluster_name", parse_nonempty), "a name"),
-    "management.tcp.port": (_simple("management_port", _int_range(1, 65535, zero_ok=True)), _HTTP_PORT),
-    "management.tcp.ip": (_simple("management_bind", parse_address), "an IP address"),
-    "prometheus.tcp.port": (_simple("prometheus_port", _int_range(1, 65535, zero_ok=True)), _HTTP_PORT),
-    "prometheus.tcp.ip": (_simple("prometheus_bind", parse_address), "an IP address"),
+    "management.tcp.port": (_plain_http(_simple("management_port", _int_range(1, 65535, zero_ok=True))),
+                            _HTTP_PORT),
+    "management.tcp.ip": (_plain_http(_simple("management_bind", parse_address)), "an IP address"),
+    "prometheus.tcp.port": (_plain_http(_simple("prometheus_port", _int_range(1, 65535, zero_ok=True))),
+                            _HTTP_PORT),
+    "prometheus.tcp.ip": (_plain_http(_simple("prometheus_bind", parse_address)), "an IP address"),
     "log.console": (_simple("log_console", parse_bool), "true or false"),
     "log.console.level": (_simple("log_level", parse_level), _LEVELS),
     "log.console.format": (_simple("log_format", parse_log_format), "console, json or auto"),
@@ -476,8 +553,9 @@ KEYS: dict[str, tuple[Callable[[Settings, str, str], None], str]] = {
     "log.journald": (_only_false("logging to journald"), "false"),
     "collect_statistics_interval": (_simple("collect_statistics_interval", _int_range(100, 2**31)),
                                     "milliseconds, at least 100"),
-    "management.listener.port": (_simple("management_port", _int_range(1, 65535, zero_ok=True)), _HTTP_PORT),
-    "management.listener.ip": (_simple("management_bind", parse_address), "an IP address"),
+    "management.listener.port": (_plain_http(_simple("management_port", _int_range(1, 65535, zero_ok=True))),
+                                 _HTTP_PORT),
+    "management.listener.ip": (_plain_http(_simple("management_bind", parse_address)), "an IP address"),
     "management.rates_mode": (_only(("basic",), "management rates modes other than basic"), "basic"),
     "management.disable_stats": (_only_false("turning the HTTP API's statistics off"), "false"),
     "default_queue_type": (_only(("classic",), "a default queue type other than classic (a queue declared "
@@ -524,6 +602,29 @@ def _choice(value: str, allowed: tuple[str, ...]) -> str:
     return v
 
 
+# HTTPS for the HTTP API and Prometheus, and Leveret's limits on failed logins and unfinished handshakes.
+KEYS.update(_https_keys("management.ssl"))
+KEYS.update(_https_keys("prometheus.ssl"))
+KEYS.update({
+    "leveret.login_throttle.after_failures": (_simple("login_throttle_after", _int_range(0, 1_000_000)),
+                                              ("failed logins from one address before its logins are "
+                                               "delayed (0: never delayed)")),
+    "leveret.login_throttle.window": (_simple("login_throttle_window", lambda v: _int_range(1, 2**31)(v) / 1000),
+                                      "milliseconds, at least 1"),
+    "leveret.login_throttle.delay": (_simple("login_throttle_delay", lambda v: _int_range(1, 2**31)(v) / 1000),
+                                     "milliseconds, at least 1"),
+    "leveret.login_throttle.max_delay": (_simple("login_throttle_max_delay",
+                                                 lambda v: _int_range(1, 2**31)(v) / 1000),
+                                         "milliseconds, at least 1"),
+    "leveret.login_throttle.exempt_loopback": (_simple("login_throttle_exempt_loopback", parse_bool),
+                                               "true or false"),
+    "leveret.handshake_max_per_source": (_simple("handshake_max_per_source", _int_range(0, 2**31)),
+                                         "a number of connections (0: no limit)"),
+    "leveret.handshake_max": (_simple("handshake_max", _int_range(0, 2**31)),
+                              "a number of connections (0: no limit)"),
+})
+
+
 _PATTERNS: list[tuple[str, Callable[[Settings, str, str], None], str]] = [
     ("loopback_users.", _set_loopback, "true or false"),
     ("default_user_tags.", _set_user_tag, "true or false"),
@@ -533,6 +634,10 @@ _PATTERNS: list[tuple[str, Callable[[Settings, str, str], None], str]] = [
     ("listeners.ssl.", _set_ssl_listener, "PORT or ADDRESS:PORT"),
     ("ssl_options.versions.", _set_ssl_version, "tlsv1.2 or tlsv1.3"),
     ("ssl_options.ciphers.", _set_ssl_cipher, "an OpenSSL cipher name, e.g. ECDHE-RSA-AES256-GCM-SHA384"),
+    ("management.ssl.versions.", _https("versions", parse_tls_version), "tlsv1.2 or tlsv1.3"),
+    ("management.ssl.ciphers.", _https("ciphers", parse_cipher), "an OpenSSL cipher name"),
+    ("prometheus.ssl.versions.", _https("versions", parse_tls_version), "tlsv1.2 or tlsv1.3"),
+    ("prometheus.ssl.ciphers.", _https("ciphers", parse_cipher), "an OpenSSL cipher name"),
     ("auth_backends.", _only(("internal", "rabbit_auth_backend_internal"), "authentication backends other "
                              "than internal"), "internal"),
     ("auth_mechanisms.", _set_auth_mechanism, "PLAIN, AMQPLAIN or EXTERNAL"),
@@ -553,8 +658,11 @@ _RABBITMQ_ONLY_KEYS: list[tuple[str, list[str]]] = [
         (r"ssl_options\.(?!(cacertfile|certfile|keyfile|password|verify|fail_if_no_peer_cert"
          r"|versions\.[^.]+|ciphers\.[^.]+)$).+")]),
     ("certificate login from a subject alternative name", [r"ssl_cert_login_san_.+"]),
-    ("HTTPS for the HTTP API and Prometheus", [
-        r"(management|prometheus)\.ssl\..+", r"management\.listener\.ssl(_opts)?(\..+)?"]),
+    # The HTTPS keys Leveret reads (management.ssl.*, prometheus.ssl.*) are in KEYS and _PATTERNS.
+    ("an HTTPS listener option Leveret does not have", [
+        (r"(management|prometheus)\.ssl\.(?!(port|ip|cacertfile|certfile|keyfile|password|verify"
+         r"|fail_if_no_peer_cert|versions\.[^.]+|ciphers\.[^.]+)$).+")]),
+    ("the legacy HTTPS listener keys (use management.ssl.*)", [r"management\.listener\.ssl(_opts)?(\..+)?"]),
     ("TLS for definitions, the trust store plugin and syslog", [
         r"definitions\.tls\..+", r"trust_store\..+", r"log\.syslog\.ssl_options\..+"]),
     ("turning the plain AMQP listener off", [r"listeners\.tcp"]),

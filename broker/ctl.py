@@ -19,7 +19,10 @@ as listed), ``purge_delayed EXCHANGE`` all of them.
 
 The API is found at ``--url`` (default ``$LEVERET_CTL_URL`` or ``http://127.0.0.1:15672``), with
 ``--username`` / ``--password`` (default ``$LEVERET_CTL_USERNAME`` / ``$LEVERET_CTL_PASSWORD`` or
-guest / guest). ``-p`` names the vhost as in rabbitmqctl. Output is an aligned table, or JSON with
+guest / guest). Over HTTPS (an ``https://`` URL: ``management.ssl.*``), the server's certificate is checked
+against ``--cacert FILE`` (``$LEVERET_CTL_CACERT``; else the system's CAs), ``--cert`` / ``--key`` give a
+client certificate (for ``management.ssl.verify = verify_peer``), ``--insecure`` checks nothing (as curl's
+``-k`` and rabbitmqadmin's ``--ssl-insecure``). ``-p`` names the vhost as in rabbitmqctl. Output is an aligned table, or JSON with
 ``--formatter json``. Exit codes: 0 done, 1 refused by the broker, 2 usage, 64 an info column the verb does
 not have (the error names the ones it has, as rabbitmqctl's usage errors), 65 a bad argument (a vhost that
 does not exist, a fraction out of range), 67 no such user, 69 broker unreachable (or, for ``await_startup``,
@@ -42,6 +45,7 @@ import base64
 import json
 import os
 import socket
+import ssl
 import sys
 import time
 import urllib.error
@@ -62,8 +66,10 @@ class CtlError(Exception):
 
 
 class Api:
-    def __init__(self, url: str, username: str, password: str, timeout: float = 30.0) -> None:
+    def __init__(self, url: str, username: str, password: str, timeout: float = 30.0,
+                 context: ssl.SSLContext | None = None) -> None:
         self.url = url.rstrip("/")
+        self.context = context  # HTTPS: how the server's certificate is checked (None: the system's CAs)
         token = base64.b64encode(f"{username}:{password}".encode()).decode()
         self.headers = {"Authorization": f"Basic {token}", "Content-Type": "application/json"}
         self.timeout = timeout
@@ -74,7 +80,7 @@ class Api:
         req = urllib.request.Request(self.url + path, data=data, method=method,
                                      headers={**self.headers, **(headers or {})})
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=self.context) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
             if exc.code == 404 and ok_missing:
@@ -97,7 +103,7 @@ class Api:
         with a reason); an unreachable API is still a CtlError (69)."""
         req = urllib.request.Request(self.url + path, headers=self.headers)
         try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout, context=self.context) as resp:
                 status, raw = resp.status, resp.read()
         except urllib.error.HTTPError as exc:
             status, raw = exc.code, exc.read()
@@ -730,8 +736,36 @@ def cluster_status(api: Api, args: argparse.Namespace) -> str:
 
 
 def listener_purpose(protocol: str) -> str:
-    return {"amqp": "AMQP 0-9-1", "http": "HTTP API", "http/prometheus": "Prometheus exporter API over HTTP"
-            }.get(protocol, protocol)
+    return {"amqp": "AMQP 0-9-1", "amqp/ssl": "AMQP 0-9-1 over TLS", "http": "HTTP API",
+            "https": "HTTP API over TLS (HTTPS)", "http/prometheus": "Prometheus exporter API over HTTP",
+            "https/prometheus": "Prometheus exporter API over TLS (HTTPS)"}.get(protocol, protocol)
+
+
+def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of an ``https://`` --url (ctl and diagnostics)."""
+    parser.add_argument("--cacert", default=os.environ.get("LEVERET_CTL_CACERT"), metavar="FILE",
+                        help="HTTPS: the CA certificates (PEM) the server's certificate is checked against")
+    parser.add_argument("--cert", default=None, metavar="FILE", help="HTTPS: a client certificate (PEM)")
+    parser.add_argument("--key", default=None, metavar="FILE", help="HTTPS: the client certificate's key")
+    parser.add_argument("--insecure", action="store_true",
+                        help="HTTPS: do not check the server's certificate or name")
+
+
+def tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The client context of an ``https://`` --url (None for http://); a file that cannot be used is a usage
+    error (exit 2) naming it."""
+    if not args.url.lower().startswith("https:"):
+        return None
+    try:
+        ctx = ssl.create_default_context(cafile=args.cacert)
+        if args.insecure:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if args.cert:
+            ctx.load_cert_chain(args.cert, args.key)
+    except (OSError, ssl.SSLError) as exc:
+        raise CtlError(f"cannot use the TLS files given (--cacert / --cert / --key): {exc}", 2) from None
+    return ctx
 
 
 def await_startup(api: Api, args: argparse.Namespace) -> str:
@@ -835,6 +869,7 @@ def _ctl_parser() -> argparse.ArgumentParser:
                      help="the broker's HTTP API (default %(default)s)")
     ctl.add_argument("--username", "-u", default=os.environ.get("LEVERET_CTL_USERNAME", "guest"))
     ctl.add_argument("--password", default=os.environ.get("LEVERET_CTL_PASSWORD", "guest"))
+    add_tls_arguments(ctl)
     ctl.add_argument("-p", "--vhost", default=None, help="virtual host (default /)")
     ctl.add_argument("--formatter", choices=("table", "json"), default="table")
     ctl.add_argument("-q", "--quiet", action="store_true", help="no informational header line")
@@ -873,8 +908,8 @@ def main(args: argparse.Namespace) -> int:
     args.vhost_given = args.vhost is not None
     if args.vhost is None:
         args.vhost = "/"
-    api = Api(args.url, args.username, args.password)
     try:
+        api = Api(args.url, args.username, args.password, context=tls_context(args))
         if args.verb in LISTS:
             out = do_list(api, args)
         elif args.verb in OPERATOR_VERBS:
@@ -1148,6 +1183,7 @@ def _diag_parser() -> argparse.ArgumentParser:
                    help="the broker's HTTP API (default %(default)s)")
     p.add_argument("--username", "-u", default=os.environ.get("LEVERET_CTL_USERNAME", "guest"))
     p.add_argument("--password", default=os.environ.get("LEVERET_CTL_PASSWORD", "guest"))
+    add_tls_arguments(p)
     p.add_argument("--formatter", choices=("table", "json"), default="table")
     p.add_argument("-q", "--quiet", action="store_true", help="no informational banner")
     p.add_argument("-t", "--timeout", type=float, default=None, metavar="SECONDS",
@@ -1172,8 +1208,8 @@ def diagnostics_run(argv: list[str]) -> int:
 
 def diagnostics_main(args: argparse.Namespace) -> int:
     args.vhost, args.vhost_given = "/", False  # what the ctl verbs reused here read
-    api = Api(args.url, args.username, args.password, timeout=args.timeout or 30.0)
     try:
+        api = Api(args.url, args.username, args.password, timeout=args.timeout or 30.0, context=tls_context(args))
         out = DIAG_COMMANDS[args.command](api, args)
     except CheckFailed as exc:
         if args.formatter == "json" and exc.data is not None:

@@ -24,13 +24,15 @@ from aiohttp import web
 
 from broker import PRODUCT, VERSION, definitions, metrics, tls
 from broker.alarms import ResourceMonitor, configured_disk_free_limit, configured_memory_limit
+from broker.guarded_reader import GuardedReader, LoginGuard
 from broker.logs import log_banner
 from broker.management.app import make_app
 from broker.memory_budget import MemoryBudget, set_memory_limit
 from broker.node import Node
 from broker.os_probes import total_memory
 from broker.persistence import NODE_METADATA_KEY, DurableDefinitions
-from broker.reader import Reader, open_connections
+from broker.reader import open_connections
+from broker.tls_accept import TLSAcceptor
 from storage.data_dir_lock import DataDirLock, DataDirLocked
 from storage.metadata_store import MetadataStore, MetadataStoreError, MetadataWriteError
 from storage.node_storage import METADATA_FILE as METADATA_DB
@@ -69,6 +71,11 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+# RabbitMQ's default HTTPS ports of the management and Prometheus plugins (when their .ssl.port is not given).
+HTTPS_PORT = 15671
+PROMETHEUS_HTTPS_PORT = 15691
+
+
 class StartupError(Exception):
     """Start-up cannot go on (a port taken, a definitions file that does not load): one line for stderr."""
 
@@ -87,6 +94,10 @@ class Server:
         self._tls_server: asyncio.base_events.Server | None = None  # listeners.ssl.default: AMQP over TLS
         self._tls_context: ssl.SSLContext | None = None
         self._http_runners: list[Any] = []
+        # The HTTPS listeners' contexts (management.ssl.*, prometheus.ssl.*) by key prefix.
+        self._https_contexts: dict[str, ssl.SSLContext] = {}
+        self._tls_handshakes: set[asyncio.Task[None]] = set()  # TLS handshakes under way (tls_accept.py)
+        self._guard: LoginGuard | None = None
         self._data_dir_lock: DataDirLock | None = None  # held from start to exit: one broker per directory
 
     def start_resource_monitor(self) -> ResourceMonitor:
@@ -192,29 +203,53 @@ class Server:
                     "starting as a new node", data_dir=data_dir, removed=removed)
 
     def build_tls_context(self) -> None:
-        """The TLS listener's context (listeners.ssl.default set), built once, before the data directory is
-        touched: a certificate or key that cannot be read stops the start, naming the key and the file."""
-        if self.node.settings.ssl_port is None:
-            return
-        try:
-            self._tls_context, warnings = tls.server_context(self.node.settings)
-        except tls.TLSSetupError as exc:
-            raise StartupError(f"cannot start the AMQP-over-TLS listener: {exc}") from None
-        for warning in warnings:
-            log.warning(warning)
+        """The TLS listeners' contexts (listeners.ssl.default; management.ssl.*, prometheus.ssl.*), built once,
+        before the data directory is touched: a certificate or key that cannot be read stops the start,
+        naming the key and the file."""
+        s = self.node.settings
+        for prefix, what, on in ((tls.AMQP_PREFIX, "AMQP-over-TLS", s.ssl_port is not None),
+                                 ("management.ssl", "HTTPS (HTTP API)", s.management_ssl.configured),
+                                 ("prometheus.ssl", "HTTPS (Prometheus)", s.prometheus_ssl.configured)):
+            if not on:
+                continue
+            try:
+                context, warnings = tls.server_context(s, prefix)
+            except tls.TLSSetupError as exc:
+                raise StartupError(f"cannot start the {what} listener: {exc}") from None
+            if prefix == tls.AMQP_PREFIX:
+                self._tls_context = context
+            else:
+                self._https_contexts[prefix] = context
+            for warning in warnings:
+                log.warning(warning)
 
     async def _listen_amqp(self, protocol: str, bind: str, port: int,
                            context: ssl.SSLContext | None = None) -> asyncio.base_events.Server:
-        """One AMQP listener, plain or over TLS: the same connections (Reader) either way. Over TLS a
-        handshake not finished within ssl_handshake_timeout is closed (so is a plaintext client: OpenSSL
-        refuses its first bytes); the AMQP handshake_timeout starts once TLS is up."""
+        """One AMQP listener, plain or over TLS: the same connections (GuardedReader: a Reader under the
+        node's cap on unfinished handshakes and failed-login delay) either way. Over TLS the handshake is
+        TLSAcceptor's: one not finished within ssl_handshake_timeout is closed (so is a plaintext client:
+        OpenSSL refuses its first bytes), each failure logged with the client's address and the reason; the
+        AMQP handshake_timeout starts once TLS is up."""
         loop = asyncio.get_running_loop()
-        tls_args: dict[str, Any] = {}
-        if context is not None:
-            tls_args = {"ssl": context, "ssl_handshake_timeout": self.node.settings.ssl_handshake_timeout}
+        if self._guard is None:
+            self._guard = LoginGuard(self.node.settings, self.node.clock)
+        guard = self._guard
+        factory: Any
+        if context is None:
+            def factory() -> asyncio.Protocol:
+                return GuardedReader(self.node, guard)
+        else:
+            def reader_for(source: str) -> asyncio.Protocol:
+                return GuardedReader(self.node, guard, source)
+
+            timeout = self.node.settings.ssl_handshake_timeout
+
+            def factory() -> asyncio.Protocol:
+                return TLSAcceptor(context, timeout, guard.admit, guard.release, reader_for,
+                                   self._tls_handshakes)
         try:
-            server = await loop.create_server(lambda: Reader(self.node), listen_hosts(bind), port,
-                                              reuse_address=True, backlog=1024, **tls_args)
+            server = await loop.create_server(factory, listen_hosts(bind), port, reuse_address=True,
+                                              backlog=1024)
         except OSError as exc:
             what = "AMQP over TLS" if context is not None else "AMQP"
             raise StartupError(f"cannot listen for {what} on {bind}:{port}: {exc.strerror or exc}") from None
@@ -273,30 +308,50 @@ class Server:
                                    "total_memory": total_memory()},
             disk_free_limit={"bytes": monitor.disk_free_limit, "relative": s.disk_free_limit_relative})
 
-    async def _start_http(self) -> None:
-        """The HTTP API and Prometheus listeners, on the same addresses as AMQP unless configured. A port
-        that is taken stops the start, naming it, as RabbitMQ does when a listener cannot bind: running
-        on without its API would let ``leveret ctl`` talk to whatever owns the port."""
+    def _http_listeners(self) -> list[tuple[str, int, str | None, Any, ssl.SSLContext | None]]:
+        """(protocol, port, address, app maker, TLS context) of each HTTP listener to start. As RabbitMQ's
+        management and Prometheus plugins: with a management.ssl.* (prometheus.ssl.*) key, HTTPS is served
+        (on 15671, 15691 unless .port is given), and plain HTTP too only if a key of the plain listener was
+        given (management.tcp.* or management.listener.*; prometheus.tcp.*; ``--management-port`` is
+        management.tcp.port); without one, plain HTTP alone on its default port."""
         s = self.node.settings
-        for protocol, port, bind, make in (("http", s.management_port, s.management_bind, make_app),
-                                           ("http/prometheus", s.prometheus_port, s.prometheus_bind,
-                                            metrics.make_app)):
-            if not port:
-                continue
-            address = bind or s.bind
-            hosts = listen_hosts(address)
-            runner = web.AppRunner(make(self.node), access_log=None, handle_signals=False)
-            await runner.setup()
-            self._http_runners.append(runner)
+        out: list[tuple[str, int, str | None, Any, ssl.SSLContext | None]] = []
+        for name, plain_protocol, tls_protocol, port, bind, opts, tls_port, make in (
+                ("management", "http", "https", s.management_port, s.management_bind, s.management_ssl,
+                 HTTPS_PORT, make_app),
+                ("prometheus", "http/prometheus", "https/prometheus", s.prometheus_port, s.prometheus_bind,
+                 s.prometheus_ssl, PROMETHEUS_HTTPS_PORT, metrics.make_app)):
+            if port and (name in s.http_configured or not opts.configured):
+                out.append((plain_protocol, port, bind, make, None))
+            if opts.configured:
+                out.append((tls_protocol, opts.port or tls_port, opts.bind or bind, make,
+                            self._https_contexts[f"{name}.ssl"]))
+        return out
+
+    async def _start_http(self) -> None:
+        """The HTTP API and Prometheus listeners, plain and HTTPS, on the same addresses as AMQP unless
+        configured. A port that is taken stops the start, naming it, as RabbitMQ does when a listener cannot
+        bind: running on without its API would let ``leveret ctl`` talk to whatever owns the port."""
+        s = self.node.settings
+        runners: dict[Any, web.AppRunner] = {}  # one app (and runner) per maker, served on each of its sites
+        for protocol, port, bind, make, context in self._http_listeners():
+            runner = runners.get(make)
+            if runner is None:
+                runner = runners[make] = web.AppRunner(make(self.node), access_log=None, handle_signals=False)
+                await runner.setup()
+                self._http_runners.append(runner)
+            hosts = listen_hosts(bind or s.bind)
             for host in hosts if isinstance(hosts, list) else [hosts]:
-                site = web.TCPSite(runner, host, port, reuse_address=True)
+                site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=context)
                 try:
                     await site.start()
                 except OSError as exc:
-                    name = "HTTP API" if protocol == "http" else "Prometheus"
+                    name = "HTTP API" if protocol in ("http", "https") else "Prometheus"
+                    keys = "management.tcp.port / prometheus.tcp.port; 0 turns a listener off"
+                    if context is not None:
+                        keys = "management.ssl.port" if protocol == "https" else "prometheus.ssl.port"
                     raise StartupError(f"cannot listen for the {name} on {host or 'all addresses'}:{port}: "
-                                       f"{exc.strerror or exc} (management.tcp.port / prometheus.tcp.port; "
-                                       f"0 turns a listener off)") from None
+                                       f"{exc.strerror or exc} ({keys})") from None
                 self.node.listeners.append({"protocol": protocol, "ip_address": host or "::", "port": port})
                 log.info("listening", protocol=protocol, address=host or "::", port=port)
 
@@ -307,6 +362,8 @@ class Server:
         for server in (self._server, self._tls_server):
             if server is not None:
                 server.close()
+        for task in list(self._tls_handshakes):  # TLS handshakes under way get no connection now
+            task.cancel()
         for conn in list(self.node.connections):
             conn.force_close(SHUTDOWN_REASON)
         deadline = time.monotonic() + self.node.settings.shutdown_timeout

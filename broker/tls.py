@@ -1,5 +1,6 @@
-"""TLS for AMQP (amqps): the server's ``ssl.SSLContext``, built once at start from RabbitMQ's keys
-(``listeners.ssl.default``, ``ssl_options.*``), and what a connection's TLS session is.
+"""TLS for AMQP (amqps) and HTTPS: a listener's ``ssl.SSLContext``, built once at start from RabbitMQ's keys
+(``listeners.ssl.default`` with ``ssl_options.*``; ``management.ssl.*``; ``prometheus.ssl.*``: the same options
+under three prefixes), why a handshake failed, and what a connection's TLS session is.
 
 As RabbitMQ: ``ssl_options.verify = verify_peer`` asks the client for a certificate and checks it against
 ``ssl_options.cacertfile``; with ``fail_if_no_peer_cert = true`` a client without one is refused too (else it
@@ -17,7 +18,9 @@ import ssl
 from pathlib import Path
 from typing import Any
 
-from broker.config import TLS13_CIPHER_SUITES, Settings
+from broker.config import TLS13_CIPHER_SUITES, Settings, TLSOptions
+
+AMQP_PREFIX = "ssl_options"
 
 _VERSIONS = {"tlsv1.2": ssl.TLSVersion.TLSv1_2, "tlsv1.3": ssl.TLSVersion.TLSv1_3}
 # RabbitMQ's names of the protocol versions (its ssl_protocol field), by Python's.
@@ -37,65 +40,99 @@ def _readable(key: str, path: Path) -> str:
     return str(path)
 
 
-def server_context(s: Settings) -> tuple[ssl.SSLContext, list[str]]:
-    """The context of the AMQP-over-TLS listener, and warnings worth logging once (settings Python's ssl
-    module cannot honour)."""
+def listener_options(s: Settings, prefix: str = AMQP_PREFIX) -> TLSOptions:
+    """The TLS keys of one listener by their prefix: ``ssl_options`` (amqps, whose port is
+    listeners.ssl.default), ``management.ssl`` or ``prometheus.ssl``."""
+    if prefix == AMQP_PREFIX:
+        return TLSOptions(configured=s.ssl_port is not None, port=s.ssl_port, bind=s.ssl_bind,
+                          cacertfile=s.ssl_cacertfile, certfile=s.ssl_certfile, keyfile=s.ssl_keyfile,
+                          password=s.ssl_password, verify=s.ssl_verify,
+                          fail_if_no_peer_cert=s.ssl_fail_if_no_peer_cert, versions=s.ssl_versions,
+                          ciphers=s.ssl_ciphers)
+    if prefix == "management.ssl":
+        return s.management_ssl
+    if prefix == "prometheus.ssl":
+        return s.prometheus_ssl
+    raise ValueError(f"no TLS listener keys under {prefix}")
+
+
+def server_context(s: Settings, prefix: str = AMQP_PREFIX) -> tuple[ssl.SSLContext, list[str]]:
+    """The context of the TLS listener whose keys start with ``prefix`` (AMQP's ``ssl_options``, HTTPS's
+    ``management.ssl`` and ``prometheus.ssl``: the same options, so one builder), and warnings worth logging
+    once (settings Python's ssl module cannot honour)."""
+    o = listener_options(s, prefix)
     warnings: list[str] = []
-    if s.ssl_certfile is None or s.ssl_keyfile is None:
-        missing = " and ".join(k for k, v in (("ssl_options.certfile", s.ssl_certfile),
-                                              ("ssl_options.keyfile", s.ssl_keyfile)) if v is None)
-        raise TLSSetupError(f"listeners.ssl.default is set but {missing} {'is' if ' and ' not in missing else 'are'} "
+    if o.certfile is None or o.keyfile is None:
+        missing = " and ".join(f"{prefix}.{k}" for k, v in (("certfile", o.certfile), ("keyfile", o.keyfile))
+                               if v is None)
+        what = "listeners.ssl.default" if prefix == AMQP_PREFIX else f"{prefix}.*"
+        raise TLSSetupError(f"{what} is set but {missing} {'is' if ' and ' not in missing else 'are'} "
                             "not: a TLS listener needs the server's certificate and private key")
-    if s.ssl_verify == "verify_peer" and s.ssl_cacertfile is None:
-        raise TLSSetupError("ssl_options.verify = verify_peer needs ssl_options.cacertfile (the CA certificates "
+    if o.verify == "verify_peer" and o.cacertfile is None:
+        raise TLSSetupError(f"{prefix}.verify = verify_peer needs {prefix}.cacertfile (the CA certificates "
                             "client certificates are checked against)")
-    if s.ssl_fail_if_no_peer_cert and s.ssl_verify != "verify_peer":
-        raise TLSSetupError("ssl_options.fail_if_no_peer_cert = true needs ssl_options.verify = verify_peer "
+    if o.fail_if_no_peer_cert and o.verify != "verify_peer":
+        raise TLSSetupError(f"{prefix}.fail_if_no_peer_cert = true needs {prefix}.verify = verify_peer "
                             "(with verify_none no client certificate is asked for)")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    versions = sorted({_VERSIONS[v] for v in s.ssl_versions.values()}) or [ssl.TLSVersion.TLSv1_2,
-                                                                          ssl.TLSVersion.TLSv1_3]
+    versions = sorted({_VERSIONS[v] for v in o.versions.values()}) or [ssl.TLSVersion.TLSv1_2,
+                                                                      ssl.TLSVersion.TLSv1_3]
     ctx.minimum_version, ctx.maximum_version = versions[0], versions[-1]
     # No renegotiation (a client could make the server do handshakes at will) and no compression (CRIME).
     ctx.options |= ssl.OP_NO_RENEGOTIATION | ssl.OP_NO_COMPRESSION
-    certfile = _readable("ssl_options.certfile", s.ssl_certfile)
-    keyfile = _readable("ssl_options.keyfile", s.ssl_keyfile)
-    password = s.ssl_password
+    certfile = _readable(f"{prefix}.certfile", o.certfile)
+    keyfile = _readable(f"{prefix}.keyfile", o.keyfile)
+    password = o.password
 
     def key_password() -> str:  # never the terminal prompt OpenSSL falls back on without one
         if password is None:
-            raise TLSSetupError(f"ssl_options.keyfile = {keyfile} is encrypted: give its ssl_options.password")
+            raise TLSSetupError(f"{prefix}.keyfile = {keyfile} is encrypted: give its {prefix}.password")
         return password
 
     try:
         ctx.load_cert_chain(certfile, keyfile, password=key_password)
     except ssl.SSLError as exc:
-        raise TLSSetupError(f"ssl_options.certfile = {certfile} and ssl_options.keyfile = {keyfile}: not a PEM "
+        raise TLSSetupError(f"{prefix}.certfile = {certfile} and {prefix}.keyfile = {keyfile}: not a PEM "
                             f"certificate and its private key ({exc.reason or exc})") from None
-    if s.ssl_cacertfile is not None:
-        cafile = _readable("ssl_options.cacertfile", s.ssl_cacertfile)
+    if o.cacertfile is not None:
+        cafile = _readable(f"{prefix}.cacertfile", o.cacertfile)
         try:
             # Also where OpenSSL finds the intermediates to send after a certfile that holds the server's
             # certificate alone, as Erlang's ssl does with the cacertfile.
             ctx.load_verify_locations(cafile=cafile)
         except ssl.SSLError as exc:
-            raise TLSSetupError(f"ssl_options.cacertfile = {cafile}: no PEM certificate in it "
+            raise TLSSetupError(f"{prefix}.cacertfile = {cafile}: no PEM certificate in it "
                                 f"({exc.reason or exc})") from None
-    if s.ssl_verify == "verify_peer":
-        ctx.verify_mode = ssl.CERT_REQUIRED if s.ssl_fail_if_no_peer_cert else ssl.CERT_OPTIONAL
+    if o.verify == "verify_peer":
+        ctx.verify_mode = ssl.CERT_REQUIRED if o.fail_if_no_peer_cert else ssl.CERT_OPTIONAL
     else:
         ctx.verify_mode = ssl.CERT_NONE
-    ciphers = list(s.ssl_ciphers.values())
+    ciphers = list(o.ciphers.values())
     tls12 = [c for c in ciphers if c not in TLS13_CIPHER_SUITES]
     if tls12:
         try:
             ctx.set_ciphers(":".join(tls12))
         except ssl.SSLError:
-            raise TLSSetupError(f"ssl_options.ciphers: none of {', '.join(tls12)} can be used") from None
+            raise TLSSetupError(f"{prefix}.ciphers: none of {', '.join(tls12)} can be used") from None
     if len(tls12) < len(ciphers) and ssl.TLSVersion.TLSv1_3 in versions:
-        warnings.append("ssl_options.ciphers: TLS 1.3 suites are not restricted (Python's ssl module offers "
+        warnings.append(f"{prefix}.ciphers: TLS 1.3 suites are not restricted (Python's ssl module offers "
                         "OpenSSL's TLS 1.3 suites as they are); the list applies to TLS 1.2")
     return ctx, warnings
+
+
+def handshake_failure_reason(exc: BaseException) -> str:
+    """Why a TLS handshake failed, in a few words for the log: OpenSSL's reason (``tlsv1 alert unknown ca``:
+    the client did not trust our certificate; ``unsupported protocol``: TLS 1.1 or older; ``wrong version
+    number`` / ``http request``: not TLS at all), or the timeout or the closed socket."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"client certificate refused: {exc.verify_message or exc.reason}"
+    if isinstance(exc, ssl.SSLError):
+        return str(exc.reason or exc).replace("_", " ").lower()
+    if isinstance(exc, TimeoutError):
+        return "handshake timed out"
+    if isinstance(exc, (ConnectionError, EOFError)):
+        return "connection closed by the client during the handshake"
+    return str(exc) or type(exc).__name__
 
 
 def _name(rdns: Any) -> str | None:

@@ -13,9 +13,12 @@ from broker.os_probes import total_memory
 from broker.publish import ROUTED
 
 ALIVENESS_QUEUE = "aliveness-test"
-# Protocol names RabbitMQ accepts in protocol-listener checks → Leveret's listener protocol.
-PROTOCOLS = {"amqp": "amqp", "amqp091": "amqp", "amqp0-9-1": "amqp", "http": "http", "management": "http",
-             "prometheus": "http/prometheus", "http/prometheus": "http/prometheus"}
+# RabbitMQ's aliases in protocol-listener checks (rabbit_mgmt_wm_health_check_protocol_listener's
+# normalize_protocol) → the listener protocol; any other name is looked up as it is (amqp/ssl, https,
+# http/prometheus, https/prometheus, ...).
+PROTOCOLS = {"amqp091": "amqp", "amqp0.9.1": "amqp", "amqp0-9-1": "amqp", "amqp0_9_1": "amqp", "amqps": "amqp/ssl",
+             "http1": "http", "http1.1": "http", "http_api": "http", "management": "http", "management_ui": "http",
+             "ui": "http", "prometheus": "http/prometheus"}
 
 
 def ok() -> web.Response:
@@ -55,10 +58,11 @@ async def port_listener(request: web.Request) -> web.Response:
 async def protocol_listener(request: web.Request) -> web.Response:
     node = node_of(request)
     name = request.match_info["protocol"].lower()
-    protocols = [entry["protocol"] for entry in node.listeners]
-    if PROTOCOLS.get(name) in protocols:
-        return ok()
-    return failed(f"No active listener for protocol {name}", missing=name, protocols=protocols)
+    protocol = PROTOCOLS.get(name, name)
+    protocols = sorted({entry["protocol"] for entry in node.listeners})
+    if protocol in protocols:
+        return respond({"status": "ok", "protocol": protocol})
+    return failed("No active listener", missing=protocol, protocols=protocols)
 
 
 async def in_service(request: web.Request) -> web.Response:

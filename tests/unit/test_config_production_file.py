@@ -212,11 +212,11 @@ def test_collect_statistics_interval_sets_the_http_apis_sampling():
 @pytest.mark.parametrize("key", [
     "cluster_formation.k8s.host", "cluster_formation.node_cleanup.only_log_warning", "cluster_keepalive_interval",
     "queue_leader_locator", "web_stomp.tcp.port", "web_mqtt.tcp.port", "stream.listeners.tcp.1",
-    "auth_ldap.servers.1", "auth_oauth2.resource_server_id", "management.path_prefix", "management.ssl.port",
+    "auth_ldap.servers.1", "auth_oauth2.resource_server_id", "management.path_prefix", "management.ssl.depth",
     "prometheus.return_per_object_metrics", "log.connection.level", "log.default.rotation.count",
     "quorum_queue.compute_checksums", "default_users.alice.password", "deprecated_features.permit.global_qos",
     "federation.queues.shutdown.timeout", "shovel.operating_mode", "tracing.dir", "ssl_options.depth",
-    "ssl_options.honor_cipher_order", "ssl_cert_login_san_type", "prometheus.ssl.port", "num_acceptors.ssl",
+    "ssl_options.honor_cipher_order", "ssl_cert_login_san_type", "prometheus.ssl.honor_cipher_order", "num_acceptors.ssl",
     "num_acceptors.tcp", "connection_max", "total_memory_available_override_value", "collect_statistics",
 ])
 def test_documented_rabbitmq_keys_are_known_as_such(key):
