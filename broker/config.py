@@ -245,6 +245,11 @@ class Settings:
     consumer_timeout: int | None = None
     queue_index_embed_msgs_below: int = 4096
     cluster_name: str | None = None
+    # The web UI's session idle timeout in minutes (RabbitMQ's management.login_session_timeout, 8 hours).
+    login_session_timeout: int = 480
+    # Where `leveret-pipeline traffic --out DIR` writes (traffic.png, _batches.jsonl): the UI's Traffic page shows
+    # them (broker/management/traffic.py); None: no such page content.
+    traffic_dir: Path | None = None
     management_bind: str | None = None  # None: the AMQP bind address
     management_port: int = 15672
     prometheus_bind: str | None = None
@@ -527,6 +532,9 @@ KEYS: dict[str, tuple[Callable[[Settings, str, str], None], str]] = {
     "consumer_timeout": (_simple("consumer_timeout", parse_int), "milliseconds"),
     "queue_index_embed_msgs_below": (_simple("queue_index_embed_msgs_below", parse_bytes), "a size in bytes"),
     "cluster_name": (_simple("cluster_name", parse_nonempty), "a name"),
+    "management.login_session_timeout": (_simple("login_session_timeout", _int_range(1, 2**31)),
+                                         "minutes of idleness before a web UI session ends, at least 1"),
+    "leveret.traffic_dir": (_simple("traffic_dir", parse_path), "the --out directory of leveret-pipeline traffic"),
     "management.tcp.port": (_plain_http(_simple("management_port", _int_range(1, 65535, zero_ok=True))),
                             _HTTP_PORT),
     "management.tcp.ip": (_plain_http(_simple("management_bind", parse_address)), "an IP address"),
@@ -700,7 +708,7 @@ _RABBITMQ_ONLY_KEYS: list[tuple[str, list[str]]] = [
         r"management\.listener\.server\..+"]),
     ("a management plugin option Leveret's HTTP API does not have", [
         r"management\.(cors|csp|hsts|headers|http|restrictions|sample_retention_policies)\..+",
-        r"management\.(path_prefix|http_log_dir|login_session_timeout|credential_encryption_secret)",
+        r"management\.(path_prefix|http_log_dir|credential_encryption_secret)",
         r"management\.(db_cache_multiplier|delegate_count|disable_basic_auth|enable_queue_totals)",
         r"management\.(require_auth_for_api_reference|definitions\.require_json_extension)"]),
     ("a Prometheus plugin option Leveret does not have", [

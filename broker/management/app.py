@@ -27,6 +27,7 @@ from broker.management import (
     policies,
     queues,
     streams,
+    traffic,
     ui_assets,
     users,
     vhosts,
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("leveret.management")
 
 MODULES = (overview, health, connections, exchanges, delayed, queues, streams, bindings, vhosts, users, policies,
-           limits, definitions_api, login, move)
+           limits, definitions_api, login, move, traffic)
 # Paths answered without credentials (RabbitMQ's UI asks /api/auth before logging in; /api/login checks
 # what it is given itself).
 PUBLIC = ("/api/auth", "/api/login")
@@ -113,7 +114,7 @@ def make_app(node: Node) -> web.Application:
     app = web.Application(middlewares=[ui_assets.security_headers, error_middleware, auth_middleware],
                           client_max_size=128 * 1024 * 1024)
     app["node"] = node
-    app["sessions"] = SessionTable()
+    app["sessions"] = SessionTable(node.settings.login_session_timeout * 60)
     app["ui_assets"] = ui_assets.load_assets()
     app["sampler"] = RateSampler(node.settings.collect_statistics_interval / 1000)
     app.cleanup_ctx.append(_sample_rates)

@@ -84,7 +84,10 @@ def session_user(request: web.Request) -> tuple[User, Session] | None:
     return user, session
 
 
-def _set_cookie(response: web.Response, request: web.Request, token: str, max_age: int) -> None:
+def _set_cookie(response: web.Response, request: web.Request, token: str, max_age: int | None) -> None:
+    """``max_age=None``: a cookie of the browser's session. The idle timeout is the server's to judge
+    (SessionTable slides it on every use); a Max-Age fixed at login would end a busy session that long after
+    login instead of after that long idle."""
     response.set_cookie(COOKIE, token, max_age=max_age, path="/", httponly=True, samesite="Strict",
                         secure=request.secure)
 
@@ -108,7 +111,7 @@ async def post_login(request: web.Request) -> web.Response:
     table: SessionTable = request.app["sessions"]
     token, session = table.create(user.name, user.password_hash)
     response = respond({"name": user.name, "tags": list(user.tags), "csrf_token": session.csrf})
-    _set_cookie(response, request, token, int(table.timeout_s))
+    _set_cookie(response, request, token, None)
     log.info("HTTP UI login", user=user.name, peer=request.remote)
     return response
 

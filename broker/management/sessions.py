@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 COOKIE = "leveret_session"
 CSRF_HEADER = "X-CSRF-Token"
-# RabbitMQ's management.login_session_timeout default: 8 hours.
+# RabbitMQ's management.login_session_timeout default, 8 hours: the HTTP app makes its table with the
+# key's value (Settings.login_session_timeout, minutes; broker/management/app.py).
 DEFAULT_TIMEOUT_S = 480 * 60
 MAX_SESSIONS = 10_000  # a flood of logins cannot grow the table without bound
 

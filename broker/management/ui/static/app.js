@@ -8,6 +8,7 @@ import * as queue from "./pages/queue.js";
 import * as exchanges from "./pages/exchanges.js";
 import * as connections from "./pages/connections.js";
 import * as admin from "./pages/admin.js";
+import * as traffic from "./pages/traffic.js";
 
 const ROUTES = [
   [/^\/$/, overview.mount, "overview"],
@@ -21,6 +22,7 @@ const ROUTES = [
   [/^\/users$/, admin.mountUsers, "users"],
   [/^\/vhosts$/, admin.mountVhosts, "vhosts"],
   [/^\/policies$/, admin.mountPolicies, "policies"],
+  [/^\/traffic$/, traffic.mount, "traffic"],
 ];
 
 const state = { user: null, refresh: null, timer: null, generation: 0 };
@@ -51,6 +53,9 @@ function loggedIn(who) {
   for (const a of document.querySelectorAll(".admin-only")) a.hidden = !tags.has("administrator");
   for (const a of document.querySelectorAll(".policy-only")) {
     a.hidden = !(tags.has("administrator") || tags.has("policymaker"));
+  }
+  for (const a of document.querySelectorAll(".monitor-only")) {
+    a.hidden = !(tags.has("administrator") || tags.has("monitoring"));
   }
   route();
 }

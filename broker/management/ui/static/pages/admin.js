@@ -106,40 +106,63 @@ export async function mountVhosts(root) {
   return refresh;
 }
 
-export async function mountPolicies(root) {
+// Policies and, for administrators, operator policies (RabbitMQ's /api/operator-policies: limits that
+// clients' arguments and policies cannot exceed; they apply to queues only). One editor serves both:
+// ``kind.id`` prefixes its elements' ids (policy-name, operator-policy-name, ...).
+const POLICY_KINDS = [
+  { id: "policy", table: "policies", path: "/api/policies", what: "policy", title: "Policies",
+    applyTo: ["all", "queues", "exchanges", "classic_queues", "quorum_queues", "streams"],
+    placeholder: "{\"max-length\": 10}", empty: "No policies." },
+  { id: "operator-policy", table: "operator-policies", path: "/api/operator-policies", what: "operator policy",
+    title: "Operator policies", applyTo: ["queues", "classic_queues", "quorum_queues", "streams"],
+    placeholder: "{\"max-length\": 1000, \"message-ttl\": 3600000}", empty: "No operator policies." },
+];
+
+function policyEditor(kind) {
   const box = h("div");
-  const result = resultLine("policies-result");
-  const vhost = h("input", { id: "policy-vhost", value: "/" });
-  const name = h("input", { id: "policy-name", required: true });
-  const pattern = h("input", { id: "policy-pattern", required: true });
-  const applyTo = h("select", { id: "policy-apply-to" }, ["all", "queues", "exchanges"].map((v) => h("option", { value: v }, v)));
-  const priority = h("input", { id: "policy-priority", type: "number", value: 0 });
-  const definition = h("textarea", { id: "policy-definition", placeholder: "{\"max-length\": 10}" });
-  const add = h("form", { id: "add-policy", onsubmit: async (ev) => {
+  const result = resultLine(kind.table + "-result");
+  const vhost = h("input", { id: kind.id + "-vhost", value: "/" });
+  const name = h("input", { id: kind.id + "-name", required: true });
+  const pattern = h("input", { id: kind.id + "-pattern", required: true });
+  const applyTo = h("select", { id: kind.id + "-apply-to" }, kind.applyTo.map((v) => h("option", { value: v }, v)));
+  const priority = h("input", { id: kind.id + "-priority", type: "number", value: 0 });
+  const definition = h("textarea", { id: kind.id + "-definition", placeholder: kind.placeholder });
+  const what = kind.what[0].toUpperCase() + kind.what.slice(1);
+  const add = h("form", { id: "add-" + kind.id, onsubmit: async (ev) => {
     ev.preventDefault();
     try {
-      await api("PUT", "/api/policies/" + enc(vhost.value) + "/" + enc(name.value), {
+      await api("PUT", kind.path + "/" + enc(vhost.value) + "/" + enc(name.value), {
         pattern: pattern.value, "apply-to": applyTo.value, priority: Number(priority.value),
         definition: JSON.parse(definition.value || "{}"),
       });
-      result.show(true, "Policy " + name.value + " saved.");
+      result.show(true, what + " " + name.value + " saved.");
       await refresh();
     } catch (e) {
-      result.show(false, "Could not save the policy: " + e.message);
+      result.show(false, "Could not save the " + kind.what + ": " + e.message);
     }
   } }, h("div", { class: "inline" }, field("Virtual host", vhost), field("Name", name), field("Pattern", pattern),
     field("Apply to", applyTo), field("Priority", priority)), field("Definition (JSON)", definition),
-  h("button", { type: "submit" }, "Add policy"));
-  root.append(h("h1", {}, "Policies"), box, section("Add or update a policy", add), result);
+  h("button", { type: "submit" }, "Add " + kind.what));
   async function refresh() {
-    const policies = await get("/api/policies");
-    replace(box, section("Policies", table("policies", [
+    const policies = await get(kind.path);
+    replace(box, section(kind.title, table(kind.table, [
       ["Virtual host", (p) => p.vhost], ["Name", (p) => p.name], ["Pattern", (p) => p.pattern],
       ["Apply to", (p) => p["apply-to"]], ["Priority", (p) => p.priority, { numeric: true }],
       ["Definition", (p) => JSON.stringify(p.definition)],
-      ["", (p) => deleteButton(p.name, "policy " + p.name,
-        "/api/policies/" + enc(p.vhost) + "/" + enc(p.name), refresh, result)],
-    ], policies, { empty: "No policies." })));
+      ["", (p) => deleteButton(p.name, kind.what + " " + p.name,
+        kind.path + "/" + enc(p.vhost) + "/" + enc(p.name), refresh, result)],
+    ], policies, { empty: kind.empty })));
+  }
+  return { nodes: [box, section("Add or update " + (kind.id === "policy" ? "a " : "an ") + kind.what, add), result],
+    refresh };
+}
+
+export async function mountPolicies(root, _args, _params, ctx) {
+  const admin = ctx.user.tags.includes("administrator");
+  const editors = POLICY_KINDS.filter((k) => admin || k.id === "policy").map(policyEditor);
+  root.append(h("h1", {}, "Policies"), ...editors.flatMap((e) => e.nodes));
+  async function refresh() {
+    await Promise.all(editors.map((e) => e.refresh()));
   }
   await refresh();
   return refresh;

@@ -1,8 +1,10 @@
 // Overview: message rates and queued messages (charts of the server's sampled rates, one point per
 // poll), object totals, alarms, the node's memory and disk, listeners, and definitions export/import.
+// Delayed messages (held by x-delayed-message exchanges, not yet in any queue) are summed from the
+// exchanges list, whose delayed exchanges carry ``delayed_pending``.
 import { api, get } from "../api.js";
 import { facts, h, replace, section, table } from "../dom.js";
-import { bytes, detail, num, rate } from "../format.js";
+import { bytes, detail, enc, num, rate } from "../format.js";
 import { History, lineChart } from "../chart.js";
 
 const RATES = [["publish", "Publish"], ["deliver_get", "Deliver / get"], ["ack", "Ack"],
@@ -21,7 +23,9 @@ export async function mount(root, _args, _params, ctx) {
     definitionsCard(ctx));
 
   async function refresh() {
-    const ov = await get("/api/overview");
+    const [ov, exchanges] = await Promise.all([get("/api/overview"),
+      get("/api/exchanges?columns=" + enc("type,delayed_pending"))]);
+    const delayed = exchanges.filter((x) => x.type === "x-delayed-message");
     let node = null;
     try {
       node = (await get("/api/nodes", { noRedirect: true }))[0];
@@ -43,6 +47,9 @@ export async function mount(root, _args, _params, ctx) {
       ["Ready messages", num(qt.messages_ready), "messages_ready"],
       ["Unacked messages", num(qt.messages_unacknowledged), "messages_unacknowledged"],
       ["Total messages", num(qt.messages), "messages"],
+      ["Delayed messages", num(delayed.reduce((n, x) => n + (x.delayed_pending || 0), 0))
+        + (delayed.length ? " in " + num(delayed.length) + " delayed exchange" + (delayed.length > 1 ? "s" : "") : ""),
+      "messages_delayed"],
       ["Publish rate", rate(detail(ms, "publish")), "publish_rate"],
       ["Deliver rate", rate(detail(ms, "deliver_get")), "deliver_rate"],
       ["Version", ov.product_name + " " + ov.product_version, "version"],
