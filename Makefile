@@ -35,8 +35,11 @@ run: $(STAMP)
 TEST_TOOLS := ip:iproute2 mkfs.ext4:e2fsprogs e2fsck:e2fsprogs losetup:mount mount:mount \
 	java:openjdk-17-jre-headless faketime:faketime prometheus:prometheus chromium:chromium
 
+# PostgreSQL for the cluster tests (tests/pg_server.py starts its own server): Debian keeps initdb off PATH, in
+# /usr/lib/postgresql/VERSION/bin.
 test-tools:
 	@missing=""; for t in $(TEST_TOOLS); do command -v $${t%%:*} >/dev/null || missing="$$missing $${t##*:}"; done; \
+	command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then apt-get update -q && apt-get install -y -q $$missing; fi
 
 # The lint (ruff, the import-linter layer contracts, mypy) runs first: a broken layer fails the suite.

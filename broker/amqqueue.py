@@ -112,6 +112,9 @@ class QueueRegistry:
         # Opens a queue's store: (name, durable, priority=None, on_confirm=None) → BackingQueue (queue_types
         # OpenStore). In memory until the node's storage is open (broker/persistence.py BackingQueueFactory).
         self.backing_queue_factory: OpenStore = make_backing_queue or memory_store
+        # A cluster member's store of the queues every member serves (queue types with ``cluster_shared``:
+        # broker/cluster.py sets it); None on a single node, where they use the node's own store too.
+        self.shared_store: OpenStore | None = None
 
     def __len__(self) -> int:
         return len(self._queues)
@@ -187,8 +190,9 @@ class QueueRegistry:
                 arguments: dict[str, Any], recovered: bool = False) -> QueueProcess:
         qtype = queue_type_of(arguments)
         settings = effective_settings(arguments, *self.vhost.policies_for_queue(name, qtype.name))
-        q = qtype.new_queue(self.vhost, name, durable, owner, auto_delete, arguments, settings,
-                            self.backing_queue_factory)
+        open_store = self.shared_store if qtype.cluster_shared and self.shared_store is not None \
+            else self.backing_queue_factory
+        q = qtype.new_queue(self.vhost, name, durable, owner, auto_delete, arguments, settings, open_store)
         dedup = queue_settings(arguments, name, self.vhost.name)
         if dedup is not None:
             storage = self.vhost.durable.storage if self.vhost.durable is not None else None

@@ -136,6 +136,14 @@ def parse_address(value: str) -> str:
     return v
 
 
+def parse_dsn(value: str) -> str:
+    """A PostgreSQL connection URL (libpq's URI form, as asyncpg reads it)."""
+    value = value.strip()
+    if not value.startswith(("postgresql://", "postgres://")):
+        raise ValueError("expected a URL starting with postgresql://")
+    return value
+
+
 def parse_path(value: str) -> Path:
     v = value.strip()
     if not v:
@@ -245,11 +253,12 @@ class Settings:
     consumer_timeout: int | None = None
     queue_index_embed_msgs_below: int = 4096
     cluster_name: str | None = None
-    # The web UI's session idle timeout in minutes (RabbitMQ's management.login_session_timeout, 8 hours).
-    login_session_timeout: int = 480
-    # Where `leveret-pipeline traffic --out DIR` writes (traffic.png, _batches.jsonl): the UI's Traffic page shows
-    # them (broker/management/traffic.py); None: no such page content.
-    traffic_dir: Path | None = None
+    # This node's name (RabbitMQ's RABBITMQ_NODENAME; here LEVERET_NODENAME or leveret.nodename): None is
+    # leveret@<host name>. Members of one cluster need distinct names, so two on one host must set it.
+    node_name: str | None = None
+    # cluster.postgres.dsn: the PostgreSQL database a cluster of Leveret nodes shares (broker/cluster.py);
+    # None runs a single node.
+    cluster_dsn: str | None = None
     management_bind: str | None = None  # None: the AMQP bind address
     management_port: int = 15672
     prometheus_bind: str | None = None
@@ -271,6 +280,11 @@ class Settings:
     log_file_rotation_compress: bool = False
     # How often the HTTP API samples the counters its rates come from, in ms (RabbitMQ's 5000).
     collect_statistics_interval: int = 5000
+    # The web UI's session idle timeout in minutes (RabbitMQ's management.login_session_timeout, 8 hours).
+    login_session_timeout: int = 480
+    # Where `leveret-pipeline traffic --out DIR` writes (traffic.png, _batches.jsonl): the UI's Traffic page shows
+    # them (broker/management/traffic.py); None: no such page content.
+    traffic_dir: Path | None = None
     # RabbitMQ keys of features Leveret does not have: "error" stops start-up, "warn" ignores them with a warning.
     unsupported_keys: str = "error"
     load_definitions: Path | None = None
@@ -532,9 +546,8 @@ KEYS: dict[str, tuple[Callable[[Settings, str, str], None], str]] = {
     "consumer_timeout": (_simple("consumer_timeout", parse_int), "milliseconds"),
     "queue_index_embed_msgs_below": (_simple("queue_index_embed_msgs_below", parse_bytes), "a size in bytes"),
     "cluster_name": (_simple("cluster_name", parse_nonempty), "a name"),
-    "management.login_session_timeout": (_simple("login_session_timeout", _int_range(1, 2**31)),
-                                         "minutes of idleness before a web UI session ends, at least 1"),
-    "leveret.traffic_dir": (_simple("traffic_dir", parse_path), "the --out directory of leveret-pipeline traffic"),
+    "leveret.nodename": (_simple("node_name", parse_nonempty), "a node name, e.g. leveret@host-a"),
+    "cluster.postgres.dsn": (_simple("cluster_dsn", parse_dsn), "a PostgreSQL URL, postgresql://user@host/db"),
     "management.tcp.port": (_plain_http(_simple("management_port", _int_range(1, 65535, zero_ok=True))),
                             _HTTP_PORT),
     "management.tcp.ip": (_plain_http(_simple("management_bind", parse_address)), "an IP address"),
@@ -566,6 +579,9 @@ KEYS: dict[str, tuple[Callable[[Settings, str, str], None], str]] = {
     "management.listener.ip": (_plain_http(_simple("management_bind", parse_address)), "an IP address"),
     "management.rates_mode": (_only(("basic",), "management rates modes other than basic"), "basic"),
     "management.disable_stats": (_only_false("turning the HTTP API's statistics off"), "false"),
+    "management.login_session_timeout": (_simple("login_session_timeout", _int_range(1, 2**31)),
+                                         "minutes of idleness before a web UI session ends, at least 1"),
+    "leveret.traffic_dir": (_simple("traffic_dir", parse_path), "the --out directory of leveret-pipeline traffic"),
     "default_queue_type": (_only(("classic",), "a default queue type other than classic (a queue declared "
                                                "without x-queue-type is classic in Leveret)"), "classic"),
     "listeners.ssl": (_set_ssl_listener, "none"),
@@ -898,7 +914,8 @@ def env_name(key: str) -> str:
 # Environment variables that are not a config key: the file to read, and a short name for the log format.
 CONFIG_FILE_ENV = "LEVERET_CONFIG_FILE"
 _ENV_ALIASES = {"LEVERET_LOG_FORMAT": "log.console.format", "LEVERET_LOG_LEVEL": "log.console.level",
-                "LEVERET_DATA_DIR": "leveret.data_dir", "LEVERET_UNSUPPORTED_KEYS": "leveret.unsupported_keys"}
+                "LEVERET_DATA_DIR": "leveret.data_dir", "LEVERET_UNSUPPORTED_KEYS": "leveret.unsupported_keys",
+                "LEVERET_NODENAME": "leveret.nodename"}
 
 
 # LEVERET_* variables that belong to other parts than the broker's settings (the ctl, the container's

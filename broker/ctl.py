@@ -31,7 +31,7 @@ not up in time; for ``rotate_logs``, no on-demand log rotation in Leveret).
 The verbs operators type daily, with rabbitmqctl's argument shapes: ``list_user_permissions USER``,
 ``list_topic_permissions [-p VHOST]``, ``list_user_topic_permissions USER``, ``list_vhost_limits [-p VHOST]
 [--global]``, ``list_user_limits [USER]``, ``list_parameters [-p VHOST]``, ``environment`` (the settings in
-force), ``cluster_status`` (the single node), ``await_startup [-t SECONDS]``, ``close_all_connections [-p VHOST]
+force), ``cluster_status`` (the node and its cluster's other members), ``await_startup [-t SECONDS]``, ``close_all_connections [-p VHOST]
 [--global] [--per-connection-delay MS] [--limit N] EXPLANATION``, ``close_all_user_connections USER
 EXPLANATION``, ``set_vm_memory_high_watermark FRACTION | absolute SIZE``, ``set_disk_free_limit SIZE |
 mem_relative MULTIPLE``. rabbitmq-diagnostics' health checks are ``leveret diagnostics ...``
@@ -682,22 +682,27 @@ def environment(api: Api, args: argparse.Namespace) -> str:
 
 
 def cluster_status_info(api: Api) -> dict[str, Any]:
+    """rabbitmqctl cluster_status's sections: the node asked first (its figures, versions and listeners are
+    its own), then the other members of its cluster (broker/cluster.py), running or not, by name."""
     overview = api.get("/api/overview") or {}
-    node = (api.get("/api/nodes") or [{}])[0]
+    nodes = api.get("/api/nodes") or [{}]
+    node = nodes[0]
     name = node.get("name", overview.get("node"))
+    names = [name] + [n["name"] for n in nodes[1:]]
+    running = [name] + [n["name"] for n in nodes[1:] if n.get("running")]
     alarms = [{"node": name, "resource": a} for a, on in (("memory", node.get("mem_alarm")),
                                                           ("disk", node.get("disk_free_alarm"))) if on]
     return {
         "cluster_name": overview.get("cluster_name"),
-        "disk_nodes": [name],
+        "disk_nodes": names,
         "ram_nodes": [],
-        "running_nodes": [name],
+        "running_nodes": running,
         "versions": {name: {"product_name": overview.get("product_name"),
                             "product_version": overview.get("product_version"),
                             "rabbitmq_version": overview.get("rabbitmq_version"),
                             "runtime": overview.get("erlang_full_version")}},
         "cpu_cores": {name: node.get("processors")},
-        "maintenance_status": {name: "not under maintenance"},
+        "maintenance_status": {n: "not under maintenance" for n in running},
         "alarms": alarms,
         "partitions": {},
         "listeners": {name: [{"interface": lst["ip_address"], "port": lst["port"], "protocol": lst["protocol"]}
@@ -706,23 +711,24 @@ def cluster_status_info(api: Api) -> dict[str, Any]:
 
 
 def cluster_status(api: Api, args: argparse.Namespace) -> str:
-    """A single node is its own cluster: this node as the one disc node and the one running node, no
-    partitions (rabbitmqctl cluster_status's sections)."""
+    """The node asked and, in a cluster, the other members: disc nodes are every member that joined, running
+    nodes those holding their lease now (rabbitmqctl cluster_status's sections); no partitions (PostgreSQL is
+    the one arbiter)."""
     _need(args, 0, "")
     info = cluster_status_info(api)
     if args.formatter == "json":
         return json.dumps(info, indent=1)
-    (name,) = info["running_nodes"]
+    name = info["running_nodes"][0]
     version = info["versions"][name]
     sections = [
         ("Basics", [f"Cluster name: {info['cluster_name']}",
                     f"Total CPU cores available cluster-wide: {info['cpu_cores'][name]}"]),
-        ("Disk Nodes", [name]),
-        ("Running Nodes", [name]),
+        ("Disk Nodes", info["disk_nodes"]),
+        ("Running Nodes", info["running_nodes"]),
         ("Versions", [(f"{name}: {version['product_name']} {version['product_version']} "
                        f"(RabbitMQ {version['rabbitmq_version']} compatible) on {version['runtime']}")]),
         ("CPU Cores", [f"Node: {name}, available CPU cores: {info['cpu_cores'][name]}"]),
-        ("Maintenance status", [f"Node: {name}, status: not under maintenance"]),
+        ("Maintenance status", [f"Node: {n}, status: not under maintenance" for n in info["running_nodes"]]),
         ("Alarms", [f"{a['resource']} alarm on node {a['node']}" for a in info["alarms"]] or ["(none)"]),
         ("Network Partitions", ["(none)"]),
         ("Listeners", [f"Node: {name}, interface: {lst['interface']}, port: {lst['port']}, protocol: "

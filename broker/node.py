@@ -12,7 +12,7 @@ import os
 import platform
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -37,6 +37,9 @@ from broker.topic_permissions import TopicCheckingConnection
 from broker.vhost import VHost
 from storage.node_storage import NodeStorage
 
+if TYPE_CHECKING:
+    from broker.cluster import Cluster
+
 log = structlog.get_logger("leveret.node")
 
 # The RabbitMQ version the HTTP API reports as ``rabbitmq_version``, for tools that switch on it.
@@ -54,7 +57,8 @@ class ClientConnection(BlockableConnection, LimitedConnection, TopicCheckingConn
 class Node:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.name = f"leveret@{platform.node()}"
+        self.cluster: Cluster | None = None  # a cluster member's membership (broker/cluster.py)
+        self.name = settings.node_name or f"leveret@{platform.node()}"
         self.cluster_name = settings.cluster_name or self.name
         self.rabbitmq_version = RABBITMQ_COMPAT_VERSION
         self.started_at = time.time()
@@ -263,6 +267,8 @@ class Node:
         if self.storage is not None:
             vh.durable = self.durable_definitions
             vh.queues.backing_queue_factory = BackingQueueFactory(self.storage, vh.name)
+            if self.cluster is not None:
+                vh.queues.shared_store = self.cluster.queue_store(vh.name)
 
     def close_storage(self) -> None:
         if self.memory_budget is not None:

@@ -60,12 +60,18 @@ VHOST_KINDS = ("exchange", "queue", "binding", "permission", "topic_permission",
                "parameter")
 
 
-def _table(arguments: dict[str, Any]) -> bytes:
+def table_of(arguments: dict[str, Any]) -> bytes:
+    """Arguments as stored: an AMQP field table."""
     return amqp_encode.field_table(arguments)
 
 
-def _untable(raw: bytes) -> dict[str, Any]:
+def untable(raw: bytes) -> dict[str, Any]:
     return dict(amqp_decode.field_table(raw)[1]) if raw else {}
+
+
+def binding_args_hash(arguments: dict[str, Any]) -> str:
+    """The last part of a binding's key: its arguments' digest (two bindings may differ only there)."""
+    return hashlib.sha1(table_of(arguments)).hexdigest()
 
 
 class DurableDefinitions:
@@ -84,7 +90,7 @@ class DurableDefinitions:
         if ex.durable:
             self.metadata.put("exchange", (vhost, ex.name), {
                 "type": ex.type_name, "auto_delete": ex.auto_delete, "internal": ex.internal,
-                "arguments": _table(ex.arguments)})
+                "arguments": table_of(ex.arguments)})
 
     def exchange_deleted(self, vhost: str, name: str) -> None:
         self.metadata.delete("exchange", (vhost, name))
@@ -92,15 +98,14 @@ class DurableDefinitions:
     def queue_declared(self, vhost: str, q: QueueProcess) -> None:
         if q.durable and q.exclusive_owner is None:
             self.metadata.put("queue", (vhost, q.name), {
-                "auto_delete": q.auto_delete, "arguments": _table(q.arguments)})
+                "auto_delete": q.auto_delete, "arguments": table_of(q.arguments)})
 
     def queue_deleted(self, vhost: str, name: str) -> None:
         self.metadata.delete("queue", (vhost, name))
 
     @staticmethod
     def _binding_key(vhost: str, b: Binding) -> tuple[str, ...]:
-        args = hashlib.sha1(_table(b.arguments)).hexdigest()
-        return (vhost, b.source, b.kind, b.destination, b.routing_key, args)
+        return (vhost, b.source, b.kind, b.destination, b.routing_key, binding_args_hash(b.arguments))
 
     def binding_added(self, vh: VHost, b: Binding) -> None:
         source = vh.exchanges.get(b.source)
@@ -114,7 +119,7 @@ class DurableDefinitions:
             dest = vh.exchanges.get(b.destination)
             if dest is None or not dest.durable:
                 return
-        self.metadata.put("binding", self._binding_key(vh.name, b), {"arguments": _table(b.arguments)})
+        self.metadata.put("binding", self._binding_key(vh.name, b), {"arguments": table_of(b.arguments)})
 
     def binding_removed(self, vhost: str, b: Binding) -> None:
         self.metadata.delete("binding", self._binding_key(vhost, b))
@@ -259,11 +264,11 @@ class DurableDefinitions:
         counts = {"exchange": 0, "queue": 0, "binding": 0}
         for (vhost, name), v in self.metadata.items("exchange"):
             vh = vhosts.get(vhost) or make_vhost(vhost)
-            vh.restore_exchange(name, v["type"], v["auto_delete"], v["internal"], _untable(v["arguments"]))
+            vh.restore_exchange(name, v["type"], v["auto_delete"], v["internal"], untable(v["arguments"]))
             counts["exchange"] += 1
         for (vhost, name), v in self.metadata.items("queue"):
             vh = vhosts.get(vhost) or make_vhost(vhost)
-            vh.queues.restore(name, v["auto_delete"], _untable(v["arguments"]))
+            vh.queues.restore(name, v["auto_delete"], untable(v["arguments"]))
             counts["queue"] += 1
         for (vhost, source, kind, dest, rk, _h), v in self.metadata.items("binding"):
             owner = vhosts.get(vhost)
@@ -271,7 +276,7 @@ class DurableDefinitions:
             if owner is None or ex is None or (kind == QUEUE and owner.queues.get(dest) is None) or \
                     (kind == EXCHANGE and dest not in owner.exchanges):
                 continue
-            ex.add_binding(Binding(source, dest, kind, rk, _untable(v["arguments"])))
+            ex.add_binding(Binding(source, dest, kind, rk, untable(v["arguments"])))
             counts["binding"] += 1
         self.storage.finish_recovery()
         for vh in vhosts.values():

@@ -518,6 +518,8 @@ class QueueProcess:
             self.maybe_release_publishers()
         if not budget and not bq.is_empty():
             self.schedule_run()
+        elif bq.is_empty() and consumers.count:
+            bq.set_demand(True)  # a store others publish to looks for their messages meanwhile
 
     def _with_delivery_count(self, seq_id: int, msg: Message) -> Message:
         count = self._delivery_counts.get(seq_id) if self._delivery_counts is not None else None
@@ -619,6 +621,8 @@ class QueueProcess:
             self.exclusive_consumer = None
         if self._throttled and not self.consumers.count:
             self.maybe_release_publishers()
+        if not self.consumers.count:
+            self.bq.set_demand(False)
         if self.auto_delete and not self.consumers.count and self.has_had_consumers and not self.deleted:
             self.vhost.queues.delete(self, reason="auto_delete")
             return

@@ -147,6 +147,9 @@ class QueueType(Protocol):
     """One kind of queue: its declare rules and how its queues are made."""
 
     name: str  # the x-queue-type value; also the policy target ("classic" matches apply-to classic_queues)
+    # In a cluster (broker/cluster.py), whether every member serves this type's queues from the cluster's
+    # store (the registry then opens them with its ``shared_store``), rather than one node from its files.
+    cluster_shared: bool
 
     def check_declare(self, where: str, durable: bool, exclusive: bool, auto_delete: bool,
                       server_named: bool = False) -> None: ...
@@ -159,6 +162,7 @@ class ClassicQueueType:
     """RabbitMQ's ``rabbit_classic_queue``: any properties; the queue process over a (variable) backing queue."""
 
     name = "classic"
+    cluster_shared = False
     process: ClassVar[type[QueueProcess]] = QueueProcess
 
     def check_declare(self, where: str, durable: bool, exclusive: bool, auto_delete: bool,
@@ -183,6 +187,7 @@ class QuorumQueueType(ClassicQueueType):
     """RabbitMQ's ``rabbit_quorum_queue``: durable, shared and lasting (its declare refusals and their texts)."""
 
     name = "quorum"
+    cluster_shared = True  # RabbitMQ's replicated type: in a Leveret cluster, its messages are in PostgreSQL
     process = QuorumQueue
 
     def check_declare(self, where: str, durable: bool, exclusive: bool, auto_delete: bool,

@@ -24,6 +24,7 @@ from aiohttp import web
 
 from broker import PRODUCT, VERSION, definitions, metrics, tls
 from broker.alarms import ResourceMonitor, configured_disk_free_limit, configured_memory_limit
+from broker.cluster import Cluster, ClusterError
 from broker.guarded_reader import GuardedReader, LoginGuard
 from broker.logs import log_banner
 from broker.management.app import make_app
@@ -144,6 +145,9 @@ class Server:
                                        delay_max_ms=self.node.settings.delayed_message_max_delay,
                                        delay_bucket_ms=self.node.settings.delayed_message_bucket_size)
             durable = DurableDefinitions(self.node.storage)
+            if self.node.cluster is not None:  # a cluster member: shared definitions first (broker/cluster.py)
+                durable.metadata = self.node.cluster.open_definitions(  # type: ignore[assignment]
+                    self.node.storage)  # the MetadataStore interface, split between SQLite and PostgreSQL
             migrating = self._metadata_doc is not None
             if durable.has_node_metadata:
                 counts = durable.recover_node_metadata(self.node.users, self.node.vhosts, self.node.add_vhost, self.node.global_parameters)
@@ -167,6 +171,8 @@ class Server:
                              renamed_to=definitions.METADATA_FILE + ".migrated", users=len(self.node.users.users),
                              vhosts=len(self.node.vhosts))
             durable.recover(self.node.vhosts, self.node.add_vhost)
+        except ClusterError as exc:
+            raise StartupError(str(exc)) from None
         except (DataDirectoryError, MetadataStoreError) as exc:
             raise StartupError(f"{exc}. {FORCE_RESET_HINT}") from None
         except MetadataWriteError as exc:
@@ -174,6 +180,8 @@ class Server:
         except OSError as exc:
             raise StartupError(f"cannot open the data directory {data_dir}: {exc}") from None
         self.node.shutdown_hooks.append(self.node.close_storage)
+        if self.node.cluster is not None:
+            self.node.shutdown_hooks.insert(0, self.node.cluster.stop)
 
     def _read_metadata_file(self, store: MetadataStore | None) -> None:
         """NodeStorage's check of an older node's ``metadata.json`` beside the store (None: a new one),
@@ -261,6 +269,12 @@ class Server:
 
     async def start(self) -> None:
         self.build_tls_context()
+        if self.node.settings.cluster_dsn:  # join before the recovery pass opens queues in PostgreSQL
+            self.node.cluster = Cluster(self.node, self.node.settings.cluster_dsn)
+            try:
+                await self.node.cluster.connect()
+            except ClusterError as exc:
+                raise StartupError(str(exc)) from None
         self.open_storage()
         monitor = self.start_resource_monitor()
         set_memory_limit(monitor.memory_limit)
@@ -278,6 +292,8 @@ class Server:
             # RabbitMQ's name of this listener's protocol is amqp/ssl.
             self._tls_server = await self._listen_amqp("amqp/ssl", s.ssl_bind or s.bind, s.ssl_port,
                                                        self._tls_context)
+        if self.node.cluster is not None:
+            await self.node.cluster.start()
         self._server = await self._listen_amqp("amqp", s.bind, s.port)
         await self._start_http()
         self._log_banner(monitor)

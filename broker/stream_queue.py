@@ -684,6 +684,7 @@ class StreamQueueType:
     """RabbitMQ's ``rabbit_stream_queue`` declare rules: durable, shared, lasting, and named by the client."""
 
     name = "stream"
+    cluster_shared = False  # a stream's log is one node's (a shared stream is future work)
 
     def check_declare(self, where: str, durable: bool, exclusive: bool, auto_delete: bool,
                       server_named: bool = False) -> None:

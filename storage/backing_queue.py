@@ -64,6 +64,10 @@ Contracts:
   sets, like ``on_confirm``) on the event loop thread once they can be fetched, and the owner runs its
   deliveries again. A synchronous store never answers None while it holds ready messages, and never
   calls ``on_available``.
+- Demand: ``set_demand(True)`` says the owner has consumers waiting while ``len()`` is 0, ``set_demand(False)``
+  that it has none. A store whose messages others may add (a queue every member of a cluster serves) keeps
+  looking for them while demand lasts and calls ``on_available`` when it finds some; a store only its owner
+  publishes to ignores it.
 - Memory: ``set_ram_budget(bytes | None)`` bounds the RAM the queue's ready messages use (None: no
   bound), paging to disk where the implementation can; ``needs_timeout()`` is True while that work is
   unfinished, and the owner then calls ``timeout()`` soon (each call does a bounded step). ``ram_bytes()``
@@ -153,6 +157,8 @@ class BackingQueue(Protocol):
     def fetchwhile(self, pred: Callable[[int | None], bool]) -> list[tuple[int, Any, bool]]: ...
 
     def set_ram_budget(self, max_bytes: int | None) -> None: ...
+
+    def set_demand(self, wanted: bool) -> None: ...
 
     def needs_timeout(self) -> bool: ...
 

@@ -187,6 +187,9 @@ class MemoryBackingQueue:
     def set_ram_budget(self, max_bytes: int | None) -> None:
         """Nothing to page to: the budget is ignored."""
 
+    def set_demand(self, wanted: bool) -> None:
+        """Only the owner publishes here: nothing to look for."""
+
     def needs_timeout(self) -> bool:
         return False
 

@@ -191,6 +191,11 @@ class PriorityBackingQueue:
     def origins_held(self, seqs: set[int]) -> set[int]:
         return set().union(*(q.origins_held(seqs) for q in self._queues))
 
+    def set_demand(self, wanted: bool) -> None:
+        """Every level looks (one of them may be filled by someone else)."""
+        for q in self._queues:
+            q.set_demand(wanted)
+
     # -- memory: the budget is shared out evenly between the sub-queues that hold messages ---------------
     def set_ram_budget(self, max_bytes: int | None) -> None:
         busy = [q for q in self._queues if not q.is_empty()] or self._queues

@@ -487,6 +487,9 @@ class VariableQueue:
         self._target_ram = messages
         self.reduce_memory_use()
 
+    def set_demand(self, wanted: bool) -> None:
+        """Only the owner publishes here: nothing to look for."""
+
     def set_ram_budget(self, max_bytes: int | None) -> None:
         """Keep this queue's RAM near ``max_bytes`` (None: no limit): converted to a message target with
         the queue's mean message size. The memory monitor calls this with each queue's share."""

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from broker import PRODUCT, VERSION
+from broker.cluster import safe_dsn
 from broker.exchange_types import EXCHANGE_TYPES
 from broker.management.common import (
     bad_request,
@@ -141,15 +142,34 @@ def node_info(node: Node) -> dict[str, Any]:
     }
 
 
+def member_info(member: dict[str, Any]) -> dict[str, Any]:
+    """Another cluster member, as the cluster's table knows it (its own figures are on its own API)."""
+    return {"name": member["name"], "type": "disc", "running": bool(member["alive"]), "being_drained": False,
+            "uptime": int((time.time() - member["started_at"].timestamp()) * 1000) if member["alive"] else 0,
+            "partitions": [], "cluster_epoch": member["epoch"]}
+
+
+async def all_nodes(node: Node) -> list[dict[str, Any]]:
+    """This node, then every other member of its cluster (the newest start of each name), by name."""
+    out = [node_info(node)]
+    if node.cluster is not None:
+        latest: dict[str, dict[str, Any]] = {}
+        for member in await node.cluster.members():
+            if member["name"] != node.name:
+                latest[member["name"]] = member  # members() is by epoch: the last one is the newest
+        out += [member_info(latest[name]) for name in sorted(latest)]
+    return out
+
+
 async def get_nodes(request: web.Request) -> web.Response:
-    return respond([node_info(node_of(request))])
+    return respond(await all_nodes(node_of(request)))
 
 
 async def get_node(request: web.Request) -> web.Response:
-    node = node_of(request)
-    if request.match_info["node"] != node.name:
-        raise not_found()
-    return respond(node_info(node))
+    for info in await all_nodes(node_of(request)):
+        if info["name"] == request.match_info["node"]:
+            return respond(info)
+    raise not_found()
 
 
 async def get_environment(request: web.Request) -> web.Response:
@@ -162,6 +182,8 @@ async def get_environment(request: web.Request) -> web.Response:
         if f.name in ("default_pass", "startup_warnings"):
             continue
         value = getattr(settings, f.name)
+        if f.name == "cluster_dsn" and value:
+            value = safe_dsn(value)  # never the database password
         if isinstance(value, set):
             value = sorted(value)
         elif not isinstance(value, (str, int, float, list, dict)) and value is not None:

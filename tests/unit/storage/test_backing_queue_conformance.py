@@ -4,11 +4,13 @@ Variants: the in-memory queue; the variable queue non-durable and durable; and b
 target of zero, so that every message goes through the paging paths (betas, delta) as well; the priority
 queue over memory and over paging durable variable queues (every message of the suite at one priority, not
 0, so the packed seq_ids are exercised; the tests at the end mix priorities). A new store is one more entry
-in ``VARIANTS``.
+in ``VARIANTS``. ``postgres`` is the asynchronous store of storage/pg/ on a throwaway PostgreSQL
+(tests/pg_fixtures.py), driven through :class:`AsyncStoreDriver`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -21,13 +23,101 @@ from storage.memory_queue import MemoryBackingQueue
 from storage.node_storage import NodeStorage
 from storage.priority_queue import PriorityBackingQueue
 
+pytest_plugins = ["pg_fixtures"]
+
 
 class Subject:
-    def __init__(self, bq: BackingQueue, settle: Callable[[], None], durable: bool, paging: bool = False) -> None:
+    def __init__(self, bq: BackingQueue, settle: Callable[[], None], durable: bool, paging: bool = False,
+                 asynchronous: bool = False, close: Callable[[], None] = lambda: None) -> None:
         self.bq = bq
         self.settle = settle  # end of a burst: the group-commit flush
         self.durable = durable
         self.paging = paging  # a RAM target of zero: every ready message is paged out
+        self.asynchronous = asynchronous  # fetch may answer None while len() > 0, then calls on_available
+        self.close = close
+
+
+class AsyncStoreDriver:
+    """Runs the synchronous suite against an asynchronous store (the contract's "Availability" clause): where
+    the store answers None (or has no head in memory) while ``len()`` is not 0, the driver runs the store's
+    event loop until the store calls ``on_available`` — failing if it never does — and asks again, as a queue
+    process would. ``on_confirm``/``on_available`` stay the owner's attributes, forwarded."""
+
+    def __init__(self, bq: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._bq = bq
+        self._loop = loop
+        self.on_confirm: Callable[[], None] | None = None
+        self.on_available: Callable[[], None] | None = None
+        self._available = asyncio.Event()
+        bq.on_confirm = self._confirmed
+        bq.on_available = self._announced
+
+    def _confirmed(self) -> None:
+        if self.on_confirm is not None:
+            self.on_confirm()
+
+    def _announced(self) -> None:
+        self._available.set()
+        if self.on_available is not None:
+            self.on_available()
+
+    def _await_available(self) -> None:
+        try:
+            self._loop.run_until_complete(asyncio.wait_for(self._available.wait(), 15))
+        except TimeoutError:
+            raise AssertionError("the store answered None with len() > 0 and never called on_available") from None
+
+    def _ensure_head(self) -> None:
+        self._available.clear()
+        while self._bq.len() > 0 and self._bq.peek() is None:
+            self._await_available()
+            self._available.clear()
+
+    def fetch(self, ack_required: bool) -> tuple[int, Any, bool] | None:
+        self._available.clear()
+        got = self._bq.fetch(ack_required)
+        while got is None and self._bq.len() > 0:
+            self._await_available()
+            self._available.clear()
+            got = self._bq.fetch(ack_required)
+        return got
+
+    def head_expiry(self) -> int | None:
+        self._ensure_head()
+        return self._bq.head_expiry()
+
+    def peek(self) -> Any | None:
+        self._ensure_head()
+        return self._bq.peek()
+
+    def dropwhile(self, pred: Callable[[int | None], bool]) -> tuple[int, int | None]:
+        self._ensure_head()
+        return self._bq.dropwhile(pred)
+
+    def fetchwhile(self, pred: Callable[[int | None], bool]) -> list[tuple[int, Any, bool]]:
+        self._ensure_head()
+        return self._bq.fetchwhile(pred)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bq, name)
+
+
+def _postgres(dsn: str, priority: bool = False) -> Subject:
+    """One PgCluster node; with ``priority``, a priority queue of three PgBackingQueues (one per level, as the
+    broker opens them), the suite's messages at level 2."""
+    from storage.pg.cluster import PgCluster
+
+    loop = asyncio.new_event_loop()
+    node = loop.run_until_complete(PgCluster.connect(dsn, "conformance"))
+    bq: Any = node.open_queue("/", "q")
+    if priority:
+        bq = PriorityBackingQueue(2, _priority_of, lambda p: node.open_queue("/", "pq", priority=p))
+
+    def close() -> None:
+        loop.run_until_complete(asyncio.wait_for(node.close(), 15))
+        loop.close()
+    return Subject(AsyncStoreDriver(bq, loop), lambda: loop.run_until_complete(node.wait_idle()), True,
+                   asynchronous=True, close=close)
 
 
 def _memory(tmp_path: Path) -> Subject:
@@ -75,9 +165,14 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(params=list(VARIANTS))
-def subject(request, tmp_path: Path) -> Subject:
-    return VARIANTS[request.param](tmp_path)
+@pytest.fixture(params=[*VARIANTS, "postgres", "priority-postgres"])
+def subject(request, tmp_path: Path):
+    if request.param in ("postgres", "priority-postgres"):
+        s = _postgres(request.getfixturevalue("pg_dsn"), priority=request.param == "priority-postgres")
+        yield s
+        s.close()
+        return
+    yield VARIANTS[request.param](tmp_path)
 
 
 def msg(i: int, size: int = 10) -> bytes:
@@ -345,7 +440,8 @@ def test_callbacks_are_attributes_the_owner_sets(subject: Subject) -> None:
     assert sorted(bq.drain_confirmed()) == list(range(30))
     while not bq.is_empty():
         assert bq.fetch(False) is not None
-    assert "available" not in woken
+    # A synchronous store never needs on_available; an asynchronous one must have announced its rows.
+    assert ("available" in woken) == subject.asynchronous
 
 
 @pytest.mark.parametrize("kind", ["priority-memory", "priority-variable-durable-paging"])

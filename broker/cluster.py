@@ -1,0 +1,115 @@
+"""A Leveret cluster on PostgreSQL: what turns a node into a member (``cluster.postgres.dsn``).
+
+A member shares the cluster's definitions (broker/cluster_definitions.py: written through
+storage/pg/shared_metadata.py, followed from the change feed) and serves the cluster's quorum queues,
+whose messages are in PostgreSQL. This module is the member's life cycle: :meth:`Cluster.open_definitions`
+while the node opens its storage (before the recovery pass reads the definitions), :meth:`Cluster.start`
+once the node is up, :meth:`Cluster.stop` at shutdown.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import structlog
+
+from broker.cluster_definitions import DefinitionsFollower, make_where
+from broker.message_codec import decode_message, encode_message
+from storage.backing_queue import BackingQueue
+from storage.metadata_store import MetadataStoreError
+from storage.node_storage import NodeStorage
+from storage.pg.cluster import PgCluster
+from storage.pg.definitions_store import PgDefinitionsStore
+from storage.pg.schema import SchemaTooNew
+from storage.pg.shared_metadata import SplitMetadataStore
+
+log = structlog.get_logger("leveret.cluster")
+
+
+class ClusterError(Exception):
+    """The node cannot join the cluster (PostgreSQL unreachable, refused, or of a newer schema)."""
+
+
+def safe_dsn(dsn: str) -> str:
+    """The DSN without its password, for logs and errors."""
+    head, sep, tail = dsn.partition("@")
+    if not sep or "://" not in head:
+        return dsn
+    scheme, _, userinfo = head.partition("://")
+    return f"{scheme}://{userinfo.split(':', 1)[0]}@{tail}"
+
+
+class SharedQueueStore:
+    """Opens the backing queue of a queue every member serves (a quorum queue) in the cluster's PostgreSQL
+    (storage/pg/backing_queue.py), its messages encoded as the node's own store encodes them
+    (broker/message_codec.py). The queue registry's ``shared_store`` (broker/amqqueue.py)."""
+
+    def __init__(self, pg: PgCluster, vhost: str) -> None:
+        self.pg = pg
+        self.vhost = vhost
+
+    def __call__(self, name: str, durable: bool, priority: int | None = None,
+                 on_confirm: Any = None) -> BackingQueue:
+        return self.pg.open_queue(self.vhost, name, priority=priority, on_confirm=on_confirm,
+                                  encode=encode_message, decode=decode_message)
+
+
+class Cluster:
+    """This node's membership of the cluster whose database ``dsn`` names."""
+
+    def __init__(self, node: Any, dsn: str) -> None:
+        """``node``: broker/node.py's Node (a layer above: typed Any, not imported)."""
+        self.node = node
+        self.dsn = dsn
+        self.store: SplitMetadataStore | None = None
+        self.follower: DefinitionsFollower | None = None
+        self.pg: PgCluster | None = None
+
+    async def connect(self) -> None:
+        """Join: take an epoch and the connections that hold it (storage/pg/cluster.py), before anything
+        is recovered (the recovery pass opens the quorum queues in PostgreSQL)."""
+        try:
+            self.pg = await PgCluster.connect(self.dsn, self.node.name)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise ClusterError(f"cannot reach the cluster's PostgreSQL at {safe_dsn(self.dsn)} "
+                               f"(cluster.postgres.dsn): {exc}") from None
+        except SchemaTooNew as exc:
+            raise ClusterError(str(exc)) from None
+
+    def queue_store(self, vhost: str) -> SharedQueueStore:
+        assert self.pg is not None, "connect() first"
+        return SharedQueueStore(self.pg, vhost)
+
+    async def members(self) -> list[dict[str, Any]]:
+        """Every node that joined: name, epoch, started_at, lease_until, alive (storage/pg/cluster.py)."""
+        return await self.pg.members() if self.pg is not None else []
+
+    def open_definitions(self, storage: NodeStorage) -> SplitMetadataStore:
+        """The node's metadata store becomes the split one (storage/pg/shared_metadata.py); the feed is
+        followed from its end as of now, so that a change made while the recovery pass reads is replayed."""
+        try:
+            shared = PgDefinitionsStore(self.dsn, writer=self.node.name)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, MetadataStoreError) as exc:
+            raise ClusterError(f"cannot reach the cluster's PostgreSQL at {safe_dsn(self.dsn)} "
+                               f"(cluster.postgres.dsn): {exc}") from None
+        except SchemaTooNew as exc:
+            raise ClusterError(str(exc)) from None
+        self.store = SplitMetadataStore(storage.metadata, shared, make_where(self.node))
+        storage.metadata = self.store  # type: ignore[assignment]  # the same interface, split
+        self.follower = DefinitionsFollower(self.node, self.store)
+        self.follower.version = shared.last_version()
+        log.info("cluster member", node=self.node.name, postgres=safe_dsn(self.dsn))
+        return self.store
+
+    async def start(self) -> None:
+        """Follow the other members' changes (the node is recovered and about to listen)."""
+        if self.follower is not None:
+            self.follower.start()
+
+    async def stop(self) -> None:
+        """A clean leave: stop following, then give back this node's reservations (storage/pg/cluster.py)."""
+        if self.follower is not None:
+            await self.follower.stop()
+        if self.pg is not None:
+            await self.pg.close()

@@ -1,0 +1,233 @@
+"""The definitions a Leveret cluster shares, and how a member keeps its memory in line with them.
+
+In cluster mode (``cluster.postgres.dsn``) a member writes through storage/pg/shared_metadata.py: what
+every member must see goes to the cluster's table in PostgreSQL, what is the node's own stays in its
+SQLite store. :func:`make_where` is the rule, in broker terms:
+
+- shared: vhosts, users, permissions, topic permissions, policies, operator policies, runtime and global
+  parameters, durable exchanges, quorum queues (their messages are in PostgreSQL: any member serves them),
+  bindings between exchanges and bindings to quorum queues; and the row saying the users and vhosts are
+  there (a member joining a cluster takes the cluster's, never writes its own defaults over them);
+- local: durable classic queues and bindings to them (their messages are in this node's files), a
+  delayed-message exchange's reference to its local store, the node's storage-format row.
+
+:class:`DefinitionsFollower` brings the other members' changes in: every ``interval`` it reads the change
+feed (storage/pg/definitions_store.py) past the last version it applied and replays each change through
+the broker's ordinary operations (declare, bind, set policy, delete...), inside the store's ``replaying``
+so that they write nothing back. Those operations do what they always do, so a queue deleted on another
+member cancels its consumers here, and a policy set there is applied to this member's queues at once.
+A change made by this member is skipped (it is in memory already).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from broker.errors import AMQPError
+from broker.exchange import EXCHANGE, QUEUE
+from broker.persistence import NODE_METADATA_KEY, binding_args_hash, untable
+from broker.policy import Policy
+from storage.metadata_store import MetadataStoreError
+from storage.node_storage import NODE_KIND
+from storage.pg.definitions_store import Change, PgDefinitionsStore
+from storage.pg.shared_metadata import SplitMetadataStore, Where
+
+log = structlog.get_logger("leveret.cluster")
+
+# ``node`` below is broker/node.py's Node, a layer above this module (typed Any: no import upwards).
+
+SHARED_KINDS = frozenset({"vhost", "user", "permission", "topic_permission", "policy", "operator_policy",
+                          "parameter", "global_parameter", "exchange"})
+# Queue types whose queues every member serves (their messages are in PostgreSQL).
+SHARED_QUEUE_TYPES = frozenset({"quorum"})
+
+
+def _queue_type(arguments: dict[str, Any]) -> str:
+    value = arguments.get("x-queue-type") or "classic"
+    return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def make_where(node: Any) -> Callable[[str, Any, Any], Where]:
+    """The rule of the module docstring, for storage/pg/shared_metadata.py (``value`` None: a read or a
+    delete, where a queue's or binding's side cannot be told: both are looked at)."""
+
+    def where(kind: str, key: Any, value: Any) -> Where:
+        if kind in SHARED_KINDS:
+            return "shared"
+        if kind == NODE_KIND:
+            return "shared" if key == NODE_METADATA_KEY else "local" if key else "both"
+        if kind == "queue":
+            if value is None:
+                return "both"
+            return "shared" if _queue_type(untable(value["arguments"])) in SHARED_QUEUE_TYPES else "local"
+        if kind == "binding":
+            if value is None or not isinstance(key, tuple):
+                return "both"
+            vhost, _source, binding_kind, destination = key[:4]
+            if binding_kind == EXCHANGE:
+                return "shared"
+            vh = node.vhosts.get(vhost)
+            q = vh.queues.get(destination) if vh is not None else None
+            return "shared" if q is not None and q.type_name in SHARED_QUEUE_TYPES else "local"
+        return "local"
+
+    return where
+
+
+def apply_change(node: Any, change: Change) -> None:
+    """Bring this member's memory in line with one change another member made (see the module
+    docstring). Runs inside the store's ``replaying``: the operations below write nothing."""
+    kind, key, value = change.kind, change.key, change.value
+    if kind == "vhost":
+        if value is None:
+            node.delete_vhost(key)
+        else:
+            added = node.add_vhost(key, value.get("description", ""), list(value.get("tags", [])),
+                                   value.get("default_queue_type", "classic"))
+            added.default_queue_type = value.get("default_queue_type", "classic")
+    elif kind == "user":
+        if value is None:
+            node.delete_users(key)
+        else:
+            node.put_user(key, value["password_hash"], list(value.get("tags", [])), value["hashing_algorithm"],
+                          limits=dict(value.get("limits") or {}))
+    elif kind == "permission":
+        vhost, user = key
+        if value is None:
+            node.clear_permissions(user, vhost)
+        elif user in node.users.users:
+            node.set_permissions(user, vhost, value["configure"], value["write"], value["read"])
+    elif kind == "topic_permission":
+        vhost, user, exchange = key
+        u = node.users.users.get(user)
+        if u is None:
+            return
+        if value is None:
+            entries = u.topic_permissions.get(vhost, {})
+            entries.pop(exchange, None)
+            if not entries:
+                u.topic_permissions.pop(vhost, None)
+        else:
+            node.set_topic_permission(user, vhost, exchange, value["write"], value["read"])
+    elif kind == "global_parameter":
+        if value is None:
+            node.clear_global_parameter(key)
+        else:
+            node.set_global_parameter(key, value)
+    elif kind in ("policy", "operator_policy", "parameter", "exchange", "queue", "binding"):
+        vh = node.vhosts.get(key[0])
+        if vh is not None:
+            _apply_vhost_change(node, vh, kind, key, value)
+
+
+def _apply_vhost_change(node: Any, vh: Any, kind: str, key: tuple[str, ...], value: Any) -> None:
+    if kind in ("policy", "operator_policy"):
+        operator = kind == "operator_policy"
+        if value is None:
+            vh.clear_policy(key[1], operator)
+        else:
+            vh.set_policy(Policy(key[1], value["pattern"], value["definition"], value["priority"],
+                                 value["apply-to"], vh.name), operator)
+    elif kind == "parameter":
+        if value is None:
+            vh.clear_parameter(key[1], key[2])
+        else:
+            vh.set_parameter(key[1], key[2], value)
+    elif kind == "exchange":
+        if value is None:
+            try:
+                vh.delete_exchange(key[1], if_unused=False)
+            except AMQPError:  # a system exchange: never deleted by anyone
+                pass
+        else:
+            vh.restore_exchange(key[1], value["type"], value["auto_delete"], value["internal"],
+                                untable(value["arguments"]))
+            ex = vh.exchanges.get(key[1])
+            if ex is not None:
+                ex.after_recovery()
+    elif kind == "queue":
+        q = vh.queues.get(key[1])
+        if value is None:
+            if q is not None and q.type_name in SHARED_QUEUE_TYPES:
+                vh.queues.delete(q, reason="deleted on another cluster member")
+        elif q is None:
+            vh.queues.restore(key[1], value["auto_delete"], untable(value["arguments"]))
+    elif kind == "binding":
+        _vhost, source, binding_kind, destination, routing_key, args_hash = key
+        ex = vh.exchanges.get(source)
+        if value is None:
+            if ex is not None:
+                for b in list(ex.bindings_to(binding_kind, destination)):
+                    if b.routing_key == routing_key and binding_args_hash(b.arguments) == args_hash:
+                        vh.unbind(source, destination, binding_kind, routing_key, b.arguments)
+        elif ex is not None and (binding_kind != QUEUE or vh.queues.get(destination) is not None):
+            try:
+                vh.bind(source, destination, binding_kind, routing_key, untable(value["arguments"]))
+            except AMQPError as exc:
+                log.warning("a binding made on another cluster member could not be made here",
+                            vhost=vh.name, source=source, destination=destination, reason=exc.text)
+
+
+class DefinitionsFollower:
+    """Replays the other members' changes (see the module docstring), every ``interval`` seconds."""
+
+    def __init__(self, node: Any, store: SplitMetadataStore, interval: float = 0.5) -> None:
+        self.node = node
+        self.store = store
+        self.shared: PgDefinitionsStore = store.shared
+        self.interval = interval
+        self.version = 0
+        self.applied = 0  # changes replayed, for tests and the curious
+        self._task: asyncio.Task[None] | None = None
+        self._failing = False
+
+    def start(self) -> None:
+        """Follow from ``version``: the feed's end as it was before the recovery pass read the table (set
+        by the caller), so that a change made meanwhile is replayed (replaying is idempotent)."""
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.catch_up()
+            except MetadataStoreError as exc:
+                if not self._failing:
+                    log.warning("cannot read the cluster's definitions; retrying", error=str(exc))
+                self._failing = True
+                continue
+            if self._failing:
+                log.info("reading the cluster's definitions again")
+                self._failing = False
+
+    async def catch_up(self) -> int:
+        """Apply every change past ``version`` (the feed is read on a worker thread); returns how many."""
+        n = 0
+        while True:
+            changes = await asyncio.to_thread(self.shared.changes_since, self.version)
+            if not changes:
+                return n
+            with self.store.replaying():
+                for change in changes:
+                    self.version = change.version
+                    if change.writer == self.shared.writer:
+                        continue
+                    try:
+                        apply_change(self.node, change)
+                    except Exception:
+                        log.exception("a definition changed on another cluster member could not be applied",
+                                      kind=change.kind, key=str(change.key), version=change.version)
+                    n += 1
+                    self.applied += 1
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass

@@ -1,0 +1,460 @@
+"""PgBackingQueue: one node's view of a queue whose messages live in PostgreSQL (research postgres-queue.md §3).
+
+It implements storage.backing_queue.BackingQueue as an *asynchronous store*: every call answers at once from
+memory, and the node's workers (storage/pg/workers.py, one connection each) carry the work to PostgreSQL once
+per event-loop burst:
+- ``publish`` numbers the message from the node's seq block (so the seq id is PostgreSQL's ordering key and
+  known at once) and buffers it; the publisher inserts the burst in one statement and confirms after it commits.
+- ``fetch`` serves a local prefix of rows this node reserved (state 1, owner = the node's epoch); when it is
+  empty it answers None, asks the fetcher for a batch (``FOR UPDATE SKIP LOCKED``, up to 100) and calls
+  ``on_available`` when rows arrive. With nothing known to be ready the queue is polled about once a second
+  (another node may publish).
+- acks, requeues, purges go to the acker as ops in call order; a requeue also hands the local prefix back, so
+  the requeued message is fetched again at its original place.
+Counts are kept in memory (exact for this node's own work) and reconciled by a periodic recount, so ``len()``
+and ``figures()`` never query.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple, Protocol
+
+from storage.backing_queue import Figures
+
+# How long reserved rows may sit in the prefix untouched before they go back to the shared queue: a node
+# whose consumers left must not hide messages from the other nodes.
+RELEASE_IDLE_AFTER = 2.0
+
+
+class Node(Protocol):
+    """What a queue needs of its node (PgCluster): seq ids, and the three workers' doorbells."""
+
+    fenced: bool
+
+    def next_seq(self) -> int: ...
+
+    def schedule_publish(self, q: PgBackingQueue) -> None: ...
+
+    def schedule_ops(self, q: PgBackingQueue) -> int: ...
+
+    def want_fetch(self, q: PgBackingQueue) -> None: ...
+
+
+class Row:
+    """A published message not yet committed (in the queue's buffer, or in the publisher's statement)."""
+
+    __slots__ = ("confirm", "expiry", "msg", "persistent", "pgen", "redelivered", "seq", "size", "state")
+
+    def __init__(self, seq: int, msg: Any, size: int, persistent: bool, expiry: int | None, state: int,
+                 confirm: Any) -> None:
+        self.seq = seq
+        self.msg = msg
+        self.size = size
+        self.persistent = persistent
+        self.expiry = expiry
+        self.state = state  # 0 ready, 1 delivered (publish_delivered)
+        self.redelivered = state == 1
+        self.confirm = confirm
+        self.pgen = 0  # the queue's purge generation when the publisher took it
+
+
+class Buffered(NamedTuple):
+    seq: int
+    msg: Any
+    size: int
+    redelivered: bool
+    expiry: int | None
+
+
+class Op(NamedTuple):
+    """One change for the acker, in call order. kind: ack (delete own rows), requeue (redelivered), release
+    (redelivered unchanged), purge (ready rows and ``seqs``, own), delete (every row of the queue)."""
+
+    kind: str
+    seqs: list[int]
+    n: int  # ready messages this op brings back (requeue/release), moved to the DB count at commit
+    nbytes: int
+    pgen: int
+
+
+class PgBackingQueue:
+    def __init__(self, node: Node, vhost: str, name: str, priority: int | None = None,
+                 on_confirm: Callable[[], None] | None = None, encode: Callable[[Any], bytes] | None = None,
+                 decode: Callable[[bytes], Any] | None = None) -> None:
+        self.node = node
+        self.encode = encode  # the publisher encodes once, at the insert; the fetcher decodes at the reservation
+        self.decode = decode
+        self.vhost = vhost
+        self.name = name
+        self.priority = priority
+        self.priority_range = (-32768, 32767) if priority is None else (priority, priority)
+        self.queue_id: int | None = None
+        self.on_confirm: Callable[[], None] | None = on_confirm
+        self.on_available: Callable[[], None] | None = None
+        self.pub: dict[int, Row] = {}  # not yet taken by the publisher
+        self.buffer: deque[Buffered] = deque()  # reserved by this node, not yet fetched
+        self.pending: dict[int, tuple[Any, int]] = {}  # fetched with ack required: msg, size
+        self.ops: list[Op] = []
+        self.unflushed_ready = 0  # ready rows in pub or in the publisher's statement
+        self.unflushed_bytes = 0
+        self.requeued = 0  # ready rows handed back by ops not yet committed
+        self.requeued_bytes = 0
+        self.db_ready = 0  # ready rows in PostgreSQL, as far as this node knows
+        self.db_ready_bytes = 0
+        self.others_unacked = 0  # rows other nodes hold reserved (last recount)
+        self.others_unacked_bytes = 0
+        self.confirmed: list[Any] = []
+        self.failed: list[Any] = []
+        self.pgen = 0  # bumped by purge/delete: in-flight work from before no longer counts
+        self.rgen = 0  # bumped when the prefix is handed back: an in-flight reservation goes back too
+        self.changes = 0  # bumped whenever a commit for this queue lands (recount races)
+        self.hungry = False  # a fetch found nothing: the fetcher reserves (now, or at the next poll)
+        self.more = False  # the last reservation came back full: there are likely more rows
+        self.last_poll = 0.0
+        self.last_take = 0.0
+        self.last_op_id = 0  # the acker op id of this queue's newest op
+        self.purge_op_id = 0  # publishes after a purge wait for it
+        self.inflight_publish = 0  # publisher statements holding this queue's rows
+        self.closed = False
+
+    # -- publishing --------------------------------------------------------------------------------------------
+    def publish(self, msg: Any, size: int, persistent: bool, expiry: int | None = None,
+                confirm: Any = None, msg_id: int | None = None) -> int:
+        return self._add(msg, size, persistent, expiry, confirm, 0)
+
+    def publish_delivered(self, msg: Any, size: int, persistent: bool, expiry: int | None = None,
+                          confirm: Any = None, msg_id: int | None = None) -> int:
+        return self._add(msg, size, persistent, expiry, confirm, 1)
+
+    def _add(self, msg: Any, size: int, persistent: bool, expiry: int | None, confirm: Any, state: int) -> int:
+        seq = self.node.next_seq()
+        self.pub[seq] = Row(seq, msg, size, persistent, expiry, state, confirm)
+        if state == 0:
+            self.unflushed_ready += 1
+            self.unflushed_bytes += size
+        else:
+            self.pending[seq] = (msg, size)
+        if confirm is not None and not persistent:  # no fsync to wait for: confirmed now (the contract)
+            self.confirmed.append(confirm)
+        self.node.schedule_publish(self)
+        return seq
+
+    def take_rows(self) -> list[Row]:
+        """The publisher takes every buffered publish for one statement."""
+        rows = list(self.pub.values())
+        self.pub.clear()
+        for r in rows:
+            r.pgen = self.pgen
+        self.inflight_publish += 1
+        return rows
+
+    def rows_committed(self, rows: list[Row]) -> None:
+        self.inflight_publish -= 1
+        self.changes += 1
+        confirmed = False
+        for r in rows:
+            if r.state == 0 and r.pgen == self.pgen:
+                self.unflushed_ready -= 1
+                self.unflushed_bytes -= r.size
+                self.db_ready += 1
+                self.db_ready_bytes += r.size
+            if r.persistent and r.confirm is not None:
+                self.confirmed.append(r.confirm)
+                confirmed = True
+        if confirmed and self.on_confirm is not None:
+            self.on_confirm()
+
+    def rows_failed(self, rows: list[Row]) -> None:
+        """The statement failed (or its outcome is unknown): persistent confirms come back as failed."""
+        self.inflight_publish -= 1
+        failed = False
+        for r in rows:
+            if r.state == 0 and r.pgen == self.pgen:
+                self.unflushed_ready -= 1
+                self.unflushed_bytes -= r.size
+            if r.persistent and r.confirm is not None:
+                self.failed.append(r.confirm)
+                failed = True
+        if failed and self.on_confirm is not None:
+            self.on_confirm()
+
+    # -- fetching ----------------------------------------------------------------------------------------------
+    def knows_ready(self) -> bool:
+        """Rows this node knows are (or will be) ready in PostgreSQL: fetch them now rather than at a poll."""
+        return self.more or self.db_ready > 0 or self.requeued > 0 or self.unflushed_ready > 0
+
+    def _want(self) -> None:
+        if not self.closed and not self.node.fenced:
+            self.hungry = True
+            self.node.want_fetch(self)
+
+    def rows_reserved(self, rows: list[Buffered], rgen: int, pgen: int, asked: int, changes: int) -> None:
+        """The fetcher's batch arrived (sorted by priority, then seq)."""
+        self.changes += 1
+        n, nbytes = len(rows), sum(r.size for r in rows)
+        if pgen != self.pgen:  # purged while reserving: these were ready then
+            if rows:
+                self._op("ack", [r.seq for r in rows])
+            return
+        self.more = n >= asked
+        self.db_ready = max(0, self.db_ready - n)
+        self.db_ready_bytes = max(0, self.db_ready_bytes - nbytes)
+        if n < asked and changes == self.changes - 1:  # nothing else landed meanwhile: none left that we know
+            self.db_ready = self.db_ready_bytes = 0
+        if rgen != self.rgen or self.closed:  # the prefix was handed back meanwhile: so go these
+            if rows:
+                self.requeued += n
+                self.requeued_bytes += nbytes
+                self._op("release", [r.seq for r in rows], n, nbytes)
+            return
+        if not rows:
+            return
+        self.buffer.extend(rows)
+        self.hungry = False
+        self.last_take = time.monotonic()
+        if self.on_available is not None:
+            self.on_available()
+
+    def fetch(self, ack_required: bool) -> tuple[int, Any, bool] | None:
+        if not self.buffer:
+            self._want()
+            return None
+        b = self.buffer.popleft()
+        self.last_take = time.monotonic()
+        if ack_required:
+            self.pending[b.seq] = (b.msg, b.size)
+        else:
+            self._op("ack", [b.seq])
+        return b.seq, b.msg, b.redelivered
+
+    def head_expiry(self) -> int | None:
+        if self.buffer:
+            return self.buffer[0].expiry
+        if self.len():
+            self._want()
+        return None
+
+    def peek(self) -> Any | None:
+        if self.buffer:
+            return self.buffer[0].msg
+        if self.len():
+            self._want()
+        return None
+
+    def peek_many(self, count: int) -> list[tuple[int, Any, bool]]:
+        """The HTTP API's peek: the messages this node has reserved, in fetch order; rows still only in
+        PostgreSQL are not read (the contract lets an asynchronous store answer what it has at hand)."""
+        return [(b.seq, b.msg, b.redelivered) for b in list(self.buffer)[:max(0, count)]]
+
+    def dropwhile(self, pred: Callable[[int | None], bool]) -> tuple[int, int | None]:
+        dropped: list[int] = []
+        while self.buffer and pred(self.buffer[0].expiry):
+            dropped.append(self.buffer.popleft().seq)
+        if dropped:
+            self.last_take = time.monotonic()
+            self._op("ack", dropped)
+        if not self.buffer and self.len():
+            self._want()
+        return len(dropped), self.buffer[0].expiry if self.buffer else None
+
+    def fetchwhile(self, pred: Callable[[int | None], bool]) -> list[tuple[int, Any, bool]]:
+        out: list[tuple[int, Any, bool]] = []
+        while self.buffer and pred(self.buffer[0].expiry):
+            b = self.buffer.popleft()
+            self.pending[b.seq] = (b.msg, b.size)
+            out.append((b.seq, b.msg, b.redelivered))
+        if out:
+            self.last_take = time.monotonic()
+        if not self.buffer and self.len():
+            self._want()
+        return out
+
+    # -- acks and requeues -------------------------------------------------------------------------------------
+    def _op(self, kind: str, seqs: list[int], count: int = 0, nbytes: int = 0) -> None:
+        self.ops.append(Op(kind, seqs, count, nbytes, self.pgen))
+        self.last_op_id = self.node.schedule_ops(self)
+
+    def ack(self, seq_ids: Iterable[int]) -> list[Any]:
+        out: list[Any] = []
+        to_db: list[int] = []
+        for s in seq_ids:
+            got = self.pending.pop(s, None)
+            if got is None:
+                continue
+            out.append(got[0])
+            if self.pub.pop(s, None) is None:  # a publish_delivered still in pub is simply never inserted
+                to_db.append(s)
+        if to_db:
+            self._op("ack", to_db)
+        return out
+
+    def requeue(self, seq_ids: Iterable[int]) -> None:
+        to_db: list[int] = []
+        n = nbytes = 0
+        any_back = False
+        for s in seq_ids:
+            got = self.pending.pop(s, None)
+            if got is None:
+                continue
+            any_back = True
+            row = self.pub.get(s)
+            if row is not None:  # publish_delivered not yet taken: it goes in as ready
+                row.state = 0
+                self.unflushed_ready += 1
+                self.unflushed_bytes += row.size
+            else:
+                to_db.append(s)
+                n += 1
+                nbytes += got[1]
+        if to_db:
+            self.requeued += n
+            self.requeued_bytes += nbytes
+            self._op("requeue", to_db, n, nbytes)
+        if any_back:
+            self.release_buffer()
+
+    def release_buffer(self) -> None:
+        """Hand the prefix back (redelivered unchanged), so that requeued rows come first again, or because
+        nobody fetches here. An in-flight reservation goes back as well when it lands."""
+        self.rgen += 1
+        if not self.buffer:
+            return
+        seqs = [b.seq for b in self.buffer]
+        nbytes = sum(b.size for b in self.buffer)
+        self.buffer.clear()
+        self.requeued += len(seqs)
+        self.requeued_bytes += nbytes
+        self._op("release", seqs, len(seqs), nbytes)
+
+    def ops_committed(self, ops: list[Op], matched_acks: int) -> None:
+        self.changes += 1
+        for op in ops:
+            if op.n and op.pgen == self.pgen:
+                self.requeued -= op.n
+                self.requeued_bytes -= op.nbytes
+                self.db_ready += op.n
+                self.db_ready_bytes += op.nbytes
+
+    def ops_failed(self, ops: list[Op]) -> None:
+        for op in ops:
+            if op.n and op.pgen == self.pgen:
+                self.requeued -= op.n
+                self.requeued_bytes -= op.nbytes
+
+    # -- queue-wide ---------------------------------------------------------------------------------------------
+    def purge(self) -> int:
+        n = self.len()
+        self._drop_unflushed()
+        own = [b.seq for b in self.buffer]
+        self.buffer.clear()
+        self.rgen += 1
+        self._zero_ready()
+        self._op("purge", own)
+        self.purge_op_id = self.last_op_id
+        return n
+
+    def delete_and_terminate(self) -> int:
+        n = self.len() + len(self.pending)
+        self._drop_unflushed(delivered_too=True)
+        self.buffer.clear()
+        self.pending.clear()
+        self.rgen += 1
+        self._zero_ready()
+        self.others_unacked = self.others_unacked_bytes = 0
+        self._op("delete", [])
+        self.purge_op_id = self.last_op_id
+        return n
+
+    def _zero_ready(self) -> None:
+        self.pgen += 1
+        self.unflushed_ready = self.unflushed_bytes = 0
+        self.requeued = self.requeued_bytes = 0
+        self.db_ready = self.db_ready_bytes = 0
+
+    def _drop_unflushed(self, delivered_too: bool = False) -> None:
+        """Buffered publishes that are dropped before they are inserted: confirmed now (RabbitMQ confirms a
+        purged message too)."""
+        for seq, row in list(self.pub.items()):
+            if row.state == 0 or delivered_too:
+                del self.pub[seq]
+                if row.persistent and row.confirm is not None:
+                    self.confirmed.append(row.confirm)
+
+    def close(self) -> None:
+        """Clean stop: the prefix goes back as it was, pending acks go back marked redelivered."""
+        self.requeue(list(self.pending))
+        self.release_buffer()
+        self.closed = True
+
+    def fence(self) -> None:
+        """The node lost its lease: whatever it holds is the reaper's now."""
+        self.buffer.clear()
+        self.pending.clear()
+        self.rgen += 1
+        self.db_ready = self.db_ready_bytes = 0
+
+    # -- counts ------------------------------------------------------------------------------------------------
+    def len(self) -> int:
+        return self.unflushed_ready + len(self.buffer) + self.requeued + self.db_ready
+
+    def is_empty(self) -> bool:
+        return self.len() == 0
+
+    def pending_ack_count(self) -> int:
+        return len(self.pending)
+
+    def ready_bytes(self) -> int:
+        return (self.unflushed_bytes + sum(b.size for b in self.buffer) + self.requeued_bytes
+                + self.db_ready_bytes)
+
+    def figures(self) -> Figures:
+        pending_bytes = sum(size for _, size in self.pending.values())
+        return Figures(self.len(), len(self.pending) + self.others_unacked, self.ready_bytes(),
+                       pending_bytes + self.others_unacked_bytes, 0)
+
+    def recounted(self, ready: int, ready_bytes: int, others: int, others_bytes: int) -> None:
+        """A recount (of a moment when no commit for this queue was in flight) replaces the estimates."""
+        was_empty = self.len() == 0
+        self.db_ready, self.db_ready_bytes = ready, ready_bytes
+        self.others_unacked, self.others_unacked_bytes = others, others_bytes
+        # Rows another node published, found by the recount: an owner that skips queues whose len() is 0
+        # (a priority queue's sub-queues) learns of them here and fetches (which reserves them).
+        if was_empty and ready and self.on_available is not None:
+            self.on_available()
+
+    def drain_confirmed(self) -> list[Any]:
+        out, self.confirmed = self.confirmed, []
+        return out
+
+    def drain_failed(self) -> list[Any]:
+        out, self.failed = self.failed, []
+        return out
+
+    # -- demand: the owner's consumers wait; other nodes may publish ------------------------------------------------
+    def set_demand(self, wanted: bool) -> None:
+        """While the owner's consumers wait on an empty queue, the fetcher looks at the next doorbell or poll
+        (another node may publish): ``fetch`` is not called while ``len()`` is 0, so it cannot say so itself."""
+        if wanted:
+            if not self.buffer:
+                self._want()
+        else:
+            self.hungry = False
+
+    # -- memory: the rows live in PostgreSQL, the prefix is at most one batch ----------------------------------
+    def set_ram_budget(self, max_bytes: int | None) -> None:
+        pass
+
+    def needs_timeout(self) -> bool:
+        return False
+
+    def timeout(self) -> None:
+        pass
+
+    def ram_bytes(self) -> int:
+        return sum(r.size for r in self.pub.values()) + sum(b.size for b in self.buffer)
+
+    def origins_held(self, seqs: set[int]) -> set[int]:
+        return set()  # delayed-message dispatches go to node-local queues only

@@ -1,0 +1,329 @@
+"""PgCluster: one node's membership of a Leveret cluster on PostgreSQL (research postgres-queue.md §3.5).
+
+A node start takes a new *epoch* (``leveret.node_epoch``), the fencing token its reservations carry. Every
+one of its four connections (lease, publish, fetch, ack) holds the advisory key ``(LEASE_KEY, epoch)`` in
+shared mode from connect on, and only then is the node row inserted: a peer that can take that key
+*exclusively* therefore knows that every session of the node has ended, including one still finishing a
+reservation, and requeues the node's rows (redelivered) and marks it dead. Holding the key on the lease
+session alone lost 50 messages in the research's kill -9 runs (§2.8); registering before the key is held
+let a peer reap a node that was still starting. A node that stays connected but stops (SIGSTOP) lets its
+``lease_until`` pass, and peers terminate its sessions, which frees the key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+
+from storage.pg import schema
+from storage.pg.backing_queue import PgBackingQueue
+from storage.pg.progress import Progress
+from storage.pg.workers import Acker, Fetcher, Publisher
+
+log = logging.getLogger("leveret.pg")
+
+LEASE_KEY = 4242  # pg_advisory_lock_shared(LEASE_KEY, epoch) on every connection of a node
+BLOCK_BITS = 18  # seq ids per block: 2^18; a block is renewed when half used or 50 ms old
+REAP_INTERVAL = 0.5
+
+REAP = ("UPDATE leveret.message SET state = 0, owner = NULL, redelivered = true "
+        "WHERE state = 1 AND owner = $1")
+SWEEP = ("UPDATE leveret.message SET state = 0, owner = NULL, redelivered = true WHERE state = 1 AND owner IN "
+         "(SELECT epoch FROM leveret.node WHERE dead_at IS NOT NULL OR stopped_at IS NOT NULL)")
+PEERS = ("SELECT epoch, lease_until < now() AS expired FROM leveret.node "
+         "WHERE dead_at IS NULL AND stopped_at IS NULL AND epoch <> $1")
+HOLDERS = ("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND classid::bigint = $1 "
+           "AND objid::bigint = $2 AND objsubid = 2 AND granted AND pid <> pg_backend_pid()")
+DOORBELL = "leveret_queue"  # NOTIFY channel; payload: a queue_id that has new ready rows
+RING_EVERY = 0.01  # at most one doorbell statement per 10 ms per node (research §2.6: never one per message)
+HEARTBEAT = ("UPDATE leveret.node SET lease_until = now() + $2 * interval '1 second' WHERE epoch = $1 "
+             "RETURNING dead_at")
+
+
+class PgCluster:
+    """One node's membership of a Leveret cluster on PostgreSQL: its epoch, its connections (each holding the
+    epoch's advisory key in shared mode), heartbeat, the reaper of dead peers' reservations, queue registry."""
+
+    epoch: int
+    node_name: str
+
+    def __init__(self, node_name: str, epoch: int, lease_seconds: float, conns: list[asyncpg.Connection]) -> None:
+        self.node_name = node_name
+        self.epoch = epoch
+        self.loop = asyncio.get_running_loop()  # the workers' doorbells ring on it, whoever calls
+        self.lease_seconds = lease_seconds
+        self.lease_conn, pub_conn, fetch_conn, ack_conn = conns
+        self.conns = conns
+        self.progress = Progress()
+        self.publisher = Publisher(self, pub_conn, self.progress)
+        self.acker = Acker(self, ack_conn, self.progress)
+        self.fetcher = Fetcher(self, fetch_conn, self.progress)
+        self.queues: dict[tuple[str, str, int | None], PgBackingQueue] = {}
+        self.fenced = False
+        self.fence_reason = ""
+        self.on_fenced: Callable[[str], None] | None = None
+        self.last_recount = time.monotonic()
+        self.reaped: list[int] = []  # epochs this node reaped (for logs and tests)
+        self._lease_lock = asyncio.Lock()
+        self._lease_task: asyncio.Task[None] | None = None
+        self._last_heartbeat = time.monotonic()
+        self._block_next = 0
+        self._block_end = 0
+        self._block_taken = 0.0
+        self._fresh_block: int | None = None
+        self._closing = False
+        self._rings: set[int] = set()  # queue ids whose doorbell rings at the next ring
+        self._ring_task: asyncio.Task[None] | None = None
+
+    # -- start ---------------------------------------------------------------------------------------------
+    @classmethod
+    async def connect(cls, dsn: str, node_name: str, *, lease_seconds: float = 15.0) -> PgCluster:
+        """Migrate the schema, take an epoch, hold its key on all four connections, then register."""
+        conns = [await asyncpg.connect(dsn)]
+        try:
+            await schema.migrate(conns[0])
+            epoch = int(await conns[0].fetchval("SELECT nextval('leveret.node_epoch')"))
+            for _ in range(3):
+                conns.append(await asyncpg.connect(dsn))
+            for c in conns:
+                await c.execute("SELECT pg_advisory_lock_shared($1, $2)", LEASE_KEY, epoch)
+            block = int(await conns[0].fetchval("SELECT nextval('leveret.seq_block')"))
+            await conns[0].execute(
+                "INSERT INTO leveret.node (epoch, name, lease_pid, lease_until) "
+                "VALUES ($1, $2, pg_backend_pid(), now() + $3 * interval '1 second')",
+                epoch, node_name, lease_seconds)
+        except BaseException:
+            for c in conns:
+                await c.close()
+            raise
+        node = cls(node_name, epoch, lease_seconds, conns)
+        node.new_block(block)
+        for w in (node.publisher, node.acker, node.fetcher):
+            w.start()
+        node._lease_task = asyncio.get_running_loop().create_task(node._lease_loop())
+        await conns[0].add_listener(DOORBELL, node._doorbell)
+        log.info("pg cluster: node %s joined with epoch %d", node_name, epoch)
+        return node
+
+    # -- seq ids -------------------------------------------------------------------------------------------
+    def new_block(self, block: int) -> None:
+        if self._block_end == 0:
+            self._use_block(block)
+        else:
+            self._fresh_block = block
+
+    def _use_block(self, block: int) -> None:
+        self._block_next = block << BLOCK_BITS
+        self._block_end = self._block_next + (1 << BLOCK_BITS)
+        self._block_taken = time.monotonic()
+
+    def next_seq(self) -> int:
+        """The next seq id: larger than every one this node gave before, and ordered with other nodes' by the
+        sequence that hands out blocks."""
+        if self._fresh_block is not None:
+            self._use_block(self._fresh_block)
+            self._fresh_block = None
+        if self._block_next >= self._block_end:
+            raise RuntimeError("seq block exhausted within one burst (2^18 publishes before one commit)")
+        seq = self._block_next
+        self._block_next += 1
+        return seq
+
+    def block_stale(self) -> bool:
+        if self._fresh_block is not None:
+            return False
+        used = (1 << BLOCK_BITS) - (self._block_end - self._block_next)
+        return used * 2 >= (1 << BLOCK_BITS) or time.monotonic() - self._block_taken > 0.05
+
+    # -- queues --------------------------------------------------------------------------------------------
+    def open_queue(self, vhost: str, name: str, *, priority: int | None = None,
+                   on_confirm: Callable[[], None] | None = None, encode: Callable[[Any], bytes] | None = None,
+                   decode: Callable[[bytes], Any] | None = None) -> PgBackingQueue:
+        """This node's backing queue for ``vhost``/``name`` (at one ``priority`` when a priority queue keeps one
+        PgBackingQueue per level). Synchronous: the queue's row is made by the first worker that needs it.
+        ``encode``/``decode``: messages are objects, stored as ``encode(msg)`` (else they must be bytes)."""
+        key = (vhost, name, priority)
+        q = self.queues.get(key)
+        if q is None or q.closed:
+            q = PgBackingQueue(self, vhost, name, priority, on_confirm, encode, decode)
+            self.queues[key] = q
+        elif on_confirm is not None:
+            q.on_confirm = on_confirm
+        return q
+
+    def schedule_publish(self, q: PgBackingQueue) -> None:
+        self.publisher.dirty[q] = None
+        self.publisher.request()
+
+    def schedule_ops(self, q: PgBackingQueue) -> int:
+        return self.acker.add(q)
+
+    def want_fetch(self, q: PgBackingQueue) -> None:
+        self.fetcher.want(q)
+
+    # -- doorbell: a commit here wakes the idle fetchers of other nodes at once, not at their next poll ------
+    def ring(self, queue_ids: set[int]) -> None:
+        """After a commit made rows ready: NOTIFY, outside that transaction and debounced (research §2.6)."""
+        if not queue_ids:
+            return
+        self._rings |= queue_ids
+        if self._ring_task is None and not self._closing:
+            self._ring_task = self.loop.create_task(self._ring_soon())
+
+    async def _ring_soon(self) -> None:
+        try:
+            while self._rings and not self.fenced:
+                ids, self._rings = sorted(self._rings), set()
+                async with self._lease_lock:
+                    await self.lease_conn.execute(
+                        "SELECT pg_notify($1, x::text) FROM unnest($2::int[]) x", DOORBELL, ids)
+                await asyncio.sleep(RING_EVERY)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the poll still finds the rows; a lost lease connection fences elsewhere
+            log.warning("pg cluster: doorbell failed", exc_info=True)
+        finally:
+            self._ring_task = None
+
+    def _doorbell(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        if pid == conn.get_server_pid():
+            return  # our own ring
+        qid = int(payload)
+        for q in self.queues.values():
+            if q.queue_id == qid and q.hungry and not q.buffer:
+                q.more = True
+                self.fetcher.want(q)
+
+    async def delete_queue(self, vhost: str, name: str) -> int:
+        """Drop the queue's rows (every node's) and its registry row; returns how many messages went."""
+        for key, q in list(self.queues.items()):
+            if key[:2] == (vhost, name):
+                q.delete_and_terminate()
+                q.closed = True
+                del self.queues[key]
+        await self.wait_idle()
+        async with self._lease_lock, self.lease_conn.transaction():
+            qid = await self.lease_conn.fetchval(
+                "DELETE FROM leveret.queue WHERE vhost = $1 AND name = $2 RETURNING queue_id", vhost, name)
+            if qid is None:
+                return 0
+            status = await self.lease_conn.execute("DELETE FROM leveret.message WHERE queue_id = $1", qid)
+        return int(status.split()[-1])
+
+    async def members(self) -> list[dict[str, Any]]:
+        async with self._lease_lock:
+            rows = await self.lease_conn.fetch(
+                "SELECT name, epoch, started_at, lease_until, "
+                "(dead_at IS NULL AND stopped_at IS NULL AND lease_until > now()) AS alive "
+                "FROM leveret.node ORDER BY epoch")
+        return [dict(r) for r in rows]
+
+    # -- lease, reaper, fencing ----------------------------------------------------------------------------
+    def fence(self, reason: str) -> None:
+        """This node can no longer vouch for its reservations: drop them locally (peers requeue them)."""
+        if self.fenced:
+            return
+        self.fenced = True
+        self.fence_reason = reason
+        log.error("pg cluster: node %s (epoch %d) fenced: %s", self.node_name, self.epoch, reason)
+        for q in self.queues.values():
+            q.fence()
+        # End every session now: with one of them gone the others would keep the key, and this node's
+        # reservations would wait for a clean close instead of going to a peer's reaper at once.
+        for c in self.conns:
+            c.terminate()
+        self.progress.changed()
+        if self.on_fenced is not None:
+            self.on_fenced(reason)
+
+    async def _lease_loop(self) -> None:
+        beat_every = self.lease_seconds / 3
+        while True:
+            await asyncio.sleep(REAP_INTERVAL)
+            now = time.monotonic()
+            if now - self._last_heartbeat > self.lease_seconds:  # we were stopped or cut off past our lease
+                self.fence("lease expired before the heartbeat")
+            try:
+                async with self._lease_lock:
+                    if self.fenced:
+                        return
+                    if now - self._last_heartbeat >= beat_every:
+                        dead_at = await self.lease_conn.fetchval(HEARTBEAT, self.epoch, self.lease_seconds)
+                        if dead_at is not None:
+                            self.fence("a peer declared this node dead")
+                            return
+                        self._last_heartbeat = now
+                    await self._reap()
+                    if self._fresh_block is None and now - self._block_taken > 1.0:
+                        self.new_block(int(await self.lease_conn.fetchval("SELECT nextval('leveret.seq_block')")))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                if self.lease_conn.is_closed():
+                    self.fence(f"lease connection: {e}")
+                    return
+                log.exception("pg cluster: lease step failed")
+
+    async def reap(self) -> None:
+        """Requeue the reservations of every peer none of whose sessions remains; terminate the sessions of a
+        peer whose lease has passed (it is hung), so that the next round can reap it. (The lease loop does
+        this every 0.5 s; a test may call it to make a round happen now.)"""
+        async with self._lease_lock:
+            await self._reap()
+
+    async def _reap(self) -> None:
+        conn = self.lease_conn
+        for peer in await conn.fetch(PEERS, self.epoch):
+            epoch = int(peer["epoch"])
+            if await conn.fetchval("SELECT pg_try_advisory_lock($1, $2)", LEASE_KEY, epoch):
+                try:
+                    async with conn.transaction():
+                        status = await conn.execute(REAP, epoch)
+                        await conn.execute("UPDATE leveret.node SET dead_at = now() WHERE epoch = $1", epoch)
+                finally:
+                    await conn.execute("SELECT pg_advisory_unlock($1, $2)", LEASE_KEY, epoch)
+                self.reaped.append(epoch)
+                log.warning("pg cluster: reaped node epoch %d, requeued %s rows", epoch, status.split()[-1])
+            elif peer["expired"]:
+                log.warning("pg cluster: node epoch %d is past its lease: terminating its sessions", epoch)
+                await conn.execute(HOLDERS, LEASE_KEY, epoch)
+        await conn.execute(SWEEP)
+
+    # -- stop ----------------------------------------------------------------------------------------------
+    def idle(self) -> bool:
+        return self.fenced or (self.publisher.idle() and self.acker.idle() and self.fetcher.idle())
+
+    async def wait_idle(self) -> None:
+        """Until every buffered publish is committed, every op applied and no wanted fetch is pending."""
+        self.publisher.request()
+        await self.progress.until(self.idle)
+
+    async def close(self) -> None:
+        """Clean stop: hand back what this node holds, requeue any reservation left, mark the row stopped."""
+        if self._closing:
+            return
+        self._closing = True
+        for q in self.queues.values():
+            q.close()
+        if not self.fenced:
+            await self.progress.until(lambda: self.fenced or (self.publisher.idle() and self.acker.idle()))
+        tasks = [t for t in (self._lease_task, self._ring_task, self.publisher.task, self.acker.task,
+                             self.fetcher.task) if t]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            if not self.lease_conn.is_closed():
+                async with self.lease_conn.transaction():
+                    await self.lease_conn.execute(REAP, self.epoch)
+                    await self.lease_conn.execute(
+                        "UPDATE leveret.node SET stopped_at = now() WHERE epoch = $1", self.epoch)
+        finally:
+            for c in self.conns:
+                await c.close()
+        log.info("pg cluster: node %s (epoch %d) stopped", self.node_name, self.epoch)

@@ -1,0 +1,105 @@
+"""The ``leveret`` schema in PostgreSQL and its versioned migrations (documented in SCHEMA.md beside this file).
+
+Why versioned: nodes of different Leveret releases meet one database. A node applies, in one transaction and
+under a transaction advisory lock (so two nodes starting together do not both migrate), every migration above
+the recorded ``leveret.schema_version``; it refuses a database whose version is newer than the newest it knows,
+since it cannot know what that version changed. Other modules add their own migrations with
+:func:`register_migration` at import time (storage/pg/metadata.py adds version 2: definitions).
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+# pg_advisory_xact_lock key under which migrations run (one migrator at a time, cluster-wide).
+MIGRATION_LOCK_KEY = 4240
+
+MIGRATION_1 = """
+CREATE SCHEMA IF NOT EXISTS leveret;
+-- Blocks of seq ids: a node takes one value b and numbers its publishes b << 16 .. (b << 16) + 65535 itself, so
+-- publish() can answer its seq id at once (the BackingQueue contract) and ordering still follows the sequence.
+CREATE SEQUENCE leveret.seq_block;
+CREATE SEQUENCE leveret.node_epoch MAXVALUE 2147483647;  -- advisory keys take the epoch as an int4
+
+CREATE TABLE leveret.queue (
+  queue_id   integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  vhost      text NOT NULL,
+  name       text NOT NULL,
+  arguments  jsonb NOT NULL DEFAULT '{}',
+  UNIQUE (vhost, name));
+
+CREATE TABLE leveret.node (            -- one row per node start; epoch is the fencing token
+  epoch       bigint PRIMARY KEY,
+  name        text NOT NULL,
+  lease_pid   integer NOT NULL,
+  lease_until timestamptz NOT NULL,
+  started_at  timestamptz NOT NULL DEFAULT now(),
+  stopped_at  timestamptz,             -- clean stop (close)
+  dead_at     timestamptz);            -- reaped by a peer
+
+CREATE TABLE leveret.message (
+  seq            bigint   PRIMARY KEY,  -- from the node's block of leveret.seq_block
+  queue_id       integer  NOT NULL,
+  priority       smallint NOT NULL DEFAULT 0,
+  state          smallint NOT NULL DEFAULT 0,   -- 0 ready, 1 reserved by owner
+  owner          bigint,                        -- node epoch while reserved
+  redelivered    boolean  NOT NULL DEFAULT false,
+  delivery_count integer  NOT NULL DEFAULT 0,
+  persistent     boolean  NOT NULL,
+  expiry         bigint,                        -- the owner's absolute expiry (ms); stored, never interpreted
+  size           integer  NOT NULL,
+  body           bytea    NOT NULL)
+WITH (fillfactor = 90, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000,
+      autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0, autovacuum_analyze_threshold = 10000);
+CREATE INDEX message_ready ON leveret.message (queue_id, priority DESC, seq) WHERE state = 0;
+CREATE INDEX message_owner ON leveret.message (owner) WHERE state = 1;
+"""
+
+# (version, sql), ascending. Append only: a released migration never changes.
+MIGRATIONS: list[tuple[int, str]] = [(1, MIGRATION_1)]
+
+
+class SchemaTooNew(RuntimeError):
+    """The database was migrated by a newer Leveret than this one."""
+
+
+def register_migration(version: int, sql: str) -> None:
+    """Add migration ``version`` (the next number after the last registered). Idempotent for the same pair."""
+    if (version, sql) in MIGRATIONS:
+        return
+    if version != MIGRATIONS[-1][0] + 1:
+        raise ValueError(f"migration {version} does not follow {MIGRATIONS[-1][0]}")
+    MIGRATIONS.append((version, sql))
+
+
+def latest_version() -> int:
+    return MIGRATIONS[-1][0]
+
+
+async def current_version(conn: asyncpg.Connection) -> int:
+    """The database's schema version; 0 for a database without the ``leveret`` schema."""
+    exists = await conn.fetchval("SELECT to_regclass('leveret.schema_version') IS NOT NULL")
+    if not exists:
+        return 0
+    return int(await conn.fetchval("SELECT coalesce(max(version), 0) FROM leveret.schema_version"))
+
+
+async def migrate(conn: asyncpg.Connection, migrations: list[tuple[int, str]] | None = None) -> int:
+    """Bring the database to the last of ``migrations`` (default: every registered one); returns the version
+    it had. Raises :class:`SchemaTooNew` when the database is past it."""
+    migrations = MIGRATIONS if migrations is None else migrations
+    latest = migrations[-1][0]
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_KEY)
+        await conn.execute("CREATE SCHEMA IF NOT EXISTS leveret")
+        await conn.execute("CREATE TABLE IF NOT EXISTS leveret.schema_version ("
+                           "version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())")
+        before = await current_version(conn)
+        if before > latest:
+            raise SchemaTooNew(f"the database's leveret schema is version {before}, newer than this Leveret's "
+                               f"{latest}: upgrade this node before it joins the cluster")
+        for version, sql in migrations:
+            if version > before:
+                await conn.execute(sql)
+                await conn.execute("INSERT INTO leveret.schema_version (version) VALUES ($1)", version)
+    return before

@@ -1,0 +1,363 @@
+"""The three workers that carry a node's queue work to PostgreSQL, one connection each (research §3.3):
+the publisher (one INSERT … unnest() per burst, every queue in it), the acker (acks, requeues, purges of the
+burst in one transaction) and the fetcher (one reservation at a time, for the queues that want rows, and
+the 1 s poll and the periodic recount).
+
+Why separate connections: a fetch's ``FOR UPDATE SKIP LOCKED`` locks rows it skips until it commits, and an
+ack on the same connection would wait behind it (research §2.7). Why ordering between them: an ack must not
+reach PostgreSQL before the insert of the row it acks, a fetch must follow the requeue before it (or the
+requeued message would not come first again), and a publish after a purge must not be purged; the
+:class:`~storage.pg.progress.Progress` counters below express exactly those waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Protocol
+
+import asyncpg
+
+from storage.pg.backing_queue import Buffered, PgBackingQueue
+from storage.pg.progress import Progress
+
+log = logging.getLogger("leveret.pg")
+
+FETCH_BATCH = 100
+POLL_INTERVAL = 1.0
+RECOUNT_INTERVAL = 5.0
+
+INSERT = """
+INSERT INTO leveret.message (seq, queue_id, priority, state, owner, redelivered, persistent, expiry, size, body)
+SELECT s, q, p, st, CASE WHEN st = 1 THEN $10::bigint END, r, pe, e, sz, b
+  FROM unnest($1::bigint[], $2::int[], $3::smallint[], $4::smallint[], $5::bool[], $6::bool[], $7::bigint[],
+              $8::int[], $9::bytea[]) AS t(s, q, p, st, r, pe, e, sz, b)
+"""
+INSERT_AND_BLOCK = "WITH ins AS (" + INSERT + " RETURNING 1) SELECT nextval('leveret.seq_block')"
+RESERVE = """
+WITH c AS (SELECT seq FROM leveret.message
+            WHERE queue_id = $1 AND state = 0 AND priority BETWEEN $2 AND $3
+            ORDER BY priority DESC, seq LIMIT $4 FOR UPDATE SKIP LOCKED)
+UPDATE leveret.message m SET state = 1, owner = $5, delivery_count = m.delivery_count + 1
+  FROM c WHERE m.seq = c.seq
+RETURNING m.seq, m.priority, m.redelivered, m.expiry, m.size, m.body
+"""
+ACK = "DELETE FROM leveret.message WHERE seq = ANY($1::bigint[]) AND owner = $2"
+REQUEUE = ("UPDATE leveret.message SET state = 0, owner = NULL, redelivered = redelivered OR $3 "
+           "WHERE seq = ANY($1::bigint[]) AND owner = $2")
+PURGE = ("DELETE FROM leveret.message WHERE queue_id = $1 AND priority BETWEEN $2 AND $3 "
+         "AND (state = 0 OR (owner = $4 AND seq = ANY($5::bigint[])))")
+DELETE_ALL = "DELETE FROM leveret.message WHERE queue_id = $1 AND priority BETWEEN $2 AND $3"
+RECOUNT = """
+SELECT count(*) FILTER (WHERE state = 0), coalesce(sum(size) FILTER (WHERE state = 0), 0),
+       count(*) FILTER (WHERE state = 1 AND owner <> $4), coalesce(sum(size) FILTER (WHERE state = 1 AND owner <> $4), 0)
+  FROM leveret.message WHERE queue_id = $1 AND priority BETWEEN $2 AND $3
+"""
+QUEUE_ID = """
+WITH ins AS (INSERT INTO leveret.queue (vhost, name) VALUES ($1, $2) ON CONFLICT (vhost, name) DO NOTHING
+             RETURNING queue_id)
+SELECT queue_id FROM ins UNION ALL SELECT queue_id FROM leveret.queue WHERE vhost = $1 AND name = $2 LIMIT 1
+"""
+
+
+async def queue_id(conn: asyncpg.Connection, q: PgBackingQueue) -> int:
+    """The queue's id in ``leveret.queue``, made on first use (open_queue stays synchronous)."""
+    while q.queue_id is None:
+        qid = await conn.fetchval(QUEUE_ID, q.vhost, q.name)
+        if qid is not None:  # None: another node inserted it concurrently, and this snapshot missed it
+            q.queue_id = int(qid)
+    return q.queue_id
+
+
+class WorkerNode(Protocol):
+    """What the workers need of their node (storage/pg/cluster.py's PgCluster, which imports this module)."""
+
+    loop: asyncio.AbstractEventLoop
+    epoch: int
+    fenced: bool
+    last_recount: float
+    queues: dict[tuple[str, str, int | None], PgBackingQueue]
+    publisher: Publisher
+    acker: Acker
+
+    def fence(self, reason: str) -> None: ...
+
+    def block_stale(self) -> bool: ...
+
+    def new_block(self, block: int) -> None: ...
+
+    def ring(self, queue_ids: set[int]) -> None: ...
+
+
+class Worker:
+    """A loop woken once per event-loop burst (``request`` schedules one ``call_soon``, however many calls)."""
+
+    def __init__(self, node: WorkerNode, conn: asyncpg.Connection, progress: Progress) -> None:
+        self.node = node
+        self.conn = conn
+        self.progress = progress
+        self.started = 0  # steps begun
+        self.done = 0  # steps finished
+        self._scheduled = False
+        self._wake = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    def request(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            self.node.loop.call_soon(self._ring)
+
+    def _ring(self) -> None:
+        self._scheduled = False
+        self._wake.set()
+
+    def start(self) -> None:
+        self.task = self.node.loop.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await self._wait()
+            self._wake.clear()
+            try:
+                await self.step()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the step released what it held (failed confirms, dropped ops)
+                if self.conn.is_closed():
+                    log.error("pg worker %s lost its connection: %s", type(self).__name__, e)
+                    self.node.fence(f"{type(self).__name__}: {e}")
+                    # Keep stepping: fenced steps no longer touch PostgreSQL, but they still fail what arrives
+                    # (publishes come back from drain_failed: the publisher nacks, never a lost confirm).
+                else:
+                    log.exception("pg worker %s: step failed", type(self).__name__)
+            self.progress.changed()
+
+    async def _wait(self) -> None:
+        await self._wake.wait()
+
+    async def step(self) -> None:
+        raise NotImplementedError
+
+    def idle(self) -> bool:
+        raise NotImplementedError
+
+
+class Publisher(Worker):
+    """One INSERT per burst for every queue's buffered publishes; confirms after it returns (it commits alone)."""
+
+    def __init__(self, node: WorkerNode, conn: asyncpg.Connection, progress: Progress) -> None:
+        super().__init__(node, conn, progress)
+        self.dirty: dict[PgBackingQueue, None] = {}
+
+    def idle(self) -> bool:
+        return not self.dirty and self.started == self.done
+
+    async def step(self) -> None:
+        # A queue with a purge in flight waits for it, or the purge would remove these later publishes.
+        acker = self.node.acker
+        waits = [q.purge_op_id for q in self.dirty if q.purge_op_id > acker.done_op]
+        if waits:
+            target = max(waits)
+            await self.progress.until(lambda: acker.done_op >= target or self.node.fenced)
+        queues = [q for q in self.dirty if q.pub]
+        self.dirty.clear()
+        if not queues or self.node.fenced:
+            for q in queues:
+                q.rows_failed(q.take_rows())
+            return
+        for q in queues:
+            await queue_id(self.conn, q)
+        self.started += 1
+        taken = [(q, q.take_rows()) for q in queues]
+        try:
+            cols: list[list] = [[] for _ in range(9)]
+            for q, rows in taken:
+                prio = 0 if q.priority is None else q.priority
+                encode = q.encode
+                for r in rows:
+                    body = r.msg if encode is None else encode(r.msg)
+                    for col, v in zip(cols, (r.seq, q.queue_id, prio, r.state, r.redelivered, r.persistent,
+                                             r.expiry, r.size, body)):
+                        col.append(v)
+            args = (*cols, self.node.epoch)
+            if self.node.block_stale():
+                block = await self.conn.fetchval(INSERT_AND_BLOCK, *args)
+                self.node.new_block(int(block))
+            else:
+                await self.conn.execute(INSERT, *args)
+        except BaseException:
+            for q, rows in taken:
+                q.rows_failed(rows)
+            self.done += 1
+            raise
+        self.done += 1
+        for q, rows in taken:
+            q.rows_committed(rows)
+        self.node.ring({q.queue_id for q, rows in taken if q.queue_id is not None and any(r.state == 0 for r in rows)})
+
+
+class Acker(Worker):
+    """The burst's acks (one DELETE), requeues (one UPDATE each kind) and purges, in one transaction."""
+
+    def __init__(self, node: WorkerNode, conn: asyncpg.Connection, progress: Progress) -> None:
+        super().__init__(node, conn, progress)
+        self.dirty: dict[PgBackingQueue, None] = {}
+        self.enqueued_op = 0
+        self.done_op = 0
+
+    def idle(self) -> bool:
+        return not self.dirty and self.done_op == self.enqueued_op
+
+    def add(self, q: PgBackingQueue) -> int:
+        self.dirty[q] = None
+        self.enqueued_op += 1
+        self.request()
+        return self.enqueued_op
+
+    async def step(self) -> None:
+        taken = [(q, q.ops) for q in self.dirty]
+        for q, _ in taken:
+            q.ops = []
+        self.dirty.clear()
+        upto = self.enqueued_op
+        publisher = self.node.publisher
+        target = publisher.started  # every row these ops touch was inserted by a statement begun by now
+        await self.progress.until(lambda: publisher.done >= target or self.node.fenced)
+        if self.node.fenced:
+            for q, ops in taken:
+                q.ops_failed(ops)
+            self.done_op = upto
+            return
+        for q, _ in taken:
+            await queue_id(self.conn, q)
+        epoch = self.node.epoch
+        try:
+            async with self.conn.transaction():
+                acks: list[int] = []
+                requeues: list[int] = []
+                releases: list[int] = []
+
+                async def flush() -> None:
+                    if acks:
+                        await self.conn.execute(ACK, acks, epoch)
+                    if requeues:
+                        await self.conn.execute(REQUEUE, requeues, epoch, True)
+                    if releases:
+                        await self.conn.execute(REQUEUE, releases, epoch, False)
+                    acks.clear()
+                    requeues.clear()
+                    releases.clear()
+
+                for q, ops in taken:
+                    lo, hi = q.priority_range
+                    for op in ops:
+                        if op.kind == "ack":
+                            acks.extend(op.seqs)
+                        elif op.kind == "requeue":
+                            requeues.extend(op.seqs)
+                        elif op.kind == "release":
+                            releases.extend(op.seqs)
+                        else:
+                            await flush()
+                            if op.kind == "purge":
+                                await self.conn.execute(PURGE, q.queue_id, lo, hi, epoch, op.seqs)
+                            else:
+                                await self.conn.execute(DELETE_ALL, q.queue_id, lo, hi)
+                await flush()
+        except BaseException:
+            for q, ops in taken:
+                q.ops_failed(ops)
+            self.done_op = upto
+            raise
+        self.done_op = upto
+        for q, ops in taken:
+            q.ops_committed(ops, 0)
+        self.node.ring({q.queue_id for q, ops in taken
+                        if q.queue_id is not None and any(op.kind in ("requeue", "release") for op in ops)})
+
+
+class Fetcher(Worker):
+    """Reserves batches for the queues that want rows: at once when rows are known to be ready, else at the
+    next poll; also hands back prefixes nobody fetches and recounts the queues now and then."""
+
+    def __init__(self, node: WorkerNode, conn: asyncpg.Connection, progress: Progress) -> None:
+        super().__init__(node, conn, progress)
+        self.wanting: dict[PgBackingQueue, None] = {}
+        self.busy = False
+
+    def idle(self) -> bool:
+        return not self.busy and not any(q.knows_ready() and q.hungry for q in self.wanting)
+
+    def want(self, q: PgBackingQueue) -> None:
+        new = q not in self.wanting
+        self.wanting[q] = None
+        if new or q.knows_ready():
+            self.request()
+
+    async def _wait(self) -> None:
+        try:
+            await asyncio.wait_for(self._wake.wait(), POLL_INTERVAL / 2)
+        except TimeoutError:
+            pass
+
+    async def step(self) -> None:
+        if self.node.fenced:
+            return
+        now = time.monotonic()
+        self.busy = True
+        try:
+            for q in list(self.wanting):
+                if q.closed or not q.hungry:
+                    self.wanting.pop(q, None)
+                    continue
+                if q.buffer:
+                    continue
+                if q.knows_ready() or now - q.last_poll >= POLL_INTERVAL or q.last_poll == 0.0:
+                    await self._reserve(q)
+            self._housekeeping(now)
+            if now - self.node.last_recount >= RECOUNT_INTERVAL:
+                self.node.last_recount = now
+                for q in list(self.node.queues.values()):
+                    await self._recount(q)
+        finally:
+            self.busy = False
+
+    async def _reserve(self, q: PgBackingQueue) -> None:
+        publisher, acker = self.node.publisher, self.node.acker
+        # This node's publishes and ops so far first (a requeued row must be ready again before we look), but
+        # not later ones: under a steady publish load there is always a newer one.
+        pub_target = publisher.started + (1 if q.pub else 0)
+        if q.pub:
+            publisher.request()
+        last_op = q.last_op_id
+        await self.progress.until(lambda: self.node.fenced or (
+            publisher.done >= pub_target and acker.done_op >= last_op))
+        if self.node.fenced:
+            return
+        qid = await queue_id(self.conn, q)
+        rgen, pgen, changes = q.rgen, q.pgen, q.changes
+        lo, hi = q.priority_range
+        records = await self.conn.fetch(RESERVE, qid, lo, hi, FETCH_BATCH, self.node.epoch)
+        decode = q.decode
+        rows = [Buffered(r[0], r[5] if decode is None else decode(r[5]), r[4], r[2], r[3])
+                for r in sorted(records, key=lambda r: (-r[1], r[0]))]
+        q.last_poll = time.monotonic()
+        q.rows_reserved(rows, rgen, pgen, FETCH_BATCH, changes)
+
+    def _housekeeping(self, now: float) -> None:
+        for q in self.node.queues.values():
+            if q.buffer and now - q.last_take >= 2.0:
+                q.hungry = False
+                q.release_buffer()
+
+    async def _recount(self, q: PgBackingQueue) -> None:
+        if q.pub or q.ops or q.inflight_publish or q.requeued:
+            return
+        if q.queue_id is None:  # opened here, used only elsewhere so far (declared, consumed on other nodes)
+            await queue_id(self.conn, q)
+        changes = q.changes
+        lo, hi = q.priority_range
+        r = await self.conn.fetchrow(RECOUNT, q.queue_id, lo, hi, self.node.epoch)
+        if changes == q.changes and not q.pub and not q.ops and not q.inflight_publish and not q.requeued:
+            q.recounted(int(r[0]), int(r[1]), int(r[2]), int(r[3]))
