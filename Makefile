@@ -57,6 +57,16 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
+# The long lanes (pytest -m long: 100 kill -9 rounds, 1 M fuzzed codec inputs per target, 1 M fuzzed frames
+# against a live broker), then a table of each lane's rounds, confirmed, lost and duplicated
+# (tests/soak_report.py). Fails if a test failed or a lane lost or duplicated a message. SOAK_ARGS narrows it,
+# e.g. `make soak SOAK_ARGS=tests/integration/test_live_fuzz.py`.
+.PHONY: soak
+soak: $(STAMP)
+	@report=$$(mktemp); status=0; \
+	LEVERET_SOAK_REPORT=$$report $(BIN)/python -m pytest -m long $(SOAK_ARGS) || status=$$?; \
+	$(BIN)/python tests/soak_report.py $$report || status=1; rm -f $$report; exit $$status
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .import_linter_cache leveret-data
 

@@ -464,6 +464,7 @@ class Channel:
         return product in SPEC_QOS_CLIENTS
 
     def _basic_consume(self, m: spec.Basic.Consume) -> None:
+        self._check_consumer_limit(m.consumer_tag)
         if m.queue == REPLY_TO:
             self._consume_reply_to(m)
             return
@@ -487,6 +488,16 @@ class Channel:
         queue.add_consumer(consumer)  # may refuse it (a stream's rules) before consume-ok; delivers only later
         if not m.nowait:
             self.send(spec.Basic.ConsumeOk, consumer_tag=tag)
+
+    def _check_consumer_limit(self, tag: str) -> None:
+        """``consumer_max_per_channel`` (RabbitMQ's key, no limit by default): a new consumer tag on a channel
+        that holds that many consumers is refused with RabbitMQ's 530, a connection error, before the queue
+        is looked at; a tag already in use is left to the reuse check."""
+        limit = self.reader.settings.consumer_max_per_channel
+        if limit is None or (tag and tag in self.consumers):
+            return
+        if len(self.consumers) + (self.reply_consumer is not None) >= limit:
+            raise AMQPError(NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel")
 
     def _consume_reply_to(self, m: spec.Basic.Consume) -> None:
         tag = m.consumer_tag or _random_tag("amq.ctag-")

@@ -72,6 +72,13 @@ def parse_bytes(value: str) -> int:
     return int(m.group(1)) * _UNITS[m.group(2).lower()]
 
 
+def parse_consumer_max(value: str) -> int | None:
+    """consumer_max_per_channel: a positive integer, or ``infinity`` (RabbitMQ's default) for None."""
+    if value.strip() == "infinity":
+        return None
+    return _int_range(1, 2**31)(value)
+
+
 def parse_max_message_size(value: str) -> int:
     n = parse_bytes(value)
     if not 0 < n <= MAX_MESSAGE_SIZE_LIMIT:
@@ -243,6 +250,8 @@ class Settings:
     frame_max: int = 131072
     channel_max: int = 2047
     max_message_size: int = 128 * 1024 * 1024
+    # RabbitMQ's consumer_max_per_channel: None is its default, infinity (no limit).
+    consumer_max_per_channel: int | None = None
     handshake_timeout: float = 10.0
     vm_memory_high_watermark_relative: float = 0.4
     vm_memory_high_watermark_absolute: int | None = None
@@ -533,6 +542,8 @@ KEYS: dict[str, tuple[Callable[[Settings, str, str], None], str]] = {
     "frame_max": (_simple("frame_max", _int_range(FRAME_MIN_SIZE, 2**32 - 1, zero_ok=True)),
                   f"bytes, at least {FRAME_MIN_SIZE} (0: no limit)"),
     "channel_max": (_simple("channel_max", _int_range(0, 65535)), "a number of channels 0-65535 (0: no limit)"),
+    "consumer_max_per_channel": (_simple("consumer_max_per_channel", parse_consumer_max),
+                                 "a number of consumers, at least 1, or infinity (the default)"),
     "max_message_size": (_simple("max_message_size", parse_max_message_size),
                          f"a size from 1 byte to {MAX_MESSAGE_SIZE_LIMIT} (512MiB)"),
     "handshake_timeout": (_simple("handshake_timeout", lambda v: _int_range(1, 2**31)(v) / 1000),
@@ -736,7 +747,7 @@ _RABBITMQ_ONLY_KEYS: list[tuple[str, list[str]]] = [
         r"default_(users|policies|limits)\..+"]),
     ("node-wide limits", [
         r"connection_max", r"max_connections", r"channel_max_per_node", r"session_max_per_connection",
-        r"link_max_per_session", r"consumer_max_per_channel", r"max_channels_per_connection", r"vhost_max",
+        r"link_max_per_session", r"max_channels_per_connection", r"vhost_max",
         r"ranch_connection_max", r"cluster_(queue|exchange)_limit", r"runtime_parameters\.limits\..+"]),
     ("memory monitor tuning", [
         r"vm_memory_high_watermark_paging_ratio", r"vm_memory_calculation_strategy",

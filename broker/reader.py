@@ -217,6 +217,11 @@ class Reader(asyncio.Protocol):
             self._refuse_protocol(exc)
             return
         except FrameError as exc:
+            # The protocol header may have come in the same read as the bad frame: the connection starts
+            # all the same, so the frames before the bad one are taken in the right state and the error is
+            # answered with connection.close (found by the live fuzzer: it used to be a silent close).
+            if self.state == Reader.HANDSHAKE and self.parser.header_received:
+                self._start()
             self._frames(exc.frames, exc)
             return
         if self.state == Reader.HANDSHAKE and self.parser.header_received:

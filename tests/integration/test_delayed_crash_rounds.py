@@ -26,6 +26,7 @@ import time
 import pika
 import pika.exceptions
 import pytest
+import soak_report
 
 pytestmark = [pytest.mark.leveret_only]
 
@@ -201,6 +202,7 @@ def test_kill9_rounds_during_publish_and_dispatch_lose_nothing_and_deliver_nothi
                f"duplicated {len(dups)} by round {dict(dup_rounds)}; rounds (round, mode, kill_after, "
                f"confirmed, failed, observed): {round_log}")
     print(summary)
+    soak_report.record(f"kill -9, delayed messages ({rounds} rounds)", rounds, len(confirmed), len(lost), len(dups))
     assert len(confirmed) >= rounds * 5, summary  # the rounds did publish
     assert not unknown, f"messages nobody published: {unknown[:10]}; {summary}"
     assert not lost, f"{len(lost)} confirmed message(s) lost: {lost[:20]}; {summary}"
