@@ -31,6 +31,7 @@ class VHost(QueueHost, Protocol):
     that the registry need not import the layer above it."""
 
     durable: Any  # broker/persistence.py DurableDefinitions, or None
+    default_queue_type: str  # of a queue declared without x-queue-type (RabbitMQ's vhost default queue type)
 
     def policies_for_queue(self, name: str, queue_type: str = ...) -> tuple[Policy | None, Policy | None]: ...
 
@@ -157,6 +158,7 @@ class QueueRegistry:
             q = self.lookup(name, reader)
             q.reset_expiry_timer()  # a passive declare renews an x-expires lease too
             return q, False
+        arguments = self._with_default_type(arguments, durable, exclusive, auto_delete, server_named)
         validate_arguments(arguments, name, self.vhost.name)
         queue_settings(arguments, name, self.vhost.name)  # 406 for a deduplication argument it cannot use
         if name.startswith("amq.") and not server_named:
@@ -180,6 +182,21 @@ class QueueRegistry:
         elif self.vhost.durable is not None:
             self.vhost.durable.queue_declared(self.vhost.name, q)
         return q, True
+
+    def _with_default_type(self, arguments: dict[str, Any], durable: bool, exclusive: bool, auto_delete: bool,
+                           server_named: bool) -> dict[str, Any]:
+        """RabbitMQ's default queue type: a declare without ``x-queue-type`` gets the vhost's default type
+        (else the node's ``default_queue_type``) written into its arguments, so the queue shows and
+        redeclares as that type; properties that type cannot have (quorum and stream queues are durable,
+        not exclusive, not auto-delete; a stream is not server-named) fall back to classic, as RabbitMQ does."""
+        if "x-queue-type" in arguments:
+            return arguments
+        dqt = self.vhost.default_queue_type
+        if dqt == "classic":
+            return arguments
+        if not durable or exclusive or auto_delete or (server_named and dqt == "stream"):
+            return arguments
+        return {**arguments, "x-queue-type": dqt}
 
     def restore(self, name: str, auto_delete: bool, arguments: dict[str, Any]) -> QueueProcess:
         """Recovery: a durable queue as it was declared; its backing queue brings its messages back (and its

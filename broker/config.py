@@ -262,6 +262,9 @@ class Settings:
     consumer_timeout: int | None = None
     queue_index_embed_msgs_below: int = 4096
     cluster_name: str | None = None
+    # The type of a queue declared without x-queue-type in a vhost that names none (RabbitMQ's
+    # default_queue_type; a vhost's own wins; properties the type cannot have fall back to classic).
+    default_queue_type: str = "classic"
     # This node's name (RabbitMQ's RABBITMQ_NODENAME; here LEVERET_NODENAME or leveret.nodename): None is
     # leveret@<host name>. Members of one cluster need distinct names, so two on one host must set it.
     node_name: str | None = None
@@ -593,8 +596,9 @@ KEYS: dict[str, tuple[Callable[[Settings, str, str], None], str]] = {
     "management.login_session_timeout": (_simple("login_session_timeout", _int_range(1, 2**31)),
                                          "minutes of idleness before a web UI session ends, at least 1"),
     "leveret.traffic_dir": (_simple("traffic_dir", parse_path), "the --out directory of leveret-pipeline traffic"),
-    "default_queue_type": (_only(("classic",), "a default queue type other than classic (a queue declared "
-                                               "without x-queue-type is classic in Leveret)"), "classic"),
+    "default_queue_type": (_simple("default_queue_type", lambda v: _choice(v.strip().lower(),
+                                                                            ("classic", "quorum", "stream"))),
+                           "classic, quorum or stream"),
     "listeners.ssl": (_set_ssl_listener, "none"),
     "listeners.ssl.default": (_set_ssl_listener, "PORT or ADDRESS:PORT"),
     "ssl_options.cacertfile": (_simple("ssl_cacertfile", parse_path), "a PEM file of CA certificates"),

@@ -203,9 +203,10 @@ def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[None]:
             meta: dict[str, Any] = v["metadata"] if isinstance(v.get("metadata"), dict) else {}
             description = v.get("description", meta.get("description", "")) or ""
             tags = _tags(v.get("tags", meta.get("tags")))
-            dqt = v.get("default_queue_type", meta.get("default_queue_type")) or "classic"
+            dqt = v.get("default_queue_type", meta.get("default_queue_type")) or None
             try:
-                limits.apply_vhost_limits(node.add_vhost(name, str(description), tags, str(dqt)), v.get("limits"))
+                limits.apply_vhost_limits(node.add_vhost(name, str(description), tags, dqt and str(dqt)),
+                                          v.get("limits"))
             except limits.LimitError as exc:
                 raise DefinitionsError(f"vhost '{name}': {exc}") from None
             yield

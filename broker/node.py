@@ -97,8 +97,11 @@ class Node:
     # Each method writes its change to the metadata store first (when the node's storage is open) and
     # then changes memory: a write that fails raises MetadataWriteError and nothing has changed.
     def add_vhost(self, name: str, description: str = "", tags: list[str] | None = None,
-                  default_queue_type: str = "classic") -> VHost:
-        """Create a vhost (idempotent; an existing vhost gets the new description and tags)."""
+                  default_queue_type: str | None = None) -> VHost:
+        """Create a vhost (idempotent; an existing vhost gets the new description and tags). Without a
+        ``default_queue_type`` a new vhost takes the node's (``default_queue_type`` in the configuration)."""
+        if default_queue_type is None:
+            default_queue_type = self.settings.default_queue_type
         vh = self.vhosts.get(name)
         new_tags = list(tags or []) if vh is None or tags is not None else list(vh.tags)
         new_description = description or (vh.description if vh is not None else "")

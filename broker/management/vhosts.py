@@ -47,7 +47,7 @@ async def put_vhost(request: web.Request) -> web.Response:
     description = body.get("description", "")
     if not isinstance(description, str):
         raise bad_request("description must be a string")
-    dqt = body.get("default_queue_type", "classic")
+    dqt = body.get("default_queue_type", node.settings.default_queue_type)
     if dqt not in QUEUE_TYPES:
         raise bad_request(f"default_queue_type must be one of {', '.join(QUEUE_TYPES)}")
     tracing = body.get("tracing")

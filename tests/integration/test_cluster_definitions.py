@@ -17,9 +17,9 @@ pytestmark = pytest.mark.leveret_only
 pytest_plugins = ["pg_fixtures"]  # pg_dsn: a fresh database on the session's PostgreSQL
 
 
-def member(start_broker, dsn: str, name: str, **kw):
+def member(start_broker, dsn: str, name: str, *extra: str, **kw):
     """A cluster member, returned once its HTTP API answers too (it starts just after AMQP)."""
-    b = start_broker("--set", f"cluster.postgres.dsn={dsn}", "--set", f"leveret.nodename={name}", **kw)
+    b = start_broker("--set", f"cluster.postgres.dsn={dsn}", "--set", f"leveret.nodename={name}", *extra, **kw)
     assert wait_for(lambda: http_status(Http(b.management_port), "/api/overview") is not None, 10)
     return b
 

@@ -74,6 +74,21 @@ def test_published_on_one_member_consumed_on_another_in_order(start_broker, pg_d
     assert wait_for(lambda: queue_messages(a, "work") == 0 and queue_messages(b, "work") == 0, 10)
 
 
+def test_default_queue_type_quorum_makes_new_queues_shared(start_broker, pg_dsn):
+    """RabbitMQ's default_queue_type: a queue declared without x-queue-type is one every member serves."""
+    a = member(start_broker, pg_dsn, "a@test", "--set", "default_queue_type=quorum")
+    b = member(start_broker, pg_dsn, "b@test", "--set", "default_queue_type=quorum")
+    conn = pika.BlockingConnection(a.pika_params())
+    ch = conn.channel()
+    ch.queue_declare("plain", durable=True)
+    ch.confirm_delivery()
+    assert wait_for(lambda: queue_messages(b, "plain") is not None, 5)
+    for i in range(20):
+        ch.basic_publish("", "plain", b"p%d" % i, PERSISTENT)
+    conn.close()
+    assert [body for body, _ in consume(b, "plain", 20)] == [b"p%d" % i for i in range(20)]
+
+
 def test_a_message_requeued_on_one_member_is_redelivered_on_the_other(start_broker, pg_dsn):
     a = member(start_broker, pg_dsn, "a@test")
     b = member(start_broker, pg_dsn, "b@test")

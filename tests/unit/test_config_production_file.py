@@ -139,7 +139,7 @@ def test_one_problem_is_one_line_as_before(tmp_path):
 
 @pytest.mark.parametrize("line, supported", [
     ("default_queue_type = classic", True),
-    ("default_queue_type = quorum", False),
+    ("default_queue_type = quorum", True),
     ("auth_backends.1 = internal", True),
     ("auth_backends.1 = rabbit_auth_backend_internal", True),
     ("auth_backends.1 = ldap", False),
