@@ -337,8 +337,11 @@ class Settings:
     login_throttle_exempt_loopback: bool = True
     # Connections that have not finished the AMQP handshake (connection.open): at most this many per client
     # address and in all (0: no limit); one more is closed at once.
-    handshake_max_per_source: int = 64
-    handshake_max: int = 1024
+    handshake_max_per_source: int = 512  # clients open pools of connections at once: 100 at start is common
+    handshake_max: int = 4096
+    # Bindings that may end at one queue (or one exchange, for exchange-to-exchange bindings): Leveret's own
+    # (RabbitMQ has no such limit); one more is refused with 406. 0: no limit (the default, as RabbitMQ).
+    max_bindings_per_queue: int = 0
     # Not a setting: what loading the settings found worth a warning, logged once logging is set up.
     startup_warnings: list[str] = field(default_factory=list)
     # Not a setting: the configuration file(s) read (the start-up banner names them).
@@ -641,7 +644,8 @@ def _choice(value: str, allowed: tuple[str, ...]) -> str:
     return v
 
 
-# HTTPS for the HTTP API and Prometheus, and Leveret's limits on failed logins and unfinished handshakes.
+# HTTPS for the HTTP API and Prometheus, and Leveret's limits on failed logins, unfinished handshakes and
+# bindings.
 KEYS.update(_https_keys("management.ssl"))
 KEYS.update(_https_keys("prometheus.ssl"))
 KEYS.update({
@@ -661,6 +665,8 @@ KEYS.update({
                                          "a number of connections (0: no limit)"),
     "leveret.handshake_max": (_simple("handshake_max", _int_range(0, 2**31)),
                               "a number of connections (0: no limit)"),
+    "leveret.max_bindings_per_queue": (_simple("max_bindings_per_queue", _int_range(0, 2**31)),
+                                       "bindings per destination queue or exchange (0: no limit)"),
 })
 
 

@@ -90,9 +90,13 @@ class ExchangeServices:
     ``clock`` is the vhost's clock (broker/clock.py: a test hands a ManualClock), ``call_later`` its timers,
     ``publish`` the one publish path, ``route`` routing without publishing, ``durable`` the node's durable
     store (None until the node's storage is open, and in a vhost that keeps nothing, as in unit tests).
+    ``bound`` counts, per destination ``(kind, name)``, the bindings of the vhost's exchanges that end there
+    (kept by :meth:`Exchange.add_binding` and :meth:`Exchange.remove_binding`, so every way a binding comes or
+    goes is counted: bind, unbind, recovery, a deleted exchange or queue); the vhost's limit of bindings per
+    destination reads it instead of scanning the exchanges.
     """
 
-    __slots__ = ("_durable", "clock", "publish", "route", "vhost")
+    __slots__ = ("_durable", "bound", "clock", "publish", "route", "vhost")
 
     def __init__(self, vhost: str, clock: Clock, publish: Publish, route: Route,
                  durable: Callable[[], DurableStore | None] = lambda: None) -> None:
@@ -101,6 +105,11 @@ class ExchangeServices:
         self.publish = publish
         self.route = route
         self._durable = durable
+        self.bound: dict[tuple[str, str], int] = {}
+
+    def bindings_to(self, kind: str, destination: str) -> int:
+        """How many bindings of this vhost's exchanges end at the queue or exchange ``destination``."""
+        return self.bound.get((kind, destination), 0)
 
     @property
     def durable(self) -> DurableStore | None:
@@ -214,12 +223,26 @@ class Exchange:
             return False
         self.bindings[binding.key] = binding
         self._index_add(binding)
+        services = self._services
+        if services is not None:  # an exchange inside another (x-delayed-type's) has none: counted once
+            dest = (binding.kind, binding.destination)
+            bound = services.bound
+            bound[dest] = bound.get(dest, 0) + 1
         return True
 
     def remove_binding(self, key: tuple) -> Binding | None:
         binding = self.bindings.pop(key, None)
         if binding is not None:
             self._index_remove(binding)
+            services = self._services
+            if services is not None:
+                dest = (binding.kind, binding.destination)
+                bound = services.bound
+                left = bound.get(dest, 0) - 1
+                if left > 0:
+                    bound[dest] = left
+                else:
+                    bound.pop(dest, None)
         return binding
 
     def bindings_to(self, kind: str, destination: str) -> list[Binding]:

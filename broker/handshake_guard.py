@@ -8,7 +8,7 @@ guesses in parallel (broker/login_throttle.py delays each). One more is closed a
 a second per kind, with the number refused since, so a flood does not flood the log too).
 
 RabbitMQ has no such cap (its ``handshake_timeout`` alone); the keys are Leveret's:
-``leveret.handshake_max_per_source`` (64) and ``leveret.handshake_max`` (1024), 0 for no limit.
+``leveret.handshake_max_per_source`` (512) and ``leveret.handshake_max`` (4096), 0 for no limit.
 """
 
 from __future__ import annotations

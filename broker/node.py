@@ -110,7 +110,8 @@ class Node:
             self.durable_definitions.vhost_put(name, new_description, new_tags, dqt)
         if vh is None:
             vh = self.vhosts[name] = VHost(name, self.counters, self, self.clock, description=new_description,
-                                           tags=new_tags, default_queue_type=default_queue_type)
+                                           tags=new_tags, default_queue_type=default_queue_type,
+                                           max_bindings_per_queue=self.settings.max_bindings_per_queue)
             self._attach_storage(vh)
             log.info("vhost created", vhost=name)
         else:

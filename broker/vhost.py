@@ -50,7 +50,7 @@ def _fmt(value: Any) -> str:
 class VHost:
     def __init__(self, name: str, counters: GlobalCounters | None = None, replies: ReplyTo | None = None,
                  clock: Clock | None = None, *, description: str = "", tags: list[str] | None = None,
-                 default_queue_type: str = "classic") -> None:
+                 default_queue_type: str = "classic", max_bindings_per_queue: int = 0) -> None:
         self.name = name
         # What the operator said about it (the HTTP API's vhost object; RabbitMQ's vhost metadata).
         self.description = description
@@ -85,6 +85,9 @@ class VHost:
         # broker/trace.py's Tracer while this vhost traces (trace_on), else None: the hot paths check it,
         # nothing more. Not persistent, as in RabbitMQ: a vhost starts with tracing off.
         self.tracing: Tracer | None = None
+        # leveret.max_bindings_per_queue (the node sets it): bindings that may end at one queue, or at one
+        # exchange for exchange-to-exchange bindings; 0: no limit (RabbitMQ has none).
+        self.max_bindings_per_queue = max_bindings_per_queue
 
     # -- policies and runtime parameters -------------------------------------------------------------------
     def policies_for_queue(self, name: str, queue_type: str = "classic") -> tuple[Policy | None, Policy | None]:
@@ -237,6 +240,12 @@ class VHost:
         error = ex.validate_binding(binding)
         if error:
             raise AMQPError(PRECONDITION_FAILED, error)
+        limit = self.max_bindings_per_queue
+        if limit and binding.key not in ex.bindings and \
+                self.exchange_services.bindings_to(kind, destination) >= limit:
+            # Re-binding what is bound stays the no-op it is; only a new binding is refused.
+            raise AMQPError(PRECONDITION_FAILED, f"{kind} '{destination}' in vhost '{self.name}' has reached "
+                            f"its limit of {limit} bindings (leveret.max_bindings_per_queue)")
         if ex.add_binding(binding) and self.durable is not None:
             self.durable.binding_added(self, binding)
 

@@ -16,7 +16,10 @@
   survive a further crash.
 
 Power cuts need root (mount, losetup, mkfs.ext4, e2fsck); without them the test fails with a message
-saying what is missing rather than skipping, since CI is expected to run it.
+saying what is missing rather than skipping, since CI is expected to run it. The default run has 8 rounds
+(``LEVERET_POWERCUT_ROUNDS``) within a 45 s budget (``LEVERET_POWERCUT_BUDGET``); the long lane (marker
+``long``, ``make soak``) 100 rounds (``LEVERET_POWERCUT_LONG_ROUNDS``) with no budget, and records its rounds,
+confirmed, lost and duplicated in the soak table (tests/soak_report.py).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from pathlib import Path
 
 import pika
 import pytest
+import soak_report
 from test_durability import (  # tests/integration on sys.path
     PipelinedPublisher,
     body_of,
@@ -94,6 +98,8 @@ def storage_complaints(log: str) -> list[str]:
 
 POWERCUT_ROUNDS = int(os.environ.get("LEVERET_POWERCUT_ROUNDS", "8"))
 POWERCUT_BUDGET = float(os.environ.get("LEVERET_POWERCUT_BUDGET", "45"))  # no new round after this (s)
+# The long lane's rounds (marker ``long``, left out of the default run; ``make soak`` runs it), with no budget.
+POWERCUT_LONG_ROUNDS = int(os.environ.get("LEVERET_POWERCUT_LONG_ROUNDS", "100"))
 IMAGE_SIZE = "256M"
 
 
@@ -195,18 +201,27 @@ def wait_loop_idle(image: Path, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_confirmed_messages_survive_a_power_cut(start_broker, uid, tmp_path):
+def powercut_rounds(start_broker, uid: str, tmp_path: Path, rounds: int, budget: float | None) -> None:
+    """``rounds`` power cuts (each on a fresh image): every message confirmed before the copy began is served
+    by a broker on the copy, once, in order, intact. ``budget``: no new round after that many seconds (at
+    least two rounds run); None runs them all (the long lane).
+
+    A round that loses, duplicates, reorders or garbles does not stop the run: each round is counted, the soak
+    report's row is written (tests/soak_report.py), and the asserts come after it. A round that cannot run
+    (no confirms, a nack, an e2fsck that cannot repair) stops the run at once, its row still written."""
     loop_note = require_loop_mounts(tmp_path)
     seed = os.environ.get("LEVERET_CRASH_SEED", uid)
     rng = random.Random(seed)
     t_start = time.monotonic()
-    report = []
+    report: list[dict] = []
+    problems: list[str] = []
+    confirmed_total = lost_total = dup_total = 0
+    note = ""
     mounts: list[Path] = []
     try:
-        for rnd in range(POWERCUT_ROUNDS):
-            if rnd >= 2 and time.monotonic() - t_start > POWERCUT_BUDGET:
+        for rnd in range(rounds):
+            if budget is not None and rnd >= 2 and time.monotonic() - t_start > budget:
+                note = f"time budget of {budget:.0f} s reached"
                 break
             t_round = time.monotonic()
             image, copy = tmp_path / f"r{rnd}.img", tmp_path / f"r{rnd}.copy.img"
@@ -258,29 +273,63 @@ def test_confirmed_messages_survive_a_power_cut(start_broker, uid, tmp_path):
                 copy.unlink(missing_ok=True)
 
             seqs = [seq_of(body) for body, _ in got]
-            assert seqs == sorted(set(seqs)), f"round {rnd}: out of order or duplicated: {seqs[:50]}"
             missing = sorted(confirmed - set(seqs))
-            assert not missing, (
-                f"round {rnd}: {len(missing)} of {len(confirmed)} messages confirmed before the copy are lost "
-                f"after the power cut, first {missing[:10]} (recovered {len(seqs)}, sent {pub.sent}); "
-                f"storage log: {storage_complaints(log2)[:10]}")
-            assert all(1 <= s <= pub.sent for s in seqs), f"round {rnd}: messages never published"
-            for body, _ in got:  # unconfirmed ones may be there or not, but never damaged
-                s = seq_of(body)
-                assert body == body_of(s, pub.sizes[s % len(pub.sizes)]), f"round {rnd}: message {s} garbled"
+            dups = len(seqs) - len(set(seqs))
+            confirmed_total += len(confirmed)
+            lost_total += len(missing)
+            dup_total += dups
+            if missing:
+                problems.append(
+                    f"round {rnd}: {len(missing)} of {len(confirmed)} messages confirmed before the copy are lost "
+                    f"after the power cut, first {missing[:10]} (recovered {len(seqs)}, sent {pub.sent}); "
+                    f"storage log: {storage_complaints(log2)[:10]}")
+            if dups:
+                problems.append(f"round {rnd}: {dups} messages delivered twice")
+            if seqs != sorted(seqs):
+                problems.append(f"round {rnd}: out of order: {seqs[:50]}")
+            if not all(1 <= s <= pub.sent for s in seqs):
+                problems.append(f"round {rnd}: messages never published")
+            # Unconfirmed ones may be there or not, but never damaged.
+            garbled = [seq_of(body) for body, _ in got
+                       if body != body_of(seq_of(body), pub.sizes[seq_of(body) % len(pub.sizes)])]
+            if garbled:
+                problems.append(f"round {rnd}: messages {garbled[:10]} garbled")
             # A power cut is a dirty stop: every recovered message counts as possibly delivered.
-            assert all(r for _, r in got), f"round {rnd}: recovered messages not marked redelivered"
+            if not all(r for _, r in got):
+                problems.append(f"round {rnd}: recovered messages not marked redelivered")
             report.append({"round": rnd, "confirmed_before_copy": len(confirmed),
                            "confirmed_after_copy": confirmed_after_copy, "sent": pub.sent,
                            "recovered": len(seqs), "copy_s": round(copy_s, 3), "fsck_rc": fsck.returncode,
                            "round_s": round(time.monotonic() - t_round, 2)})
+    except BaseException as e:
+        note = f"stopped after {len(report)} rounds: {str(e).splitlines()[0][:80] if str(e) else type(e).__name__}"
+        raise
     finally:
         for m in reversed(mounts):
             umount(m)
-    assert len(report) >= 2, f"only {len(report)} power-cut rounds ran"
+        soak_report.record(f"power cut, loop-mounted ext4 ({rounds} rounds)", len(report), confirmed_total,
+                           lost_total, dup_total, note)
     print(f"power cuts (seed {seed!r}; {loop_note}; {time.monotonic() - t_start:.1f} s):")
     for r in report:
         print("  ", r)
+    assert len(report) >= min(2, rounds), f"only {len(report)} power-cut rounds ran"
+    if budget is None:
+        assert len(report) == rounds, f"{len(report)} of {rounds} power-cut rounds ran"
+    assert not problems, f"{len(problems)} round(s) failed: {problems[:10]}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_confirmed_messages_survive_a_power_cut(start_broker, uid, tmp_path):
+    powercut_rounds(start_broker, uid, tmp_path, POWERCUT_ROUNDS, POWERCUT_BUDGET)
+
+
+@pytest.mark.long
+@pytest.mark.timeout(max(900, POWERCUT_LONG_ROUNDS * 60))
+def test_confirmed_messages_survive_a_power_cut_long(start_broker, uid, tmp_path):
+    """The long lane (``make soak``): 100 rounds unless ``LEVERET_POWERCUT_LONG_ROUNDS`` says otherwise, and no
+    time budget: every round runs."""
+    powercut_rounds(start_broker, uid, tmp_path, POWERCUT_LONG_ROUNDS, None)
 
 
 # -- 2. torn and corrupted files -----------------------------------------------------------------------------

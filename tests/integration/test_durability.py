@@ -15,6 +15,10 @@ Tests that restart or kill a broker start a Leveret of their own (``start_broker
 ``leveret_only``; the confirm tests run against the shared ``broker`` (or RabbitMQ, with
 ``LEVERET_TEST_AMQP_URL``). Raw-socket publishers pipeline publishes so that a crash round takes a
 fraction of a second, and record exactly which delivery tags the broker confirmed.
+
+The kill -9 rounds run 20 times in the default run (``LEVERET_CRASH_ROUNDS``) and 100 times in the long lane
+(marker ``long``, ``make soak``; ``LEVERET_CRASH_LONG_ROUNDS``), which records its rounds, confirmed, lost and
+duplicated in the soak table (tests/soak_report.py).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 
 import pika
 import pytest
+import soak_report
 from amqp_helpers import get_all
 from pika.exceptions import ChannelClosedByBroker
 from rawamqp import (  # tests/ is on sys.path (rootdir conftest)
@@ -45,6 +50,8 @@ pytestmark = pytest.mark.timeout(120)
 # Rounds of the kill -9 test (the issue asks for at least 20 in CI; each round takes well under a second
 # of publishing plus a broker start).
 CRASH_ROUNDS = int(os.environ.get("LEVERET_CRASH_ROUNDS", "20"))
+# The long lane's rounds (marker ``long``, left out of the default run; ``make soak`` runs it).
+CRASH_LONG_ROUNDS = int(os.environ.get("LEVERET_CRASH_LONG_ROUNDS", "100"))
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
@@ -417,46 +424,85 @@ def test_delivered_messages_come_back_redelivered_after_a_clean_restart(start_br
 # -- 3. kill -9 with publisher confirms -----------------------------------------------------------------
 
 
+def kill9_rounds(start_broker, uid: str, rounds: int) -> None:
+    """A publisher with confirms is still publishing when the broker gets SIGKILL; after restart every
+    confirmed message is in the queue exactly once and in order; unconfirmed ones may or may not be.
+
+    ``rounds`` rounds on one broker (one data directory). A round that loses, duplicates or reorders does not
+    stop the run: every round is counted, the soak report's row is written (tests/soak_report.py), and the
+    asserts come after it. A round that cannot run (no confirms, a nack, a broker that does not start) stops
+    the run at once, its row still written with what was counted up to there."""
+    rng = random.Random(os.environ.get("LEVERET_CRASH_SEED", uid))
+    n = 2000
+    window = 150
+    report = []
+    problems: list[str] = []
+    confirmed_total = lost_total = dup_total = 0
+    note = ""
+    try:
+        b = own_broker(start_broker)
+        for rnd in range(rounds):
+            q = f"{uid}.r{rnd}"
+            with channel(b) as ch:
+                ch.queue_declare(q, durable=True)
+            base = rnd * 1_000_000
+            pub = PipelinedPublisher(b, q, n, window=window, seq_base=base).start()
+            kill_after = rng.randint(1, n - 4 * window)  # well before the end, so the kill lands mid-stream
+            assert pub.wait_confirmed(kill_after, timeout=30), \
+                f"round {rnd}: only {len(pub.acked)} of {kill_after} confirms within 30 s"
+            time.sleep(rng.random() * 0.01)
+            b.kill9()
+            pub.stop()
+            assert pub.error is None, pub.error
+            assert not pub.nacked, f"round {rnd}: nacks {sorted(pub.nacked)[:10]}"
+            assert len(pub.acked) < n, f"round {rnd}: everything was confirmed before the kill: it tested nothing"
+            confirmed = sorted(pub.acked)
+            b.start()
+            got = drain(b, q)
+            seqs = [s - base for s, _ in got]
+            missing = sorted(set(confirmed) - set(seqs))
+            dups = len(seqs) - len(set(seqs))
+            confirmed_total += len(confirmed)
+            lost_total += len(missing)
+            dup_total += dups
+            if missing:
+                problems.append(f"round {rnd}: {len(missing)} confirmed messages lost, first {missing[:10]}")
+            if dups:
+                problems.append(f"round {rnd}: {dups} messages delivered twice")
+            if seqs != sorted(seqs):
+                problems.append(f"round {rnd}: out of order")
+            if not all(1 <= s <= pub.sent for s in seqs):
+                problems.append(f"round {rnd}: messages never published")
+            # Crash recovery marks every recovered message redelivered (RabbitMQ's rule).
+            if not all(r for _, r in got):
+                problems.append(f"round {rnd}: recovered messages not marked redelivered")
+            report.append((kill_after, len(confirmed), pub.sent, len(seqs)))
+            with channel(b) as ch:
+                ch.queue_delete(q)
+    except BaseException as e:
+        note = f"stopped after {len(report)} rounds: {str(e).splitlines()[0][:80] if str(e) else type(e).__name__}"
+        raise
+    finally:
+        soak_report.record(f"kill -9, confirmed publishes ({rounds} rounds)", len(report), confirmed_total,
+                           lost_total, dup_total, note)
+    print("kill -9 rounds (kill after, confirmed, sent, recovered):", report)
+    assert len(report) == rounds
+    assert not problems, f"{len(problems)} round(s) failed: {problems[:10]}"
+
+
 @pytest.mark.leveret_only
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_confirmed_messages_survive_kill9_at_random_points(start_broker, uid):
-    """A publisher with confirms is still publishing when the broker gets SIGKILL; after restart every
-    confirmed message is in the queue exactly once and in order; unconfirmed ones may or may not be."""
-    rng = random.Random(os.environ.get("LEVERET_CRASH_SEED", uid))
-    b = own_broker(start_broker)
-    n = 2000
-    window = 150
-    report = []
-    for rnd in range(CRASH_ROUNDS):
-        q = f"{uid}.r{rnd}"
-        with channel(b) as ch:
-            ch.queue_declare(q, durable=True)
-        base = rnd * 1_000_000
-        pub = PipelinedPublisher(b, q, n, window=window, seq_base=base).start()
-        kill_after = rng.randint(1, n - 4 * window)  # well before the end, so the kill lands mid-stream
-        assert pub.wait_confirmed(kill_after, timeout=30), \
-            f"round {rnd}: only {len(pub.acked)} of {kill_after} confirms within 30 s"
-        time.sleep(rng.random() * 0.01)
-        b.kill9()
-        pub.stop()
-        assert pub.error is None, pub.error
-        assert not pub.nacked, f"round {rnd}: nacks {sorted(pub.nacked)[:10]}"
-        assert len(pub.acked) < n, f"round {rnd}: everything was confirmed before the kill: it tested nothing"
-        confirmed = sorted(pub.acked)
-        b.start()
-        got = drain(b, q)
-        seqs = [s - base for s, _ in got]
-        assert seqs == sorted(set(seqs)), f"round {rnd}: out of order or duplicated"
-        missing = sorted(set(confirmed) - set(seqs))
-        assert not missing, f"round {rnd}: {len(missing)} confirmed messages lost, first {missing[:10]}"
-        assert all(1 <= s <= pub.sent for s in seqs), f"round {rnd}: messages never published"
-        # Crash recovery marks every recovered message redelivered (RabbitMQ's rule).
-        assert all(r for _, r in got), f"round {rnd}: recovered messages not marked redelivered"
-        report.append((kill_after, len(confirmed), pub.sent, len(seqs)))
-        with channel(b) as ch:
-            ch.queue_delete(q)
-    print("kill -9 rounds (kill after, confirmed, sent, recovered):", report)
+    kill9_rounds(start_broker, uid, CRASH_ROUNDS)
+
+
+@pytest.mark.leveret_only
+@pytest.mark.long
+@pytest.mark.timeout(max(600, CRASH_LONG_ROUNDS * 30))
+def test_confirmed_messages_survive_kill9_at_random_points_long(start_broker, uid):
+    """The long lane (``make soak``): 100 rounds unless ``LEVERET_CRASH_LONG_ROUNDS`` says otherwise."""
+    kill9_rounds(start_broker, uid, CRASH_LONG_ROUNDS)
 
 
 @pytest.mark.leveret_only

@@ -11,8 +11,8 @@ the broker no memory.
 * ``consumer_max_per_channel`` (RabbitMQ's key, no limit by default): the next new consumer on a full
   channel is 530 NOT_ALLOWED ``reached maximum (N) of consumers per channel``, a connection error.
 
-The number of channels (``channel_max``) is tested in test_connection.py. Bindings per queue have no limit in
-RabbitMQ, and none here.
+The number of channels (``channel_max``) is tested in test_connection.py; bindings per queue (Leveret's
+``leveret.max_bindings_per_queue``, no limit by default as in RabbitMQ) in test_binding_limit.py.
 """
 
 from __future__ import annotations
