@@ -23,6 +23,11 @@ counters, so they never go down when a channel closes, unlike RabbitMQ's sums ov
 ``rabbitmq_message_size_bytes{protocol}`` is the histogram of published body sizes (RabbitMQ's buckets; kept
 by broker/counters.py's MessageSizes, observed in the publish path).
 
+For the stock "Erlang-BEAM", "Erlang-Memory-Allocators", "Erlang-Distribution" and
+"RabbitMQ-Quorum-Queues-Raft" dashboards, broker/metrics_runtime.py builds the ``erlang_vm_*`` families from
+the Python process's readings and the ``rabbitmq_raft_*`` families of the quorum queues (its docstring says
+what each figure is here, and which families stay empty).
+
 Stream queues (broker/stream_queue.py) add Leveret's series on ``/metrics/per-object``: per stream
 ``leveret_stream_first_offset``, ``leveret_stream_next_offset``, ``leveret_stream_segments``,
 ``leveret_stream_bytes`` (labels ``vhost``, ``queue``), and per consumer group
@@ -53,7 +58,9 @@ from broker import PRODUCT, VERSION
 from broker.counters import MESSAGE_SIZE_BOUNDS
 from broker.delayed_dispatch import DelayDispatcher, Lateness
 from broker.delayed_exchange import DelayedExchange
+from broker.metrics_runtime import RaftFigures, raft_families, runtime_families
 from broker.os_probes import disk_free, max_fds, open_fds, resident_memory, uptime_seconds
+from broker.queue_types import QuorumQueue
 from broker.reader import open_connections
 from broker.stream_queue import StreamQueue
 
@@ -206,6 +213,12 @@ def queue_values(q: QueueProcess) -> dict[str, int]:
     }
 
 
+def raft_figures(q: QuorumQueue) -> RaftFigures:
+    """What broker/metrics_runtime.py's Raft families are made of, for one quorum queue, read now."""
+    s = q.stats
+    return RaftFigures(q.vhost.name, q.name, s.published, s.acked, q.awaiting_confirm(), q.figures().messages)
+
+
 class RabbitCollector:
     """A prometheus-client collector: builds every family from the node's state at scrape time."""
 
@@ -253,6 +266,8 @@ class RabbitCollector:
         yield from self._message_sizes()
         # -- queues ---------------------------------------------------------------------------------------
         yield from self._queues(queues)
+        yield from raft_families((raft_figures(q) for q in queues if isinstance(q, QuorumQueue)),
+                                 self.per_object)
         yield from self._streams([q for q in queues if isinstance(q, StreamQueue)])
         yield from self._delayed([ex for vh in list(node.vhosts.values()) for ex in list(vh.exchanges.values())
                                   if isinstance(ex, DelayedExchange)])
@@ -285,6 +300,7 @@ class RabbitCollector:
         yield _gauge("rabbitmq_erlang_uptime_seconds", "Node uptime (Leveret: seconds since the broker process "
                      "started; there is no Erlang VM; the same as leveret_uptime_seconds)", uptime)
         yield _gauge("leveret_uptime_seconds", "Seconds since the broker started", uptime)
+        yield from runtime_families(sum(q.ram_bytes() for q in queues))
         yield _gauge("leveret_vhosts", "Virtual hosts", len(node.vhosts))
         yield _gauge("leveret_users", "Users", len(node.users.users))
         yield _gauge("leveret_exchanges", "Exchanges (all vhosts, without the default exchange)",

@@ -466,6 +466,10 @@ class QueueProcess:
             if vhost.publish(exchange, dead, dead.props.delivery_mode == 2, dead_letter=True) & ROUTED:
                 self.stats.dead_lettered += 1
 
+    def awaiting_confirm(self) -> int:
+        """Publishes accepted and not yet confirmed: waiting for the fsync (or commit) that covers them."""
+        return len(self._awaiting_confirm)
+
     # -- delivering --------------------------------------------------------------------------------------
     def schedule_run(self) -> None:
         """Run the deliver loop soon (once, however many times this is called before it runs)."""
