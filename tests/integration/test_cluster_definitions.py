@@ -24,23 +24,12 @@ def member(start_broker, dsn: str, name: str, *extra: str, **kw):
     return b
 
 
-def passive_queue_exists(b, name: str) -> bool:
+def passive_exists(b, kind: str, name: str) -> bool:
+    """Whether a passive declare of the queue (``kind`` "queue") or exchange ``name`` succeeds on ``b``."""
     conn = pika.BlockingConnection(b.pika_params())
+    ch = conn.channel()
     try:
-        conn.channel().queue_declare(name, passive=True)
-        return True
-    except pika.exceptions.ChannelClosedByBroker as exc:
-        assert exc.reply_code == 404
-        return False
-    finally:
-        if conn.is_open:
-            conn.close()
-
-
-def passive_exchange_exists(b, name: str) -> bool:
-    conn = pika.BlockingConnection(b.pika_params())
-    try:
-        conn.channel().exchange_declare(name, passive=True)
+        ch.queue_declare(name, passive=True) if kind == "queue" else ch.exchange_declare(name, passive=True)
         return True
     except pika.exceptions.ChannelClosedByBroker as exc:
         assert exc.reply_code == 404
@@ -59,8 +48,8 @@ def test_topology_declared_on_one_member_is_seen_on_the_other(start_broker, pg_d
     ch.queue_declare("orders", durable=True, arguments={"x-queue-type": "quorum"})
     ch.queue_bind("orders", "orders-x", "order.*")
     ch.queue_declare("local-only", durable=True)  # a classic queue: its messages live on a
-    assert wait_for(lambda: passive_exchange_exists(b, "orders-x"), 5)
-    assert wait_for(lambda: passive_queue_exists(b, "orders"), 5)
+    assert wait_for(lambda: passive_exists(b, "exchange", "orders-x"), 5)
+    assert wait_for(lambda: passive_exists(b, "queue", "orders"), 5)
     api_b = Http(b.management_port)
     bindings = wait_for(lambda: [x for x in api_b("GET", "/api/queues/%2F/orders/bindings")[1]
                                  if x["source"] == "orders-x"], 5)
@@ -70,8 +59,8 @@ def test_topology_declared_on_one_member_is_seen_on_the_other(start_broker, pg_d
     ch.exchange_delete("orders-x")
     ch.queue_delete("orders")
     conn.close()
-    assert wait_for(lambda: not passive_exchange_exists(b, "orders-x"), 5)
-    assert wait_for(lambda: not passive_queue_exists(b, "orders"), 5)
+    assert wait_for(lambda: not passive_exists(b, "exchange", "orders-x"), 5)
+    assert wait_for(lambda: not passive_exists(b, "queue", "orders"), 5)
 
 
 def test_users_permissions_and_policies_made_through_the_api_apply_on_every_member(start_broker, pg_dsn):

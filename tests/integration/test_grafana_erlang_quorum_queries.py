@@ -18,19 +18,14 @@ from __future__ import annotations
 
 import math
 import re
-import shutil
-import tempfile
-import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import NamedTuple
 
 import pika
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from test_grafana_overview_queries import SCRAPE_S, Prom, prometheus
-from test_management_api import start_mgmt_broker
+from test_grafana_overview_queries import Prom, scraped_broker
 
 pytestmark = pytest.mark.leveret_only
 
@@ -725,32 +720,9 @@ class Scraped(NamedTuple):
 
 @pytest.fixture(scope="module")
 def scraped() -> Iterator[Scraped]:
-    tmp = Path(tempfile.mkdtemp(prefix="leveret-grafana-qq-"))
-    broker, _mport, pport = start_mgmt_broker(tmp)
-    try:
-        with prometheus(tmp, pport) as p:
-            deadline = time.monotonic() + 15
-            while not p.query("up == 1") and time.monotonic() < deadline:
-                time.sleep(0.2)
-            conn = drive_traffic(broker.pika_params())
-            try:
-                # Enough scrapes after the traffic for rate() over $__rate_interval (two samples at least).
-                deadline = time.monotonic() + 20
-                while time.monotonic() < deadline:
-                    conn.process_data_events(time_limit=0.2)
-                    got = p.query("max(rabbitmq_raft_log_last_written_index) and on() "
-                                  "count_over_time(up[10s]) >= 4")
-                    if got and float(got[0]["value"][1]) >= PUBLISHED + ACKED:
-                        break
-                else:
-                    pytest.fail("prometheus did not see the quorum-queue traffic in 20 s")
-                conn.process_data_events(time_limit=2 * SCRAPE_S + 0.5)
-                yield Scraped(p, pport)
-            finally:
-                conn.close()
-    finally:
-        broker.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+    with scraped_broker("leveret-grafana-qq-", drive_traffic, "max(rabbitmq_raft_log_last_written_index)",
+                        PUBLISHED + ACKED, timeout=20) as (p, port):
+        yield Scraped(p, port)
 
 
 def substitute(expr: str, values: dict[str, str]) -> str:

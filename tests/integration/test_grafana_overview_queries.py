@@ -153,38 +153,47 @@ def drive_traffic(params: pika.ConnectionParameters) -> pika.BlockingConnection:
     return conn
 
 
-@pytest.fixture(scope="module")
-def prom() -> Iterator[Prom]:
-    tmp = Path(tempfile.mkdtemp(prefix="leveret-grafana-"))
+@contextlib.contextmanager
+def scraped_broker(prefix: str, traffic, seen: str, at_least: float,
+                   timeout: float = 30) -> Iterator[tuple[Prom, int]]:
+    """A broker of its own scraped by a real Prometheus, after ``traffic(pika params)`` (which returns the
+    connection it keeps open) has been seen: ``seen`` (a PromQL query) reaching ``at_least`` in a scrape that
+    came after at least 4 of them. Yields (Prometheus, the broker's metrics port).
+
+    A first scrape comes before the traffic, so that increase() over a histogram sees it grow (a series first
+    seen with its final value has grown by nothing); then enough scrapes after it for rate() and increase()
+    (two samples at least), and the last one after all of it."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
     broker, _mport, pport = start_mgmt_broker(tmp)
     try:
         with prometheus(tmp, pport) as p:
-            # A first scrape before the traffic, so that increase() over the histogram sees it grow (a series
-            # first seen with its final value has grown by nothing: the size panels' ratios are then 0 / 0).
             deadline = time.monotonic() + 15
             while not p.query("up == 1") and time.monotonic() < deadline:
                 time.sleep(0.2)
-            conn = drive_traffic(broker.pika_params())
+            conn = traffic(broker.pika_params())
             try:
-                # Enough scrapes after the traffic for rate() and increase() (two samples at least), and the
-                # last one after all of it.
-                received = 15 + 10 + 2
-                deadline = time.monotonic() + 30
+                deadline = time.monotonic() + timeout
                 while time.monotonic() < deadline:
                     conn.process_data_events(time_limit=0.2)
-                    got = p.query("max(rabbitmq_global_messages_received_total)"
-                                  " and on() count_over_time(up[10s]) >= 4")
-                    if got and float(got[0]["value"][1]) >= received:
+                    got = p.query(f"{seen} and on() count_over_time(up[10s]) >= 4")
+                    if got and float(got[0]["value"][1]) >= at_least:
                         break
                 else:
-                    pytest.fail("prometheus did not see the traffic in 30 s")
+                    pytest.fail(f"prometheus did not see the traffic ({seen} >= {at_least}) in {timeout:g} s")
                 conn.process_data_events(time_limit=2 * SCRAPE_S + 0.5)
-                yield p
+                yield p, pport
             finally:
                 conn.close()
     finally:
         broker.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def prom() -> Iterator[Prom]:
+    with scraped_broker("leveret-grafana-", drive_traffic, "max(rabbitmq_global_messages_received_total)",
+                        15 + 10 + 2) as (p, _port):
+        yield p
 
 
 def resolve(prom: Prom, revision: dict) -> dict[str, str]:
