@@ -20,14 +20,19 @@ message crosses never do:
 Latency: the body of every message starts with ``time.monotonic_ns()`` taken just before its batch was
 written (8 bytes, big-endian). CLOCK_MONOTONIC is system-wide, so producer and consumer may be in different
 processes on the same machine. The receive time is read once per socket read.
+
+TLS: an ``amqps://`` URL (port 5671 unless given) connects over TLS; its ``cacertfile`` query parameter (the
+name RabbitMQ's URI spec uses) is the CA the server certificate is checked against, else the system's CAs.
+The TLS layer is the event loop's (uvloop's in the workers); the AMQP code above it is the same.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import struct
 import time
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 from pamqp import commands
 from pamqp import frame as pframe
@@ -115,11 +120,27 @@ class AMQPError(Exception):
 
 def parse_url(url: str) -> tuple[str, int, str, str, str]:
     u = urlparse(url)
-    if u.scheme not in ("amqp", ""):
-        raise ValueError(f"only amqp:// URLs are supported, got {url!r}")
+    if u.scheme not in ("amqp", "amqps", ""):
+        raise ValueError(f"only amqp:// and amqps:// URLs are supported, got {url!r}")
     vhost = unquote(u.path[1:]) if u.path and u.path != "/" else "/"
-    return (u.hostname or "127.0.0.1", u.port or 5672, unquote(u.username or "guest"),
-            unquote(u.password or "guest"), vhost)
+    return (u.hostname or "127.0.0.1", u.port or (5671 if u.scheme == "amqps" else 5672),
+            unquote(u.username or "guest"), unquote(u.password or "guest"), vhost)
+
+
+_ssl_contexts: dict[str, ssl.SSLContext] = {}
+
+
+def ssl_context(url: str) -> ssl.SSLContext | None:
+    """None for amqp://; for amqps:// a client context that checks the server's certificate and host name
+    against ``?cacertfile=PATH`` (else the system's CAs). One context per CA file and process."""
+    u = urlparse(url)
+    if u.scheme != "amqps":
+        return None
+    cafile = (parse_qs(u.query).get("cacertfile") or [""])[0]
+    ctx = _ssl_contexts.get(cafile)
+    if ctx is None:
+        ctx = _ssl_contexts[cafile] = ssl.create_default_context(cafile=cafile or None)
+    return ctx
 
 
 class PublishTemplate:
@@ -415,7 +436,8 @@ async def connect(url: str, name: str = "leveret-perf", timeout: float = 60.0) -
     host, port, user, password, vhost = parse_url(url)
     loop = asyncio.get_running_loop()
     _t, conn = await asyncio.wait_for(
-        loop.create_connection(lambda: Connection(user, password, vhost, name), host, port), timeout)
+        loop.create_connection(lambda: Connection(user, password, vhost, name), host, port,
+                               ssl=ssl_context(url)), timeout)
     try:
         await asyncio.wait_for(asyncio.shield(conn.opened), timeout)
         await conn.rpc(commands.Channel.Open(), timeout)

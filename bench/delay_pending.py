@@ -29,8 +29,6 @@ import socket
 import sys
 import time
 
-from pamqp import commands
-
 from bench.amqp import connect
 from bench.delay_publish import X_DELAY, Broker, ConfirmPublisher, Encoder, declare_delayed, du_bytes, loadavg
 

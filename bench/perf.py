@@ -7,6 +7,7 @@
     python -m bench.perf --url ... --rate 5000 -s 1024 --ack --prefetch 100       # latency at a fixed rate
     python -m bench.perf --sink ...                                              # the generator's own ceiling
     python -m bench.perf --url ... --broker-pid PID --json-out result.json
+    python -m bench.perf --url amqps://guest:guest@localhost:5671/%2F --cacert ca.pem ...   # over TLS
     python -m bench.perf --url ... --queue-type stream --stream-offset first -s 1024 --confirm 1000 --ack -q 1000
     python -m bench.perf --url ... --queue-type stream --stream-offset first --ack -q 1000 -y 4 \
         --consumer-arg x-stream-group=perf                                       # a consumer group (Leveret)
@@ -52,6 +53,7 @@ import socket
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from urllib.parse import quote
 
 from pamqp import commands
 
@@ -1035,7 +1037,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("-?", "--help", action="help", help="show this help and exit (-h is the URI, as in PerfTest)")
     pt = ap.add_argument_group("PerfTest's options (same letters, same meanings)")
     pt.add_argument("-h", "--uri", "--url", dest="url", default=PerfConfig.url,
-                    help="connection URI, amqp://user:pass@host:port/vhost (default %(default)s)")
+                    help="connection URI, amqp://user:pass@host:port/vhost, or amqps://… for TLS "
+                         "(default %(default)s)")
     pt.add_argument("-H", "--uris", help="connection URIs separated by commas; connections spread over them")
     pt.add_argument("-x", "--producers", type=int, default=1, help="producer count (one connection each)")
     pt.add_argument("-y", "--consumers", type=int, default=1, help="consumer count (one connection each)")
@@ -1087,6 +1090,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a consumer argument (repeatable), e.g. x-stream-group=perf; numbers are sent as numbers")
     lv.add_argument("--keep-publishing", action="store_true",
                     help="backlog mode: producers go on publishing while the consumers drain the first N")
+    lv.add_argument("--cacert", metavar="FILE",
+                    help="amqps:// URLs: check the server's certificate against this CA (PEM); the same as "
+                         "?cacertfile=FILE in the URL")
     lv.add_argument("--sink", action="store_true",
                     help="run against a local sink (discards publishes, streams deliveries): the ceiling")
     out = lv.add_mutually_exclusive_group()
@@ -1098,6 +1104,13 @@ def build_parser() -> argparse.ArgumentParser:
     lv.add_argument("--json-out", help="also write the JSON result to this file")
     lv.add_argument("--series", action="store_true", help="keep the per-second series in the JSON")
     return ap
+
+
+def with_cacert(url: str, cacert: str | None) -> str:
+    """``--cacert FILE`` as the URL's ``cacertfile`` query parameter (amqps:// only), for bench/amqp.py."""
+    if not cacert or not url.startswith("amqps://") or "cacertfile=" in url:
+        return url
+    return f"{url}{'&' if '?' in url else '?'}cacertfile={quote(os.path.abspath(cacert), safe='/')}"
 
 
 def config_from_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> PerfConfig:
@@ -1115,7 +1128,8 @@ def config_from_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> P
     except argparse.ArgumentTypeError as exc:
         ap.error(str(exc))
     consumer_args.update(args.consumer_args or {})
-    uris = [u for u in (args.uris or "").split(",") if u]
+    uris = [with_cacert(u, args.cacert) for u in (args.uris or "").split(",") if u]
+    args.url = with_cacert(args.url, args.cacert)
     duration = args.duration if args.duration is not None else 0.0 if args.pmessages or args.cmessages else 10.0
     ms = int(time.time() * 1000) % 1000
     return PerfConfig(

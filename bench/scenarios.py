@@ -1,5 +1,5 @@
-"""The scenarios of issue 6 (S1–S7) and issue 12 (S8–S10, stream queues), their sizes in quick and full mode,
-and the targets they are judged by.
+"""The scenarios of issue 6 (S1–S7), issue 17 (S1-TLS) and issue 12 (S8–S10, stream queues), their sizes in
+quick and full mode, and the targets they are judged by.
 
 Each scenario is one or more load-generator runs (PerfConfig keyword arguments, the URL and broker PID
 are filled in by the runner) and a list of checks. A check names a metric of one run, whether higher or
@@ -37,6 +37,7 @@ class Scenario:
     # Leveret-only absolute conditions, e.g. every consumer received something.
     conditions: list[tuple[str, str, str]] = field(default_factory=list)  # (label, run, expression)
     leveret_only: bool = False   # RabbitMQ lacks the feature: run against Leveret alone
+    tls: bool = False            # over amqps: both brokers get a TLS listener with the same certificate
 
 
 @dataclass
@@ -61,6 +62,15 @@ def scenarios(sz: Sizes) -> list[Scenario]:
         Scenario("S1", "1 producer → 1 queue → 1 consumer, 16 B, transient, auto-ack",
                  {"main": dict(size=16, **timed)},
                  [Check("consume rate", "main", "consume_rate", "higher", 1.5, "msg/s")]),
+        # S1 over TLS (issue 17): the same load through amqps://, both brokers with the same trustme CA and
+        # server certificate (run_bench.TLSFiles). No target: the ratio is stated, and run_bench adds each
+        # broker's TLS / plain ratio when S1 ran too.
+        Scenario("S1-TLS", "S1 over TLS (amqps): 1 producer → 1 queue → 1 consumer, 16 B, auto-ack",
+                 {"main": dict(size=16, **timed)},
+                 [Check("publish rate", "main", "publish_rate", "higher", None, "msg/s"),
+                  Check("consume rate", "main", "consume_rate", "higher", None, "msg/s"),
+                  Check("broker CPU per message", "main", "broker.cpu_us_per_msg", "lower", None, "µs")],
+                 tls=True),
         Scenario("S2", "1 KiB, manual ack, prefetch 100",
                  {"main": dict(size=kib, manual_ack=True, prefetch=100, **timed)},
                  [Check("consume rate", "main", "consume_rate", "higher", 1.5, "msg/s")]),
@@ -72,7 +82,7 @@ def scenarios(sz: Sizes) -> list[Scenario]:
                  {"main": dict(size=16, fanout=True, queues=10, consumers=10, **timed)},
                  [Check("total delivery rate", "main", "consume_rate", "higher", 1.0, "msg/s")]),
         Scenario("S5", f"backlog: publish {sz.backlog:,} × 1 KiB with no consumer, then drain (manual ack, prefetch 100)",
-                 {"main": dict(size=kib, backlog=sz.backlog, manual_ack=True, prefetch=100)},
+                 {"main": {"size": kib, "backlog": sz.backlog, "manual_ack": True, "prefetch": 100}},
                  [Check("publish rate", "main", "publish_rate", "higher", 1.0, "msg/s"),
                   Check("drain rate", "main", "drain_rate", "higher", 1.0, "msg/s"),
                   Check("peak RSS", "main", "broker.rss_peak_kb", "lower", 0.1, "KiB")]),
@@ -81,10 +91,10 @@ def scenarios(sz: Sizes) -> list[Scenario]:
                  [Check("latency p99", "main", "latency_us.p99", "lower", 1.0, "µs")]),
         Scenario("S7", f"{sz.s7_small} connections, a consumer each on its own queue, one producer at 1,000 msg/s; "
                        f"then {sz.s7_large:,}",
-                 {"small": dict(size=16, rate=1000, queues=sz.s7_small, consumers=sz.s7_small,
-                                duration=sz.s7_duration, warmup=2),
-                  "large": dict(size=16, rate=1000, queues=sz.s7_large, consumers=sz.s7_large,
-                                duration=max(sz.s7_duration, sz.s7_large / 1000 * 2), warmup=2)},
+                 {"small": {"size": 16, "rate": 1000, "queues": sz.s7_small, "consumers": sz.s7_small,
+                            "duration": sz.s7_duration, "warmup": 2},
+                  "large": {"size": 16, "rate": 1000, "queues": sz.s7_large, "consumers": sz.s7_large,
+                            "duration": max(sz.s7_duration, sz.s7_large / 1000 * 2), "warmup": 2}},
                  [Check(f"RSS at {sz.s7_small} conns", "small", "broker.rss_peak_kb", "lower", 1.0, "KiB"),
                   Check(f"RSS at {sz.s7_large} conns", "large", "broker.rss_peak_kb", "lower", None, "KiB")],
                  [(f"{sz.s7_small:,}: every consumer receiving", "small", "consumers_all_receiving"),
