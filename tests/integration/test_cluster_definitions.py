@@ -11,6 +11,7 @@ import urllib.error
 import pika
 import pika.exceptions
 import pytest
+from conftest import BrokerProcess, free_port
 from test_management_api import Http, q, wait_for
 
 pytestmark = pytest.mark.leveret_only
@@ -123,8 +124,6 @@ def http_status(api: Http, path: str) -> int | None:
 
 
 def test_a_member_cannot_start_without_its_database(start_broker, tmp_path):
-    from conftest import BrokerProcess, free_port
-
     bad = f"postgresql://nobody@127.0.0.1:{free_port()}/none"
     b = BrokerProcess(host="127.0.0.1", port=free_port(), data_dir=tmp_path / "d", log_path=tmp_path / "log",
                       extra_args=["--set", f"cluster.postgres.dsn={bad}"])

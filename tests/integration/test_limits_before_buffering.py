@@ -22,6 +22,7 @@ import struct
 import time
 
 import pytest
+from conftest import EXTERNAL_URL, BrokerProcess, free_port
 from rawamqp import (
     FRAME_HEADER,
     FRAME_METHOD,
@@ -50,8 +51,6 @@ def rss_kb(pid: int) -> int:
 @pytest.fixture(scope="module")
 def limited(tmp_path_factory):
     """A broker of this module's own, with a 1 MiB max_message_size and 3 consumers per channel."""
-    from conftest import EXTERNAL_URL, BrokerProcess, free_port
-
     if EXTERNAL_URL:
         pytest.skip("needs a Leveret process of its own")
     tmp = tmp_path_factory.mktemp("before-buffering")

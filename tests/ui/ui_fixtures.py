@@ -68,8 +68,11 @@ def ui_broker(launch) -> tuple[Any, Http]:
     return launch("--set", "collect_statistics_interval=1000")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """Per module, not per session: Playwright's sync API keeps an event loop running on the main thread
+    while it is open, and every later test that calls asyncio.run (the unit tests run after tests/ui/) would
+    then fail with "cannot be called from a running event loop"."""
     from playwright.sync_api import sync_playwright
 
     path = os.environ.get("LEVERET_CHROMIUM", CHROMIUM)
