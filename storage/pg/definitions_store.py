@@ -37,7 +37,7 @@ import asyncpg
 import msgpack
 
 from storage.metadata_store import SEP, MetadataStoreError, MetadataWriteError, Op, split_key
-from storage.pg.schema import migrate, register_migration
+from storage.pg.schema import migrate
 
 T = TypeVar("T")
 
@@ -49,19 +49,7 @@ _PG_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutErr
 DEFINITIONS_LOCK_CLASS = 4250
 DEFINITIONS_LOCK_ID = 1
 
-# Migration 2 of the leveret schema (storage/pg/schema.py runs them in order; SCHEMA.md documents them).
-MIGRATION_2 = """
-CREATE SEQUENCE leveret.definition_version;
-CREATE TABLE leveret.definition (
-    kind    text   NOT NULL,
-    key     text   NOT NULL,
-    value   bytea,                 -- msgpack; NULL: deleted (a tombstone, kept so the feed carries it)
-    version bigint NOT NULL,       -- from leveret.definition_version, drawn under the definitions lock
-    writer  text   NOT NULL,       -- the node that wrote it (a member skips its own changes in the feed)
-    PRIMARY KEY (kind, key));
-CREATE INDEX definition_by_version ON leveret.definition (version);
-"""
-register_migration(2, MIGRATION_2)
+# Its table, leveret.definition, is migration 2 of storage/pg/schema.py.
 
 _PUT = ("INSERT INTO leveret.definition (kind, key, value, version, writer) "
         "VALUES ($1, $2, $3, nextval('leveret.definition_version'), $4) "

@@ -3,8 +3,11 @@
 Why versioned: nodes of different Leveret releases meet one database. A node applies, in one transaction and
 under a transaction advisory lock (so two nodes starting together do not both migrate), every migration above
 the recorded ``leveret.schema_version``; it refuses a database whose version is newer than the newest it knows,
-since it cannot know what that version changed. Other modules add their own migrations with
-:func:`register_migration` at import time (storage/pg/metadata.py adds version 2: definitions).
+since it cannot know what that version changed.
+
+Every migration is listed here, whichever module uses its tables (version 2 is storage/pg/definitions_store.py's
+table): a list that modules added to as they were imported made the newest version depend on what a process
+happened to import, and a process that imported less refused a database another had migrated further.
 """
 
 from __future__ import annotations
@@ -55,21 +58,25 @@ CREATE INDEX message_ready ON leveret.message (queue_id, priority DESC, seq) WHE
 CREATE INDEX message_owner ON leveret.message (owner) WHERE state = 1;
 """
 
+# The cluster's shared definitions (storage/pg/definitions_store.py): its rows and the change feed.
+MIGRATION_2 = """
+CREATE SEQUENCE leveret.definition_version;
+CREATE TABLE leveret.definition (
+    kind    text   NOT NULL,
+    key     text   NOT NULL,
+    value   bytea,                 -- msgpack; NULL: deleted (a tombstone, kept so the feed carries it)
+    version bigint NOT NULL,       -- from leveret.definition_version, drawn under the definitions lock
+    writer  text   NOT NULL,       -- the node that wrote it (a member skips its own changes in the feed)
+    PRIMARY KEY (kind, key));
+CREATE INDEX definition_by_version ON leveret.definition (version);
+"""
+
 # (version, sql), ascending. Append only: a released migration never changes.
-MIGRATIONS: list[tuple[int, str]] = [(1, MIGRATION_1)]
+MIGRATIONS: list[tuple[int, str]] = [(1, MIGRATION_1), (2, MIGRATION_2)]
 
 
 class SchemaTooNew(RuntimeError):
     """The database was migrated by a newer Leveret than this one."""
-
-
-def register_migration(version: int, sql: str) -> None:
-    """Add migration ``version`` (the next number after the last registered). Idempotent for the same pair."""
-    if (version, sql) in MIGRATIONS:
-        return
-    if version != MIGRATIONS[-1][0] + 1:
-        raise ValueError(f"migration {version} does not follow {MIGRATIONS[-1][0]}")
-    MIGRATIONS.append((version, sql))
 
 
 def latest_version() -> int:
