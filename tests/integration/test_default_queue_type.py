@@ -5,12 +5,22 @@ have fall back to classic."""
 
 from __future__ import annotations
 
+import urllib.error
+
 import pika
 import pytest
 from test_cluster_quorum import got_one
 from test_management_api import Http, wait_for
 
 pytestmark = pytest.mark.leveret_only
+
+
+def http_up(api: Http) -> bool:
+    """Whether the HTTP API answers yet (it starts just after the AMQP listener start_broker waits for)."""
+    try:
+        return api("GET", "/api/overview")[0] == 200
+    except urllib.error.URLError:
+        return False
 
 
 def queue_type(api: Http, vhost: str, name: str) -> str | None:
@@ -21,6 +31,7 @@ def queue_type(api: Http, vhost: str, name: str) -> str | None:
 def test_the_nodes_default_type_applies_to_what_it_can(start_broker):
     b = start_broker("--set", "default_queue_type=quorum")
     api = Http(b.management_port)
+    assert wait_for(lambda: http_up(api), 10)
     conn = pika.BlockingConnection(b.pika_params())
     ch = conn.channel()
     ch.queue_declare("jobs", durable=True)
@@ -45,7 +56,7 @@ def test_the_nodes_default_type_applies_to_what_it_can(start_broker):
 def test_a_vhosts_default_type(start_broker):
     b = start_broker()
     api = Http(b.management_port)
-    assert wait_for(lambda: api("GET", "/api/overview")[0] == 200, 10)
+    assert wait_for(lambda: http_up(api), 10)
     assert api("PUT", "/api/vhosts/shop", {"default_queue_type": "quorum"})[0] in (201, 204)
     assert api("PUT", "/api/permissions/shop/guest", {"configure": ".*", "write": ".*", "read": ".*"})[0] in (201, 204)
     conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", b.port, "shop"))
