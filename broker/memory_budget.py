@@ -6,6 +6,13 @@ proportion to what it holds, so that messages in RAM come back under that half; 
 page out (q1/q4 alphas to betas, then betas to delta, seed 000). Below 40% the budgets are lifted.
 Paging itself runs in bounded steps (``page``) from the loop, so no single call blocks it for long.
 
+Memory given back: a backlog that drains (or a queue deleted with one) frees its messages, but glibc keeps
+the freed blocks in its heap, so the resident size would stay at the peak for good (measured: 836 MB after
+an S2 run, 611 MB with the queue gone, 81 MB after one ``malloc_trim``). So, once a second, when the
+resident size is :data:`RELEASE_STEP` above what it was after the last release and the queues hold at least
+that much less than at their peak since then, the free memory is handed back (``release_free_memory``).
+The check reads one /proc file; the queues are summed only when the process has grown.
+
 It sees a queue only as a :class:`PagedQueue` (what broker/queue_process.py's QueueProcess offers), never its
 backing queue: a queue type that keeps nothing in RAM answers with no-ops.
 """
@@ -29,6 +36,10 @@ RELEASE_RATIO = 0.4
 OVERHEAD_FACTOR = 2.0
 MIN_QUEUE_BUDGET = 64 * 1024
 INTERVAL = 0.2
+# Memory given back (module docstring): checked every RELEASE_EVERY ticks, once the resident size grew by
+# RELEASE_STEP since the last release and the queues' RAM fell by as much from its peak.
+RELEASE_EVERY = 5
+RELEASE_STEP = 64 * 1024 * 1024
 # A queue without consumers keeps at most this much of its ready messages in RAM even without memory
 # pressure (as RabbitMQ's classic queues keep only a short head in memory since 3.12): a backlog nobody
 # is reading lives on disk, so memory does not grow with it. A queue that is being consumed keeps its
@@ -86,6 +97,10 @@ class MemoryBudget:
         self.limited = False
         self._handle: asyncio.TimerHandle | None = None
         self._paging_scheduled = False
+        self._ticks = 0
+        self._released_at = resident_memory()  # resident size right after the last release
+        self._queue_ram_peak = 0  # the most the queues held in RAM since the last release
+        self.releases = 0  # plain counter, read by tests
 
     def start(self) -> None:
         self._handle = asyncio.get_event_loop().call_later(INTERVAL, self.tick)
@@ -109,8 +124,29 @@ class MemoryBudget:
             self.rebalance(used)
             if not self.limited:
                 self.refresh_default_budgets()
+            self._ticks += 1
+            if self._ticks % RELEASE_EVERY == 0:
+                self.give_back(used)
         finally:
             self._handle = asyncio.get_event_loop().call_later(INTERVAL, self.tick)
+
+    def give_back(self, used: int) -> bool:
+        """Hand freed message memory back to the OS once the queues hold much less than they did (module
+        docstring). Returns whether it did."""
+        if used < self._released_at + RELEASE_STEP:
+            self._released_at = min(self._released_at, used)
+            return False
+        queue_ram = sum(q.ram_bytes() for q in self._queues())
+        self._queue_ram_peak = max(self._queue_ram_peak, queue_ram)
+        if self._queue_ram_peak - queue_ram < RELEASE_STEP // OVERHEAD_FACTOR:
+            return False  # still growing, or holding what it holds: nothing freed to give back
+        release_free_memory()
+        after = resident_memory()
+        log.info("memory given back", resident_before=used, resident_after=after, in_queues=queue_ram)
+        self.releases += 1
+        self._released_at = after
+        self._queue_ram_peak = queue_ram
+        return True
 
     def rebalance(self, used: int) -> None:
         limit = self.monitor.memory_limit if self.monitor is not None else 0
