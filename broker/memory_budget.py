@@ -98,7 +98,7 @@ class MemoryBudget:
         self._handle: asyncio.TimerHandle | None = None
         self._paging_scheduled = False
         self._ticks = 0
-        self._released_at = resident_memory()  # resident size right after the last release
+        self._released_at = resident_memory()  # the lowest resident size seen at start or after a release
         self._queue_ram_peak = 0  # the most the queues held in RAM since the last release
         self.releases = 0  # plain counter, read by tests
 
@@ -144,7 +144,9 @@ class MemoryBudget:
         after = resident_memory()
         log.info("memory given back", resident_before=used, resident_after=after, in_queues=queue_ram)
         self.releases += 1
-        self._released_at = after
+        # The lowest resident size seen, not this one: a trim in the middle of a drain gives back little
+        # (live messages pin the heap), and the drain's end must still be given back.
+        self._released_at = min(self._released_at, after)
         self._queue_ram_peak = queue_ram
         return True
 

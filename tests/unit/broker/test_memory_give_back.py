@@ -116,3 +116,21 @@ def test_a_deleted_queue_counts_as_freed(setup: tuple[MemoryBudget, FakeQueue, P
     proc.freed = 600 * MiB
     assert budget.give_back(proc.rss)
     assert proc.rss == 100 * MiB
+
+
+def test_a_backlog_drained_by_its_consumers_is_given_back_as_it_goes(
+        setup: tuple[MemoryBudget, FakeQueue, Process]) -> None:
+    """Trims in the middle of a drain give back little (live messages pin the heap): the end of the drain
+    is still given back."""
+    budget, queue, proc = setup
+    queue.held = 800 * MiB
+    proc.rss = 1700 * MiB
+    assert not budget.give_back(proc.rss)
+    for held in (600, 400, 200):
+        queue.held = held * MiB
+        proc.freed = 10 * MiB  # fragmentation: hardly anything comes back yet
+        assert budget.give_back(proc.rss)
+    queue.held = 0
+    proc.freed = proc.rss - 70 * MiB
+    assert budget.give_back(proc.rss)
+    assert proc.rss == 70 * MiB and proc.trims == 4
