@@ -138,6 +138,11 @@ class Reader(asyncio.Protocol):
         self.recv_cnt = 0
         self.send_cnt = 0
         self._read_this_turn = 0
+        # A read larger than READ_BYTES_PER_TURN, taken a slice per turn (see data_received): the bytes, how
+        # far they are taken, and whether _next_turn is scheduled.
+        self._unread: bytes | None = None
+        self._unread_at = 0
+        self._turn_scheduled = False
         self._out: list[bytes | memoryview] = []
         self._flush_scheduled = False
         self._confirm_channels: list[Channel] = []
@@ -207,10 +212,28 @@ class Reader(asyncio.Protocol):
         self._received_since_tick = True
         self.recv_oct += len(data)
         self.recv_cnt += 1
+        if self._unread is not None:  # not expected (reading is paused meanwhile): keep the order anyway
+            self._unread = self._unread[self._unread_at:] + data
+            self._unread_at = 0
+            return
+        if len(data) > READ_BYTES_PER_TURN:
+            # One read can bring 256 KiB (uvloop's buffer): ~250 publishes that would all be handled in this
+            # turn while every other connection waits, so a consumer's acks, and with them its deliveries,
+            # come round only every few milliseconds (S2: 100 deliveries per 8 ms round trip). The rest is
+            # taken a slice per turn, reading paused meanwhile.
+            self._unread = data
+            self._unread_at = 0
+            self.pause_for("turn")
+            self._take_unread_slice()
+            return
         self._read_this_turn += len(data)
         if self._read_this_turn > READ_BYTES_PER_TURN and "turn" not in self._pause_reasons:
             self.pause_for("turn")
-            self._loop.call_soon(self._next_turn)
+            self._schedule_turn()
+        self._take(data)
+
+    def _take(self, data: bytes) -> None:
+        """Parse ``data`` and handle its frames."""
         try:
             frames = self.parser.feed(data)
         except BadProtocolHeader as exc:
@@ -222,6 +245,7 @@ class Reader(asyncio.Protocol):
             # answered with connection.close (found by the live fuzzer: it used to be a silent close).
             if self.state == Reader.HANDSHAKE and self.parser.header_received:
                 self._start()
+            self._unread = None  # what followed the bad frame in this read is dropped with it
             self._frames(exc.frames, exc)
             return
         if self.state == Reader.HANDSHAKE and self.parser.header_received:
@@ -400,8 +424,35 @@ class Reader(asyncio.Protocol):
         self.resume_for("alarm")
         log.info("connection unblocked", **self.log_id)
 
+    def _schedule_turn(self) -> None:
+        if not self._turn_scheduled:
+            self._turn_scheduled = True
+            self._loop.call_soon(self._next_turn)
+
+    def _take_unread_slice(self) -> None:
+        """Handle the next READ_BYTES_PER_TURN bytes of a large read; the rest waits for the next turn."""
+        unread = self._unread
+        assert unread is not None
+        at = self._unread_at
+        end = at + READ_BYTES_PER_TURN
+        if end >= len(unread):
+            self._unread = None
+            end = len(unread)
+        else:
+            self._unread_at = end
+        self._read_this_turn = end - at
+        self._schedule_turn()
+        self._take(unread[at:end])
+
     def _next_turn(self) -> None:
+        self._turn_scheduled = False
         self._read_this_turn = 0
+        if self._unread is not None and self.state < Reader.CLOSED:
+            if any(r != "turn" for r in self._pause_reasons):
+                return  # credit flow or an alarm holds this connection: resume_for takes the rest up
+            self._take_unread_slice()
+            return
+        self._unread = None
         self.resume_for("turn")
 
     def pause_for(self, reason: object) -> None:
@@ -419,6 +470,9 @@ class Reader(asyncio.Protocol):
         if reason not in self._pause_reasons:
             return
         self._pause_reasons.discard(reason)
+        if self._unread is not None and self._pause_reasons == {"turn"}:
+            self._schedule_turn()  # the rest of a large read, held back while paused for another reason
+            return
         if not self._pause_reasons and self.transport is not None and not self.transport.is_closing():
             try:
                 self.transport.resume_reading()
