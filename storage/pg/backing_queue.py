@@ -17,6 +17,7 @@ and ``figures()`` never query.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -33,6 +34,7 @@ class Node(Protocol):
     """What a queue needs of its node (PgCluster): seq ids, and the three workers' doorbells."""
 
     fenced: bool
+    loop: asyncio.AbstractEventLoop
 
     def next_seq(self) -> int: ...
 
@@ -107,6 +109,7 @@ class PgBackingQueue:
         self.others_unacked = 0  # rows other nodes hold reserved (last recount)
         self.others_unacked_bytes = 0
         self.confirmed: list[Any] = []
+        self._confirm_scheduled = False  # _tell_confirmed is due on the next loop turn
         self.failed: list[Any] = []
         self.pgen = 0  # bumped by purge/delete: in-flight work from before no longer counts
         self.rgen = 0  # bumped when the prefix is handed back: an in-flight reservation goes back too
@@ -280,16 +283,35 @@ class PgBackingQueue:
     def ack(self, seq_ids: Iterable[int]) -> list[Any]:
         out: list[Any] = []
         to_db: list[int] = []
+        confirmed = False
         for s in seq_ids:
             got = self.pending.pop(s, None)
             if got is None:
                 continue
             out.append(got[0])
-            if self.pub.pop(s, None) is None:  # a publish_delivered still in pub is simply never inserted
+            row = self.pub.pop(s, None)
+            if row is None:
                 to_db.append(s)
+            elif row.persistent and row.confirm is not None:
+                # A publish_delivered acked before it was inserted is never inserted, so no commit will
+                # confirm it: it is confirmed now, as RabbitMQ confirms a message consumed and acked before
+                # it reached the disk. (Without this a confirming publisher whose consumer is on the same
+                # node, auto-ack or quick, stalled with its window full.) Told on the next loop turn, not
+                # from inside this ack: an auto-ack delivery is acked within the publish that made it, before
+                # the publisher's channel has counted the publish as waiting for this queue.
+                self.confirmed.append(row.confirm)
+                confirmed = True
         if to_db:
             self._op("ack", to_db)
+        if confirmed and not self._confirm_scheduled:
+            self._confirm_scheduled = True
+            self.node.loop.call_soon(self._tell_confirmed)
         return out
+
+    def _tell_confirmed(self) -> None:
+        self._confirm_scheduled = False
+        if self.confirmed and self.on_confirm is not None:
+            self.on_confirm()
 
     def requeue(self, seq_ids: Iterable[int]) -> None:
         to_db: list[int] = []
