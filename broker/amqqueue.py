@@ -180,7 +180,11 @@ class QueueRegistry:
             assert reader is not None, "an exclusive queue is declared by a connection"
             reader.exclusive_queues.append(q)
         elif self.vhost.durable is not None:
-            self.vhost.durable.queue_declared(self.vhost.name, q)
+            try:
+                self.vhost.durable.queue_declared(self.vhost.name, q)
+            except BaseException:  # not written (a full disk, the cluster's PostgreSQL out of reach): not made
+                del self._queues[name]
+                raise
         return q, True
 
     def _with_default_type(self, arguments: dict[str, Any], durable: bool, exclusive: bool, auto_delete: bool,

@@ -82,8 +82,16 @@ class Cluster:
         return SharedQueueStore(self.pg, vhost)
 
     async def members(self) -> list[dict[str, Any]]:
-        """Every node that joined: name, epoch, started_at, lease_until, alive (storage/pg/cluster.py)."""
-        return await self.pg.members() if self.pg is not None else []
+        """Every node that joined: name, epoch, started_at, lease_until, alive (storage/pg/cluster.py); none
+        while PostgreSQL is out of reach (the node reconnects by itself; the API lists this node alone)."""
+        if self.pg is None or self.pg.fenced:
+            return []
+        try:
+            return await self.pg.members()
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning("cannot list the cluster's members", error=str(exc))
+            return []
+
 
     def open_definitions(self, storage: NodeStorage) -> SplitMetadataStore:
         """The node's metadata store becomes the split one (storage/pg/shared_metadata.py); the feed is

@@ -173,7 +173,9 @@ def _apply_vhost_change(node: Any, vh: Any, kind: str, key: tuple[str, ...], val
 
 
 class DefinitionsFollower:
-    """Replays the other members' changes (see the module docstring), every ``interval`` seconds."""
+    """Replays the other members' changes (see the module docstring), every ``interval`` seconds. While
+    PostgreSQL is out of reach it says so once and keeps polling; once it answers again (the store opens a
+    new session by itself) it goes on from the last version it applied, so nothing made meanwhile is missed."""
 
     def __init__(self, node: Any, store: SplitMetadataStore, interval: float = 0.5) -> None:
         self.node = node
@@ -195,9 +197,13 @@ class DefinitionsFollower:
             await asyncio.sleep(self.interval)
             try:
                 await self.catch_up()
-            except MetadataStoreError as exc:
+            except MetadataStoreError as exc:  # PostgreSQL out of reach: the store reconnects at the next call
                 if not self._failing:
                     log.warning("cannot read the cluster's definitions; retrying", error=str(exc))
+                self._failing = True
+                continue
+            except Exception:  # never stop following: a member that did would drift from the cluster for good
+                log.exception("following the cluster's definitions failed; retrying")
                 self._failing = True
                 continue
             if self._failing:

@@ -2,6 +2,8 @@
 
 ``postgres``: one throwaway server per pytest session (tests/pg_server.py). ``pg_dsn``: a fresh, empty
 database of that server for each test (CREATE DATABASE takes a few ms), so tests never see each other's rows.
+``own_postgres``: a server of the test's own (initdb: a second or two), for a test that halts and resumes it
+(``PgServer.halt``/``resume``): the session's server is shared by every test.
 """
 
 from __future__ import annotations
@@ -19,6 +21,16 @@ _db_numbers = itertools.count(1)
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PgServer]:
+    server = PgServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[PgServer]:
     server = PgServer()
     server.start()
     try:

@@ -1,5 +1,7 @@
 """A throwaway PostgreSQL server for tests: ``initdb`` into a temporary folder, started on a free TCP port of
-127.0.0.1 with its unix socket in the same folder, stopped (``-m fast``) and removed at the end.
+127.0.0.1 with its unix socket in the same folder, stopped (``-m fast``) and removed at the end. A test may
+``halt`` it (``pg_ctl stop -m immediate``: a crash, or ``fast``) and ``resume`` it on the same port and data,
+or ``freeze`` it (SIGSTOP: a server that no longer answers) and ``thaw`` it.
 
 Why a real server: the PostgreSQL store's guarantees (advisory keys held per session, SKIP LOCKED,
 what a killed session releases) are the server's, and only a real one shows them. ``initdb`` refuses to run as
@@ -12,6 +14,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -58,6 +61,7 @@ class PgServer:
         self._as_root = os.geteuid() == 0
         self._initdb = find_bin("initdb")
         self._pg_ctl = find_bin("pg_ctl")
+        self.running = False
 
     def _run(self, *cmd: str) -> None:
         full = ["runuser", "-u", "postgres", "--", *cmd] if self._as_root else list(cmd)
@@ -73,12 +77,48 @@ class PgServer:
         self._run(self._initdb, "-D", str(self.data), "-U", self.user, "-E", "UTF8", "--auth=trust", "--no-sync")
         with open(self.data / "postgresql.conf", "a") as f:
             f.write(_SETTINGS.format(port=self.port, sock=self.root))
+        self.resume()
+
+    def halt(self, mode: str = "immediate") -> None:
+        """Stop the server and keep its data folder and port (``resume`` starts it again): every session
+        ends. ``immediate`` is a crash (no checkpoint: the restart replays the WAL), ``fast`` a clean stop
+        that still disconnects every client."""
+        self._run(self._pg_ctl, "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop")
+        self.running = False
+
+    def resume(self) -> None:
+        """Start the server (again) on the same port and data folder; returns once it accepts connections."""
         self._run(self._pg_ctl, "-D", str(self.data), "-l", str(self.root / "server.log"), "-w", "-t", "60",
                   "start")
+        self.running = True
+
+    def _pids(self) -> list[int]:
+        """The postmaster and every process it started (backends, checkpointer, walwriter...)."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        pids = [postmaster]
+        for stat in glob.glob("/proc/[0-9]*/stat"):
+            try:
+                fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == postmaster:
+                pids.append(int(stat.split("/")[2]))
+        return pids
+
+    def freeze(self) -> None:
+        """SIGSTOP the whole server: connections stay open and nothing answers (a hung server, or a link
+        that drops packets without a reset). ``thaw`` lets it go on."""
+        for pid in self._pids():
+            os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        for pid in self._pids():
+            os.kill(pid, signal.SIGCONT)
 
     def stop(self) -> None:
         try:
-            self._run(self._pg_ctl, "-D", str(self.data), "-m", "fast", "-w", "stop")
+            if self.running:
+                self._run(self._pg_ctl, "-D", str(self.data), "-m", "fast", "-w", "stop")
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
 

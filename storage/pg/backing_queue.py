@@ -35,6 +35,7 @@ class Node(Protocol):
 
     fenced: bool
     loop: asyncio.AbstractEventLoop
+    epoch: int
 
     def next_seq(self) -> int: ...
 
@@ -80,6 +81,7 @@ class Op(NamedTuple):
     n: int  # ready messages this op brings back (requeue/release), moved to the DB count at commit
     nbytes: int
     pgen: int
+    epoch: int  # the node's epoch when the op was made: an ack, requeue or release of an older one is dropped
 
 
 class PgBackingQueue:
@@ -190,7 +192,9 @@ class PgBackingQueue:
         return self.more or self.db_ready > 0 or self.requeued > 0 or self.unflushed_ready > 0
 
     def _want(self) -> None:
-        if not self.closed and not self.node.fenced:
+        # Also while the node is fenced (PostgreSQL out of reach): the fetcher keeps the wish and acts on it
+        # once the node has reconnected, so consumers waiting here resume without anyone asking again.
+        if not self.closed:
             self.hungry = True
             self.node.want_fetch(self)
 
@@ -277,7 +281,7 @@ class PgBackingQueue:
 
     # -- acks and requeues -------------------------------------------------------------------------------------
     def _op(self, kind: str, seqs: list[int], count: int = 0, nbytes: int = 0) -> None:
-        self.ops.append(Op(kind, seqs, count, nbytes, self.pgen))
+        self.ops.append(Op(kind, seqs, count, nbytes, self.pgen, self.node.epoch))
         self.last_op_id = self.node.schedule_ops(self)
 
     def ack(self, seq_ids: Iterable[int]) -> list[Any]:
@@ -412,11 +416,21 @@ class PgBackingQueue:
         self.closed = True
 
     def fence(self) -> None:
-        """The node lost its lease: whatever it holds is the reaper's now."""
+        """The node lost its lease or its connection to PostgreSQL: whatever it holds under its epoch is the
+        reaper's now (its prefix and its deliveries: an ack of one of them matches nothing, and the reaper
+        requeues the row as redelivered); publishes not yet sent are failed (their publishers are nacked);
+        ops not yet sent are dropped (they name rows of the old epoch). The counts restart from zero and the
+        node's recount after it reconnects puts them right."""
         self.buffer.clear()
         self.pending.clear()
         self.rgen += 1
+        if self.pub:
+            self.rows_failed(self.take_rows())
+        if self.ops:
+            self.ops_failed(self.ops)
+            self.ops = []
         self.db_ready = self.db_ready_bytes = 0
+        self.more = False
 
     # -- counts ------------------------------------------------------------------------------------------------
     def len(self) -> int:

@@ -8,6 +8,15 @@ reservation, and requeues the node's rows (redelivered) and marks it dead. Holdi
 session alone lost 50 messages in the research's kill -9 runs (§2.8); registering before the key is held
 let a peer reap a node that was still starting. A node that stays connected but stops (SIGSTOP) lets its
 ``lease_until`` pass, and peers terminate its sessions, which frees the key.
+
+**PostgreSQL out of reach** (restarted, failed over, the link cut): the first statement that meets a dead
+session *fences* the node: it ends its other sessions at once (so its epoch's key is free and whoever
+reconnects first requeues its rows), forgets what it held under the epoch (an ack of a delivery made under
+it matches nothing: the row comes back redelivered, at least once), and nacks every publish it has not
+committed. It then reconnects with backoff (:data:`RECONNECT_FIRST` doubling to :data:`RECONNECT_MAX`) and
+comes back under a **new** epoch, so no statement of the new sessions can touch a row reserved under the
+old one; it reaps its own old epoch at once. Publishes meanwhile are nacked (never confirmed unless
+committed), and the queues' wish for rows is kept, so consumers resume when the node is back.
 """
 
 from __future__ import annotations
@@ -23,13 +32,16 @@ import asyncpg
 from storage.pg import schema
 from storage.pg.backing_queue import PgBackingQueue
 from storage.pg.progress import Progress
-from storage.pg.workers import Acker, Fetcher, Publisher
+from storage.pg.workers import DISCONNECTED, Acker, Fetcher, Publisher, disconnected
 
 log = logging.getLogger("leveret.pg")
 
 LEASE_KEY = 4242  # pg_advisory_lock_shared(LEASE_KEY, epoch) on every connection of a node
 BLOCK_BITS = 18  # seq ids per block: 2^18; a block is renewed when half used or 50 ms old
 REAP_INTERVAL = 0.5
+RECONNECT_FIRST = 0.1  # seconds before the first attempt to reconnect after a fence; doubled per failure
+RECONNECT_MAX = 1.0  # a refused connect costs the server nothing: come back within a second of it
+CONNECT_TIMEOUT = 5.0  # one attempt to open a session (a server that does not answer at all)
 
 REAP = ("UPDATE leveret.message SET state = 0, owner = NULL, redelivered = true "
         "WHERE state = 1 AND owner = $1")
@@ -38,7 +50,8 @@ SWEEP = ("UPDATE leveret.message SET state = 0, owner = NULL, redelivered = true
 PEERS = ("SELECT epoch, lease_until < now() AS expired FROM leveret.node "
          "WHERE dead_at IS NULL AND stopped_at IS NULL AND epoch <> $1")
 HOLDERS = ("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND classid::bigint = $1 "
-           "AND objid::bigint = $2 AND objsubid = 2 AND granted AND pid <> pg_backend_pid()")
+           "AND objid::bigint = $2 AND objsubid = 2 AND granted AND mode = 'ShareLock' AND pid <> pg_backend_pid()")
+# (ShareLock: the node's own sessions; an ExclusiveLock holder is a peer reaping it, left alone.)
 DOORBELL = "leveret_queue"  # NOTIFY channel; payload: a queue_id that has new ready rows
 RING_EVERY = 0.01  # at most one doorbell statement per 10 ms per node (research §2.6: never one per message)
 HEARTBEAT = ("UPDATE leveret.node SET lease_until = now() + $2 * interval '1 second' WHERE epoch = $1 "
@@ -52,8 +65,10 @@ class PgCluster:
     epoch: int
     node_name: str
 
-    def __init__(self, node_name: str, epoch: int, lease_seconds: float, conns: list[asyncpg.Connection]) -> None:
+    def __init__(self, node_name: str, epoch: int, lease_seconds: float, conns: list[asyncpg.Connection],
+                 dsn: str = "") -> None:
         self.node_name = node_name
+        self.dsn = dsn
         self.epoch = epoch
         self.loop = asyncio.get_running_loop()  # the workers' doorbells ring on it, whoever calls
         self.lease_seconds = lease_seconds
@@ -67,6 +82,10 @@ class PgCluster:
         self.fenced = False
         self.fence_reason = ""
         self.on_fenced: Callable[[str], None] | None = None
+        self.on_reconnected: Callable[[int], None] | None = None
+        self.epochs: list[int] = [epoch]  # this node's epochs, oldest first (one more per reconnect)
+        self.reconnect_failures = 0  # attempts that failed since the last fence
+        self._reconnect_task: asyncio.Task[None] | None = None
         self.last_recount = time.monotonic()
         self.reaped: list[int] = []  # epochs this node reaped (for logs and tests)
         self._lease_lock = asyncio.Lock()
@@ -84,31 +103,82 @@ class PgCluster:
     @classmethod
     async def connect(cls, dsn: str, node_name: str, *, lease_seconds: float = 15.0) -> PgCluster:
         """Migrate the schema, take an epoch, hold its key on all four connections, then register."""
-        conns = [await asyncpg.connect(dsn)]
-        try:
-            await schema.migrate(conns[0])
-            epoch = int(await conns[0].fetchval("SELECT nextval('leveret.node_epoch')"))
-            for _ in range(3):
-                conns.append(await asyncpg.connect(dsn))
-            for c in conns:
-                await c.execute("SELECT pg_advisory_lock_shared($1, $2)", LEASE_KEY, epoch)
-            block = int(await conns[0].fetchval("SELECT nextval('leveret.seq_block')"))
-            await conns[0].execute(
-                "INSERT INTO leveret.node (epoch, name, lease_pid, lease_until) "
-                "VALUES ($1, $2, pg_backend_pid(), now() + $3 * interval '1 second')",
-                epoch, node_name, lease_seconds)
-        except BaseException:
-            for c in conns:
-                await c.close()
-            raise
-        node = cls(node_name, epoch, lease_seconds, conns)
+        epoch, conns, block = await _join(dsn, node_name, lease_seconds, migrate=True)
+        node = cls(node_name, epoch, lease_seconds, conns, dsn)
         node.new_block(block)
         for w in (node.publisher, node.acker, node.fetcher):
             w.start()
-        node._lease_task = asyncio.get_running_loop().create_task(node._lease_loop())
+        node._lease_task = asyncio.get_running_loop().create_task(node._lease_loop(epoch))
         await conns[0].add_listener(DOORBELL, node._doorbell)
         log.info("pg cluster: node %s joined with epoch %d", node_name, epoch)
         return node
+
+    # -- reconnecting after a fence ------------------------------------------------------------------------
+    async def _reconnect_loop(self) -> None:
+        delay = RECONNECT_FIRST
+        while not self._closing:
+            await asyncio.sleep(delay)
+            try:
+                epoch, conns, block = await _join(self.dsn, self.node_name, self.lease_seconds)
+            except (*DISCONNECTED, asyncpg.InterfaceError, asyncpg.PostgresError) as e:
+                # Refused, starting up, too many connections...: all worth another try.
+                self.reconnect_failures += 1
+                if self.reconnect_failures == 1 or self.reconnect_failures % 30 == 0:
+                    log.warning("pg cluster: node %s cannot reach PostgreSQL yet (%d attempts): %s",
+                                self.node_name, self.reconnect_failures, e)
+                delay = min(delay * 2, RECONNECT_MAX)
+                continue
+            if self._closing:
+                for c in conns:
+                    c.terminate()
+                return
+            await self._resume(epoch, conns, block)
+            return
+
+    async def _resume(self, epoch: int, conns: list[asyncpg.Connection], block: int) -> None:
+        """Carry on under the new ``epoch``: new sessions for the workers, the doorbell, the old epoch's rows
+        back to the queues (redelivered) at once, a new lease loop; then the workers go on (``fenced`` is
+        cleared last: until then they keep failing what arrives, touching no session)."""
+        old = self.epoch
+        if self._lease_task is not None and not self._lease_task.done():
+            self._lease_task.cancel()
+        self.epoch = epoch
+        self.epochs.append(epoch)
+        self.conns = conns
+        self.lease_conn = conns[0]
+        self.publisher.conn, self.fetcher.conn, self.acker.conn = conns[1], conns[2], conns[3]
+        self._block_end = 0  # the new block at once (the old one's seqs are still ours, but why keep it)
+        self._fresh_block = None
+        self.new_block(block)
+        try:
+            await self.lease_conn.add_listener(DOORBELL, self._doorbell)
+            async with self._lease_lock:
+                # Our old sessions are gone from here; any the server still counts (a half-open TCP link)
+                # is ended, so the key is free and the reap below (or the lease loop's next) requeues them.
+                await self.lease_conn.execute(HOLDERS, LEASE_KEY, old)
+                await self._reap()
+        except (*DISCONNECTED, asyncpg.InterfaceError, asyncpg.PostgresError) as e:
+            # The lease loop reaps at its next round (and fences again if this session died already).
+            log.warning("pg cluster: first reap after reconnecting failed: %s", e)
+        self._last_heartbeat = time.monotonic()
+        self.last_recount = 0.0  # recount every queue at the fetcher's next step: rows came back meanwhile
+        failures, self.reconnect_failures = self.reconnect_failures, 0
+        self.fenced = False
+        self.fence_reason = ""
+        self._reconnect_task = None
+        self._lease_task = self.loop.create_task(self._lease_loop(epoch))
+        log.warning("pg cluster: node %s reconnected with epoch %d (was %d) after %d failed attempts",
+                    self.node_name, epoch, old, failures)
+        for q in self.queues.values():
+            if q.hungry:
+                q.more = True  # look at once rather than at the next poll
+        if self._rings:
+            self.ring(set(self._rings))
+        for w in (self.publisher, self.acker, self.fetcher):
+            w.request()
+        self.progress.changed()
+        if self.on_reconnected is not None:
+            self.on_reconnected(epoch)
 
     # -- seq ids -------------------------------------------------------------------------------------------
     def new_block(self, block: int) -> None:
@@ -193,9 +263,12 @@ class PgCluster:
     def _doorbell(self, conn: Any, pid: int, channel: str, payload: str) -> None:
         if pid == conn.get_server_pid():
             return  # our own ring
-        qid = int(payload)
+        self._wake({int(payload)})
+
+    def _wake(self, qids: set[int]) -> None:
+        """Rows of these queues became ready: the queues waiting for rows here reserve at once."""
         for q in self.queues.values():
-            if q.queue_id == qid and q.hungry and not q.buffer:
+            if q.queue_id in qids and q.hungry and not q.buffer:
                 q.more = True
                 self.fetcher.want(q)
 
@@ -224,9 +297,11 @@ class PgCluster:
         return [dict(r) for r in rows]
 
     # -- lease, reaper, fencing ----------------------------------------------------------------------------
-    def fence(self, reason: str) -> None:
-        """This node can no longer vouch for its reservations: drop them locally (peers requeue them)."""
-        if self.fenced:
+    def fence(self, reason: str, epoch: int | None = None) -> None:
+        """This node can no longer vouch for its reservations: drop them locally (peers requeue them), end
+        every session, and reconnect under a new epoch. ``epoch``: the epoch the failure was seen under (a
+        failure of a session from before the last reconnect is ignored)."""
+        if self.fenced or (epoch is not None and epoch != self.epoch):
             return
         self.fenced = True
         self.fence_reason = reason
@@ -238,36 +313,51 @@ class PgCluster:
         for c in self.conns:
             c.terminate()
         self.progress.changed()
+        if not self._closing and self.dsn and self._reconnect_task is None:
+            self._reconnect_task = self.loop.create_task(self._reconnect_loop())
         if self.on_fenced is not None:
             self.on_fenced(reason)
 
-    async def _lease_loop(self) -> None:
-        beat_every = self.lease_seconds / 3
+    async def _lease_loop(self, epoch: int) -> None:
         while True:
             await asyncio.sleep(REAP_INTERVAL)
-            now = time.monotonic()
-            if now - self._last_heartbeat > self.lease_seconds:  # we were stopped or cut off past our lease
-                self.fence("lease expired before the heartbeat")
+            left = self.lease_seconds - (time.monotonic() - self._last_heartbeat)
+            if left <= 0:  # we were stopped or cut off past our lease
+                self.fence("lease expired before the heartbeat", epoch)
+                return
+            conn = self.lease_conn
             try:
-                async with self._lease_lock:
-                    if self.fenced:
-                        return
-                    if now - self._last_heartbeat >= beat_every:
-                        dead_at = await self.lease_conn.fetchval(HEARTBEAT, self.epoch, self.lease_seconds)
-                        if dead_at is not None:
-                            self.fence("a peer declared this node dead")
-                            return
-                        self._last_heartbeat = now
-                    await self._reap()
-                    if self._fresh_block is None and now - self._block_taken > 1.0:
-                        self.new_block(int(await self.lease_conn.fetchval("SELECT nextval('leveret.seq_block')")))
+                # Bounded by what is left of the lease: a server that stopped answering (no reset, no reply)
+                # must not hold the loop past it, or nothing would notice that the lease is gone.
+                if await asyncio.wait_for(self._lease_step(epoch, conn), left):
+                    return
             except asyncio.CancelledError:
                 raise
+            except TimeoutError:
+                self.fence(f"PostgreSQL did not answer within the lease ({self.lease_seconds:g} s)", epoch)
+                return
             except Exception as e:
-                if self.lease_conn.is_closed():
-                    self.fence(f"lease connection: {e}")
+                if disconnected(e, conn):
+                    self.fence(f"lease connection: {e}", epoch)
                     return
                 log.exception("pg cluster: lease step failed")
+
+    async def _lease_step(self, epoch: int, conn: asyncpg.Connection) -> bool:
+        """One round: the heartbeat when due, the reaper, a fresh seq block now and then. True: stop."""
+        now = time.monotonic()
+        async with self._lease_lock:
+            if self.fenced or self.epoch != epoch:
+                return True
+            if now - self._last_heartbeat >= self.lease_seconds / 3:
+                dead_at = await conn.fetchval(HEARTBEAT, epoch, self.lease_seconds)
+                if dead_at is not None:
+                    self.fence("a peer declared this node dead", epoch)
+                    return True
+                self._last_heartbeat = now
+            await self._reap()
+            if self._fresh_block is None and now - self._block_taken > 1.0:
+                self.new_block(int(await conn.fetchval("SELECT nextval('leveret.seq_block')")))
+        return False
 
     async def reap(self) -> None:
         """Requeue the reservations of every peer none of whose sessions remains; terminate the sessions of a
@@ -283,12 +373,15 @@ class PgCluster:
             if await conn.fetchval("SELECT pg_try_advisory_lock($1, $2)", LEASE_KEY, epoch):
                 try:
                     async with conn.transaction():
-                        status = await conn.execute(REAP, epoch)
+                        back = await conn.fetch(REAP + " RETURNING queue_id", epoch)
                         await conn.execute("UPDATE leveret.node SET dead_at = now() WHERE epoch = $1", epoch)
                 finally:
                     await conn.execute("SELECT pg_advisory_unlock($1, $2)", LEASE_KEY, epoch)
                 self.reaped.append(epoch)
-                log.warning("pg cluster: reaped node epoch %d, requeued %s rows", epoch, status.split()[-1])
+                log.warning("pg cluster: reaped node epoch %d, requeued %d rows", epoch, len(back))
+                qids = {int(r[0]) for r in back}
+                self._wake(qids)  # this node's waiting fetchers, and (the doorbell) the other nodes'
+                self.ring(qids)
             elif peer["expired"]:
                 log.warning("pg cluster: node epoch %d is past its lease: terminating its sessions", epoch)
                 await conn.execute(HOLDERS, LEASE_KEY, epoch)
@@ -312,18 +405,52 @@ class PgCluster:
             q.close()
         if not self.fenced:
             await self.progress.until(lambda: self.fenced or (self.publisher.idle() and self.acker.idle()))
-        tasks = [t for t in (self._lease_task, self._ring_task, self.publisher.task, self.acker.task,
-                             self.fetcher.task) if t]
+        tasks = [t for t in (self._lease_task, self._ring_task, self._reconnect_task, self.publisher.task,
+                             self.acker.task, self.fetcher.task) if t]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         try:
-            if not self.lease_conn.is_closed():
+            if not self.fenced and not self.lease_conn.is_closed():
                 async with self.lease_conn.transaction():
                     await self.lease_conn.execute(REAP, self.epoch)
                     await self.lease_conn.execute(
                         "UPDATE leveret.node SET stopped_at = now() WHERE epoch = $1", self.epoch)
+        except (*DISCONNECTED, asyncpg.InterfaceError) as e:  # gone meanwhile: a peer (or our next start) reaps us
+            log.warning("pg cluster: node %s could not record its clean stop: %s", self.node_name, e)
         finally:
             for c in self.conns:
-                await c.close()
+                if self.fenced or c.is_closed():
+                    c.terminate()
+                else:
+                    try:
+                        await c.close(timeout=2)
+                    except (*DISCONNECTED, asyncpg.InterfaceError, asyncpg.PostgresError):
+                        c.terminate()
         log.info("pg cluster: node %s (epoch %d) stopped", self.node_name, self.epoch)
+
+
+async def _join(dsn: str, node_name: str, lease_seconds: float, *, migrate: bool = False
+                ) -> tuple[int, list[asyncpg.Connection], int]:
+    """Open a node's four sessions under a new epoch: (migrate,) draw the epoch, hold its key in shared mode
+    on every session, then register the node row. Returns (epoch, connections, a seq block)."""
+    conns: list[asyncpg.Connection] = []
+    try:
+        conns.append(await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT))
+        if migrate:
+            await schema.migrate(conns[0])
+        epoch = int(await conns[0].fetchval("SELECT nextval('leveret.node_epoch')"))
+        for _ in range(3):
+            conns.append(await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT))
+        for c in conns:
+            await c.execute("SELECT pg_advisory_lock_shared($1, $2)", LEASE_KEY, epoch)
+        block = int(await conns[0].fetchval("SELECT nextval('leveret.seq_block')"))
+        await conns[0].execute(
+            "INSERT INTO leveret.node (epoch, name, lease_pid, lease_until) "
+            "VALUES ($1, $2, pg_backend_pid(), now() + $3 * interval '1 second')",
+            epoch, node_name, lease_seconds)
+    except BaseException:
+        for c in conns:
+            c.terminate()  # not close(): a session to a server gone away would wait for its answer
+        raise
+    return epoch, conns, block

@@ -20,7 +20,10 @@ operation (or one transaction) at a time on the store's one connection, from any
 Values are msgpack, as in the SQLite store. Errors: a write that fails raises
 :class:`~storage.metadata_store.MetadataWriteError` and changes nothing (the transaction is rolled back);
 a read that fails raises :class:`~storage.metadata_store.MetadataStoreError`. A lost connection is made
-again by the next call.
+again by the next call; and since a server that restarted is only noticed by the first statement sent to
+it, a read, or a write outside :meth:`transaction`, that fails on a connection found dead is tried once
+more on a new one (a write is idempotent: the same value put again, a tombstone made again). While the
+server is down every call fails at once (the connect is refused), within ``timeout`` if it does not answer.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple, TypeVar
 
@@ -99,6 +102,7 @@ class PgDefinitionsStore:
         self._thread = threading.Thread(target=self._loop.run_forever, name="leveret-pg-definitions", daemon=True)
         self._thread.start()
         self._conn: asyncpg.Connection | None = None
+        self.connects = 0  # sessions opened (the first by the constructor)
         self._lock = threading.RLock()
         self._tx: Any = None  # the open asyncpg transaction of transaction(), if any
         self._depth = 0
@@ -115,12 +119,35 @@ class PgDefinitionsStore:
             return future.result(self.timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
+            # The session is in an unknown state (a statement cut off midway): the next call opens a new one.
+            self._loop.call_soon_threadsafe(self._drop_connection)
             raise TimeoutError(f"PostgreSQL did not answer within {self.timeout:g} s") from None
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.terminate()
 
     async def _connection(self) -> asyncpg.Connection:
         if self._conn is None or self._conn.is_closed():
+            if self._conn is not None:
+                self._conn.terminate()
             self._conn = await asyncpg.connect(self.dsn, timeout=self.timeout)
+            self.connects += 1
         return self._conn
+
+    def _run_again_if_stale(self, make: Callable[[], Awaitable[T]]) -> T:
+        """``_run(make())``, and once more when it failed on a session opened before this call that is dead
+        now (the server restarted since it was last used): the retry opens a new one."""
+        before = self.connects
+        try:
+            return self._run(make())
+        except TimeoutError:
+            raise  # no answer at all: trying again would only double the wait
+        except _PG_ERRORS:
+            conn = self._conn
+            if self.connects != before or before == 0 or conn is None or not conn.is_closed():
+                raise
+        return self._run(make())
 
     async def _setup(self) -> None:
         await migrate(await self._connection())
@@ -147,7 +174,7 @@ class PgDefinitionsStore:
             try:
                 if self._tx is not None:
                     return self._run(self._execute(ops))
-                return self._run(self._in_transaction(ops))
+                return self._run_again_if_stale(lambda: self._in_transaction(ops))
             except _PG_ERRORS as exc:
                 raise self._write_error(exc) from None
 
@@ -184,7 +211,7 @@ class PgDefinitionsStore:
         with self._lock:
             if self._depth == 0:
                 try:
-                    self._tx = self._run(self._begin())
+                    self._tx = self._run_again_if_stale(self._begin)
                 except _PG_ERRORS as exc:
                     raise self._write_error(exc) from None
             self._depth += 1
@@ -223,7 +250,7 @@ class PgDefinitionsStore:
     def _read(self, coro_fn: Any, *args: Any) -> Any:
         with self._lock:
             try:
-                return self._run(coro_fn(*args))
+                return self._run_again_if_stale(lambda: coro_fn(*args))
             except _PG_ERRORS as exc:
                 raise self._read_error(exc) from None
 

@@ -70,6 +70,18 @@ async def queue_id(conn: asyncpg.Connection, q: PgBackingQueue) -> int:
     return q.queue_id
 
 
+# What a statement raises when the server went away (restarted, shut down, crashed) or the link to it broke.
+# (OSError covers TimeoutError: a bounded statement or connect that got no answer.)
+DISCONNECTED = (asyncpg.PostgresConnectionError, asyncpg.exceptions.AdminShutdownError,
+                asyncpg.exceptions.CrashShutdownError, asyncpg.exceptions.CannotConnectNowError, OSError)
+
+
+def disconnected(exc: BaseException, conn: asyncpg.Connection) -> bool:
+    """Whether ``exc``, raised by a statement on ``conn``, means the session is gone (asyncpg's "connection
+    is closed" is an InterfaceError raised once it knows: ``is_closed()``)."""
+    return conn.is_closed() or isinstance(exc, DISCONNECTED)
+
+
 class WorkerNode(Protocol):
     """What the workers need of their node (storage/pg/cluster.py's PgCluster, which imports this module)."""
 
@@ -81,7 +93,7 @@ class WorkerNode(Protocol):
     publisher: Publisher
     acker: Acker
 
-    def fence(self, reason: str) -> None: ...
+    def fence(self, reason: str, epoch: int | None = None) -> None: ...
 
     def block_stale(self) -> bool: ...
 
@@ -119,16 +131,19 @@ class Worker:
         while True:
             await self._wait()
             self._wake.clear()
+            conn, epoch = self.conn, self.node.epoch
             try:
                 await self.step()
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # the step released what it held (failed confirms, dropped ops)
-                if self.conn.is_closed():
-                    log.error("pg worker %s lost its connection: %s", type(self).__name__, e)
-                    self.node.fence(f"{type(self).__name__}: {e}")
-                    # Keep stepping: fenced steps no longer touch PostgreSQL, but they still fail what arrives
-                    # (publishes come back from drain_failed: the publisher nacks, never a lost confirm).
+                if disconnected(e, conn):
+                    if epoch == self.node.epoch:  # else the node has reconnected since: old news
+                        log.error("pg worker %s lost its connection: %s", type(self).__name__, e)
+                    # The node fences itself and reconnects (storage/pg/cluster.py). Keep stepping: fenced
+                    # steps no longer touch PostgreSQL, but they still fail what arrives (publishes come
+                    # back from drain_failed: the publisher nacks, never a lost confirm).
+                    self.node.fence(f"{type(self).__name__}: {e}", epoch)
                 else:
                     log.exception("pg worker %s: step failed", type(self).__name__)
             self.progress.changed()
@@ -229,10 +244,17 @@ class Acker(Worker):
                 q.ops_failed(ops)
             self.done_op = upto
             return
-        for q, _ in taken:
-            await queue_id(self.conn, q)
         epoch = self.node.epoch
+        stale = [(q, [op for op in ops if op.epoch != epoch and op.kind in ("ack", "requeue", "release")])
+                 for q, ops in taken]
+        for q, old in stale:  # made before the node reconnected: their rows are the reaper's now
+            if old:
+                q.ops_failed(old)
+        taken = [(q, [op for op in ops if op.epoch == epoch or op.kind not in ("ack", "requeue", "release")])
+                 for q, ops in taken]
         try:
+            for q, _ in taken:
+                await queue_id(self.conn, q)
             async with self.conn.transaction():
                 acks: list[int] = []
                 requeues: list[int] = []
