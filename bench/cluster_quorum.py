@@ -105,16 +105,48 @@ def start_postgres() -> PgServer:
     return srv
 
 
+def declare_everywhere(urls: list[str], queue: str) -> None:
+    """Declare the quorum queue on the first URL and wait until every node knows it: a member learns of a
+    queue declared on another from the definitions feed (polled twice a second), and a consumer that came
+    sooner would be refused with 404; the run measures throughput, not that race."""
+    conn = pika.BlockingConnection(pika.URLParameters(urls[0]))
+    conn.channel().queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+    conn.close()
+    for url in urls[1:]:
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                conn.channel().queue_declare(queue, passive=True)
+                break
+            except pika.exceptions.ChannelClosedByBroker:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        conn.close()
+
+
+def delete_queue(url: str, queue: str) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    conn.channel().queue_delete(queue)
+    conn.close()
+
+
 def perf(urls: list[str], pairs: int, seconds: int, queue: str) -> dict[str, Any]:
-    """bench/perf.py's S3 load against ``queue`` (a quorum queue), ``pairs`` publishers and consumers whose
-    connections are spread over ``urls``."""
+    """bench/perf.py's S3 load against ``queue`` (a quorum queue, declared first on every node), ``pairs``
+    publishers and consumers whose connections are spread over ``urls``."""
+    declare_everywhere(urls, queue)
     cmd = [PY, "-m", "bench.perf", "-H", ",".join(urls), "-x", str(pairs), "-y", str(pairs), "-s", "1024",
-           "-f", "persistent", "-c", "100", "-q", "100", "--queue-type", "quorum", "--durable", "-u", queue,
+           "-f", "persistent", "-c", "100", "-q", "100", "-p", "-u", queue,
            "-z", str(seconds), "--warmup", "2", "-i", "0", "--json"]
     out = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True, timeout=seconds + 120)
     if out.returncode != 0:
         raise RuntimeError(f"perf failed: {out.stderr[-2000:]}")
-    return json.loads(out.stdout)
+    delete_queue(urls[0], queue)
+    result = json.loads(out.stdout)
+    if result.get("errors"):
+        raise RuntimeError(f"perf reported errors: {result['errors']}")
+    return result
 
 
 def throughput(pg: PgServer, rabbit: RabbitMQ | None, seconds: int) -> list[dict[str, Any]]:
