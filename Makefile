@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test test-tools test-rabbitmq lint clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py protocol/_codec.pyx
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'

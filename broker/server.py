@@ -34,6 +34,7 @@ from broker.os_probes import total_memory
 from broker.persistence import NODE_METADATA_KEY, DurableDefinitions
 from broker.reader import open_connections
 from broker.tls_accept import TLSAcceptor
+from protocol import CODEC  # compiled or pure-python wire codec, for the banner
 from storage.data_dir_lock import DataDirLock, DataDirLocked
 from storage.metadata_store import MetadataStore, MetadataStoreError, MetadataWriteError
 from storage.node_storage import METADATA_FILE as METADATA_DB
@@ -314,7 +315,7 @@ class Server:
             runtime += ", asyncio event loop (no uvloop)"
         relative = s.vm_memory_high_watermark_relative if not s.vm_memory_high_watermark_absolute else None
         log_banner(
-            log, version=f"{PRODUCT} {VERSION}", python=runtime,
+            log, version=f"{PRODUCT} {VERSION}", python=runtime, codec=CODEC,
             config_files=[str(p) for p in s.config_files],
             data_dir=str(s.data_dir.resolve()),
             log_files=([str(s.log_file)] if s.log_file else []) + (["<stderr>"] if s.log_console else []),

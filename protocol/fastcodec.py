@@ -5,12 +5,19 @@ pamqp decodes these correctly but slowly (~8 µs a frame, see STYLE.md); these f
 in well under 1 µs with precompiled structs, and are tested against pamqp. Short strings that only pass
 through (exchange and routing key of a publish) are kept as raw bytes, length octet included, so a
 delivery can reuse them without re-encoding.
+
+The functions of the per-message path (publish, header and ack in; deliver, ack, nack and content out) have a
+compiled twin in protocol/_codec.pyx. The definitions here are the reference; when the compiled module runs
+(see protocol/__init__.py), the end of this module replaces their public names with the compiled ones, and
+:data:`pure` keeps the pure-Python ones reachable (the tests run both, the micro-benchmark times both).
 """
 
 from __future__ import annotations
 
 import struct
+from types import SimpleNamespace
 
+from protocol import codec_extension
 from protocol.constants import (
     BASIC_ACK,
     BASIC_DELIVER,
@@ -49,6 +56,11 @@ class PublishArgs:
         self.names_raw = names_raw
 
 
+# The reference class under its own name: the pure decoder keeps building it after the public name
+# PublishArgs has become the compiled class.
+PyPublishArgs = PublishArgs
+
+
 def decode_basic_publish(args: bytes, start: int = 0) -> PublishArgs:
     """The method's arguments from offset ``start`` (4 for a whole method payload, which saves a copy):
     reserved short, exchange, routing key, bits."""
@@ -65,7 +77,7 @@ def decode_basic_publish(args: bytes, start: int = 0) -> PublishArgs:
         raise FrameError("basic.publish: truncated method frame") from None
     except UnicodeDecodeError:
         raise FrameError("basic.publish: short string is not UTF-8") from None
-    return PublishArgs(exchange, routing_key, bool(bits & 1), bool(bits & 2), args[start + 2 : q])
+    return PyPublishArgs(exchange, routing_key, bool(bits & 1), bool(bits & 2), args[start + 2 : q])
 
 
 def decode_ack(args: bytes, start: int = 0) -> tuple[int, bool]:
@@ -179,3 +191,12 @@ def encode_content(channel: int, header_payload: bytes, body: bytes, frame_max: 
 def build_content_header(body_size: int, properties_raw: bytes) -> bytes:
     """A content header payload for basic from already-encoded flags + property list."""
     return _CONTENT_HEADER.pack(CLASS_BASIC, 0, body_size) + properties_raw
+
+
+# The names the compiled module replaces, and the pure-Python definitions under ``pure.<name>``.
+ACCELERATED = ("PublishArgs", "decode_basic_publish", "decode_ack", "decode_nack", "decode_reject",
+               "decode_content_header", "encode_basic_deliver", "encode_basic_ack", "encode_basic_nack",
+               "encode_content", "build_content_header")
+pure = SimpleNamespace(**{name: globals()[name] for name in ACCELERATED})
+if codec_extension is not None:
+    globals().update({name: getattr(codec_extension, name) for name in ACCELERATED})

@@ -8,64 +8,40 @@ The parser is fed whatever the socket gave and returns the complete frames in it
 ``(frame_type, channel, payload)``: tuples, not objects, because this runs once per frame on the hot path.
 It remembers where it stopped, so a frame split over many reads costs one copy of its bytes. A protocol
 violation raises :class:`FrameError` with the reply code the connection must be closed with.
+
+Two implementations: :class:`PyFrameParser` here, the reference, and the compiled one of
+protocol/_codec.pyx, which replaces the name :class:`FrameParser` at the end of this module when it was
+built and ``LEVERET_NO_EXTENSIONS`` is not set (see protocol/__init__.py). Both raise the exceptions of
+protocol/frame_errors.py, re-exported here.
 """
 
 from __future__ import annotations
 
 import struct
 
+from protocol import codec_extension
 from protocol.constants import (
     FRAME_BODY,
     FRAME_END,
-    FRAME_ERROR,
     FRAME_HEADER,
     FRAME_HEARTBEAT,
     FRAME_METHOD,
     FRAME_MIN_SIZE,
     FRAME_OVERHEAD,
-    PROTOCOL_HEADER,
-    PROTOCOL_HEADER_0_9,
 )
+from protocol.frame_errors import (
+    BadProtocolHeader,
+    Frame,
+    FrameError,
+    check_protocol_header,
+    classify_protocol_header,
+)
+
+__all__ = ["HEARTBEAT_FRAME", "BadProtocolHeader", "Frame", "FrameError", "FrameParser", "PyFrameParser",
+           "classify_protocol_header", "encode_frame"]
 
 _FRAME_HEAD = struct.Struct(">BHI")
 _KNOWN_TYPES = frozenset({FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT})
-_HTTP_METHODS = (b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC", b"CONN", b"TRAC", b"PRI ")
-
-Frame = tuple[int, int, bytes]
-
-
-class FrameError(Exception):
-    """A framing violation; the connection is closed with ``reply_code`` (501 FRAME_ERROR unless stated)."""
-
-    def __init__(self, text: str, reply_code: int = FRAME_ERROR) -> None:
-        super().__init__(text)
-        self.text = text
-        self.reply_code = reply_code
-        # The complete frames that preceded the bad one in the same read: they are still processed.
-        self.frames: list[Frame] = []
-
-
-class BadProtocolHeader(Exception):
-    """The peer did not open with AMQP 0-9-1. ``kind`` is 'amqp' (another AMQP version), 'http', 'tls'
-    or 'garbage'; for all of them the answer is our own protocol header and a closed socket."""
-
-    def __init__(self, kind: str, received: bytes) -> None:
-        super().__init__(f"{kind} protocol header {received!r}")
-        self.kind = kind
-        self.received = received
-
-
-def classify_protocol_header(header: bytes) -> str:
-    """Name what a peer that sent ``header`` (8 bytes) is speaking: 'amqp-0-9-1' is the only one we serve."""
-    if header == PROTOCOL_HEADER or header == PROTOCOL_HEADER_0_9:
-        return "amqp-0-9-1"
-    if header.startswith(b"AMQP"):
-        return "amqp"
-    if header.startswith(_HTTP_METHODS):
-        return "http"
-    if header[:1] == b"\x16" and header[1:2] == b"\x03":
-        return "tls"
-    return "garbage"
 
 
 class FrameParser:
@@ -94,15 +70,8 @@ class FrameParser:
         pos = 0
         end = len(buf)
         if not self.header_received:
-            if end < 8:
-                # An HTTP client or TLS hello is recognisable from its first bytes; don't wait for 8 of them.
-                if end >= 4 and classify_protocol_header(bytes(buf[:4]) + b"\0\0\0\0") in ("http", "tls"):
-                    raise BadProtocolHeader(classify_protocol_header(bytes(buf[:4]) + b"\0\0\0\0"), bytes(buf))
+            if not check_protocol_header(buf):
                 return frames
-            header = bytes(buf[:8])
-            kind = classify_protocol_header(header)
-            if kind != "amqp-0-9-1":
-                raise BadProtocolHeader(kind, header)
             self.header_received = True
             pos = 8
         try:
@@ -147,3 +116,9 @@ def encode_frame(frame_type: int, channel: int, payload: bytes) -> bytes:
 
 
 HEARTBEAT_FRAME = encode_frame(FRAME_HEARTBEAT, 0, b"")
+
+# The pure-Python parser under a name of its own, for the tests that run both and for a reader of the code:
+# it is the reference that the compiled one must match byte for byte and error for error.
+PyFrameParser = FrameParser
+if codec_extension is not None:
+    FrameParser = codec_extension.FrameParser  # type: ignore[misc]

@@ -1,9 +1,16 @@
-"""The hand-written fast codec and the raw property scanner, checked against pamqp on generated inputs."""
+"""The hand-written fast codec and the raw property scanner, checked against pamqp on generated inputs.
+
+The tests of the functions that have a compiled twin (fastcodec.ACCELERATED) run twice, through the ``codec``
+fixture: against the pure-Python reference (protocol.fastcodec.pure) and the compiled protocol._codec; see
+tests/unit/protocol/codec_impls.py.
+"""
 
 from __future__ import annotations
 
 import datetime
 import struct
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,20 +28,11 @@ from protocol.constants import (
     FRAME_OVERHEAD,
 )
 from protocol.fastcodec import (
-    PublishArgs,
     build_content_header,
-    decode_ack,
-    decode_basic_publish,
     decode_content_header,
-    decode_nack,
-    decode_reject,
-    encode_basic_ack,
-    encode_basic_deliver,
     encode_basic_get_empty,
     encode_basic_get_ok,
-    encode_basic_nack,
     encode_basic_return,
-    encode_content,
     shortstr,
 )
 from protocol.frames import FrameError, FrameParser
@@ -48,6 +46,16 @@ from protocol.properties import (
     scan_properties,
     with_properties,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "protocol"))
+import codec_impls
+from codec_impls import Codec
+
+
+@pytest.fixture(scope="module", params=codec_impls.NAMES)
+def codec(request: pytest.FixtureRequest) -> Codec:
+    return codec_impls.get(request.param)
+
 
 SETTINGS = settings(max_examples=200, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -149,7 +157,7 @@ class _UncheckedPublish(commands.Basic.Publish):
 @SETTINGS
 @given(exchange=short_text, routing_key=short_text, mandatory=st.booleans(), immediate=st.booleans(),
        ticket=st.integers(0, 65535))
-def test_decode_basic_publish_matches_pamqp(exchange: str, routing_key: str, mandatory: bool,
+def test_decode_basic_publish_matches_pamqp(codec: Codec, exchange: str, routing_key: str, mandatory: bool,
                                             immediate: bool, ticket: int) -> None:
     method = _UncheckedPublish(ticket=ticket, exchange=exchange, routing_key=routing_key,
                                mandatory=mandatory, immediate=immediate)
@@ -159,8 +167,8 @@ def test_decode_basic_publish_matches_pamqp(exchange: str, routing_key: str, man
     assert (back.exchange, back.routing_key, back.mandatory, back.immediate) == \
         (exchange, routing_key, mandatory, immediate)
 
-    got = decode_basic_publish(args)
-    assert isinstance(got, PublishArgs)
+    got = codec.fc.decode_basic_publish(args)
+    assert isinstance(got, codec.fc.PublishArgs)
     assert got.exchange == exchange
     assert got.routing_key == routing_key
     assert got.mandatory is mandatory
@@ -171,12 +179,12 @@ def test_decode_basic_publish_matches_pamqp(exchange: str, routing_key: str, man
 
 @SETTINGS
 @given(exchange=short_text, routing_key=short_text, bits=st.integers(0, 3), data=st.data())
-def test_truncated_basic_publish_is_a_frame_error(exchange: str, routing_key: str, bits: int,
+def test_truncated_basic_publish_is_a_frame_error(codec: Codec, exchange: str, routing_key: str, bits: int,
                                                   data: st.DataObject) -> None:
     args = b"\x00\x00" + shortstr(exchange) + shortstr(routing_key) + bytes([bits])
     cut = data.draw(st.integers(0, len(args) - 1), label="cut")
     with pytest.raises(FrameError) as info:
-        decode_basic_publish(args[:cut])
+        codec.fc.decode_basic_publish(args[:cut])
     assert info.value.reply_code == FRAME_ERROR
 
 
@@ -184,53 +192,77 @@ def test_truncated_basic_publish_is_a_frame_error(exchange: str, routing_key: st
     b"\x00\x00\x02\xff\xfe\x00\x00",          # exchange not UTF-8
     b"\x00\x00\x00\x03ab\xc3\x00",            # routing key ends inside a UTF-8 sequence
 ])
-def test_basic_publish_with_non_utf8_names_is_a_frame_error(args: bytes) -> None:
+def test_basic_publish_with_non_utf8_names_is_a_frame_error(codec: Codec, args: bytes) -> None:
     with pytest.raises(FrameError):
-        decode_basic_publish(args)
+        codec.fc.decode_basic_publish(args)
 
 
-def test_basic_publish_ignores_higher_bits_and_trailing_bytes() -> None:
-    got = decode_basic_publish(b"\x00\x00\x01e\x01r\xfd" + b"junk")
+def test_basic_publish_ignores_higher_bits_and_trailing_bytes(codec: Codec) -> None:
+    got = codec.fc.decode_basic_publish(b"\x00\x00\x01e\x01r\xfd" + b"junk")
     assert (got.exchange, got.routing_key, got.mandatory, got.immediate) == ("e", "r", True, False)
     assert got.names_raw == b"\x01e\x01r"
+
+
+def test_publish_args_is_a_plain_record(codec: Codec) -> None:
+    # The broker builds PublishArgs itself too (tests, internal publishes) and may set its attributes.
+    args = codec.fc.PublishArgs(exchange="ex", routing_key="rk", mandatory=True, immediate=False,
+                                names_raw=b"\x02ex\x02rk")
+    assert (args.exchange, args.routing_key, args.mandatory, args.immediate, args.names_raw) == \
+        ("ex", "rk", True, False, b"\x02ex\x02rk")
+    args.routing_key = "other"
+    assert args.routing_key == "other"
+    with pytest.raises(AttributeError):
+        args.unknown = 1
+
+
+@pytest.mark.parametrize("args, start", [(b"\x00\x00\x00\x02rk\x01", 0),
+                                         (b"\x00\x3c\x00\x28\x00\x00\x00\x02rk\x01", 4)])
+def test_decode_basic_publish_from_an_offset_keeps_the_names_raw(codec: Codec, args: bytes, start: int) -> None:
+    got = codec.fc.decode_basic_publish(args, start)
+    assert (got.exchange, got.routing_key, got.mandatory, got.names_raw) == ("", "rk", True, b"\x00\x02rk")
+    assert type(got.names_raw) is bytes
 
 
 # -- basic.ack / nack / reject in --------------------------------------------------------------------------
 
 @SETTINGS
 @given(tag=delivery_tags, multiple=st.booleans())
-def test_decode_ack_matches_pamqp(tag: int, multiple: bool) -> None:
-    assert decode_ack(_method_payload(commands.Basic.Ack(delivery_tag=tag, multiple=multiple))) == \
-        (tag, multiple)
+def test_decode_ack_matches_pamqp(codec: Codec, tag: int, multiple: bool) -> None:
+    payload = _method_payload(commands.Basic.Ack(delivery_tag=tag, multiple=multiple))
+    assert codec.fc.decode_ack(payload) == (tag, multiple)
 
 
 @SETTINGS
 @given(tag=delivery_tags, multiple=st.booleans(), requeue=st.booleans())
-def test_decode_nack_matches_pamqp(tag: int, multiple: bool, requeue: bool) -> None:
+def test_decode_nack_matches_pamqp(codec: Codec, tag: int, multiple: bool, requeue: bool) -> None:
     payload = _method_payload(commands.Basic.Nack(delivery_tag=tag, multiple=multiple, requeue=requeue))
-    assert decode_nack(payload) == (tag, multiple, requeue)
+    assert codec.fc.decode_nack(payload) == (tag, multiple, requeue)
 
 
 @SETTINGS
 @given(tag=delivery_tags, requeue=st.booleans())
-def test_decode_reject_matches_pamqp(tag: int, requeue: bool) -> None:
-    assert decode_reject(_method_payload(commands.Basic.Reject(delivery_tag=tag, requeue=requeue))) == \
-        (tag, requeue)
+def test_decode_reject_matches_pamqp(codec: Codec, tag: int, requeue: bool) -> None:
+    payload = _method_payload(commands.Basic.Reject(delivery_tag=tag, requeue=requeue))
+    assert codec.fc.decode_reject(payload) == (tag, requeue)
 
 
-def test_delivery_tags_are_unsigned() -> None:
+def test_delivery_tags_are_unsigned(codec: Codec) -> None:
     args = struct.pack(">QB", 2**64 - 1, 3)
-    assert decode_ack(args) == (2**64 - 1, True)
-    assert decode_nack(args) == (2**64 - 1, True, True)
-    assert decode_reject(args) == (2**64 - 1, True)
+    assert codec.fc.decode_ack(args) == (2**64 - 1, True)
+    assert codec.fc.decode_nack(args) == (2**64 - 1, True, True)
+    assert codec.fc.decode_reject(args) == (2**64 - 1, True)
 
 
-@pytest.mark.parametrize("decode", [decode_ack, decode_nack, decode_reject])
+@pytest.mark.parametrize("decode", ["decode_ack", "decode_nack", "decode_reject"])
 @pytest.mark.parametrize("length", range(9))
-def test_truncated_ack_nack_reject_is_a_frame_error(decode: Any, length: int) -> None:
+def test_truncated_ack_nack_reject_is_a_frame_error(codec: Codec, decode: str, length: int) -> None:
     with pytest.raises(FrameError) as info:
-        decode(struct.pack(">QB", 12345, 3)[:length])
+        getattr(codec.fc, decode)(struct.pack(">QB", 12345, 3)[:length])
     assert info.value.reply_code == FRAME_ERROR
+    assert info.value.text == f"basic.{decode[7:]}: truncated method frame"
+    # From an offset, as the reader calls them (4: past class and method id).
+    with pytest.raises(FrameError):
+        getattr(codec.fc, decode)(b"\x00\x3c\x00\x50" + struct.pack(">QB", 12345, 3)[:length], 4)
 
 
 # -- frames out, read back by pamqp ------------------------------------------------------------------------
@@ -238,9 +270,9 @@ def test_truncated_ack_nack_reject_is_a_frame_error(decode: Any, length: int) ->
 @SETTINGS
 @given(channel=channels, consumer_tag=short_text, tag=delivery_tags, redelivered=st.booleans(),
        exchange=short_text, routing_key=short_text)
-def test_encode_basic_deliver(channel: int, consumer_tag: str, tag: int, redelivered: bool, exchange: str,
-                              routing_key: str) -> None:
-    data = encode_basic_deliver(channel, shortstr(consumer_tag), tag, redelivered,
+def test_encode_basic_deliver(codec: Codec, channel: int, consumer_tag: str, tag: int, redelivered: bool,
+                              exchange: str, routing_key: str) -> None:
+    data = codec.fc.encode_basic_deliver(channel, shortstr(consumer_tag), tag, redelivered,
                                 shortstr(exchange) + shortstr(routing_key))
     got_channel, method = _unmarshal_one(data)
     assert got_channel == channel
@@ -288,8 +320,8 @@ def test_encode_basic_return(channel: int, reply_code: int, reply_text: str, exc
 
 @SETTINGS
 @given(channel=channels, tag=delivery_tags, multiple=st.booleans())
-def test_encode_basic_ack(channel: int, tag: int, multiple: bool) -> None:
-    data = encode_basic_ack(channel, tag, multiple)
+def test_encode_basic_ack(codec: Codec, channel: int, tag: int, multiple: bool) -> None:
+    data = codec.fc.encode_basic_ack(channel, tag, multiple)
     got_channel, method = _unmarshal_one(data)
     assert got_channel == channel
     assert isinstance(method, commands.Basic.Ack)
@@ -299,8 +331,8 @@ def test_encode_basic_ack(channel: int, tag: int, multiple: bool) -> None:
 
 @SETTINGS
 @given(channel=channels, tag=delivery_tags, multiple=st.booleans(), requeue=st.booleans())
-def test_encode_basic_nack(channel: int, tag: int, multiple: bool, requeue: bool) -> None:
-    data = encode_basic_nack(channel, tag, multiple, requeue)
+def test_encode_basic_nack(codec: Codec, channel: int, tag: int, multiple: bool, requeue: bool) -> None:
+    data = codec.fc.encode_basic_nack(channel, tag, multiple, requeue)
     got_channel, method = _unmarshal_one(data)
     assert got_channel == channel
     assert isinstance(method, commands.Basic.Nack)
@@ -309,8 +341,8 @@ def test_encode_basic_nack(channel: int, tag: int, multiple: bool, requeue: bool
                                                       requeue=requeue), channel)
 
 
-def test_encode_basic_nack_requeue_defaults_to_false() -> None:
-    assert encode_basic_nack(1, 5, True) == encode_basic_nack(1, 5, True, False)
+def test_encode_basic_nack_requeue_defaults_to_false(codec: Codec) -> None:
+    assert codec.fc.encode_basic_nack(1, 5, True) == codec.fc.encode_basic_nack(1, 5, True, False)
 
 
 def test_shortstr() -> None:
@@ -348,10 +380,11 @@ def _frames_of(pieces: list[Any], frame_max: int) -> list[tuple[int, int, bytes]
        body=st.one_of(st.binary(max_size=2000),
                       st.integers(0, 70000).map(lambda n: (bytes(range(256)) * 274)[:n])),
        frame_max=st.one_of(st.just(0), st.integers(4096, 20000), st.sampled_from([4096, 8192, 131072])))
-def test_encode_content(channel: int, props: commands.Basic.Properties, body: bytes, frame_max: int) -> None:
+def test_encode_content(codec: Codec, channel: int, props: commands.Basic.Properties, body: bytes,
+                        frame_max: int) -> None:
     header_payload = _header_payload(props, len(body))
     assume(not frame_max or len(header_payload) + FRAME_OVERHEAD <= frame_max)
-    frames = _frames_of(encode_content(channel, header_payload, body, frame_max), frame_max)
+    frames = _frames_of(codec.fc.encode_content(channel, header_payload, body, frame_max), frame_max)
 
     assert frames[0] == (FRAME_HEADER, channel, header_payload)
     bodies = frames[1:]
@@ -364,7 +397,7 @@ def test_encode_content(channel: int, props: commands.Basic.Properties, body: by
     assert all(len(p) == chunk for _, _, p in bodies[:-1])
 
     # pamqp reads the header frame the same way.
-    data = b"".join(encode_content(channel, header_payload, body, frame_max))
+    data = b"".join(codec.fc.encode_content(channel, header_payload, body, frame_max))
     consumed, got_channel, content_header = pframe.unmarshal(data)
     assert got_channel == channel
     assert isinstance(content_header, pheader.ContentHeader)
@@ -376,12 +409,30 @@ def test_encode_content(channel: int, props: commands.Basic.Properties, body: by
     (4096, 0, 0), (4096, 1, 1), (4096, 4088, 1), (4096, 4089, 2), (4096, 8176, 2), (4096, 8177, 3),
     (0, 10 * 1024 * 1024, 1),
 ])
-def test_encode_content_boundaries(frame_max: int, size: int, frames: int) -> None:
+def test_encode_content_boundaries(codec: Codec, frame_max: int, size: int, frames: int) -> None:
     body = b"b" * size
     header_payload = build_content_header(size, b"\x00\x00")
-    got = _frames_of(encode_content(7, header_payload, body, frame_max), frame_max)
+    got = _frames_of(codec.fc.encode_content(7, header_payload, body, frame_max), frame_max)
     assert len(got) == 1 + frames
     assert b"".join(p for _, _, p in got[1:]) == body
+
+
+@SETTINGS
+@given(body_size=st.integers(0, 2**64 - 1), props_raw=st.binary(max_size=40))
+def test_build_content_header(codec: Codec, body_size: int, props_raw: bytes) -> None:
+    out = codec.fc.build_content_header(body_size, props_raw)
+    assert type(out) is bytes
+    assert out == struct.pack(">HHQ", CLASS_BASIC, 0, body_size) + props_raw
+    assert codec.fc.decode_content_header(out) == body_size
+
+
+def test_content_header_errors_name_the_class(codec: Codec) -> None:
+    with pytest.raises(FrameError) as info:
+        codec.fc.decode_content_header(struct.pack(">HHQ", 50, 0, 42))
+    assert info.value.text == "content header for class 50, expected 60"
+    with pytest.raises(FrameError) as info:
+        codec.fc.decode_content_header(b"\x00\x3c")
+    assert info.value.text == "content header frame too short"
 
 
 # -- properties --------------------------------------------------------------------------------------------
@@ -436,13 +487,13 @@ def test_headers_span_locates_the_raw_table() -> None:
     assert start == 14 + 1 + len("text/plain")
 
 
-def test_decode_content_header_checks_class_and_length() -> None:
-    assert decode_content_header(struct.pack(">HHQ", CLASS_BASIC, 0, 42) + b"\x00\x00") == 42
+def test_decode_content_header_checks_class_and_length(codec: Codec) -> None:
+    assert codec.fc.decode_content_header(struct.pack(">HHQ", CLASS_BASIC, 0, 42) + b"\x00\x00") == 42
     with pytest.raises(FrameError):
-        decode_content_header(struct.pack(">HHQ", 50, 0, 42) + b"\x00\x00")
+        codec.fc.decode_content_header(struct.pack(">HHQ", 50, 0, 42) + b"\x00\x00")
     for n in range(12):
         with pytest.raises(FrameError):
-            decode_content_header(struct.pack(">HHQ", CLASS_BASIC, 0, 42)[:n])
+            codec.fc.decode_content_header(struct.pack(">HHQ", CLASS_BASIC, 0, 42)[:n])
 
 
 @SETTINGS

@@ -1,19 +1,36 @@
 """protocol/properties.py's with_long_header (a stream delivery's ``x-stream-offset``, spliced into the raw
 content header) against with_properties, the decode-and-rebuild it replaces: the same bytes for any
 well-formed header, whatever properties it has, whether it has a headers table, and whether the publisher
-already set the key (the broker's value wins, as it did)."""
+already set the key (the broker's value wins, as it did).
+
+The headers are built with build_content_header, which has a compiled twin: every test runs twice, through the
+``codec`` fixture (the pure-Python and the compiled build_content_header; tests/unit/protocol/codec_impls.py).
+"""
 
 from __future__ import annotations
 
 import struct
+import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.fastcodec import build_content_header, shortstr
+from protocol.fastcodec import shortstr
 from protocol.frames import FrameError
 from protocol.properties import Long, decode_properties, encode_field_value, with_long_header, with_properties
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "protocol"))
+import codec_impls
+from codec_impls import Codec
+
+
+@pytest.fixture(scope="module", params=codec_impls.NAMES)
+def codec(request: pytest.FixtureRequest) -> Codec:
+    return codec_impls.get(request.param)
+
 
 KEY = b"x-stream-offset"
 KEY_RAW = shortstr(KEY)
@@ -33,7 +50,7 @@ offsets = st.integers(0, 2**63 - 1)
 
 
 @st.composite
-def headers(draw: st.DrawFn) -> bytes:
+def headers(draw: st.DrawFn, build_content_header: Callable[[int, bytes], bytes]) -> bytes:
     """A content header with a random choice of properties (short strings of any bytes), its headers table
     (if any) built entry by entry (duplicate keys and the key itself included), and sometimes extra bytes
     after the property list or flag bit 0-1 set."""
@@ -63,14 +80,16 @@ def rebuilt(header: bytes, offset: int) -> bytes:
 
 
 @settings(max_examples=600, deadline=None)
-@given(headers(), offsets)
-def test_splice_is_byte_for_byte_the_rebuilt_header(header: bytes, offset: int) -> None:
+@given(st.data(), offsets)
+def test_splice_is_byte_for_byte_the_rebuilt_header(codec: Codec, data: st.DataObject, offset: int) -> None:
+    header = data.draw(headers(codec.fc.build_content_header), label="header")
     assert with_long_header(header, KEY_RAW, offset) == rebuilt(header, offset)
 
 
 @settings(max_examples=300, deadline=None)
-@given(headers(), offsets)
-def test_the_brokers_value_wins_and_the_rest_is_kept(header: bytes, offset: int) -> None:
+@given(st.data(), offsets)
+def test_the_brokers_value_wins_and_the_rest_is_kept(codec: Codec, data: st.DataObject, offset: int) -> None:
+    header = data.draw(headers(codec.fc.build_content_header), label="header")
     out = with_long_header(header, KEY_RAW, offset)
     before, after = decode_properties(header), decode_properties(out)
     assert after.headers[KEY.decode()] == offset
@@ -85,24 +104,24 @@ def test_the_brokers_value_wins_and_the_rest_is_kept(header: bytes, offset: int)
     assert out[:12] == header[:12]  # class, weight, body size
 
 
-def test_no_properties_gets_a_one_entry_table() -> None:
-    header = build_content_header(5, b"\x00\x00")
+def test_no_properties_gets_a_one_entry_table(codec: Codec) -> None:
+    header = codec.fc.build_content_header(5, b"\x00\x00")
     out = with_long_header(header, KEY_RAW, 7)
     assert out == header[:12] + b"\x20\x00" + struct.pack(">I", 25) + KEY_RAW + b"l" + struct.pack(">q", 7)
 
 
-def test_a_publishers_own_offset_header_is_overwritten_in_place() -> None:
+def test_a_publishers_own_offset_header_is_overwritten_in_place(codec: Codec) -> None:
     table = shortstr(b"a") + b"t\x01" + KEY_RAW + b"S" + struct.pack(">I", 3) + b"bad" + KEY_RAW + b"I\x00\x00\x00\x01"
-    header = build_content_header(0, b"\x20\x00" + struct.pack(">I", len(table)) + table)
+    header = codec.fc.build_content_header(0, b"\x20\x00" + struct.pack(">I", len(table)) + table)
     out = with_long_header(header, KEY_RAW, 42)
     expected = shortstr(b"a") + b"t\x01" + KEY_RAW + b"l" + struct.pack(">q", 42)
     assert out == header[:14] + struct.pack(">I", len(expected)) + expected
 
 
-def test_malformed_table_gets_the_entry_appended() -> None:
+def test_malformed_table_gets_the_entry_appended(codec: Codec) -> None:
     """Publishing does not check header tables (RabbitMQ does not either); delivery must not fail on one."""
     table = b"\x03abcZ"  # an unknown field type
-    header = build_content_header(0, b"\x30\x00" + struct.pack(">I", len(table)) + table + b"\x02")
+    header = codec.fc.build_content_header(0, b"\x30\x00" + struct.pack(">I", len(table)) + table + b"\x02")
     out = with_long_header(header, KEY_RAW, 1)
     entry = KEY_RAW + b"l" + struct.pack(">q", 1)
     assert out == header[:14] + struct.pack(">I", len(table) + len(entry)) + table + entry + b"\x02"
@@ -111,8 +130,8 @@ def test_malformed_table_gets_the_entry_appended() -> None:
 
 
 @pytest.mark.parametrize("payload", [b"\x80\x00\x05ab", b"\x20\x00\x00\x00\x00\x09ab", b"\x10\x00", b"\x00"])
-def test_a_cut_property_list_raises_as_before(payload: bytes) -> None:
-    header = build_content_header(0, b"")[:12] + payload
+def test_a_cut_property_list_raises_as_before(codec: Codec, payload: bytes) -> None:
+    header = codec.fc.build_content_header(0, b"")[:12] + payload
     with pytest.raises(FrameError):
         rebuilt(header, 1)
     with pytest.raises(FrameError):

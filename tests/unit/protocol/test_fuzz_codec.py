@@ -7,29 +7,42 @@ valid methods, frames and field tables round-trip exactly.
   the harness does report one.
 * hypothesis draws valid values: every method pamqp defines, encoded by protocol.methods.method_frame and
   decoded back by decode_method; frames cut at any points; field tables of every type the encoder writes.
+
+The frame parser and the fast codec have a compiled twin (protocol/_codec.pyx): the 25,000-input run and the
+frame round trip go through both (``LEVERET_NO_EXTENSIONS=1`` selects the pure one in the atheris process).
+atheris instruments Python code only, so its coverage guidance comes from the pure run; the compiled run
+still takes the same corpus and mutations. test_codec_equivalence.py holds the two to each other.
 """
 
 from __future__ import annotations
 
 import decimal
 import itertools
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import codec_impls
 import pytest
 import soak_report
+from codec_impls import Codec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pamqp import commands
 
-from protocol.frames import FrameParser, encode_frame
+from protocol.frames import encode_frame
 from protocol.methods import decode_method, method_frame
 from protocol.properties import decode_field_table, encode_field_table
 
 ROOT = Path(__file__).resolve().parents[3]
 TARGETS = ROOT / "tests" / "fuzz_codec_targets.py"
 TARGET_NAMES = ("frames", "methods", "fastcodec", "properties", "tables")  # the order of target_all's octet
+
+
+@pytest.fixture(scope="module", params=codec_impls.NAMES)
+def codec(request: pytest.FixtureRequest) -> Codec:
+    return codec_impls.get(request.param)
 
 
 # -- atheris ------------------------------------------------------------------------------------------------
@@ -67,15 +80,19 @@ def seed_corpus(directory: Path) -> Path:
     return directory
 
 
-def run_target(target: str, runs: int, tmp_path: Path, timeout: float, corpus: Path | None = None
-               ) -> subprocess.CompletedProcess[str]:
+def run_target(target: str, runs: int, tmp_path: Path, timeout: float, corpus: Path | None = None,
+               codec: str = "compiled") -> subprocess.CompletedProcess[str]:
+    """Run a target in its own process, with the compiled codec (if built) or, ``codec="pure"``, without."""
     artifacts = tmp_path / "artifacts"
     artifacts.mkdir(exist_ok=True)
     cmd = [sys.executable, str(TARGETS), target, f"-runs={runs}", "-seed=17", "-timeout=2", "-rss_limit_mb=1024",
            "-max_len=4096", f"-artifact_prefix={artifacts}/"]
     if corpus is not None:
         cmd.append(str(corpus))
-    return subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    env = {k: v for k, v in os.environ.items() if k != "LEVERET_NO_EXTENSIONS"}
+    if codec == "pure":
+        env["LEVERET_NO_EXTENSIONS"] = "1"
+    return subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def crash_report(result: subprocess.CompletedProcess[str]) -> str:
@@ -84,9 +101,9 @@ def crash_report(result: subprocess.CompletedProcess[str]) -> str:
 
 
 @pytest.mark.timeout(120)
-def test_atheris_25k_inputs_raise_only_declared_errors(tmp_path):
+def test_atheris_25k_inputs_raise_only_declared_errors(codec, tmp_path):
     corpus = seed_corpus(tmp_path / "corpus")
-    result = run_target("all", 25_000, tmp_path, timeout=110, corpus=corpus)
+    result = run_target("all", 25_000, tmp_path, timeout=110, corpus=corpus, codec=codec.name)
     assert result.returncode == 0, crash_report(result)
     assert "Done 25000 runs" in result.stderr, crash_report(result)
 
@@ -175,11 +192,11 @@ def test_field_tables_round_trip_exactly(table):
 @given(frames=st.lists(st.tuples(st.sampled_from([1, 2, 3, 8]), st.integers(0, 65535), st.binary(max_size=300)),
                        max_size=8),
        cuts=st.lists(st.integers(0, 4000), max_size=10))
-def test_frames_round_trip_however_the_bytes_are_cut(frames, cuts):
+def test_frames_round_trip_however_the_bytes_are_cut(codec, frames, cuts):
     frames = [(t, ch, b"" if t == 8 else payload) for t, ch, payload in frames]
     wire = b"".join(encode_frame(*f) for f in frames)
     points = sorted({0, len(wire), *(c % (len(wire) + 1) for c in cuts)})
-    parser = FrameParser(0, expect_header=False)
+    parser = codec.FrameParser(0, expect_header=False)
     got = []
     for a, b in itertools.pairwise(points):
         got += parser.feed(wire[a:b])
