@@ -32,6 +32,7 @@ class VHost(QueueHost, Protocol):
 
     durable: Any  # broker/persistence.py DurableDefinitions, or None
     default_queue_type: str  # of a queue declared without x-queue-type (RabbitMQ's vhost default queue type)
+    remote: Any  # a cluster member's VHostLink (broker/cluster_forwarding.py): other members' queues; else None
 
     def policies_for_queue(self, name: str, queue_type: str = ...) -> tuple[Policy | None, Policy | None]: ...
 
@@ -130,6 +131,8 @@ class QueueRegistry:
         """The queue, or 404; with ``reader``, 405 if another connection owns it exclusively."""
         q = self._queues.get(name)
         if q is None:
+            if self.vhost.remote is not None:  # 405 naming the member whose queue it is
+                self.vhost.remote.refuse(name, "use")
             raise AMQPError(NOT_FOUND, f"no queue '{name}' in vhost '{self.vhost.name}'")
         if reader is not None:
             self.check_exclusive_access(q, reader)
@@ -144,17 +147,26 @@ class QueueRegistry:
         non-exclusive (by its own connection too), are both refused."""
         owner = q.exclusive_owner
         if owner is not reader and (owner is not None or strict):
-            raise AMQPError(
-                RESOURCE_LOCKED,
-                f"cannot obtain exclusive access to locked queue '{q.name}' in vhost '{self.vhost.name}'. "
-                "It could be originally declared on another connection or the exclusive property value "
-                "does not match that of the original declaration.")
+            raise self._locked(q.name)
+
+    def _locked(self, name: str) -> AMQPError:
+        return AMQPError(
+            RESOURCE_LOCKED,
+            f"cannot obtain exclusive access to locked queue '{name}' in vhost '{self.vhost.name}'. "
+            "It could be originally declared on another connection or the exclusive property value "
+            "does not match that of the original declaration.")
 
     def declare(self, name: str, passive: bool, durable: bool, exclusive: bool, auto_delete: bool,
                 arguments: dict[str, Any], reader: Reader | None, server_named: bool = False
                 ) -> tuple[QueueProcess, bool]:
         """(queue, created). Applies RabbitMQ's checks in its order: reserved names, passive, equivalence."""
         if passive:
+            remote = self.vhost.remote.find(name) if self.vhost.remote is not None and name not in self._queues \
+                else None
+            if remote is not None:  # another cluster member's queue: it exists (figures are its member's)
+                if remote.exclusive:
+                    raise self._locked(name)
+                return remote, False
             q = self.lookup(name, reader)
             q.reset_expiry_timer()  # a passive declare renews an x-expires lease too
             return q, False
@@ -175,6 +187,12 @@ class QueueRegistry:
                                                auto_delete, server_named)
         if exclusive:
             durable = False  # RabbitMQ ignores durable on exclusive queues
+        if self.vhost.remote is not None:  # a cluster member: the name is one queue cluster-wide
+            remote = self.vhost.remote.claim(name, durable, exclusive, arguments)
+            if remote is not None:
+                if remote.exclusive or exclusive:
+                    raise self._locked(name)
+                return remote, False
         q = self._create(name, durable, reader if exclusive else None, auto_delete, arguments)
         if exclusive:
             assert reader is not None, "an exclusive queue is declared by a connection"
@@ -184,6 +202,8 @@ class QueueRegistry:
                 self.vhost.durable.queue_declared(self.vhost.name, q)
             except BaseException:  # not written (a full disk, the cluster's PostgreSQL out of reach): not made
                 del self._queues[name]
+                if self.vhost.remote is not None:
+                    self.vhost.remote.queue_gone(q)  # its directory row too
                 raise
         return q, True
 
@@ -242,6 +262,8 @@ class QueueRegistry:
         if self._queues.get(q.name) is not q:
             return 0
         del self._queues[q.name]
+        if self.vhost.remote is not None:
+            self.vhost.remote.queue_gone(q)
         if self.vhost.counters is not None:
             self.vhost.counters.queues_deleted += 1
         if q.durable and self.vhost.durable is not None:

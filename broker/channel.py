@@ -613,8 +613,12 @@ class Channel:
         if m.exchange == "":
             raise AMQPError(ACCESS_REFUSED, "operation not permitted on the default exchange")
         topic_permissions.check_bind(self.reader.user, self.vhost, m.exchange, m.routing_key)
-        self.vhost.queues.lookup(name, self.reader)
-        self.vhost.bind(m.exchange, name, QUEUE, m.routing_key, dict(m.arguments or {}))
+        remote = self.vhost.remote
+        if remote is None or self.vhost.queues.get(name) is not None or \
+                not remote.bound_remotely(m.exchange, name, m.routing_key, dict(m.arguments or {})):
+            # (In a cluster, a binding another member made for its queue is already there: bind-ok.)
+            self.vhost.queues.lookup(name, self.reader)
+            self.vhost.bind(m.exchange, name, QUEUE, m.routing_key, dict(m.arguments or {}))
         if not m.nowait:
             self.send(spec.Queue.BindOk)
 
@@ -643,6 +647,8 @@ class Channel:
         permissions.queue_delete(self.reader.user, self.vhost.name, name)
         queue = self.vhost.queues.get(name)
         count = 0
+        if queue is None and self.vhost.remote is not None:
+            self.vhost.remote.refuse(name, "delete")  # another cluster member's queue: 405
         if queue is not None:
             self.vhost.queues.check_exclusive_access(queue, self.reader)
             where = f"queue '{name}' in vhost '{self.vhost.name}'"

@@ -15,6 +15,7 @@ import asyncpg
 import structlog
 
 from broker.cluster_definitions import DefinitionsFollower, make_where
+from broker.cluster_forwarding import ClusterForwarding
 from broker.message_codec import decode_message, encode_message
 from storage.backing_queue import BackingQueue
 from storage.metadata_store import MetadataStoreError
@@ -65,6 +66,8 @@ class Cluster:
         self.store: SplitMetadataStore | None = None
         self.follower: DefinitionsFollower | None = None
         self.pg: PgCluster | None = None
+        # Node-local queues across the cluster (broker/cluster_forwarding.py), from start() on.
+        self.forwarding: ClusterForwarding | None = None
 
     async def connect(self) -> None:
         """Join: take an epoch and the connections that hold it (storage/pg/cluster.py), before anything
@@ -92,7 +95,6 @@ class Cluster:
             log.warning("cannot list the cluster's members", error=str(exc))
             return []
 
-
     def open_definitions(self, storage: NodeStorage) -> SplitMetadataStore:
         """The node's metadata store becomes the split one (storage/pg/shared_metadata.py); the feed is
         followed from its end as of now, so that a change made while the recovery pass reads is replayed."""
@@ -114,10 +116,19 @@ class Cluster:
         """Follow the other members' changes (the node is recovered and about to listen)."""
         if self.follower is not None:
             self.follower.start()
+        self.forwarding = ClusterForwarding(self.node, self.dsn)
+        await self.forwarding.start()
+
+    def vhost_added(self, vh: Any) -> None:
+        """A vhost made (or recovered) on this node: its routes to other members' queues, once started."""
+        if self.forwarding is not None:
+            self.forwarding.attach(vh)
 
     async def stop(self) -> None:
         """A clean leave: stop following, then give back this node's reservations (storage/pg/cluster.py)."""
         if self.follower is not None:
             await self.follower.stop()
+        if self.forwarding is not None:
+            await self.forwarding.stop()
         if self.pg is not None:
             await self.pg.close()

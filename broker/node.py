@@ -84,6 +84,10 @@ class Node:
         self.alarm_state = AlarmState()
         self.resource_monitor: ResourceMonitor | None = None
         self._reply_channels: dict[str, ReplyChannel] = {}
+        # In a cluster (broker/cluster_forwarding.py): reply keys start with this member's tag, and a reply to
+        # another member's key is forwarded there. On a single node: "" and None (keys as they always were).
+        self.reply_key_prefix = ""
+        self.forward_reply: Callable[[Message], int] | None = None
         # What the server listens on (broker/server.py fills it; the HTTP API's overview lists it).
         self.listeners: list[dict[str, Any]] = []
         # Called (and awaited if they return an awaitable) at shutdown, after connections are closed:
@@ -251,7 +255,7 @@ class Node:
 
     # -- direct reply-to: amq.rabbitmq.reply-to.<key> names one channel's reply consumer ---------------------
     def register_reply_channel(self, channel: ReplyChannel) -> str:
-        key = base64.urlsafe_b64encode(os.urandom(18)).decode()
+        key = self.reply_key_prefix + base64.urlsafe_b64encode(os.urandom(18)).decode()
         self._reply_channels[key] = channel
         return key
 
@@ -263,7 +267,8 @@ class Node:
         node is); 0 if that consumer is gone."""
         channel = self._reply_channels.get(msg.routing_key[len(REPLY_TO_PREFIX):])
         if channel is None or channel.reply_consumer is None:
-            return 0
+            forward = self.forward_reply  # a cluster member: another member's key goes there
+            return 0 if forward is None else forward(msg)
         channel.deliver_reply(msg)
         return 1
 
@@ -273,6 +278,7 @@ class Node:
             vh.queues.backing_queue_factory = BackingQueueFactory(self.storage, vh.name)
             if self.cluster is not None:
                 vh.queues.shared_store = self.cluster.queue_store(vh.name)
+                self.cluster.vhost_added(vh)
 
     def close_storage(self) -> None:
         if self.memory_budget is not None:

@@ -88,6 +88,9 @@ class VHost:
         # leveret.max_bindings_per_queue (the node sets it): bindings that may end at one queue, or at one
         # exchange for exchange-to-exchange bindings; 0: no limit (RabbitMQ has none).
         self.max_bindings_per_queue = max_bindings_per_queue
+        # A cluster member's view of the queues of the other members and the hooks for its own (a
+        # broker/cluster_forwarding.py VHostLink); None on a single node.
+        self.remote: Any = None
 
     # -- policies and runtime parameters -------------------------------------------------------------------
     def policies_for_queue(self, name: str, queue_type: str = "classic") -> tuple[Policy | None, Policy | None]:
@@ -218,6 +221,8 @@ class VHost:
             for binding in other.bindings_to(EXCHANGE, name):
                 self._unbind(other, binding)
         ex.on_delete()
+        if self.remote is not None:
+            self.remote.exchange_gone(name)
 
     def stop_exchanges(self, vhost_deleted: bool = False) -> None:
         """The node stops (each exchange's ``close``: what is durable stays for ``on_recover``) or this vhost
@@ -246,8 +251,11 @@ class VHost:
             # Re-binding what is bound stays the no-op it is; only a new binding is refused.
             raise AMQPError(PRECONDITION_FAILED, f"{kind} '{destination}' in vhost '{self.name}' has reached "
                             f"its limit of {limit} bindings (leveret.max_bindings_per_queue)")
-        if ex.add_binding(binding) and self.durable is not None:
-            self.durable.binding_added(self, binding)
+        if ex.add_binding(binding):
+            if self.durable is not None:
+                self.durable.binding_added(self, binding)
+            if self.remote is not None and kind == QUEUE:
+                self.remote.bound_here(ex, binding)
 
     def unbind(self, source: str, destination: str, kind: str, routing_key: str,
                arguments: dict[str, Any]) -> None:
@@ -264,6 +272,8 @@ class VHost:
 
     def _unbind(self, ex: Exchange, binding: Binding) -> None:
         ex.remove_binding(binding.key)
+        if self.remote is not None:
+            self.remote.unbound_here(binding)
         if self.durable is not None:
             self.durable.binding_removed(self.name, binding)
         if ex.auto_delete and not ex.bindings and self.exchanges.get(ex.name) is ex:
@@ -280,18 +290,23 @@ class VHost:
     # -- routing ----------------------------------------------------------------------------------------
     def route(self, exchange: Exchange, msg: Message) -> list[QueueProcess]:
         """The queues a message published to ``exchange`` reaches (each once)."""
+        remote = self.remote
         if exchange.name == "":
             if msg.extra_keys is None:
                 q = self.queues.get(msg.routing_key)
+                if q is None and remote is not None:
+                    q = remote.queue(msg.routing_key)
                 return [q] if q is not None else []
-            get = self.queues.get
             names = {msg.routing_key, *msg.extra_keys}
+            get = self.queues.get if remote is None else self._local_or_remote
             return [q for q in map(get, names) if q is not None]
         queue_names: set[str] = set()
         more: set[str] = set()
         keys = (msg.routing_key,) if msg.extra_keys is None else (msg.routing_key, *msg.extra_keys)
         for key in keys:
             exchange.route(key, msg, queue_names, more)
+        if remote is not None:  # bindings to other members' queues (broker/remote_queue.py)
+            remote.route(exchange.name, keys, msg, queue_names)
         ae = exchange.alternate_exchange
         if ae and not queue_names and not more:
             more.add(ae)
@@ -309,12 +324,19 @@ class VHost:
                 found_x: set[str] = set()
                 for key in keys:
                     ex.route(key, msg, found_q, found_x)
+                if remote is not None:
+                    remote.route(name, keys, msg, found_q)
                 if not found_q and not found_x and ex.alternate_exchange:
                     found_x.add(ex.alternate_exchange)
                 queue_names |= found_q
                 more |= found_x - visited
-        get = self.queues.get
+        get = self.queues.get if remote is None else self._local_or_remote
         return [q for q in map(get, queue_names) if q is not None]
+
+    def _local_or_remote(self, name: str) -> Any:
+        """A cluster member's routing: this node's queue of that name, else another member's."""
+        q = self.queues.get(name)
+        return q if q is not None else self.remote.queue(name)
 
     # -- publishing: the one path (broker/publish.py) -----------------------------------------------------
     def publish(self, exchange: Exchange, msg: Message, persistent: bool, mandatory: bool = False,
@@ -350,6 +372,8 @@ class VHost:
                     result = ROUTED
             elif msg.extra_keys is None:
                 q = self.queues.get(key)
+                if q is None and self.remote is not None:
+                    q = self.remote.queue(key)  # another cluster member's (broker/remote_queue.py)
                 queues = [q] if q is not None else None
             else:
                 queues = self.route(exchange, msg)

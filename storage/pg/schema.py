@@ -71,8 +71,42 @@ CREATE TABLE leveret.definition (
 CREATE INDEX definition_by_version ON leveret.definition (version);
 """
 
+# Node-local queues across the cluster (storage/pg/forwarding.py, broker/cluster_forwarding.py): the directory of
+# every member's own queues and of their bindings from shared exchanges, and the messages forwarded to them.
+MIGRATION_3 = """
+CREATE TABLE leveret.local_queue (
+    vhost     text    NOT NULL,
+    name      text    NOT NULL,
+    node      text    NOT NULL,    -- the member whose queue it is (its node name: kept across its restarts)
+    durable   boolean NOT NULL,
+    exclusive boolean NOT NULL,
+    PRIMARY KEY (vhost, name));
+CREATE INDEX local_queue_node ON leveret.local_queue (node);
+CREATE TABLE leveret.local_binding (
+    vhost       text  NOT NULL,
+    source      text  NOT NULL,    -- a shared (durable) exchange
+    queue       text  NOT NULL,
+    routing_key text  NOT NULL,
+    args_hash   text  NOT NULL,
+    arguments   bytea NOT NULL,    -- the broker's encoding of the binding's arguments (opaque here)
+    routing     text  NOT NULL,    -- how the source routes: direct, fanout, topic or headers
+    node        text  NOT NULL,
+    PRIMARY KEY (vhost, source, queue, routing_key, args_hash),
+    FOREIGN KEY (vhost, queue) REFERENCES leveret.local_queue ON DELETE CASCADE);
+CREATE TABLE leveret.forward (
+    id         bigserial PRIMARY KEY,
+    target     text    NOT NULL,   -- the node name of the queues' owner
+    vhost      text    NOT NULL,
+    queues     text[]  NOT NULL,
+    persistent boolean NOT NULL,
+    body       bytea   NOT NULL)   -- the broker's message encoding (broker/message_codec.py)
+WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000, autovacuum_vacuum_cost_delay = 0,
+      autovacuum_analyze_scale_factor = 0, autovacuum_analyze_threshold = 10000);
+CREATE INDEX forward_target ON leveret.forward (target, id);
+"""
+
 # (version, sql), ascending. Append only: a released migration never changes.
-MIGRATIONS: list[tuple[int, str]] = [(1, MIGRATION_1), (2, MIGRATION_2)]
+MIGRATIONS: list[tuple[int, str]] = [(1, MIGRATION_1), (2, MIGRATION_2), (3, MIGRATION_3)]
 
 
 class SchemaTooNew(RuntimeError):

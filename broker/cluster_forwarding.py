@@ -1,0 +1,432 @@
+"""Node-local queues keep working across a Leveret cluster (issue 15's third point): a message published on
+member B to a classic, exclusive or server-named queue that lives on member A, or to a direct reply-to
+channel on A, reaches it, forwarded through PostgreSQL (storage/pg/forwarding.py has the tables and the SQL).
+
+**The directory.** Each member writes a row per queue of its own (every queue type that is not
+``cluster_shared``: classic, stream) and per binding of such a queue to a *shared* exchange (a durable one:
+every member has it; the default exchange needs no row, the queue row is its binding). The row is written
+before queue.declare-ok / queue.bind-ok (synchronously, as the definitions are), and the write is also the
+claim of the name: a queue name is one queue cluster-wide, as in RabbitMQ, so a declare on B of a name A holds
+answers declare-ok for A's queue (405 if it is exclusive) instead of making a second one on B. A member
+replaces its rows at start (its non-durable queues died with it) and drops its non-durable ones at a clean
+stop; a crashed member's non-durable rows are dropped by any member's poll once the member is reaped
+(storage/pg/cluster.py marks it dead). Rows of durable queues stay: the queue comes back with its member.
+
+**The other members' view.** Every member reads the other members' rows after a doorbell (NOTIFY
+``leveret_directory`` from the writer's commit) and every 2 s, into one :class:`~broker.remote_queue.RemoteRoutes`
+per vhost, set as ``VHost.remote``: proxies (:class:`~broker.remote_queue.RemoteQueue`) and shadow exchanges
+holding the bindings to them, which the vhost's routing runs beside the exchange's own bindings. A
+default-exchange publish to a name nobody here knows looks the name up in PostgreSQL once (a blocking round
+trip, as a declare is), so that an RPC reply published right after the client declared its reply queue
+elsewhere does not depend on the doorbell's timing; a miss is remembered for :data:`NEGATIVE_TTL` seconds or
+until the directory changes.
+
+**Forwarding.** A publish routed to remote queues goes, with every other message of the event-loop burst, in
+one INSERT into ``leveret.forward`` (one row per message and target member, listing the target's queues);
+the publisher's confirm is sent after that commit (the queue answers CONFIRM_LATER, as a PostgreSQL-backed
+queue does), a nack if it failed. The target member takes its rows in batches, in order, puts each message into
+the named queues through the ordinary delivery path (broker/delegate.py: deduplication, max-length, TTL apply
+there) and commits the batch's DELETE only once its own stores have confirmed them: a crash in between
+delivers the batch again (at least once), never loses it. A queue gone meanwhile drops its copy.
+
+**Direct reply-to.** In a cluster a reply key starts with the member's name (base64url) and a dot, as
+RabbitMQ's key encodes the channel's node; a reply published on B to a key of A is forwarded to A and
+delivered there. On a single node keys are unchanged.
+
+**What a member cannot do with another's queue** (the owner must): consume, basic.get, purge, delete, or bind it
+anew — 405 RESOURCE_LOCKED naming the member to connect to. A bind the owner has already made is answered
+bind-ok (Celery and kombu redeclare their bindings). A passive declare answers declare-ok with 0 messages and
+0 consumers (the figures are the owner's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import time
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from broker import delegate
+from broker.exchange import QUEUE, Binding, Exchange
+from broker.message import Message
+from broker.message_codec import decode_message, encode_message
+from broker.persistence import binding_args_hash, table_of, untable
+from broker.publish import PENDING, REPLY_TO_PREFIX
+from broker.queue_types import queue_type_of
+from broker.remote_queue import RemoteQueue, RemoteRoutes, routing_type
+from storage.pg.forwarding import DirectoryUnavailable, Forwarded, PgDirectory, PgForwarding
+
+if TYPE_CHECKING:
+    from broker.vhost import VHost
+
+log = structlog.get_logger("leveret.cluster")
+
+NEGATIVE_TTL = 1.0  # seconds a default-exchange name the directory did not know is not looked up again
+FLOW_HIGH = 20_000  # messages waiting for their forward commit before publishers are paused
+FLOW_LOW = 5_000
+LOCAL_CONFIRM_TIMEOUT = 30.0
+
+
+def node_tag(name: str) -> str:
+    return base64.urlsafe_b64encode(name.encode()).decode().rstrip("=")
+
+
+def tag_node(tag: str) -> str | None:
+    try:
+        return base64.urlsafe_b64decode(tag + "=" * (-len(tag) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+
+
+class _Sink:
+    """The publisher the forwarder is towards the local queues: it collects their confirms for one batch."""
+
+    def __init__(self) -> None:
+        self.reader = self  # credit flow: the forwarder is not paused by a queue (it waits for its confirms)
+        self.published_to: set[Any] = set()
+        self.waiting = 0
+        self.failed = False
+        self.done: asyncio.Future[None] | None = None
+
+    def pause_for(self, reason: object) -> None:
+        pass
+
+    def resume_for(self, reason: object) -> None:
+        pass
+
+    def confirm_from_queue(self, seq: int, stored: bool = True) -> None:
+        self.waiting -= 1
+        if not stored:
+            self.failed = True
+        if self.waiting <= 0 and self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+    def forget(self) -> None:
+        for q in self.published_to:
+            q.publisher_channels.discard(self)
+        self.published_to.clear()
+
+
+class VHostLink(RemoteRoutes):
+    """One vhost's side of the cluster: the remote queues and routes (RemoteRoutes), and the hooks the vhost
+    and its queue registry call when this member's own queues and bindings come and go."""
+
+    def __init__(self, fw: ClusterForwarding, vh: VHost) -> None:
+        super().__init__(vh.name)
+        self.fw = fw
+        self.vh = vh
+        self.negative: dict[str, float] = {}
+        self.lookup = self._lookup
+
+    # -- other members' queues ---------------------------------------------------------------------------
+    def _lookup(self, name: str) -> RemoteQueue | None:
+        now = time.monotonic()
+        negative = self.negative
+        if negative.get(name, 0.0) > now:
+            return None
+        try:
+            owner = self.fw.directory.lookup(self.vhost, name)
+        except DirectoryUnavailable:
+            owner = None
+        if owner is None or owner.node == self.fw.name:
+            if len(negative) > 10_000:
+                negative.clear()
+            negative[name] = now + NEGATIVE_TTL
+            return None
+        q = self.queues[name] = self.fw.remote_queue(self.vhost, name, owner.node, owner.durable, owner.exclusive)
+        return q
+
+    def find(self, name: str) -> RemoteQueue | None:
+        """A queue of another member named ``name`` (asking the directory, not the cache of misses)."""
+        self.negative.pop(name, None)
+        return self.queue(name)
+
+    # -- this member's queues and bindings (hooks) ---------------------------------------------------------
+    def claim(self, name: str, durable: bool, exclusive: bool, arguments: dict[str, Any]) -> RemoteQueue | None:
+        """queue.declare of a queue not here: write its row (None: it is ours to make), or the other member's
+        queue of that name."""
+        if queue_type_of(arguments).cluster_shared:
+            return None
+        try:
+            owner = self.fw.directory.claim(self.vhost, name, durable, exclusive)
+        except DirectoryUnavailable as exc:
+            log.warning("queue declared without its cluster directory row (written when PostgreSQL is back)",
+                        vhost=self.vhost, queue=name, error=str(exc))
+            return None
+        self.negative.pop(name, None)
+        if owner is None:
+            self.queues.pop(name, None)
+            return None
+        q = self.queues[name] = self.fw.remote_queue(self.vhost, name, owner.node, owner.durable, owner.exclusive)
+        return q
+
+    def queue_gone(self, q: Any) -> None:
+        if not getattr(q, "remote", False) and not queue_type_of(q.arguments).cluster_shared:
+            self.fw.directory.release(self.vhost, q.name)
+
+    def bound_here(self, ex: Exchange, b: Binding) -> None:
+        if not ex.durable or ex.name == "":
+            return
+        q = self.vh.queues.get(b.destination)
+        if q is None or getattr(q, "remote", False) or queue_type_of(q.arguments).cluster_shared:
+            return
+        try:
+            self.fw.directory.bind(self.vhost, ex.name, b.destination, b.routing_key, binding_args_hash(b.arguments),
+                                   table_of(b.arguments), routing_type(ex))
+        except DirectoryUnavailable as exc:
+            log.warning("binding made without its cluster directory row (written when PostgreSQL is back)",
+                        vhost=self.vhost, exchange=ex.name, queue=b.destination, error=str(exc))
+
+    def unbound_here(self, b: Binding) -> None:
+        if b.kind == QUEUE:
+            self.fw.directory.unbind(self.vhost, b.source, b.destination, b.routing_key,
+                                     binding_args_hash(b.arguments))
+
+    def exchange_gone(self, name: str) -> None:
+        self.fw.directory.unbind_source(self.vhost, name)
+
+    def bound_remotely(self, source: str, queue: str, routing_key: str, arguments: dict[str, Any]) -> bool:
+        """Whether another member has made this binding to its queue (a redeclare of it is then bind-ok):
+        known here, else asked of the directory (the doorbell may not have arrived yet)."""
+        if self.bound(source, queue, routing_key, arguments):
+            return True
+        if self.find(queue) is None:
+            return False
+        try:
+            return self.fw.directory.has_binding(self.vhost, source, queue, routing_key,
+                                                 binding_args_hash(arguments))
+        except DirectoryUnavailable:
+            return False
+
+    def refuse(self, name: str, action: str) -> None:
+        """405 if ``name`` is another member's queue (``action``: what only its member can do)."""
+        q = self.find(name)
+        if q is not None:
+            raise q.refuse(action)
+
+
+class ClusterForwarding:
+    """This member's forwarding (see the module docstring): started by broker/cluster.py once the node is
+    recovered, stopped at shutdown."""
+
+    def __init__(self, node: Any, dsn: str) -> None:
+        """``node``: broker/node.py's Node (a layer above: typed Any)."""
+        self.node = node
+        self.name: str = node.name
+        self.dsn = dsn
+        self.directory = PgDirectory(dsn, self.name)
+        self.pg: PgForwarding | None = None
+        self.links: dict[str, VHostLink] = {}
+        self.forwarded = 0  # messages handed to the forwarder (tests, bench)
+        self.delivered = 0  # messages other members forwarded here, put into local queues
+        self.dropped = 0  # of those, copies whose queue was gone
+        self._throttled: set[Any] = set()
+        self._reload_task: asyncio.Task[None] | None = None
+        self._resync_task: asyncio.Task[None] | None = None
+        self._reload_again = False
+        self._started = False
+
+    # -- life cycle ------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        try:
+            self.directory.replace_own(*self._own_rows())
+        except DirectoryUnavailable as exc:  # the poll writes them once PostgreSQL answers
+            log.warning("cannot write this member's directory of node-local queues yet", error=str(exc))
+        self.pg = PgForwarding(self.dsn, self.name, encode_message, self._confirmed, self._deliver,
+                               self.directory_changed)
+        await self.pg.start()
+        if await self.pg.namesakes() > 0:
+            log.warning("another live cluster member has this node's name (or this node's previous process is "
+                        "not reaped yet): node-local queues need distinct names (leveret.nodename)", node=self.name)
+        for vh in list(self.node.vhosts.values()):
+            self.attach(vh)
+        self.node.reply_key_prefix = node_tag(self.name) + "."
+        self.node.forward_reply = self.forward_reply
+        self._started = True
+        await self.reload()
+        log.info("forwarding to node-local queues of other members", node=self.name)
+
+    def attach(self, vh: VHost) -> None:
+        link = self.links.get(vh.name)
+        if link is None or link.vh is not vh:
+            link = self.links[vh.name] = VHostLink(self, vh)
+        vh.remote = link
+        if self._started:
+            self.directory_changed()
+
+    async def stop(self) -> None:
+        self._started = False
+        self.node.forward_reply = None
+        for vh in self.node.vhosts.values():
+            vh.remote = None
+        for task in (self._reload_task, self._resync_task):
+            if task is not None:
+                task.cancel()
+        if self.pg is not None:
+            await self.pg.close()
+        try:
+            await asyncio.to_thread(self.directory.drop_transient_own)
+        except DirectoryUnavailable as exc:
+            log.warning("could not drop this member's non-durable queue rows (dropped when it is reaped)",
+                        error=str(exc))
+        await asyncio.to_thread(self.directory.close)
+
+    def _own_rows(self) -> tuple[list[tuple[str, str, bool, bool]], list[tuple[str, str, str, str, str, bytes, str]]]:
+        queues: list[tuple[str, str, bool, bool]] = []
+        bindings: list[tuple[str, str, str, str, str, bytes, str]] = []
+        for vh in self.node.vhosts.values():
+            mine = set()
+            for q in vh.queues:
+                if queue_type_of(q.arguments).cluster_shared:
+                    continue
+                queues.append((vh.name, q.name, bool(q.durable), q.exclusive_owner is not None))
+                mine.add(q.name)
+            for ex in vh.exchanges.values():
+                if not ex.durable:
+                    continue
+                for b in ex.bindings.values():
+                    if b.kind == QUEUE and b.destination in mine:
+                        bindings.append((vh.name, ex.name, b.destination, b.routing_key,
+                                         binding_args_hash(b.arguments), table_of(b.arguments), routing_type(ex)))
+        return queues, bindings
+
+    # -- the other members' directory ------------------------------------------------------------------------
+    def remote_queue(self, vhost: str, name: str, node: str, durable: bool, exclusive: bool) -> RemoteQueue:
+        return RemoteQueue(vhost, name, node, durable, exclusive, self.forward, self.overloaded, self.throttle)
+
+    def directory_changed(self) -> None:
+        """A doorbell or the poll: read the directory again (one read at a time, once more if rung meanwhile)."""
+        if not self._started:
+            return
+        if self.directory.failed and self._resync_task is None:
+            self._resync_task = asyncio.get_running_loop().create_task(self._resync())
+        if self._reload_task is None:
+            self._reload_task = asyncio.get_running_loop().create_task(self._reload_soon())
+        else:
+            self._reload_again = True
+
+    async def _resync(self) -> None:
+        """A directory write was lost (PostgreSQL out of reach): rewrite this member's rows, off the loop."""
+        try:
+            rows = self._own_rows()
+            await asyncio.to_thread(self.directory.replace_own, *rows, force=False)
+            log.info("this member's directory rows rewritten")
+        except DirectoryUnavailable:
+            pass
+        finally:
+            self._resync_task = None
+
+    async def _reload_soon(self) -> None:
+        try:
+            while True:
+                self._reload_again = False
+                await asyncio.sleep(0.005)  # a burst of rings is one read
+                try:
+                    await self.reload()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 (logged; the next round retries)
+                    log.warning("cannot read the cluster's directory of node-local queues", error=str(exc))
+                    return
+                if not self._reload_again:
+                    return
+        finally:
+            self._reload_task = None
+
+    async def reload(self) -> None:
+        assert self.pg is not None
+        queue_rows, binding_rows = await self.pg.others()
+        by_vhost: dict[str, dict[str, RemoteQueue]] = {}
+        for r in queue_rows:
+            link = self.links.get(r.vhost)
+            if link is None:
+                continue
+            old = link.queues.get(r.name)
+            if old is not None and (old.node, old.queue_durable, old.exclusive) == (r.node, r.durable, r.exclusive):
+                q = old
+            else:
+                q = self.remote_queue(r.vhost, r.name, r.node, r.durable, r.exclusive)
+            by_vhost.setdefault(r.vhost, {})[r.name] = q
+        bindings: dict[str, list[tuple[str, str, str, dict[str, Any], str]]] = {}
+        for b in binding_rows:
+            bindings.setdefault(b.vhost, []).append((b.source, b.routing, b.routing_key, untable(b.arguments),
+                                                     b.queue))
+        for name, link in self.links.items():
+            link.replace(by_vhost.get(name, {}), bindings.get(name, []))
+            link.negative.clear()
+
+    # -- forwarding ------------------------------------------------------------------------------------------
+    def forward(self, q: RemoteQueue, msg: Message, persistent: bool, confirm: Any) -> None:
+        assert self.pg is not None
+        self.forwarded += 1
+        self.pg.add(q.node, q.vhost_name, q.name, msg, persistent, confirm)
+
+    def forward_reply(self, msg: Message) -> int:
+        """A direct reply-to key of another member: forward the reply there (1), else 0."""
+        tag, sep, _rest = msg.routing_key[len(REPLY_TO_PREFIX):].partition(".")
+        node = tag_node(tag) if sep else None
+        if node is None or node == self.name or self.pg is None:
+            return 0
+        self.forwarded += 1
+        self.pg.add(node, "", msg.routing_key, msg, False, None)
+        return 1
+
+    def overloaded(self) -> bool:
+        return self.pg is not None and self.pg.backlog > FLOW_HIGH
+
+    def throttle(self, reader: Any) -> None:
+        if reader not in self._throttled:
+            self._throttled.add(reader)
+            reader.pause_for(self)
+
+    def _confirmed(self, confirms: list[Any], ok: bool) -> None:
+        for publisher, seq in confirms:
+            publisher.confirm_from_queue(seq, ok)
+        if self._throttled and (self.pg is None or self.pg.backlog <= FLOW_LOW):
+            for reader in self._throttled:
+                reader.resume_for(self)
+            self._throttled.clear()
+
+    def _deliver(self, rows: list[Forwarded]) -> Awaitable[None] | None:
+        """A batch other members forwarded here: into the local queues now (in order); the awaitable returned
+        is done once they have it stored (the batch's DELETE then commits)."""
+        sink = _Sink()
+        node = self.node
+        seq = 0
+        for row in rows:
+            msg = decode_message(row.body)
+            targets = []
+            for name in row.queues:
+                if name.startswith(REPLY_TO_PREFIX):
+                    if not node.deliver_reply(msg):
+                        self.dropped += 1
+                    continue
+                vh = node.vhosts.get(row.vhost)
+                q = vh.queues.get(name) if vh is not None else None
+                if q is None:
+                    self.dropped += 1
+                    continue
+                targets.append(q)
+            if targets:
+                seq += 1
+                result = delegate.deliver(targets, msg, row.persistent, sink, seq)
+                sink.waiting += result >> PENDING
+                self.delivered += len(targets)
+        if sink.waiting <= 0:
+            sink.forget()
+            return None
+        sink.done = asyncio.get_running_loop().create_future()
+        return self._stored(sink)
+
+    async def _stored(self, sink: _Sink) -> None:
+        try:
+            assert sink.done is not None
+            await asyncio.wait_for(sink.done, LOCAL_CONFIRM_TIMEOUT)
+        finally:
+            sink.forget()
+        if sink.failed:
+            raise RuntimeError("a local queue could not store forwarded messages: the batch is taken again")

@@ -1,0 +1,154 @@
+"""What a cluster member knows of the queues that live on other members (issue 15; broker/cluster_forwarding.py
+keeps it up to date): a :class:`RemoteQueue` stands for each, and the bindings of shared exchanges to them are
+routed by :class:`RemoteRoutes`, one per vhost, set as the vhost's ``remote`` (``None`` on a single node, where
+none of this costs more than one attribute read on a miss).
+
+A remote queue is a proxy, never a queue of this node: it is not in the vhost's queue registry (not listed,
+not counted, not consumable here). Publishing to it is all it does: :meth:`RemoteQueue.deliver_or_enqueue`
+hands the message to the forwarder, which commits it to PostgreSQL for the owner (its publisher confirm comes
+after that commit, through the channel's CONFIRM_LATER path, as for a PostgreSQL-backed queue).
+
+Bindings of the shared exchanges to remote queues live in *shadow* exchanges: one per source exchange, of the
+source's routing type (direct, fanout, topic, headers), holding only those bindings. Routing a message runs
+the exchange's own bindings and then its shadow's, into the same set of queue names, so alternate exchanges,
+exchange-to-exchange hops, CC/BCC and mandatory behave as for local queues; a name is then resolved to the
+local queue first, else to the remote one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
+
+from broker.errors import AMQPError
+from broker.exchange import (
+    QUEUE,
+    Binding,
+    DirectExchange,
+    Exchange,
+    FanoutExchange,
+    HeadersExchange,
+    TopicExchange,
+)
+from broker.message import Message
+from broker.queue_process import ACCEPTED, CONFIRM_LATER
+from protocol.constants import RESOURCE_LOCKED
+
+ROUTING_TYPES: dict[str, type[Exchange]] = {"direct": DirectExchange, "fanout": FanoutExchange,
+                                            "topic": TopicExchange, "headers": HeadersExchange}
+
+
+def routing_type(ex: Exchange) -> str:
+    """How ``ex`` routes, as one of the four built-in types (a delayed-message exchange routes as its
+    ``x-delayed-type``, a deduplication exchange as the fanout it extends)."""
+    inner = getattr(ex, "_inner", None)
+    if isinstance(inner, Exchange):
+        ex = inner
+    for name, cls in ROUTING_TYPES.items():
+        if isinstance(ex, cls):
+            return name
+    return "direct"
+
+
+class _NoConsumers:
+    count = 0
+
+
+class RemoteQueue:
+    """A queue of another member (see the module docstring)."""
+
+    remote: ClassVar[bool] = True
+    type_name: ClassVar[str] = "classic"
+    dedup = None
+    exclusive_owner = None
+    auto_delete = False
+    consumers = _NoConsumers()
+    # The persistence a message asked for travels with it; the owner applies its queue's durability.
+    durable = True
+
+    def __init__(self, vhost: str, name: str, node: str, durable: bool, exclusive: bool,
+                 forward: Callable[[RemoteQueue, Message, bool, Any], None], overloaded: Callable[[], bool],
+                 throttle: Callable[[Any], None]) -> None:
+        self.vhost_name = vhost
+        self.name = name
+        self.node = node
+        self.queue_durable = durable
+        self.exclusive = exclusive
+        self.publisher_channels: set[Any] = set()
+        self._forward = forward
+        self._overloaded = overloaded
+        self._throttle = throttle
+
+    def deliver_or_enqueue(self, msg: Message, persistent: bool, confirm: Any = None) -> int:
+        self._forward(self, msg, persistent, confirm)
+        return CONFIRM_LATER if confirm is not None else ACCEPTED
+
+    @property
+    def overloaded(self) -> bool:
+        return self._overloaded()
+
+    def throttle(self, reader: Any) -> None:
+        self._throttle(reader)
+
+    def origins_held(self, seqs: set[int]) -> set[int]:
+        return set()
+
+    def message_count(self) -> int:
+        return 0  # not known here (RabbitMQ answers from the queue's node; a client connected here gets 0)
+
+    def refuse(self, action: str) -> AMQPError:
+        """The error for what only the owner can do (consume, get, purge, delete, bind anew)."""
+        return AMQPError(RESOURCE_LOCKED, f"queue '{self.name}' in vhost '{self.vhost_name}' is a node-local "
+                         f"queue of cluster member '{self.node}': {action} it on a connection to that member "
+                         "(a quorum queue is served by every member)")
+
+    def __repr__(self) -> str:
+        return f"RemoteQueue({self.vhost_name!r}, {self.name!r}, node={self.node!r})"
+
+
+class RemoteRoutes:
+    """One vhost's remote queues and the shadow exchanges of their bindings (see the module docstring).
+
+    ``lookup(name)`` (optional) is asked for a default-exchange name nobody here knows: the directory in
+    PostgreSQL, answering a RemoteQueue or None (the caller caches negative answers)."""
+
+    def __init__(self, vhost: str) -> None:
+        self.vhost = vhost
+        self.queues: dict[str, RemoteQueue] = {}
+        self.shadows: dict[str, Exchange] = {}
+        self.lookup: Callable[[str], RemoteQueue | None] | None = None
+
+    def replace(self, queues: dict[str, RemoteQueue],
+                bindings: Iterable[tuple[str, str, str, dict[str, Any], str]]) -> None:
+        """The directory as read now: ``bindings`` are (source, routing type, routing key, arguments, queue)."""
+        shadows: dict[str, Exchange] = {}
+        for source, routing, key, arguments, queue in bindings:
+            if queue not in queues:
+                continue
+            shadow = shadows.get(source)
+            if shadow is None:
+                shadow = shadows[source] = ROUTING_TYPES.get(routing, DirectExchange)(source)
+            shadow.add_binding(Binding(source, queue, QUEUE, key, arguments))
+        self.queues = queues
+        self.shadows = shadows
+
+    def route(self, exchange: str, keys: Iterable[str], msg: Message, queue_names: set[str]) -> None:
+        """Add the remote queues ``exchange``'s shadow selects to ``queue_names``."""
+        shadow = self.shadows.get(exchange)
+        if shadow is None:
+            return
+        unused: set[str] = set()
+        for key in keys:
+            shadow.route(key, msg, queue_names, unused)
+
+    def queue(self, name: str) -> RemoteQueue | None:
+        """The remote queue named ``name``, known already or found in the directory."""
+        q = self.queues.get(name)
+        if q is None and self.lookup is not None:
+            q = self.lookup(name)
+        return q
+
+    def bound(self, source: str, queue: str, routing_key: str, arguments: dict[str, Any]) -> bool:
+        """Whether the owner has made this binding (a redeclare of it from here is then a no-op)."""
+        shadow = self.shadows.get(source)
+        return shadow is not None and Binding(source, queue, QUEUE, routing_key, arguments).key in shadow.bindings

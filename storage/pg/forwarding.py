@@ -1,0 +1,618 @@
+"""Node-local queues across a Leveret cluster, PostgreSQL side (issue 15; broker/cluster_forwarding.py is the
+broker side): the *directory* of every member's own queues (classic, exclusive, server-named, streams) and
+of their bindings from shared exchanges, and the *forward* table through which a message published on one
+member reaches a queue that lives on another.
+
+Tables (storage/pg/schema.py, migration 3; SCHEMA.md): ``leveret.local_queue``, ``leveret.local_binding``,
+``leveret.forward``.
+
+Two halves, two ways of talking to PostgreSQL:
+
+- :class:`PgDirectory` is **synchronous**, like the definitions store (storage/pg/definitions_store.py): a
+  queue.declare-ok or queue.bind-ok is sent after the row is committed, so that a reply published on another
+  member right after finds the queue. It runs its own event loop on a private thread with one connection;
+  every call is serialised there in call order. Removals are fire-and-forget (a late removal costs at most a
+  forwarded message that the owner drops), additions and look-ups wait (bounded by ``timeout``). After a
+  failure the directory stays *unavailable* for ``retry_after`` seconds (calls raise at once rather than block
+  the broker), and the caller rewrites its rows when it is back (:meth:`PgDirectory.replace_own`).
+- :class:`PgForwarding` is **asynchronous**, on the broker's loop, with three connections of its own:
+  the publisher (every message of an event-loop burst, whatever its target, in one INSERT … unnest(): one
+  transaction per burst, never one per message; the confirms after it commits), the forwarder (this node's
+  rows in batches: ``DELETE … RETURNING`` in a transaction, handed to the broker, which enqueues them locally
+  and waits for its own stores, then commit) and the bell (LISTEN, and a debounced NOTIFY after each commit,
+  at most one per target per 10 ms: research/postgres-queue.md §2.6), plus a 1 s poll.
+
+Messages and binding arguments are opaque bytes here: the broker encodes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, NamedTuple, TypeVar
+
+import asyncpg
+
+log = logging.getLogger("leveret.pg.forwarding")
+
+T = TypeVar("T")
+
+PG_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+
+FORWARD_BELL = "leveret_forward"  # payload: the target node's name
+DIRECTORY_BELL = "leveret_directory"  # payload: the node whose directory rows changed
+TAKE_BATCH = 500  # rows per forwarder transaction (research §2.2-2.5: batches of 100-500)
+POLL_INTERVAL = 1.0
+DIRECTORY_POLL = 2.0
+RING_EVERY = 0.01
+REAP_EVERY = 5.0
+CONNECT_TIMEOUT = 5.0
+
+# A member counts as alive while it has a node row neither stopped nor reaped (storage/pg/cluster.py).
+_LIVE = ("EXISTS (SELECT 1 FROM leveret.node n WHERE n.name = {t}.node AND n.dead_at IS NULL "
+         "AND n.stopped_at IS NULL)")
+
+# Take (vhost, name) for ``node`` unless another live member holds it (a non-durable queue of a member that
+# is gone is stale: taken over). Returns the owner's row either way.
+CLAIM = (
+    "WITH ins AS (INSERT INTO leveret.local_queue AS q (vhost, name, node, durable, exclusive) "
+    "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (vhost, name) DO UPDATE SET node = EXCLUDED.node, "
+    "durable = EXCLUDED.durable, exclusive = EXCLUDED.exclusive "
+    "WHERE q.node = EXCLUDED.node OR (NOT q.durable AND NOT " + _LIVE.format(t="q") + ") "
+    "RETURNING node, durable, exclusive) "
+    "SELECT node, durable, exclusive, pg_notify('" + DIRECTORY_BELL + "', $3) FROM ins "
+    "UNION ALL SELECT node, durable, exclusive, NULL FROM leveret.local_queue "
+    "WHERE vhost = $1 AND name = $2 AND NOT EXISTS (SELECT 1 FROM ins)")
+LOOKUP = "SELECT node, durable, exclusive FROM leveret.local_queue WHERE vhost = $1 AND name = $2"
+RELEASE = ("WITH d AS (DELETE FROM leveret.local_queue WHERE vhost = $1 AND name = $2 AND node = $3 RETURNING 1) "
+           "SELECT pg_notify('" + DIRECTORY_BELL + "', $3) FROM d")
+BIND = ("WITH ins AS (INSERT INTO leveret.local_binding "
+        "(vhost, source, queue, routing_key, args_hash, arguments, routing, node) "
+        "SELECT $1, $2, $3, $4, $5, $6, $7, $8 WHERE EXISTS (SELECT 1 FROM leveret.local_queue "
+        "WHERE vhost = $1 AND name = $3 AND node = $8) "
+        "ON CONFLICT (vhost, source, queue, routing_key, args_hash) DO UPDATE SET arguments = EXCLUDED.arguments, "
+        "routing = EXCLUDED.routing, node = EXCLUDED.node RETURNING 1) "
+        "SELECT pg_notify('" + DIRECTORY_BELL + "', $8) FROM ins")
+UNBIND = ("WITH d AS (DELETE FROM leveret.local_binding WHERE vhost = $1 AND source = $2 AND queue = $3 "
+          "AND routing_key = $4 AND args_hash = $5 AND node = $6 RETURNING 1) "
+          "SELECT pg_notify('" + DIRECTORY_BELL + "', $6) FROM d LIMIT 1")
+UNBIND_SOURCE = ("WITH d AS (DELETE FROM leveret.local_binding WHERE vhost = $1 AND source = $2 AND node = $3 "
+                 "RETURNING 1) SELECT pg_notify('" + DIRECTORY_BELL + "', $3) FROM d LIMIT 1")
+OTHERS_QUEUES = "SELECT vhost, name, node, durable, exclusive FROM leveret.local_queue WHERE node <> $1"
+OTHERS_BINDINGS = ("SELECT vhost, source, queue, routing_key, arguments, routing, node FROM leveret.local_binding "
+                   "WHERE node <> $1")
+# Rows of queues that died with a member that is gone (crashed: no clean stop deleted them). Durable queues
+# stay: they come back when their member does, and messages forwarded meanwhile wait for it.
+REAP = ("WITH d AS (DELETE FROM leveret.local_queue q WHERE NOT q.durable AND NOT " + _LIVE.format(t="q") +
+        " RETURNING 1) SELECT count(*) FROM (SELECT pg_notify('" + DIRECTORY_BELL + "', $1) FROM d) x")
+# Messages no member will take: for a member that is gone and has no durable queue to come back with (a
+# reply to a direct reply-to channel of a crashed member, a burst to its exclusive queues).
+REAP_FORWARD = ("DELETE FROM leveret.forward f WHERE NOT EXISTS (SELECT 1 FROM leveret.node n WHERE n.name = "
+                "f.target AND n.dead_at IS NULL AND n.stopped_at IS NULL) AND NOT EXISTS (SELECT 1 FROM "
+                "leveret.local_queue q WHERE q.node = f.target AND q.durable)")
+INSERT = (
+    "INSERT INTO leveret.forward (target, vhost, queues, persistent, body) "
+    "SELECT t, v, ARRAY(SELECT jsonb_array_elements_text(q::jsonb)), p, b "
+    "FROM unnest($1::text[], $2::text[], $3::text[], $4::bool[], $5::bytea[]) WITH ORDINALITY AS x(t, v, q, p, b, n) "
+    "ORDER BY n")
+TAKE = ("DELETE FROM leveret.forward WHERE id IN (SELECT id FROM leveret.forward WHERE target = $1 "
+        "ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING id, vhost, queues, persistent, body")
+
+
+class DirectoryUnavailable(Exception):
+    """PostgreSQL did not answer the directory (or did not recently): the caller goes on locally."""
+
+
+class Owner(NamedTuple):
+    node: str
+    durable: bool
+    exclusive: bool
+
+
+class QueueRow(NamedTuple):
+    vhost: str
+    name: str
+    node: str
+    durable: bool
+    exclusive: bool
+
+
+class BindingRow(NamedTuple):
+    vhost: str
+    source: str
+    queue: str
+    routing_key: str
+    arguments: bytes
+    routing: str
+    node: str
+
+
+class Forwarded(NamedTuple):
+    """One row taken by the forwarder: a message for ``queues`` of ``vhost`` on this node."""
+
+    id: int
+    vhost: str
+    queues: list[str]
+    persistent: bool
+    body: bytes
+
+
+class PgDirectory:
+    """This node's rows of the directory, written synchronously (see the module docstring)."""
+
+    def __init__(self, dsn: str, node: str, timeout: float = 3.0, retry_after: float = 10.0) -> None:
+        self.dsn = dsn
+        self.node = node
+        self.timeout = timeout
+        self.retry_after = retry_after
+        self.down_until = 0.0
+        self.failed = False  # a write was lost: the owner rewrites its rows when PostgreSQL is back
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="leveret-pg-directory", daemon=True)
+        self._thread.start()
+        self._conn: asyncpg.Connection | None = None
+        self._lock: asyncio.Lock | None = None
+
+    # -- the private loop ------------------------------------------------------------------------------------
+    async def _call(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            try:
+                if self._conn is None or self._conn.is_closed():
+                    self._conn = await asyncpg.connect(self.dsn, timeout=self.timeout)
+                return await fn(self._conn)
+            except BaseException:
+                if self._conn is not None and not self._conn.is_closed():
+                    self._conn.terminate()
+                self._conn = None
+                raise
+
+    def _wait(self, fn: Callable[[asyncpg.Connection], Awaitable[T]], force: bool = False) -> T:
+        if not force and time.monotonic() < self.down_until:
+            raise DirectoryUnavailable("the cluster's PostgreSQL did not answer recently")
+        future = asyncio.run_coroutine_threadsafe(self._call(fn), self._loop)
+        try:
+            return future.result(self.timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            self._down()
+            raise DirectoryUnavailable(f"PostgreSQL did not answer within {self.timeout:g} s") from None
+        except PG_ERRORS as exc:
+            self._down()
+            raise DirectoryUnavailable(str(exc)) from None
+
+    def _later(self, fn: Callable[[asyncpg.Connection], Awaitable[Any]]) -> None:
+        """Fire and forget, in order after every call made before it."""
+        if time.monotonic() < self.down_until:
+            self.failed = True
+            return
+        future = asyncio.run_coroutine_threadsafe(self._call(fn), self._loop)
+        future.add_done_callback(self._later_done)
+
+    def _later_done(self, future: concurrent.futures.Future[Any]) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            log.warning("directory write failed: %s", future.exception())
+            self._down()
+
+    def _down(self) -> None:
+        self.failed = True
+        self.down_until = time.monotonic() + self.retry_after
+
+    # -- queues --------------------------------------------------------------------------------------------
+    def claim(self, vhost: str, name: str, durable: bool, exclusive: bool) -> Owner | None:
+        """Record the queue as this node's; None if it is (now) ours, else the member that holds it."""
+
+        async def run(conn: asyncpg.Connection) -> Owner | None:
+            for _ in range(3):
+                row = await conn.fetchrow(CLAIM, vhost, name, self.node, durable, exclusive)
+                if row is not None:
+                    return None if row[0] == self.node else Owner(row[0], row[1], row[2])
+            return None  # claimed and released under us three times: go on as ours
+
+        return self._wait(run)
+
+    def lookup(self, vhost: str, name: str) -> Owner | None:
+        async def run(conn: asyncpg.Connection) -> Owner | None:
+            row = await conn.fetchrow(LOOKUP, vhost, name)
+            return None if row is None else Owner(row[0], row[1], row[2])
+
+        return self._wait(run)
+
+    def release(self, vhost: str, name: str) -> None:
+        self._later(lambda conn: conn.execute(RELEASE, vhost, name, self.node))
+
+    # -- bindings ------------------------------------------------------------------------------------------
+    def bind(self, vhost: str, source: str, queue: str, routing_key: str, args_hash: str, arguments: bytes,
+             routing: str) -> None:
+        self._wait(lambda conn: conn.execute(BIND, vhost, source, queue, routing_key, args_hash, arguments,
+                                             routing, self.node))
+
+    def has_binding(self, vhost: str, source: str, queue: str, routing_key: str, args_hash: str) -> bool:
+        async def run(conn: asyncpg.Connection) -> bool:
+            return bool(await conn.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM leveret.local_binding WHERE vhost = $1 AND source = $2 "
+                "AND queue = $3 AND routing_key = $4 AND args_hash = $5)", vhost, source, queue, routing_key,
+                args_hash))
+
+        return self._wait(run)
+
+    def unbind(self, vhost: str, source: str, queue: str, routing_key: str, args_hash: str) -> None:
+        self._later(lambda conn: conn.execute(UNBIND, vhost, source, queue, routing_key, args_hash, self.node))
+
+    def unbind_source(self, vhost: str, source: str) -> None:
+        self._later(lambda conn: conn.execute(UNBIND_SOURCE, vhost, source, self.node))
+
+    # -- whole sets ----------------------------------------------------------------------------------------
+    def replace_own(self, queues: Sequence[tuple[str, str, bool, bool]],
+                    bindings: Sequence[tuple[str, str, str, str, str, bytes, str]], force: bool = True) -> None:
+        """This node's rows become exactly ``queues`` (vhost, name, durable, exclusive) and ``bindings``
+        (vhost, source, queue, routing_key, args_hash, arguments, routing), in one transaction: at start
+        (its non-durable queues died with the last process) and after PostgreSQL was out of reach. A name
+        another live member holds stays theirs (returned by nobody: the broker saw it at declare)."""
+
+        async def run(conn: asyncpg.Connection) -> None:
+            async with conn.transaction():
+                await conn.execute("DELETE FROM leveret.local_queue WHERE node = $1", self.node)
+                for vhost, name, durable, exclusive in queues:
+                    await conn.execute(
+                        "INSERT INTO leveret.local_queue (vhost, name, node, durable, exclusive) "
+                        "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (vhost, name) DO NOTHING",
+                        vhost, name, self.node, durable, exclusive)
+                if bindings:
+                    await conn.executemany(BIND, [(*b, self.node) for b in bindings])
+                await conn.execute("SELECT pg_notify($1, $2)", DIRECTORY_BELL, self.node)
+
+        self._wait(run, force=force)
+        self.failed = False
+        self.down_until = 0.0
+
+    def drop_transient_own(self) -> None:
+        """A clean stop: this node's non-durable queues end with it (its durable ones come back)."""
+        self._wait(lambda conn: conn.execute(
+            "WITH d AS (DELETE FROM leveret.local_queue WHERE node = $1 AND NOT durable RETURNING 1) "
+            "SELECT pg_notify($2, $1) FROM d LIMIT 1", self.node, DIRECTORY_BELL))
+
+    def close(self) -> None:
+        async def shut() -> None:
+            if self._conn is not None:
+                try:
+                    await asyncio.wait_for(self._conn.close(), 2)
+                except Exception:  # noqa: BLE001 (closing anyway)
+                    self._conn.terminate()
+                self._conn = None
+
+        try:
+            asyncio.run_coroutine_threadsafe(shut(), self._loop).result(5)
+        except Exception as exc:  # noqa: BLE001 (closing anyway)
+            log.debug("directory connection close: %s", exc)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        if not self._loop.is_running():
+            self._loop.close()
+
+
+class _Pending:
+    __slots__ = ("confirms", "msg", "persistent", "queues", "target", "vhost")
+
+    def __init__(self, target: str, vhost: str, queue: str, msg: Any, persistent: bool, confirm: Any) -> None:
+        self.target = target
+        self.vhost = vhost
+        self.queues = [queue]
+        self.msg = msg
+        self.persistent = persistent
+        self.confirms = [] if confirm is None else [confirm]
+
+
+class PgForwarding:
+    """The forward table from this node: publishing to other members, taking what they forwarded here,
+    and the bells (see the module docstring).
+
+    ``encode(msg) -> bytes`` is applied at the insert. ``on_confirm(confirms, ok)`` gets the confirm objects
+    of a burst once its INSERT committed (ok) or failed. ``deliver(rows)`` puts a batch taken for this node
+    into its queues at once (batches in order) and returns an awaitable (or None) done when the queues have
+    stored it; the batch's DELETE commits then (if it raises, the rows stay and are taken again).
+    ``on_directory()`` is called when another member's directory rows changed.
+
+    Taking is two batches deep, on two connections: while one batch waits for the local stores and its
+    commit, the next is taken (its rows are past the first's, which are locked: SKIP LOCKED) and delivered
+    after it. A batch that fails goes back and comes again after later ones (at least once, ordered unless
+    something failed)."""
+
+    def __init__(self, dsn: str, node: str, encode: Callable[[Any], bytes],
+                 on_confirm: Callable[[list[Any], bool], None],
+                 deliver: Callable[[list[Forwarded]], Awaitable[None] | None],
+                 on_directory: Callable[[], None]) -> None:
+        self.dsn = dsn
+        self.node = node
+        self.encode = encode
+        self.on_confirm = on_confirm
+        self.deliver = deliver
+        self.on_directory = on_directory
+        self.loop = asyncio.get_running_loop()
+        self.pending: list[_Pending] = []
+        self.inflight = 0  # messages in the INSERT being committed
+        self.inserted = 0  # rows committed by this node's publisher (tests, bench)
+        self.taken = 0  # rows this node's forwarder took and delivered
+        self.inserts = 0  # INSERT statements (one per burst)
+        self._pub_conn: asyncpg.Connection | None = None
+        self._take_conns: list[asyncpg.Connection | None] = [None, None]
+        self._finishing: list[asyncio.Task[None] | None] = [None, None]
+        self._bell_conn: asyncpg.Connection | None = None
+        self._bell_lock = asyncio.Lock()
+        self._pub_wake = asyncio.Event()
+        self._take_wake = asyncio.Event()
+        self._scheduled = False
+        self._rings: set[str] = set()
+        self._ring_task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._closing = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def start(self) -> None:
+        self._pub_conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT)
+        await self._connect_bell()
+        for coro in (self._publish_loop(), self._take_loop(), self._poll_loop()):
+            self._tasks.append(self.loop.create_task(coro))
+
+    async def _connect_bell(self) -> None:
+        self._bell_conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT)
+        await self._bell_conn.add_listener(FORWARD_BELL, self._bell)
+        await self._bell_conn.add_listener(DIRECTORY_BELL, self._bell)
+
+    def _bell(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        if channel == FORWARD_BELL:
+            if payload == self.node:
+                self._take_wake.set()
+        elif payload != self.node:
+            self.on_directory()
+
+    # -- publishing ------------------------------------------------------------------------------------------
+    def add(self, target: str, vhost: str, queue: str, msg: Any, persistent: bool, confirm: Any = None) -> None:
+        """Forward ``msg`` to ``queue`` of ``vhost`` on ``target``. The same message for several queues of one
+        target, one after the other (a fan-out), is one row."""
+        pending = self.pending
+        if pending:
+            last = pending[-1]
+            if last.msg is msg and last.target == target and last.vhost == vhost and queue not in last.queues:
+                last.queues.append(queue)
+                last.persistent = last.persistent or persistent
+                if confirm is not None:
+                    last.confirms.append(confirm)
+                return
+        pending.append(_Pending(target, vhost, queue, msg, persistent, confirm))
+        self._idle.clear()
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._ring_publisher)
+
+    def _ring_publisher(self) -> None:
+        self._scheduled = False
+        self._pub_wake.set()
+
+    @property
+    def backlog(self) -> int:
+        """Messages not committed yet (credit flow)."""
+        return len(self.pending) + self.inflight
+
+    async def _publish_loop(self) -> None:
+        while True:
+            await self._pub_wake.wait()
+            self._pub_wake.clear()
+            while self.pending:
+                await self._publish_step()
+            if not self.pending:
+                self._idle.set()
+
+    async def _publish_step(self) -> None:
+        rows, self.pending = self.pending, []
+        self.inflight = len(rows)
+        confirms = [c for r in rows for c in r.confirms]
+        ok = False
+        try:
+            if self._pub_conn is None or self._pub_conn.is_closed():
+                self._pub_conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT)
+            encode = self.encode
+            await self._pub_conn.execute(
+                INSERT, [r.target for r in rows], [r.vhost for r in rows],
+                [json.dumps(r.queues) for r in rows], [r.persistent for r in rows],
+                [encode(r.msg) for r in rows])
+            ok = True
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 (logged; the next round retries)
+            log.warning("forwarding %d messages failed (their publishers are nacked): %s", len(rows), exc)
+            if self._pub_conn is not None and not self._pub_conn.is_closed():
+                self._pub_conn.terminate()
+            self._pub_conn = None
+        finally:
+            self.inflight = 0
+        if ok:
+            self.inserted += len(rows)
+            self.inserts += 1
+            self.ring({r.target for r in rows})
+        if confirms:
+            self.on_confirm(confirms, ok)
+
+    async def flushed(self) -> None:
+        """Until every message added so far is committed (or failed)."""
+        await self._idle.wait()
+
+    # -- the doorbell ----------------------------------------------------------------------------------------
+    def ring(self, targets: set[str]) -> None:
+        self._rings |= targets
+        if self._ring_task is None and not self._closing:
+            self._ring_task = self.loop.create_task(self._ring_soon())
+
+    async def _ring_soon(self) -> None:
+        try:
+            while self._rings:
+                targets, self._rings = sorted(self._rings), set()
+                async with self._bell_lock:
+                    if self._bell_conn is not None and not self._bell_conn.is_closed():
+                        await self._bell_conn.execute("SELECT pg_notify($1, t) FROM unnest($2::text[]) t",
+                                                      FORWARD_BELL, targets)
+                await asyncio.sleep(RING_EVERY)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the target's 1 s poll still finds the rows
+            log.warning("forward doorbell failed", exc_info=True)
+        finally:
+            self._ring_task = None
+
+    # -- taking what others forwarded here ------------------------------------------------------------------
+    async def _take_loop(self) -> None:
+        slot = 0
+        while True:
+            try:
+                await asyncio.wait_for(self._take_wake.wait(), POLL_INTERVAL)
+            except TimeoutError:
+                pass
+            self._take_wake.clear()
+            try:
+                while True:
+                    n = await self._take(slot)
+                    slot ^= 1
+                    if n < TAKE_BATCH:
+                        break
+                for i in (0, 1):  # idle: the last batches committed before waiting for the bell
+                    await self._finished(i)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 (logged; the next round retries)
+                log.warning("taking forwarded messages failed (retried): %s", exc)
+                for i in (0, 1):
+                    conn = self._take_conns[i]
+                    if conn is not None and not conn.is_closed():
+                        conn.terminate()
+                    self._take_conns[i] = None
+                    self._finishing[i] = None
+                await asyncio.sleep(0.5)
+
+    async def _finished(self, slot: int) -> None:
+        """Until the batch on ``slot``'s connection is committed (raises if it failed)."""
+        task = self._finishing[slot]
+        if task is not None:
+            self._finishing[slot] = None
+            await task
+
+    async def _take(self, slot: int) -> int:
+        """Take one batch on connection ``slot`` (its previous batch committed first) and deliver it; its
+        commit waits for the local stores in a task of its own. Returns how many rows."""
+        await self._finished(slot)
+        conn = self._take_conns[slot]
+        if conn is None or conn.is_closed():
+            conn = self._take_conns[slot] = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT)
+        tr = conn.transaction()
+        await tr.start()
+        try:
+            records = await conn.fetch(TAKE, self.node, TAKE_BATCH)
+            if not records:
+                await tr.rollback()
+                return 0
+            rows = sorted((Forwarded(r[0], r[1], list(r[2]), r[3], r[4]) for r in records), key=lambda f: f.id)
+            stored = self.deliver(rows)
+        except BaseException:
+            if not conn.is_closed():
+                await tr.rollback()
+            raise
+        self._finishing[slot] = self.loop.create_task(self._commit(conn, tr, stored, len(rows)))
+        return len(rows)
+
+    async def _commit(self, conn: asyncpg.Connection, tr: Any, stored: Awaitable[None] | None, n: int) -> None:
+        try:
+            if stored is not None:
+                await stored
+            await tr.commit()
+        except BaseException:
+            if not conn.is_closed():
+                try:
+                    await tr.rollback()
+                except Exception:  # noqa: BLE001 (the connection is dropped by the caller)
+                    conn.terminate()
+            raise
+        self.taken += n
+
+    async def take_once(self) -> int:
+        """One batch taken, delivered and committed (tests); returns how many rows."""
+        n = await self._take(0)
+        await self._finished(0)
+        return n
+
+    # -- the directory, as other members wrote it ---------------------------------------------------------
+    async def others(self) -> tuple[list[QueueRow], list[BindingRow]]:
+        """Every other member's queue and binding rows."""
+        async with self._bell_lock:
+            conn = self._bell_conn
+            if conn is None or conn.is_closed():
+                await self._connect_bell()
+                conn = self._bell_conn
+            assert conn is not None
+            async with conn.transaction(isolation="repeatable_read", readonly=True):
+                queues = [QueueRow(*r) for r in await conn.fetch(OTHERS_QUEUES, self.node)]
+                bindings = [BindingRow(*r) for r in await conn.fetch(OTHERS_BINDINGS, self.node)]
+        return queues, bindings
+
+    async def namesakes(self) -> int:
+        """Other live node rows with this node's name (another process, or this node's last one not reaped yet)."""
+        async with self._bell_lock:
+            assert self._bell_conn is not None
+            return int(await self._bell_conn.fetchval(
+                "SELECT count(*) - 1 FROM leveret.node WHERE name = $1 AND dead_at IS NULL AND stopped_at IS NULL",
+                self.node))
+
+    async def reap(self) -> int:
+        """Drop the rows of non-durable queues of members that are gone, and the messages forwarded to members
+        that are gone for good (no durable queue to come back with); returns how many queue rows."""
+        async with self._bell_lock:
+            if self._bell_conn is None or self._bell_conn.is_closed():
+                return 0
+            n = int(await self._bell_conn.fetchval(REAP, self.node))
+            status = await self._bell_conn.execute(REAP_FORWARD)
+        if status.split()[-1] != "0":
+            log.info("dropped %s forwarded messages for members that are gone", status.split()[-1])
+        if n:
+            log.info("dropped %d directory rows of queues whose members are gone", n)
+        return n
+
+    async def _poll_loop(self) -> None:
+        last_reap = time.monotonic()
+        while True:
+            await asyncio.sleep(DIRECTORY_POLL)
+            try:
+                if time.monotonic() - last_reap >= REAP_EVERY:
+                    last_reap = time.monotonic()
+                    await self.reap()
+                self.on_directory()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 (logged; the next round retries)
+                log.warning("directory poll failed: %s", exc)
+                async with self._bell_lock:
+                    if self._bell_conn is not None and not self._bell_conn.is_closed():
+                        self._bell_conn.terminate()
+                    self._bell_conn = None
+
+    async def close(self) -> None:
+        self._closing = True
+        if self.pending or self.inflight:
+            try:
+                await asyncio.wait_for(self._idle.wait(), 5)
+            except TimeoutError:
+                pass
+        tasks = [*self._tasks, *(t for t in (self._ring_task, *self._finishing) if t is not None)]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for conn in (self._pub_conn, *self._take_conns, self._bell_conn):
+            if conn is not None and not conn.is_closed():
+                try:
+                    await asyncio.wait_for(conn.close(), 2)
+                except Exception:  # noqa: BLE001 (closing anyway)
+                    conn.terminate()

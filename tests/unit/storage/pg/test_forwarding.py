@@ -1,0 +1,241 @@
+"""The PostgreSQL side of node-local queues across a cluster (storage/pg/forwarding.py), on a real PostgreSQL:
+the directory's claims (one queue per name cluster-wide; a stale row of a gone member taken over, a durable
+one kept), bindings and their cascade, a member's whole set replaced, the reaper of gone members' rows, the
+doorbell; and the forward table: one INSERT per burst whatever the number of messages, confirms after the
+commit, the target's batches in order, a failed delivery taken again."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import asyncpg
+import pytest
+
+from storage.pg import schema
+from storage.pg.forwarding import Forwarded, Owner, PgDirectory, PgForwarding
+
+pytest_plugins = ["pg_fixtures"]
+
+
+@pytest.fixture
+async def admin(pg_dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(pg_dsn)
+    await schema.migrate(conn)
+    yield conn
+    await conn.close()
+
+
+async def live(admin: asyncpg.Connection, *names: str) -> None:
+    """Node rows that make ``names`` live members (as storage/pg/cluster.py registers them)."""
+    for name in names:
+        await admin.execute("INSERT INTO leveret.node (epoch, name, lease_pid, lease_until) "
+                            "VALUES (nextval('leveret.node_epoch'), $1, 0, now() + interval '1 hour')", name)
+
+
+@pytest.fixture
+def directory(pg_dsn: str, admin: asyncpg.Connection):
+    made: list[PgDirectory] = []
+
+    def make(node: str) -> PgDirectory:
+        d = PgDirectory(pg_dsn, node, timeout=5.0)
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        d.close()
+
+
+async def until(pred: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await pred():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_name_is_claimed_once_cluster_wide(admin, directory) -> None:
+    await live(admin, "a", "b")
+    a, b = directory("a"), directory("b")
+    assert a.claim("/", "q", True, False) is None  # a's now
+    assert a.claim("/", "q", True, False) is None  # a redeclare by its owner
+    assert b.claim("/", "q", False, False) == Owner("a", True, False)
+    assert b.lookup("/", "q") == Owner("a", True, False)
+    assert b.lookup("/", "nothing") is None
+    a.release("/", "q")  # fire and forget, in order with a's later calls
+    assert a.lookup("/", "q") is None
+    assert b.claim("/", "q", False, True) is None
+
+
+async def test_a_gone_members_non_durable_row_is_taken_over_its_durable_one_kept(admin, directory) -> None:
+    await live(admin, "b")  # "gone" has no live node row (crashed and reaped, or stopped)
+    gone, b = directory("gone"), directory("b")
+    assert gone.claim("/", "reply", False, True) is None
+    assert gone.claim("/", "durable", True, False) is None
+    assert b.claim("/", "reply", False, False) is None  # stale: b's now
+    assert b.claim("/", "durable", True, False) == Owner("gone", True, False)
+
+
+async def test_bindings_are_written_and_go_with_their_queue(admin, directory, pg_dsn) -> None:
+    await live(admin, "a", "b")
+    a = directory("a")
+    fw = await forwarding(pg_dsn, "b")
+    try:
+        a.claim("/", "q", False, False)
+        a.bind("/", "x", "q", "k.*", "h1", b"args", "topic")
+        a.bind("/", "x", "not-mine", "k", "h2", b"", "direct")  # no queue row of a's: not written
+        queues, bindings = await fw.others()
+        assert [(r.name, r.node) for r in queues] == [("q", "a")]
+        assert [(r.source, r.queue, r.routing_key, bytes(r.arguments), r.routing) for r in bindings] == [
+            ("x", "q", "k.*", b"args", "topic")]
+        a.unbind("/", "x", "q", "k.*", "h1")
+        a.bind("/", "y", "q", "", "h3", b"", "fanout")
+        a.unbind_source("/", "y")
+        a.bind("/", "z", "q", "", "h4", b"", "fanout")
+        assert a.lookup("/", "q") is not None  # after the fire-and-forget calls
+        assert [r.source for r in (await fw.others())[1]] == ["z"]
+        a.release("/", "q")
+        assert a.lookup("/", "q") is None
+        assert await fw.others() == ([], [])  # the binding went with its queue
+    finally:
+        await fw.close()
+
+
+async def test_replace_own_and_drop_transient_own(admin, directory) -> None:
+    await live(admin, "a")
+    a = directory("a")
+    a.claim("/", "old", False, True)
+    a.replace_own([("/", "kept", True, False), ("/", "temp", False, False)],
+                  [("/", "x", "kept", "", "h", b"", "fanout")])
+    rows = await admin.fetch("SELECT name FROM leveret.local_queue ORDER BY name")
+    assert [r[0] for r in rows] == ["kept", "temp"]
+    assert await admin.fetchval("SELECT count(*) FROM leveret.local_binding") == 1
+    a.drop_transient_own()
+    assert [r[0] for r in await admin.fetch("SELECT name FROM leveret.local_queue")] == ["kept"]
+
+
+async def test_the_reaper_drops_non_durable_rows_of_members_that_are_gone(admin, directory, pg_dsn) -> None:
+    await live(admin, "a", "b")
+    a = directory("a")
+    a.claim("/", "durable", True, False)
+    a.claim("/", "excl", False, True)
+    fw = await forwarding(pg_dsn, "b")
+    try:
+        fw.add("a", "/", "durable", b"for-a", True)
+        fw.add("nobody", "", "amq.rabbitmq.reply-to.x", b"to-no-member", False)
+        await fw.flushed()
+        assert await fw.reap() == 0  # a is alive
+        assert await admin.fetchval("SELECT array_agg(target) FROM leveret.forward") == ["a"]  # nobody's: gone
+        await admin.execute("UPDATE leveret.node SET dead_at = now() WHERE name = 'a'")
+        assert await fw.reap() == 1
+        assert [r.name for r in (await fw.others())[0]] == ["durable"]
+        assert await admin.fetchval("SELECT count(*) FROM leveret.forward") == 1  # waits for a's durable queue
+        await admin.execute("DELETE FROM leveret.local_queue")
+        await fw.reap()
+        assert await admin.fetchval("SELECT count(*) FROM leveret.forward") == 0
+    finally:
+        await fw.close()
+
+
+async def test_a_directory_change_rings_the_other_members(admin, directory, pg_dsn) -> None:
+    await live(admin, "a", "b")
+    rung = asyncio.Event()
+    fw = await forwarding(pg_dsn, "b", on_directory=rung.set)
+    try:
+        directory("a").claim("/", "q", False, False)
+        await asyncio.wait_for(rung.wait(), 5)
+    finally:
+        await fw.close()
+
+
+async def forwarding(dsn: str, node: str, deliver: Callable[[list[Forwarded]], Awaitable[None]] | None = None,
+                     on_confirm: Callable[[list[Any], bool], None] | None = None,
+                     on_directory: Callable[[], None] | None = None) -> PgForwarding:
+    async def nothing(rows: list[Forwarded]) -> None:
+        raise AssertionError("nothing should be forwarded here")
+
+    fw = PgForwarding(dsn, node, lambda m: m, on_confirm or (lambda c, ok: None), deliver or nothing,
+                      on_directory or (lambda: None))
+    await fw.start()
+    return fw
+
+
+async def test_a_burst_is_one_insert_confirmed_after_commit_and_taken_in_order(admin, pg_dsn) -> None:
+    await live(admin, "a", "b")
+    confirmed: list[tuple[list[Any], bool]] = []
+    taken: list[Forwarded] = []
+
+    async def deliver(rows: list[Forwarded]) -> None:
+        taken.extend(rows)
+
+    b = await forwarding(pg_dsn, "b", on_confirm=lambda c, ok: confirmed.append((c, ok)))
+    a = await forwarding(pg_dsn, "a", deliver=deliver)
+    try:
+        for i in range(1000):
+            b.add("a", "/", "q", b"m%d" % i, True, ("pub", i))
+        fan = b"fan"
+        b.add("a", "/", "q1", fan, False, ("pub", "f1"))
+        b.add("a", "/", "q2", fan, False, ("pub", "f2"))  # the same message, next queue: one row
+        b.add("a", "/", "q1", fan, False)  # the same object published again: a row of its own
+        await b.flushed()
+        assert b.inserts == 1 and b.inserted == 1002
+        assert confirmed == [([("pub", i) for i in range(1000)] + [("pub", "f1"), ("pub", "f2")], True)]
+        deadline = time.monotonic() + 5
+        while len(taken) < 1002:
+            assert time.monotonic() < deadline, len(taken)
+            await asyncio.sleep(0.02)
+        assert [bytes(r.body) for r in taken[:1000]] == [b"m%d" % i for i in range(1000)]
+        assert (taken[-2].queues, taken[-2].persistent) == (["q1", "q2"], False)
+        assert taken[-1].queues == ["q1"]
+        assert [r.id for r in taken] == sorted(r.id for r in taken)
+        assert await admin.fetchval("SELECT count(*) FROM leveret.forward") == 0
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_failed_delivery_leaves_the_batch_to_be_taken_again(admin, pg_dsn) -> None:
+    await live(admin, "a", "b")
+    attempts: list[list[bytes]] = []
+
+    async def deliver(rows: list[Forwarded]) -> None:
+        attempts.append([bytes(r.body) for r in rows])
+        if len(attempts) == 1:
+            raise RuntimeError("the local store failed")
+
+    b = await forwarding(pg_dsn, "b")
+    b.add("a", "/", "q", b"x", True)
+    b.add("a", "/", "q", b"y", True)
+    await b.flushed()
+    a = await forwarding(pg_dsn, "a", deliver=deliver)
+    try:
+        deadline = time.monotonic() + 5
+        while len(attempts) < 2:
+            assert time.monotonic() < deadline, attempts
+            await asyncio.sleep(0.02)
+        assert attempts[:2] == [[b"x", b"y"], [b"x", b"y"]]
+        await until(lambda: _empty(admin))
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def _empty(admin: asyncpg.Connection) -> bool:
+    return await admin.fetchval("SELECT count(*) FROM leveret.forward") == 0
+
+
+async def test_a_failed_insert_fails_its_confirms(admin, pg_dsn) -> None:
+    confirmed: list[tuple[list[Any], bool]] = []
+    b = await forwarding(pg_dsn, "b", on_confirm=lambda c, ok: confirmed.append((c, ok)))
+    try:
+        await admin.execute("ALTER TABLE leveret.forward ADD CONSTRAINT no_big CHECK (length(body) < 10)")
+        b.add("a", "/", "q", b"far too long a body", True, "token")
+        await b.flushed()
+        assert confirmed == [(["token"], False)]
+        b.add("a", "/", "q", b"short", True, "next")  # the publisher reconnects and goes on
+        await b.flushed()
+        assert confirmed[-1] == (["next"], True)
+    finally:
+        await b.close()
