@@ -33,6 +33,7 @@ class VHost(QueueHost, Protocol):
     durable: Any  # broker/persistence.py DurableDefinitions, or None
     default_queue_type: str  # of a queue declared without x-queue-type (RabbitMQ's vhost default queue type)
     remote: Any  # a cluster member's VHostLink (broker/cluster_forwarding.py): other members' queues; else None
+    catch_up: Any  # a cluster member's DefinitionsFollower.catch_up_now (read the feed now); else None
 
     def policies_for_queue(self, name: str, queue_type: str = ...) -> tuple[Policy | None, Policy | None]: ...
 
@@ -130,6 +131,8 @@ class QueueRegistry:
     def lookup(self, name: str, reader: Reader | None = None) -> QueueProcess:
         """The queue, or 404; with ``reader``, 405 if another connection owns it exclusively."""
         q = self._queues.get(name)
+        if q is None and self.vhost.catch_up is not None and self.vhost.catch_up():
+            q = self._queues.get(name)  # a shared queue declared on another cluster member since the last poll
         if q is None:
             if self.vhost.remote is not None:  # 405 naming the member whose queue it is
                 self.vhost.remote.refuse(name, "use")

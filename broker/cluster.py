@@ -116,13 +116,18 @@ class Cluster:
         """Follow the other members' changes (the node is recovered and about to listen)."""
         if self.follower is not None:
             self.follower.start()
+            for vh in self.node.vhosts.values():
+                vh.catch_up = self.follower.catch_up_now
         self.forwarding = ClusterForwarding(self.node, self.dsn)
         await self.forwarding.start()
 
     def vhost_added(self, vh: Any) -> None:
-        """A vhost made (or recovered) on this node: its routes to other members' queues, once started."""
+        """A vhost made (or recovered) on this node: its routes to other members' queues and its reading of
+        the definitions feed on a miss (broker/cluster_definitions.py catch_up_now), once started."""
         if self.forwarding is not None:
             self.forwarding.attach(vh)
+            if self.follower is not None:
+                vh.catch_up = self.follower.catch_up_now
 
     async def stop(self) -> None:
         """A clean leave: stop following, then give back this node's reservations (storage/pg/cluster.py)."""

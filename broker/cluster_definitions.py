@@ -22,6 +22,7 @@ A change made by this member is skipped (it is in memory already).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +43,8 @@ log = structlog.get_logger("leveret.cluster")
 
 SHARED_KINDS = frozenset({"vhost", "user", "permission", "topic_permission", "policy", "operator_policy",
                           "parameter", "global_parameter", "exchange"})
+# catch_up_now for publishes routed nowhere at most this often (seconds): a miss within it waits for the poll.
+CATCH_UP_MIN_INTERVAL = 0.005
 # Queue types whose queues every member serves (their messages are in PostgreSQL).
 SHARED_QUEUE_TYPES = frozenset({"quorum"})
 
@@ -186,6 +189,7 @@ class DefinitionsFollower:
         self.applied = 0  # changes replayed, for tests and the curious
         self._task: asyncio.Task[None] | None = None
         self._failing = False
+        self._last_catch_up_now = 0.0
 
     def start(self) -> None:
         """Follow from ``version``: the feed's end as it was before the recovery pass read the table (set
@@ -217,18 +221,46 @@ class DefinitionsFollower:
             changes = await asyncio.to_thread(self.shared.changes_since, self.version)
             if not changes:
                 return n
-            with self.store.replaying():
-                for change in changes:
-                    self.version = change.version
-                    if change.writer == self.shared.writer:
-                        continue
-                    try:
-                        apply_change(self.node, change)
-                    except Exception:
-                        log.exception("a definition changed on another cluster member could not be applied",
-                                      kind=change.kind, key=str(change.key), version=change.version)
-                    n += 1
-                    self.applied += 1
+            n += self._apply(changes)
+
+    def catch_up_now(self, rate_limited: bool = False) -> bool:
+        """Apply what the feed holds past ``version`` at once, reading it on the event loop (one query): for a
+        client naming a queue or exchange this member does not know, which another member may have declared
+        since the last poll (declare on one node, consume on another at once: RabbitMQ's cluster answers
+        that from its replicated tables; waiting for the poll here meant a 404). A miss that closes the
+        client's channel (404) is paced by the client's round trips; a publish routed nowhere is not, so
+        with ``rate_limited`` it reads the feed at most once per :data:`CATCH_UP_MIN_INTERVAL`. True if a
+        change was applied."""
+        now = time.monotonic()
+        if rate_limited and now - self._last_catch_up_now < CATCH_UP_MIN_INTERVAL:
+            return False
+        self._last_catch_up_now = now
+        try:
+            changes = self.shared.changes_since(self.version)
+        except MetadataStoreError:
+            return False  # PostgreSQL out of reach: the answer stays the 404 it was
+        return self._apply(changes) > 0 if changes else False
+
+    def _apply(self, changes: list[Change]) -> int:
+        """Replay ``changes`` (oldest first) past ``version``; returns how many were the other members'.
+        One read may overlap another (the poll's thread and :meth:`catch_up_now`): what is at or below
+        ``version`` is applied already and skipped, so an old change is never replayed over a newer one."""
+        n = 0
+        with self.store.replaying():
+            for change in changes:
+                if change.version <= self.version:
+                    continue
+                self.version = change.version
+                if change.writer == self.shared.writer:
+                    continue
+                try:
+                    apply_change(self.node, change)
+                except Exception:
+                    log.exception("a definition changed on another cluster member could not be applied",
+                                  kind=change.kind, key=str(change.key), version=change.version)
+                n += 1
+                self.applied += 1
+        return n
 
     async def stop(self) -> None:
         if self._task is not None:

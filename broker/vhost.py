@@ -9,7 +9,7 @@ exchange's own bindings select nothing, as RabbitMQ does.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -91,6 +91,9 @@ class VHost:
         # A cluster member's view of the queues of the other members and the hooks for its own (a
         # broker/cluster_forwarding.py VHostLink); None on a single node.
         self.remote: Any = None
+        # A cluster member's "read the definitions feed now" (DefinitionsFollower.catch_up_now, set by the
+        # node): asked before a name this member does not know is answered with 404 or routed nowhere.
+        self.catch_up: Callable[..., bool] | None = None
 
     # -- policies and runtime parameters -------------------------------------------------------------------
     def policies_for_queue(self, name: str, queue_type: str = "classic") -> tuple[Policy | None, Policy | None]:
@@ -141,6 +144,8 @@ class VHost:
 
     def lookup_exchange(self, name: str) -> Exchange:
         ex = self.exchanges.get(name)
+        if ex is None and self.catch_up is not None and self.catch_up():
+            ex = self.exchanges.get(name)  # declared on another cluster member since the feed was read
         if ex is None:
             raise AMQPError(NOT_FOUND, f"no exchange '{name}' in vhost '{self.name}'")
         return ex
@@ -374,6 +379,8 @@ class VHost:
                 q = self.queues.get(key)
                 if q is None and self.remote is not None:
                     q = self.remote.queue(key)  # another cluster member's (broker/remote_queue.py)
+                    if q is None and self.catch_up is not None and self.catch_up(rate_limited=True):
+                        q = self.queues.get(key)  # a shared queue declared on another member just now
                 queues = [q] if q is not None else None
             else:
                 queues = self.route(exchange, msg)
@@ -438,7 +445,7 @@ class VHost:
         if ex is None:
             if exchange_name == "":
                 return self.default_exchange
-            raise AMQPError(NOT_FOUND, f"no exchange '{exchange_name}' in vhost '{self.name}'")
+            ex = self.lookup_exchange(exchange_name)  # 404, unless another cluster member declared it
         if ex.internal:
             raise AMQPError(ACCESS_REFUSED,
                             f"cannot publish to internal exchange '{exchange_name}' in vhost '{self.name}'")
