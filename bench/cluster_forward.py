@@ -1,7 +1,8 @@
 """``python -m bench.cluster_forward``: what forwarding to a node-local queue of another cluster member costs
 (issue 15; broker/cluster_forwarding.py).
 
-Two Leveret members on one PostgreSQL (a throwaway server from tests/pg_server.py unless ``--dsn``). A classic
+Two Leveret members on one PostgreSQL (bench/cluster_quorum.py's: a throwaway server with fsync on, unless
+``--dsn``). A classic
 durable queue lives on member A, one consumer on A (manual acks, prefetch 200). The same load runs twice with
 bench.perf's generator (1 KiB persistent messages, publisher confirms with ``--confirm`` outstanding):
 
@@ -17,82 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.cluster_quorum import Node, declare_everywhere, start_postgres
+from bench.run_bench import ROOT
+
 QUEUE = "fwd-bench"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Member:
-    def __init__(self, name: str, dsn: str, root: Path) -> None:
-        self.name = name
-        self.port = _free_port()
-        self.log = root / f"{name}.log"
-        cmd = [sys.executable, "-m", "broker", "serve", "--bind", "127.0.0.1", "--port", str(self.port),
-               "--data-dir", str(root / name), "--management-port", str(_free_port()),
-               "--prometheus-port", str(_free_port()),
-               "--set", f"cluster.postgres.dsn={dsn}", "--set", f"leveret.nodename={name}@bench"]
-        env = dict(os.environ, PYTHONUNBUFFERED="1", LEVERET_LOG_FORMAT="json")
-        with open(self.log, "ab") as out:
-            self.process = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"member {name} exited:\n{self.log.read_text(errors='replace')}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"member {name} did not listen")
-
-    @property
-    def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-def _declare(a: Member, b: Member) -> None:
-    import pika
-
-    conn = pika.BlockingConnection(pika.URLParameters(a.url))
-    conn.channel().queue_declare(QUEUE, durable=True)
-    conn.close()
-    deadline = time.monotonic() + 10
-    while True:  # b knows the queue (the directory's doorbell)
-        conn = pika.BlockingConnection(pika.URLParameters(b.url))
-        try:
-            conn.channel().queue_declare(QUEUE, passive=True)
-            return
-        except pika.exceptions.ChannelClosedByBroker:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-        finally:
-            if conn.is_open:
-                conn.close()
 
 
 def _perf(consumer_url: str, producer_url: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -120,25 +55,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     server = None
     if not args.dsn:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from pg_server import PgServer
-
-        server = PgServer()
-        server.start()
+        server = start_postgres()
         args.dsn = server.dsn()
-    members: list[Member] = []
+    members: list[Node] = []
     try:
         with tempfile.TemporaryDirectory(prefix="leveret-fwd-bench-") as tmp:
             root = Path(tmp)
-            a = Member("a", args.dsn, root)
-            members.append(a)
-            b = Member("b", args.dsn, root)
-            members.append(b)
-            _declare(a, b)
+            for name in ("a", "b"):
+                members.append(Node(name, args.dsn))
+                members[-1].start()
+            a, b = members
+            declare_everywhere([a.url, b.url], QUEUE, arguments={})
             remote = _perf(a.url, b.url, args, root / "remote.json")
             local = _perf(a.url, a.url, args, root / "local.json")
             result = {"size": args.size, "confirm": args.confirm, "seconds": args.time, "rate": args.rate,
-                      "postgres": "fsync=off (tests/pg_server.py)" if server is not None else "given --dsn",
+                      "postgres": "fsync=on (bench/cluster_quorum.py)" if server is not None else "given --dsn",
                       "remote_b_to_a": _summary(remote), "local_a": _summary(local)}
             for k in ("publish_rate", "consume_rate"):
                 if k in remote and k in local and local[k]:

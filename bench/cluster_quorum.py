@@ -34,7 +34,7 @@ from typing import Any
 import pika
 import pika.exceptions
 
-from bench.run_bench import ROOT, RabbitMQ, machine_info, port_free, wait_port
+from bench.run_bench import ROOT, Leveret, RabbitMQ, machine_info, port_free
 
 sys.path.insert(0, str(ROOT / "tests"))
 from pg_server import PgServer  # tests/ is not a package
@@ -50,42 +50,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Node:
-    """One Leveret cluster member on a free port, its data in a temporary folder."""
+class Node(Leveret):
+    """One Leveret cluster member (bench/run_bench.py's Leveret, given the cluster's DSN and a node name) on a
+    free port."""
 
     def __init__(self, name: str, dsn: str) -> None:
+        super().__init__(free_port())
         self.name = name
-        self.dsn = dsn
-        self.port = free_port()
-        self.data_dir = tempfile.mkdtemp(prefix=f"leveret-cluster-bench-{name}-")
-        self.log_path = Path(self.data_dir + ".log")
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
-
-    def start(self) -> None:
-        cmd = [PY, "-m", "broker", "serve", "--port", str(self.port), "--data-dir", self.data_dir,
-               "--management-port", "0", "--prometheus-port", "0", "--log-level", "warning",
-               "--set", f"cluster.postgres.dsn={self.dsn}", "--set", f"leveret.nodename={self.name}"]
-        with open(self.log_path, "ab") as logf:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT)
-        if not wait_port(self.port, 30) or self.proc.poll() is not None:
-            raise RuntimeError(f"node {self.name} did not start (see {self.log_path})")
+        self.extra_args = ["--set", f"cluster.postgres.dsn={dsn}", "--set", f"leveret.nodename={name}"]
+        self.log_path = Path(tempfile.gettempdir()) / f"leveret-cluster-bench-{name}-{self.port}.log"
 
     def kill9(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.kill9()
 
 
 def psql(pg: PgServer, sql: str) -> None:
@@ -105,12 +83,12 @@ def start_postgres() -> PgServer:
     return srv
 
 
-def declare_everywhere(urls: list[str], queue: str) -> None:
-    """Declare the quorum queue on the first URL and wait until every node knows it: a member learns of a
-    queue declared on another from the definitions feed (polled twice a second), and a consumer that came
-    sooner would be refused with 404; the run measures throughput, not that race."""
+def declare_everywhere(urls: list[str], queue: str, arguments: dict[str, Any] | None = None) -> None:
+    """Declare the queue (durable; a quorum queue unless ``arguments`` say otherwise) on the first URL and wait
+    until every node knows it, so that a run measures throughput, not how soon the others learn of it."""
     conn = pika.BlockingConnection(pika.URLParameters(urls[0]))
-    conn.channel().queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+    conn.channel().queue_declare(queue, durable=True,
+                                 arguments={"x-queue-type": "quorum"} if arguments is None else arguments)
     conn.close()
     for url in urls[1:]:
         conn = pika.BlockingConnection(pika.URLParameters(url))

@@ -154,6 +154,7 @@ class Leveret:
         self.url = f"amqp://guest:guest@127.0.0.1:{port}/%2F"
         self.tls_port = port + 10  # main() sets it from --leveret-tls-port
         self.tls: TLSFiles | None = None  # set before start(): also listen for amqps on tls_port
+        self.extra_args: list[str] = []  # more `leveret serve` arguments (bench/cluster_quorum.py: --set ...)
 
     def start(self) -> None:
         if not port_free(self.port):
@@ -164,7 +165,7 @@ class Leveret:
         py = ROOT / ".venv" / "bin" / "python"
         cmd = [str(py if py.exists() else sys.executable), "-m", "broker", "serve", "--port", str(self.port),
                "--data-dir", self.data_dir, "--management-port", "0", "--prometheus-port", "0",
-               "--log-level", "warning"]
+               "--log-level", "warning", *self.extra_args]
         if self.tls:
             opts = {"listeners.ssl.default": f"127.0.0.1:{self.tls_port}", **self.tls.settings()}
             for k, v in opts.items():
