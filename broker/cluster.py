@@ -73,7 +73,9 @@ class Cluster:
         """Join: take an epoch and the connections that hold it (storage/pg/cluster.py), before anything
         is recovered (the recovery pass opens the quorum queues in PostgreSQL)."""
         try:
-            self.pg = await PgCluster.connect(self.dsn, self.node.name)
+            # cluster.postgres.lease_seconds: how soon peers fence this node if it hangs (broker/config.py).
+            self.pg = await PgCluster.connect(self.dsn, self.node.name,
+                                              lease_seconds=float(self.node.settings.cluster_lease_seconds))
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise ClusterError(f"cannot reach the cluster's PostgreSQL at {safe_dsn(self.dsn)} "
                                f"(cluster.postgres.dsn): {exc}") from None

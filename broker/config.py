@@ -271,6 +271,12 @@ class Settings:
     # cluster.postgres.dsn: the PostgreSQL database a cluster of Leveret nodes shares (broker/cluster.py);
     # None runs a single node.
     cluster_dsn: str | None = None
+    # cluster.postgres.lease_seconds (Leveret's own): how long a member's lease in the cluster lasts without a
+    # heartbeat (renewed every third of it). A member that hangs (SIGSTOP, a frozen VM) is fenced by its peers
+    # that long after its last heartbeat, and its unacknowledged deliveries go to the other members
+    # (storage/pg/SCHEMA.md, "A hung node"); shorter fails over sooner, but a member whose event loop stalls
+    # for longer than a lease is fenced and reconnects under a new epoch.
+    cluster_lease_seconds: int = 15
     management_bind: str | None = None  # None: the AMQP bind address
     management_port: int = 15672
     prometheus_bind: str | None = None
@@ -565,6 +571,8 @@ KEYS: dict[str, tuple[Callable[[Settings, str, str], None], str]] = {
     "cluster_name": (_simple("cluster_name", parse_nonempty), "a name"),
     "leveret.nodename": (_simple("node_name", parse_nonempty), "a node name, e.g. leveret@host-a"),
     "cluster.postgres.dsn": (_simple("cluster_dsn", parse_dsn), "a PostgreSQL URL, postgresql://user@host/db"),
+    "cluster.postgres.lease_seconds": (_simple("cluster_lease_seconds", _int_range(1, 3600)),
+                                       "seconds 1-3600 (default 15)"),
     "management.tcp.port": (_plain_http(_simple("management_port", _int_range(1, 65535, zero_ok=True))),
                             _HTTP_PORT),
     "management.tcp.ip": (_plain_http(_simple("management_bind", parse_address)), "an IP address"),

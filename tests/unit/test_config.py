@@ -146,3 +146,16 @@ def test_disk_free_limit_relative_is_applied_and_the_last_given_form_wins(tmp_pa
     assert s.disk_free_limit_relative is None and configured_disk_free_limit(s) == 2 * 10**9
     p.write_text("disk_free_limit.relative = 1.5\ndisk_free_limit.absolute = 1GB\n")
     assert configured_disk_free_limit(load_settings(p, environ={})) == 10**9
+
+
+def test_cluster_lease_seconds(tmp_path):
+    """cluster.postgres.lease_seconds (Leveret's own): 15 s by default, whole seconds 1-3600."""
+    assert Settings().cluster_lease_seconds == 15
+    s = Settings()
+    load_file(s, write(tmp_path, "cluster.postgres.lease_seconds = 3\n"))
+    assert s.cluster_lease_seconds == 3
+    s = load_settings(None, environ={"LEVERET_CLUSTER_POSTGRES_LEASE_SECONDS": "5"})
+    assert s.cluster_lease_seconds == 5
+    for bad in ("0", "3601", "soon", "2.5"):
+        with pytest.raises(ConfigError, match="'cluster.postgres.lease_seconds'.*seconds 1-3600"):
+            load_file(Settings(), write(tmp_path, f"cluster.postgres.lease_seconds = {bad}\n"))
