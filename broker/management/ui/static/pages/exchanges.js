@@ -65,13 +65,17 @@ async function delayedCard(base, refresh) {
       if (!(await confirmAction(`Cancel delayed message ${m.id}?`))) return;
       try {
         await api("DELETE", base + "/delayed/" + enc(m.id));
-        result.className = "ok";
-        result.textContent = "Cancelled " + m.id + ".";
-        await refresh();
       } catch (e) {
         result.className = "error";
         result.textContent = "Cancel failed: " + e.message;
+        return;
       }
+      // The refresh draws a new card (its own, empty result line): say it there, or it would vanish as soon
+      // as the list came back (a test that looked for it in between failed on a loaded machine).
+      await refresh();
+      const shown = document.getElementById("delayed-result") || result;
+      shown.className = "ok";
+      shown.textContent = "Cancelled " + m.id + ".";
     } }, "Cancel")],
   ], page.items, { empty: "No pending messages." }), page.next ? h("p", { class: "muted" }, "Showing the first 100.") : null,
   result);
