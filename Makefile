@@ -75,3 +75,9 @@ clean:
 .PHONY: bench
 bench: $(STAMP)
 	QUICK=$(QUICK) $(BIN)/python -m bench.run_bench $(BENCH_ARGS)
+
+# Cost curves of issue 19 (bench/cost_curves.py): RSS/CPU per queue, connection, binding and pending message,
+# start-up time against messages on disk, fan-out; `QUICK=1` for the small sizes; into bench/RESULTS.md.
+.PHONY: bench-curves
+bench-curves: $(STAMP)
+	QUICK=$(QUICK) $(BIN)/python -m bench.cost_curves $(CURVES_ARGS)
