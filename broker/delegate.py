@@ -22,6 +22,19 @@ if TYPE_CHECKING:
     from broker.queue_process import QueueProcess
 
 
+class HandOvers:
+    """How many times a message has been handed to a queue since start: the reader measures a turn's work
+    by it (broker/reader.py's ROUTED_PER_TURN), whoever published (a client, a dead-lettering it caused)."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+handovers = HandOvers()
+
+
 def deliver(queues: list[QueueProcess], msg: Message, persistent: bool, publisher: Publisher | None = None,
             confirm_seq: int = 0) -> int:
     """Give ``msg`` to each queue (a persistent message stays persistent only in durable queues).
@@ -39,6 +52,7 @@ def deliver(queues: list[QueueProcess], msg: Message, persistent: bool, publishe
         msg.msg_id = new_msg_id()
     refused = 0
     pending = 0
+    handovers.count += len(queues)
     for q in queues:
         if publisher is not None and publisher not in q.publisher_channels:
             q.publisher_channels.add(publisher)
