@@ -188,6 +188,9 @@ def test_the_dockerfile_steps_build_from_a_clean_context_and_the_healthcheck_pas
         assert check.returncode == 0, f"HEALTHCHECK failed: {check.stdout} {check.stderr}"
     finally:
         assert stop(proc) == 0, log.read_text()[-4000:]
+    # The image installs a compiler for the build (this machine has one): the compiled codec must be what runs
+    # (before setup.py was among the COPY lines, the image always ran the pure-Python one).
+    assert '"codec": "compiled"' in log.read_text(), log.read_text()[:2000]
     # And it fails when the broker is gone: the check can fail.
     check = subprocess.run(health, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30, check=False)
     assert check.returncode == 1
