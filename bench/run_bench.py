@@ -200,6 +200,11 @@ class BaselineLeveret(Leveret):
         self.worktree = Path(tempfile.mkdtemp(prefix="leveret-baseline-"))
         subprocess.run(["git", "worktree", "add", "--detach", "--force", str(self.worktree), ref], cwd=ROOT,
                        check=True, capture_output=True)
+        if (self.worktree / "setup.py").exists():
+            # Its own compiled codec, in place: otherwise the editable install's finder hands the worktree's
+            # ``protocol`` package this tree's extension module, built from another _codec.pyx.
+            subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=self.worktree,
+                           check=True, capture_output=True)
         super().__init__(port, self.worktree)
         self.log_path = Path(tempfile.gettempdir()) / f"leveret-baseline-bench-{port}.log"
 

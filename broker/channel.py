@@ -100,6 +100,7 @@ class Channel:
         self.on_publish = self.assembler.on_publish
         self.on_header = self.assembler.on_header
         self.on_body = self.assembler.on_body
+        self.on_whole_publish = self.assembler.on_whole_publish
         # Deliveries awaiting ack: delivery tag → (queue, seq_id, consumer or None for basic.get).
         self.next_delivery_tag = 1
         self.unacked: dict[int, tuple[QueueProcess, int, Consumer | None]] = {}

@@ -61,6 +61,23 @@ class CommandAssembler:
         """basic.publish (the whole method payload): its content frames follow."""
         self.publish = fastcodec.decode_basic_publish(payload, 4)
 
+    def on_whole_publish(self, method: bytes, header: bytes, body: bytes) -> None:
+        """basic.publish, its content header and its one body frame, found together by the frame parser
+        (protocol/frames.py's ``combine_publish``, which checked that the body is exactly the size the header
+        announces): on_publish, on_header and on_body in one step, with their checks, without the state
+        between them. Only called while no publish awaits content (the reader checks)."""
+        args = fastcodec.decode_basic_publish(method, 4)
+        try:
+            body_size = fastcodec.decode_content_header(header)
+        except FrameError as exc:
+            raise AMQPError(UNEXPECTED_FRAME, exc.text, *_PUBLISH_IDS) from None
+        max_size = self._limit.max_message_size
+        if body_size > max_size:
+            raise AMQPError(PRECONDITION_FAILED,
+                            f"message size {body_size} is larger than configured max size {max_size}",
+                            *_PUBLISH_IDS)
+        self._on_command(args, header, body)
+
     def on_method(self) -> None:
         """A method frame arrived: an error while a publish awaits its content (505, naming basic.publish)."""
         if self.publish is not None:

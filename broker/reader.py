@@ -38,6 +38,7 @@ from protocol.constants import (
     FRAME_HEARTBEAT,
     FRAME_METHOD,
     FRAME_MIN_SIZE,
+    FRAME_PUBLISH,
     IDX_BASIC_ACK,
     IDX_BASIC_NACK,
     IDX_BASIC_PUBLISH,
@@ -115,7 +116,9 @@ class Reader(asyncio.Protocol):
         self.node = node
         self.settings = node.settings
         self.state = Reader.HANDSHAKE
-        self.parser = FrameParser(FRAME_MIN_SIZE)
+        # combine_publish: a publish whose header and single body frame came in the same read is one item
+        # (protocol/frames.py), handed to the channel in one call (_channel_frame).
+        self.parser = FrameParser(FRAME_MIN_SIZE, combine_publish=True)
         self.transport: asyncio.Transport | None = None
         self.peer: tuple[str, int] = ("", 0)
         self.name = "?"
@@ -295,6 +298,8 @@ class Reader(asyncio.Protocol):
         if frame_type == FRAME_METHOD and len(payload) >= 4:
             index = method_index(payload)
             return index >> 16, index & 0xFFFF
+        if frame_type == FRAME_PUBLISH:
+            return 60, 40
         if frame_type in (FRAME_HEADER, FRAME_BODY):
             channel = self.channels.get(channel_id)
             if channel is not None and channel.assembler.publish is not None:
@@ -309,6 +314,9 @@ class Reader(asyncio.Protocol):
             if channel is not None:
                 self._channel_frame(channel, frame_type, payload)
                 return
+        if frame_type == FRAME_PUBLISH:
+            self._frames(split_publish(channel_id, payload), None)  # not the hot path: frame by frame
+            return
         if self.state == Reader.CLOSING:
             # After connection.close only close-ok (or the peer's own close) matters.
             if frame_type == FRAME_METHOD and channel_id == 0:
@@ -351,7 +359,12 @@ class Reader(asyncio.Protocol):
 
     def _channel_frame(self, channel: Channel, frame_type: int, payload: bytes) -> None:
         """A frame for an open channel: the per-message frames go straight to the fast codec."""
-        if frame_type == FRAME_BODY:
+        if frame_type == FRAME_PUBLISH:
+            if channel.assembler.publish is None and self.has_published:
+                channel.on_whole_publish(*payload)
+            else:  # content was awaited (an error), or the first publish: the three frames one by one
+                self._frames(split_publish(channel.id, payload), None)
+        elif frame_type == FRAME_BODY:
             channel.on_body(payload)
         elif frame_type == FRAME_HEADER:
             channel.on_header(payload)
@@ -807,6 +820,13 @@ class Reader(asyncio.Protocol):
         self.send_oct += len(data)
         self.send_cnt += 1
         transport.write(data)
+
+
+def split_publish(channel_id: int, parts: Any) -> list[tuple[int, int, bytes]]:
+    """A FRAME_PUBLISH item as the three frames it was parsed from, for the paths that take them one by one.
+    ``parts``: the item's payload, (method, header, body) (typed as the parser's list of frames types it)."""
+    method, header, body = parts
+    return [(FRAME_METHOD, channel_id, method), (FRAME_HEADER, channel_id, header), (FRAME_BODY, channel_id, body)]
 
 
 def open_connections(node: Node) -> list[Reader]:

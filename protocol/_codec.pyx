@@ -36,6 +36,7 @@ cdef unsigned int FRAME_METHOD = _k.FRAME_METHOD
 cdef unsigned int FRAME_HEADER = _k.FRAME_HEADER
 cdef unsigned int FRAME_BODY = _k.FRAME_BODY
 cdef unsigned int FRAME_HEARTBEAT = _k.FRAME_HEARTBEAT
+cdef object FRAME_PUBLISH = _k.FRAME_PUBLISH
 cdef unsigned int FRAME_END = _k.FRAME_END
 cdef unsigned int FRAME_OVERHEAD = _k.FRAME_OVERHEAD
 cdef unsigned int CLASS_BASIC = _k.CLASS_BASIC
@@ -146,13 +147,51 @@ cdef int _bad_end(uint8_t octet) except -1:
     raise FrameError(f"bad frame end octet {format(octet, '#04x')}, expected 0xce")
 
 
+cdef inline bint _frame_fits(unsigned int frame_type, uint64_t size, long long frame_max) noexcept:
+    """Whether a frame head passes _check_head (without raising)."""
+    if frame_type != FRAME_METHOD and frame_type != FRAME_HEADER and frame_type != FRAME_BODY \
+            and frame_type != FRAME_HEARTBEAT:
+        return False
+    if frame_max and size + FRAME_OVERHEAD > <uint64_t>frame_max:
+        return False
+    return not (frame_type == FRAME_HEARTBEAT and size)
+
+
+cdef Py_ssize_t _whole_publish_end(const uint8_t* p, Py_ssize_t pos, Py_ssize_t end, unsigned int channel,
+                                   long long frame_max) noexcept:
+    """protocol/frames.py's _whole_publish_end: where the single body frame completing a content header that
+    starts at ``pos`` ends, both on ``channel``, complete and well-formed; else 0."""
+    cdef uint64_t size, body_size
+    cdef Py_ssize_t stop
+    if end - pos < 7 or p[pos] != FRAME_HEADER or _get_u16(p + pos + 1) != channel:
+        return 0
+    size = _get_u32(p + pos + 3)
+    if size < 12 or not _frame_fits(FRAME_HEADER, size, frame_max) or <uint64_t>(end - pos - 7) <= size:
+        return 0
+    stop = pos + 7 + <Py_ssize_t>size
+    if p[stop] != FRAME_END:
+        return 0
+    body_size = _get_u64(p + pos + 11)
+    pos = stop + 1
+    if body_size == 0 or end - pos < 7 or p[pos] != FRAME_BODY or _get_u16(p + pos + 1) != channel:
+        return 0
+    size = _get_u32(p + pos + 3)
+    if size != body_size or not _frame_fits(FRAME_BODY, size, frame_max) or <uint64_t>(end - pos - 7) <= size:
+        return 0
+    stop = pos + 7 + <Py_ssize_t>size
+    if p[stop] != FRAME_END:
+        return 0
+    return stop + 1
+
+
 cdef Py_ssize_t _split(const uint8_t* p, Py_ssize_t pos, Py_ssize_t end, long long frame_max,
-                       list frames) except -1:
+                       list frames, bint combine_publish) except -1:
     """Append the complete frames of ``p[pos:end]`` to ``frames``; return where the first incomplete one
-    starts (``end`` if none). A frame's payload is copied once, straight into its bytes object."""
+    starts (``end`` if none). A frame's payload is copied once, straight into its bytes object. With
+    ``combine_publish``, a whole publish is one item (protocol/frames.py's FrameParser says when)."""
     cdef unsigned int frame_type, channel
     cdef uint64_t size
-    cdef Py_ssize_t stop
+    cdef Py_ssize_t stop, after, header_stop
     while end - pos >= 7:
         frame_type = p[pos]
         channel = _get_u16(p + pos + 1)
@@ -163,6 +202,17 @@ cdef Py_ssize_t _split(const uint8_t* p, Py_ssize_t pos, Py_ssize_t end, long lo
             break
         if p[stop] != FRAME_END:
             _bad_end(p[stop])
+        if (combine_publish and frame_type == FRAME_METHOD and size >= 4 and p[pos + 7] == 0
+                and p[pos + 8] == 60 and p[pos + 9] == 0 and p[pos + 10] == 40):
+            after = _whole_publish_end(p, stop + 1, end, channel, frame_max)
+            if after:
+                header_stop = stop + 8 + <Py_ssize_t>_get_u32(p + stop + 4)
+                frames.append((FRAME_PUBLISH, channel, (
+                    PyBytes_FromStringAndSize(<const char*>p + pos + 7, size),
+                    PyBytes_FromStringAndSize(<const char*>p + stop + 8, header_stop - stop - 8),
+                    PyBytes_FromStringAndSize(<const char*>p + header_stop + 8, after - 1 - header_stop - 8))))
+                pos = after
+                continue
         frames.append((frame_type, channel, PyBytes_FromStringAndSize(<const char*>p + pos + 7, size)))
         pos = stop + 1
     return pos
@@ -191,12 +241,14 @@ cdef class FrameParser:
     cdef Py_ssize_t _pos  # only the generic path leaves it non-zero; the fast path keeps _buf[:_pos] empty
     cdef public long long frame_max
     cdef public bint header_received
+    cdef public bint combine_publish
 
-    def __init__(self, frame_max=FRAME_MIN_SIZE, expect_header=True):
+    def __init__(self, frame_max=FRAME_MIN_SIZE, expect_header=True, combine_publish=False):
         self._buf = bytearray()
         self._pos = 0
         self.frame_max = frame_max
         self.header_received = not expect_header
+        self.combine_publish = combine_publish
 
     @property
     def buffered(self):
@@ -219,7 +271,7 @@ cdef class FrameParser:
                 pos = self._complete_pending(src, n, frames)
                 if pos < 0:
                     return frames
-            pos = _split(src, pos, n, self.frame_max, frames)
+            pos = _split(src, pos, n, self.frame_max, frames, self.combine_publish)
         except FrameError as exc:
             exc.frames = frames
             self._buf = bytearray()
@@ -233,9 +285,10 @@ cdef class FrameParser:
         """Feed the buffered incomplete frame from ``src``: return how many bytes of ``src`` completed it,
         or -1 if all of them went into the buffer and it is still incomplete."""
         cdef bytearray buf = self._buf
-        cdef Py_ssize_t have, take, used = 0, total
+        cdef Py_ssize_t have, take, used = 0, total, after, header_stop
         cdef const uint8_t* p
         cdef uint64_t size
+        cdef unsigned int channel
         have = PyByteArray_GET_SIZE(buf)
         if have < 7:
             take = min(7 - have, n)
@@ -256,7 +309,21 @@ cdef class FrameParser:
         p = <const uint8_t*>PyByteArray_AS_STRING(buf)
         if p[total - 1] != FRAME_END:
             _bad_end(p[total - 1])
-        frames.append((p[0], _get_u16(p + 1), PyBytes_FromStringAndSize(<const char*>p + 7, size)))
+        channel = _get_u16(p + 1)
+        if (self.combine_publish and p[0] == FRAME_METHOD and size >= 4 and p[7] == 0 and p[8] == 60
+                and p[9] == 0 and p[10] == 40):
+            # A publish whose method frame was cut by the previous read: whole if its header and body are
+            # here, as the reference (which splits from one buffer) finds it.
+            after = _whole_publish_end(src, used, n, channel, self.frame_max)
+            if after:
+                header_stop = used + 7 + <Py_ssize_t>_get_u32(src + used + 3)
+                frames.append((FRAME_PUBLISH, channel, (
+                    PyBytes_FromStringAndSize(<const char*>p + 7, size),
+                    PyBytes_FromStringAndSize(<const char*>src + used + 7, header_stop - used - 7),
+                    PyBytes_FromStringAndSize(<const char*>src + header_stop + 8, after - 1 - header_stop - 8))))
+                PyByteArray_Resize(buf, 0)
+                return after
+        frames.append((p[0], channel, PyBytes_FromStringAndSize(<const char*>p + 7, size)))
         PyByteArray_Resize(buf, 0)
         return used
 
@@ -275,7 +342,7 @@ cdef class FrameParser:
             pos = 8
         try:
             pos = _split(<const uint8_t*>PyByteArray_AS_STRING(buf), pos, PyByteArray_GET_SIZE(buf),
-                         self.frame_max, frames)
+                         self.frame_max, frames, self.combine_publish)
         except FrameError as exc:
             exc.frames = frames
             self._buf = bytearray()

@@ -10,6 +10,10 @@ FRAME_METHOD = 1
 FRAME_HEADER = 2
 FRAME_BODY = 3
 FRAME_HEARTBEAT = 8
+# Not a wire type: what a FrameParser made with ``combine_publish`` returns for a basic.publish whose content
+# header and single body frame followed it on the same channel in the same read, as one item whose payload is
+# (method payload, header payload, body). protocol/frames.py says when it is made.
+FRAME_PUBLISH = 0x100
 FRAME_END = 0xCE
 FRAME_END_BYTE = b"\xce"
 # Frame header (type, channel, size) + frame-end octet.
