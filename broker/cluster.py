@@ -22,6 +22,7 @@ from storage.metadata_store import MetadataStoreError
 from storage.node_storage import NodeStorage
 from storage.pg.cluster import PgCluster
 from storage.pg.definitions_store import PgDefinitionsStore
+from storage.pg.queue_figures import PgQueueFigures, Snapshot
 from storage.pg.schema import SchemaTooNew
 from storage.pg.shared_metadata import SplitMetadataStore
 
@@ -68,6 +69,9 @@ class Cluster:
         self.pg: PgCluster | None = None
         # Node-local queues across the cluster (broker/cluster_forwarding.py), from start() on.
         self.forwarding: ClusterForwarding | None = None
+        # The shared queues' figures as PostgreSQL counts them (storage/pg/queue_figures.py): what the HTTP
+        # API and Prometheus show, the same on every member.
+        self.figures = PgQueueFigures(dsn)
 
     async def connect(self) -> None:
         """Join: take an epoch and the connections that hold it (storage/pg/cluster.py), before anything
@@ -96,6 +100,25 @@ class Cluster:
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             log.warning("cannot list the cluster's members", error=str(exc))
             return []
+
+    async def shared_figures(self) -> Snapshot | None:
+        """The cluster's shared queues counted in PostgreSQL, at most a second old, and its live members;
+        the last count while PostgreSQL does not answer (None if there was none)."""
+        return await self.figures.snapshot()
+
+    async def other_members_queues(self, vhost: str | None = None) -> list[tuple[str, str, str, dict[str, Any]]]:
+        """The node-local queues of the other members, each with what its member answers of it
+        (broker/cluster_forwarding.py ``other_members_queues``)."""
+        if self.forwarding is None:
+            return []
+        return await self.forwarding.other_members_queues(vhost)
+
+    async def other_members_queue(self, vhost: str, name: str) -> tuple[str, dict[str, Any]] | None:
+        """Another member's node-local queue ``name`` of ``vhost``: (member, its answer, or ``{"state":
+        "down"}``); None if no other member has one of that name (as far as the directory was last read)."""
+        if self.forwarding is None:
+            return None
+        return await self.forwarding.other_member_queue(vhost, name)
 
     def open_definitions(self, storage: NodeStorage) -> SplitMetadataStore:
         """The node's metadata store becomes the split one (storage/pg/shared_metadata.py); the feed is
@@ -137,5 +160,6 @@ class Cluster:
             await self.follower.stop()
         if self.forwarding is not None:
             await self.forwarding.stop()
+        await self.figures.close()
         if self.pg is not None:
             await self.pg.close()

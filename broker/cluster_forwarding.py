@@ -35,8 +35,28 @@ delivered there. On a single node keys are unchanged.
 
 **What a member cannot do with another's queue** (the owner must): consume, basic.get, purge, delete, or bind it
 anew — 405 RESOURCE_LOCKED naming the member to connect to. A bind the owner has already made is answered
-bind-ok (Celery and kombu redeclare their bindings). A passive declare answers declare-ok with 0 messages and
-0 consumers (the figures are the owner's).
+bind-ok (Celery and kombu redeclare their bindings).
+
+**Asking the owner.** A member asks another about its queues with a NOTIFY on ``leveret_figures_ask`` (JSON:
+the member asked, an id, the vhost and names) and the owner answers on ``leveret_figures_reply`` (figures,
+consumers, flags, arguments: :func:`queue_answer`; storage/pg/forwarding.py ``PgDirectory.ask``): no table, no
+port. A declare of another member's queue waits for the answer (at most :data:`ASK_TIMEOUT`; not at all if
+the owner has no live node row) and checks equivalence as RabbitMQ does: durable (from the directory) and the
+arguments (from the answer) must match, else 406 PRECONDITION_FAILED ("inequivalent arg"); declare-ok (passive
+too) carries the owner's message and consumer counts. An owner that does not answer in time: declare-ok,
+unchecked, with 0 and 0 (logged). The HTTP API lists the other members' queues the same way (all of a
+member's queues in one question, answers reused :data:`LIST_MAX_AGE`).
+
+**Unbind from another member.** queue.unbind of a binding of another member's queue stops the routing here at
+once, deletes the binding's directory row (every member stops routing there at its next read, rung at once),
+and forwards a request row (queue name :data:`UNBIND_REQUEST`) to the owner, which removes the binding from its
+exchange and its own store as an unbind made there would; unbind-ok waits until the owner has taken the row
+(at most 2 s; an owner that is down carries it out when it comes back). An exclusive queue of another member:
+405.
+
+**A shared queue declared elsewhere a moment ago.** A declare of a quorum queue this member does not know reads
+the definitions feed first (:meth:`VHostLink._declared_elsewhere`), so a declare racing the feed's poll is
+checked against the other member's definition (406 if inequivalent) instead of overwriting it.
 """
 
 from __future__ import annotations
@@ -44,13 +64,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import json
 import time
 from collections.abc import Awaitable
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from broker import delegate
+from broker.errors import AMQPError
 from broker.exchange import QUEUE, Binding, Exchange
 from broker.message import Message
 from broker.message_codec import decode_message, encode_message
@@ -58,6 +81,8 @@ from broker.persistence import binding_args_hash, table_of, untable
 from broker.publish import PENDING, REPLY_TO_PREFIX
 from broker.queue_types import queue_type_of
 from broker.remote_queue import RemoteQueue, RemoteRoutes, routing_type
+from protocol.constants import PRECONDITION_FAILED
+from storage.metadata_store import MetadataWriteError
 from storage.pg.forwarding import DirectoryUnavailable, Forwarded, PgDirectory, PgForwarding
 
 if TYPE_CHECKING:
@@ -69,6 +94,36 @@ NEGATIVE_TTL = 1.0  # seconds a default-exchange name the directory did not know
 FLOW_HIGH = 20_000  # messages waiting for their forward commit before publishers are paused
 FLOW_LOW = 5_000
 LOCAL_CONFIRM_TIMEOUT = 30.0
+ASK_TIMEOUT = 0.5  # seconds a declare waits for the owner's answer about its queue (flags, arguments, count)
+LIST_TIMEOUT = 1.0  # seconds the HTTP API waits for the other members' lists of their queues
+LIST_MAX_AGE = 1.0  # seconds those lists are reused
+# The queue name of a request row in the forward table (an "amq." name no client can declare): a queue.unbind
+# made on another member, for the owner to carry out.
+UNBIND_REQUEST = "amq.leveret.unbind"
+
+
+def _args_text(arguments: dict[str, Any]) -> str:
+    return base64.b64encode(table_of(arguments)).decode()
+
+
+def _args_of(text: str) -> dict[str, Any]:
+    return untable(base64.b64decode(text))
+
+
+class Declared:
+    """A shared queue another member declared, found by the declare's own catch-up with the definitions feed
+    (:meth:`VHostLink.claim`): what the declare answers, the queue itself for everything the client does next."""
+
+    exclusive = False
+    remote = False
+
+    def __init__(self, q: Any) -> None:
+        self.q = q
+        self.name = q.name
+        self.consumers = q.consumers
+
+    def message_count(self) -> int:
+        return int(self.q.message_count())
 
 
 def node_tag(name: str) -> str:
@@ -150,7 +205,7 @@ class VHostLink(RemoteRoutes):
         """queue.declare of a queue not here: write its row (None: it is ours to make), or the other member's
         queue of that name."""
         if queue_type_of(arguments).cluster_shared:
-            return None
+            return self._declared_elsewhere(name, durable, exclusive, arguments)
         try:
             owner = self.fw.directory.claim(self.vhost, name, durable, exclusive)
         except DirectoryUnavailable as exc:
@@ -162,7 +217,39 @@ class VHostLink(RemoteRoutes):
             self.queues.pop(name, None)
             return None
         q = self.queues[name] = self.fw.remote_queue(self.vhost, name, owner.node, owner.durable, owner.exclusive)
+        if not (q.exclusive or exclusive):  # (an exclusive one is 405 whatever its arguments: the caller's)
+            self._check_equivalence(q, durable, exclusive, arguments)
         return q
+
+    def _declared_elsewhere(self, name: str, durable: bool, exclusive: bool, arguments: dict[str, Any]) -> Any:
+        """A shared queue this member does not know yet: another member may have declared it since the last
+        poll of the definitions; read the feed now and check the declare against it (406 if inequivalent), so
+        that this declare neither makes a second queue process nor overwrites the other member's definition."""
+        catch_up = self.vh.catch_up
+        if catch_up is None or not catch_up():
+            return None
+        q = self.vh.queues.get(name)
+        if q is None:
+            return None
+        self.vh.queues._assert_equivalence(q, durable, exclusive, False, arguments)
+        return Declared(q)
+
+    def _check_equivalence(self, q: RemoteQueue, durable: bool, exclusive: bool, arguments: dict[str, Any]) -> None:
+        """RabbitMQ's equivalence check of a redeclare, against the owner's queue: durable from the directory,
+        auto-delete and the arguments as the owner answers them (not checked if it does not answer in time)."""
+        where = f"for queue '{q.name}' in vhost '{self.vhost}'"
+        if q.queue_durable != durable:
+            raise AMQPError(PRECONDITION_FAILED, f"inequivalent arg 'durable' {where}: received "
+                            f"'{str(durable).lower()}' but current is '{str(q.queue_durable).lower()}'")
+        info = q.info()
+        if info is None or "args" not in info:
+            log.info("queue declared as another member's without its equivalence checked (the member did not "
+                     "answer)", vhost=self.vhost, queue=q.name, member=q.node)
+            return
+        theirs = SimpleNamespace(name=q.name, durable=q.queue_durable, auto_delete=bool(info.get("auto_delete")),
+                                 exclusive_owner=None, arguments=_args_of(info["args"]))
+        self.vh.queues._assert_equivalence(theirs, durable, exclusive, theirs.auto_delete,  # type: ignore[arg-type]
+                                           arguments)
 
     def queue_gone(self, q: Any) -> None:
         if not getattr(q, "remote", False) and not queue_type_of(q.arguments).cluster_shared:
@@ -186,6 +273,28 @@ class VHostLink(RemoteRoutes):
             self.fw.directory.unbind(self.vhost, b.source, b.destination, b.routing_key,
                                      binding_args_hash(b.arguments))
 
+    def unbind_remote(self, b: Binding) -> None:
+        """queue.unbind of another member's queue (no binding of it here): stop routing it here at once, drop
+        its directory row, and have the owner remove it from its exchange and store (a request row in the
+        forward table, which the owner carries out within milliseconds; this waits for that, up to 2 s)."""
+        q = self.find(b.destination)
+        if q is None:
+            return  # nobody's queue: unbinding what is not bound succeeds
+        if q.exclusive:
+            raise self.vh.queues._locked(q.name)
+        self.forget_binding(b.source, b.destination, b.routing_key, b.arguments)
+        request = json.dumps({"source": b.source, "queue": b.destination, "routing_key": b.routing_key,
+                              "args": _args_text(b.arguments)}).encode()
+        try:
+            done = self.fw.directory.unbind_for(q.node, self.vhost, b.source, b.destination, b.routing_key,
+                                                binding_args_hash(b.arguments), [UNBIND_REQUEST], request)
+        except DirectoryUnavailable as exc:  # as a definitions write that fails: 541 INTERNAL_ERROR (reader.py)
+            raise MetadataWriteError(f"cannot unbind queue '{q.name}' of cluster member '{q.node}' now (the "
+                                     f"cluster's PostgreSQL does not answer): {exc}") from None
+        if not done:
+            log.info("unbind requested of a member that has not carried it out yet (it will when it takes the "
+                     "request)", vhost=self.vhost, queue=q.name, member=q.node)
+
     def exchange_gone(self, name: str) -> None:
         self.fw.directory.unbind_source(self.vhost, name)
 
@@ -201,6 +310,16 @@ class VHostLink(RemoteRoutes):
                                                  binding_args_hash(arguments))
         except DirectoryUnavailable:
             return False
+
+    def shared_message_count(self, name: str) -> int | None:
+        """The ready messages of the shared (quorum) queue ``name`` as PostgreSQL holds them now (one indexed
+        count; None if PostgreSQL does not answer or the queue has no row yet). For a declare-ok on a member
+        whose own estimate of the queue lags the other members' publishes (it is recounted every few seconds):
+        not wired yet (broker/channel.py's declare-ok reads ``queue.message_count()``)."""
+        try:
+            return self.fw.directory.shared_ready(self.vhost, name)
+        except DirectoryUnavailable:
+            return None
 
     def refuse(self, name: str, action: str) -> None:
         """405 if ``name`` is another member's queue (``action``: what only its member can do)."""
@@ -229,6 +348,8 @@ class ClusterForwarding:
         self._resync_task: asyncio.Task[None] | None = None
         self._reload_again = False
         self._started = False
+        # member -> (when, its answer about its queues by (vhost, name), None if it did not answer)
+        self._answers: dict[str, tuple[float, dict[tuple[str, str], dict[str, Any]] | None]] = {}
 
     # -- life cycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -237,7 +358,7 @@ class ClusterForwarding:
         except DirectoryUnavailable as exc:  # the poll writes them once PostgreSQL answers
             log.warning("cannot write this member's directory of node-local queues yet", error=str(exc))
         self.pg = PgForwarding(self.dsn, self.name, encode_message, self._confirmed, self._deliver,
-                               self.directory_changed)
+                               self.directory_changed, self.answer)
         await self.pg.start()
         if await self.pg.namesakes() > 0:
             log.warning("another live cluster member has this node's name (or this node's previous process is "
@@ -296,7 +417,72 @@ class ClusterForwarding:
 
     # -- the other members' directory ------------------------------------------------------------------------
     def remote_queue(self, vhost: str, name: str, node: str, durable: bool, exclusive: bool) -> RemoteQueue:
-        return RemoteQueue(vhost, name, node, durable, exclusive, self.forward, self.overloaded, self.throttle)
+        return RemoteQueue(vhost, name, node, durable, exclusive, self.forward, self.overloaded, self.throttle,
+                           self._ask_owner)
+
+    # -- questions between members about their node-local queues (storage/pg/forwarding.py ask) ---------------
+    def _ask_owner(self, q: RemoteQueue) -> dict[str, Any] | None:
+        """What ``q``'s member answers of it now (a declare waits for it, at most ASK_TIMEOUT)."""
+        rows = self.directory.ask(q.node, q.vhost_name, [q.name], ASK_TIMEOUT)
+        for row in rows or ():
+            if row[0] == q.vhost_name and row[1] == q.name:
+                return dict(row[2])
+        return None
+
+    def answer(self, vhost: str | None, names: list[str] | None) -> list[Any]:
+        """This member's answer about its own node-local queues (``names`` of ``vhost``; all of the vhost, or
+        of every vhost, when None): [vhost, name, {figures, flags, arguments}] each."""
+        rows: list[Any] = []
+        vhosts = [self.node.vhosts.get(vhost)] if vhost is not None else list(self.node.vhosts.values())
+        for vh in vhosts:
+            if vh is None:
+                continue
+            queues = [vh.queues.get(n) for n in names] if names is not None else list(vh.queues)
+            for q in queues:
+                if q is None or queue_type_of(q.arguments).cluster_shared:
+                    continue
+                rows.append([vh.name, q.name, queue_answer(q)])
+        return rows
+
+    async def other_member_queue(self, vhost: str, name: str) -> tuple[str, dict[str, Any]] | None:
+        """One queue of :meth:`other_members_queues` (asked of its member now)."""
+        link = self.links.get(vhost)
+        q = link.queues.get(name) if link is not None else None
+        if q is None:
+            return None
+        rows = await self.directory.ask_async(q.node, vhost, [name], LIST_TIMEOUT)
+        for row in rows or ():
+            if row[0] == vhost and row[1] == name:
+                return q.node, dict(row[2])
+        return q.node, {"state": "down"}
+
+    async def other_members_queues(self, vhost: str | None = None) -> list[tuple[str, str, str, dict[str, Any]]]:
+        """The other members' node-local queues as the directory lists them, with what each member answers
+        of them (asked of all at once, at most LIST_TIMEOUT; an answer is reused LIST_MAX_AGE): (vhost, name,
+        member, answer), the answer ``{"state": "down"}`` alone for a member that did not answer."""
+        wanted: dict[str, list[RemoteQueue]] = {}
+        for link in self.links.values():
+            if vhost is not None and link.vhost != vhost:
+                continue
+            for q in link.queues.values():
+                wanted.setdefault(q.node, []).append(q)
+        if not wanted:
+            return []
+        now = time.monotonic()
+        stale = [n for n in wanted if now - self._answers.get(n, (0.0, {}))[0] >= LIST_MAX_AGE]
+        if stale:
+            answers = await asyncio.gather(*(self.directory.ask_async(n, None, None, LIST_TIMEOUT) for n in stale),
+                                           return_exceptions=True)
+            for n, rows in zip(stale, answers, strict=True):
+                by_name = {} if not isinstance(rows, list) else {(r[0], r[1]): dict(r[2]) for r in rows}
+                self._answers[n] = (time.monotonic(), by_name if isinstance(rows, list) else None)
+        out: list[tuple[str, str, str, dict[str, Any]]] = []
+        for n, queues in wanted.items():
+            known = self._answers.get(n, (0.0, None))[1]
+            for q in queues:
+                info = known.get((q.vhost_name, q.name)) if known is not None else None
+                out.append((q.vhost_name, q.name, n, info if info is not None else {"state": "down"}))
+        return out
 
     def directory_changed(self) -> None:
         """A doorbell or the poll: read the directory again (one read at a time, once more if rung meanwhile)."""
@@ -398,6 +584,9 @@ class ClusterForwarding:
         node = self.node
         seq = 0
         for row in rows:
+            if row.queues == [UNBIND_REQUEST]:
+                self._unbind_requested(row)
+                continue
             msg = decode_message(row.body)
             targets = []
             for name in row.queues:
@@ -422,6 +611,23 @@ class ClusterForwarding:
         sink.done = asyncio.get_running_loop().create_future()
         return self._stored(sink)
 
+    def _unbind_requested(self, row: Forwarded) -> None:
+        """Another member's queue.unbind of a binding of this member's queue (VHostLink.unbind_remote)."""
+        try:
+            r = json.loads(row.body)
+            source, queue, key, arguments = r["source"], r["queue"], r["routing_key"], _args_of(r["args"])
+        except (ValueError, KeyError, TypeError, binascii.Error) as exc:
+            log.warning("an unbind request from another member cannot be read; dropped", error=str(exc))
+            return
+        vh = self.node.vhosts.get(row.vhost)
+        if vh is None or vh.queues.get(queue) is None:
+            return  # the queue is gone, and its bindings with it
+        try:
+            vh.unbind(source, queue, QUEUE, key, arguments)
+        except AMQPError as exc:
+            log.warning("an unbind requested by another member failed", vhost=row.vhost, queue=queue,
+                        exchange=source, reason=exc.text)
+
     async def _stored(self, sink: _Sink) -> None:
         try:
             assert sink.done is not None
@@ -430,3 +636,13 @@ class ClusterForwarding:
             sink.forget()
         if sink.failed:
             raise RuntimeError("a local queue could not store forwarded messages: the batch is taken again")
+
+
+def queue_answer(q: Any) -> dict[str, Any]:
+    """One of this member's queues as it answers another member's question (figures, flags, arguments)."""
+    f = q.figures()
+    return {"count": q.message_count(), "ready": f.ready, "unacked": f.unacked, "ready_bytes": f.ready_bytes,
+            "unacked_bytes": f.unacked_bytes, "paged_out": f.paged_out, "consumers": q.consumers.count,
+            "durable": bool(q.durable), "exclusive": q.exclusive_owner is not None,
+            "auto_delete": bool(q.auto_delete), "type": q.type_name, "args": _args_text(q.arguments),
+            "policy": q.settings.policy, "publishers": len(q.publisher_channels)}

@@ -60,14 +60,16 @@ from broker.delayed_dispatch import DelayDispatcher, Lateness
 from broker.delayed_exchange import DelayedExchange
 from broker.metrics_runtime import RaftFigures, raft_families, runtime_families
 from broker.os_probes import disk_free, max_fds, open_fds, resident_memory, uptime_seconds
-from broker.queue_types import QuorumQueue
+from broker.queue_types import QuorumQueue, queue_type_of
 from broker.reader import open_connections
 from broker.stream_queue import StreamQueue
+from storage.backing_queue import Figures
 
 if TYPE_CHECKING:
     from broker.channel import Channel
     from broker.node import Node
     from broker.queue_process import QueueProcess
+    from storage.pg.queue_figures import Snapshot
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PROTOCOL = "amqp091"
@@ -190,10 +192,20 @@ def stream_values(q: StreamQueue) -> dict[str, int]:
     }
 
 
-def queue_values(q: QueueProcess) -> dict[str, int]:
+def shared_figures_of(q: QueueProcess, shared: Snapshot | None) -> Figures:
+    """A cluster member's figures of a shared (quorum) queue as PostgreSQL counts them (``shared``:
+    storage/pg/queue_figures.py, the same on every member); any other queue's own figures."""
+    if shared is not None and queue_type_of(q.arguments).cluster_shared:
+        c = shared.counts(q.vhost.name, q.name)
+        return Figures(c.ready, c.unacked, c.ready_bytes, c.unacked_bytes, 0)
+    return q.figures()
+
+
+def queue_values(q: QueueProcess, shared: Snapshot | None = None) -> dict[str, int]:
     """Every per-queue metric of one queue process, by name: its figures (``QueueProcess.figures``, read
-    now), consumers and publishers, and its counters (``QueueProcess.stats``)."""
-    f = q.figures()
+    now; a shared queue's from ``shared`` on a cluster member), consumers and publishers, and its counters
+    (``QueueProcess.stats``)."""
+    f = shared_figures_of(q, shared)
     s = q.stats
     return {
         "rabbitmq_queue_messages_ready": f.ready,
@@ -222,9 +234,11 @@ def raft_figures(q: QuorumQueue) -> RaftFigures:
 class RabbitCollector:
     """A prometheus-client collector: builds every family from the node's state at scrape time."""
 
-    def __init__(self, node: Node, per_object: bool, endpoint: str = "aggregated") -> None:
+    def __init__(self, node: Node, per_object: bool, endpoint: str = "aggregated",
+                 shared: Snapshot | None = None) -> None:
         self.node = node
         self.per_object = per_object
+        self.shared = shared  # a cluster member's count of the shared queues (shared_figures_of)
         self.endpoint = endpoint  # rabbitmq_identity_info's rabbitmq_endpoint label
 
     def collect(self) -> Iterator[Metric]:
@@ -364,7 +378,7 @@ class RabbitCollector:
         sums = [0] * len(gauges)
         csums = [0] * len(counters)
         for q in queues:
-            values = queue_values(q)
+            values = queue_values(q, self.shared)
             figures = [values[name] for name, _h in QUEUE_GAUGES]
             cvalues = [values[name] for name, _h in QUEUE_COUNTERS]
             if self.per_object:
@@ -483,21 +497,27 @@ def _counter(name: str, help_: str, value: float, labels: dict[str, str] | None 
     return c
 
 
-def render(node: Node, per_object: bool, endpoint: str | None = None) -> bytes:
+def render(node: Node, per_object: bool, endpoint: str | None = None, shared: Snapshot | None = None) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RabbitCollector(node, per_object,
-                                      endpoint or ("per-object" if per_object else "aggregated")))
+                                      endpoint or ("per-object" if per_object else "aggregated"), shared))
     return generate_latest(registry)
 
 
 def make_app(node: Node) -> web.Application:
-    """The exporter's HTTP app (``prometheus.tcp.port``): /metrics, and per-object series."""
+    """The exporter's HTTP app (``prometheus.tcp.port``): /metrics, and per-object series. On a cluster
+    member, the shared (quorum) queues' figures are PostgreSQL's count (the same on every member; so a sum of
+    them over the members counts each shared queue once per member)."""
+
+    async def shared() -> Snapshot | None:
+        return await node.cluster.shared_figures() if node.cluster is not None else None
 
     async def metrics(request: web.Request) -> web.Response:
-        return web.Response(body=render(node, per_object=False), headers={"Content-Type": CONTENT_TYPE})
+        return web.Response(body=render(node, per_object=False, shared=await shared()),
+                            headers={"Content-Type": CONTENT_TYPE})
 
     async def per_object(request: web.Request) -> web.Response:
-        body = render(node, per_object=True, endpoint=ENDPOINTS[request.path])
+        body = render(node, per_object=True, endpoint=ENDPOINTS[request.path], shared=await shared())
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     app = web.Application()

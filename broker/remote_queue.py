@@ -3,10 +3,12 @@ keeps it up to date): a :class:`RemoteQueue` stands for each, and the bindings o
 routed by :class:`RemoteRoutes`, one per vhost, set as the vhost's ``remote`` (``None`` on a single node, where
 none of this costs more than one attribute read on a miss).
 
-A remote queue is a proxy, never a queue of this node: it is not in the vhost's queue registry (not listed,
-not counted, not consumable here). Publishing to it is all it does: :meth:`RemoteQueue.deliver_or_enqueue`
-hands the message to the forwarder, which commits it to PostgreSQL for the owner (its publisher confirm comes
-after that commit, through the channel's CONFIRM_LATER path, as for a PostgreSQL-backed queue).
+A remote queue is a proxy, never a queue of this node: it is not in the vhost's queue registry (not counted,
+not consumable here; the HTTP API lists it as its owner answers). Publishing to it is what it does:
+:meth:`RemoteQueue.deliver_or_enqueue` hands the message to the forwarder, which commits it to PostgreSQL for
+the owner (its publisher confirm comes after that commit, through the channel's CONFIRM_LATER path, as for a
+PostgreSQL-backed queue). Its figures and arguments are asked of the owner (:meth:`RemoteQueue.info`, a
+declare's equivalence check and declare-ok counts).
 
 Bindings of the shared exchanges to remote queues live in *shadow* exchanges: one per source exchange, of the
 source's routing type (direct, fanout, topic, headers), holding only those bindings. Routing a message runs
@@ -17,6 +19,7 @@ local queue first, else to the remote one.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
@@ -54,6 +57,16 @@ class _NoConsumers:
     count = 0
 
 
+class _Consumers:
+    """The consumer count the owner last answered (queue.declare-ok reads ``queue.consumers.count``)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+
+INFO_MAX_AGE = 0.25  # seconds an answer of the owner serves again (a declare asks, then reads the count)
+
+
 class RemoteQueue:
     """A queue of another member (see the module docstring)."""
 
@@ -62,13 +75,14 @@ class RemoteQueue:
     dedup = None
     exclusive_owner = None
     auto_delete = False
-    consumers = _NoConsumers()
+    consumers: Any = _NoConsumers()
     # The persistence a message asked for travels with it; the owner applies its queue's durability.
     durable = True
 
     def __init__(self, vhost: str, name: str, node: str, durable: bool, exclusive: bool,
                  forward: Callable[[RemoteQueue, Message, bool, Any], None], overloaded: Callable[[], bool],
-                 throttle: Callable[[Any], None]) -> None:
+                 throttle: Callable[[Any], None],
+                 ask: Callable[[RemoteQueue], dict[str, Any] | None] | None = None) -> None:
         self.vhost_name = vhost
         self.name = name
         self.node = node
@@ -78,6 +92,9 @@ class RemoteQueue:
         self._forward = forward
         self._overloaded = overloaded
         self._throttle = throttle
+        self._ask = ask
+        self._info: dict[str, Any] | None = None
+        self._info_at = 0.0
 
     def deliver_or_enqueue(self, msg: Message, persistent: bool, confirm: Any = None) -> int:
         self._forward(self, msg, persistent, confirm)
@@ -93,8 +110,24 @@ class RemoteQueue:
     def origins_held(self, seqs: set[int]) -> set[int]:
         return set()
 
+    def info(self) -> dict[str, Any] | None:
+        """What the owner answers of this queue now (broker/cluster_forwarding.py ``queue_answer``: figures,
+        flags, arguments), or None if it does not answer (gone, or slower than the question's timeout)."""
+        now = time.monotonic()
+        if self._info is not None and now - self._info_at < INFO_MAX_AGE:
+            return self._info
+        if self._ask is None:
+            return None
+        self._info = self._ask(self)
+        self._info_at = time.monotonic()
+        if self._info is not None:
+            self.consumers = _Consumers(int(self._info.get("consumers", 0)))
+        return self._info
+
     def message_count(self) -> int:
-        return 0  # not known here (RabbitMQ answers from the queue's node; a client connected here gets 0)
+        """The owner's count (asked of it: queue.declare-ok), 0 if it does not answer."""
+        info = self.info()
+        return int(info.get("count", 0)) if info is not None else 0
 
     def refuse(self, action: str) -> AMQPError:
         """The error for what only the owner can do (consume, get, purge, delete, bind anew)."""
@@ -147,6 +180,12 @@ class RemoteRoutes:
         if q is None and self.lookup is not None:
             q = self.lookup(name)
         return q
+
+    def forget_binding(self, source: str, queue: str, routing_key: str, arguments: dict[str, Any]) -> None:
+        """Stop routing this binding here at once (an unbind made on this member; the directory follows)."""
+        shadow = self.shadows.get(source)
+        if shadow is not None:
+            shadow.remove_binding(Binding(source, queue, QUEUE, routing_key, arguments).key)
 
     def bound(self, source: str, queue: str, routing_key: str, arguments: dict[str, Any]) -> bool:
         """Whether the owner has made this binding (a redeclare of it from here is then a no-op)."""

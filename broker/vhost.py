@@ -268,12 +268,19 @@ class VHost:
         if source == "" or (kind == EXCHANGE and destination == ""):
             raise AMQPError(ACCESS_REFUSED, "operation not permitted on the default exchange")
         ex = self.exchanges.get(source)
+        if ex is None and self.catch_up is not None and self.catch_up():
+            ex = self.exchanges.get(source)  # declared on another cluster member since the last poll
         if ex is None:
             return
         binding = Binding(source, destination, kind, routing_key, arguments)
         existing = ex.bindings.get(binding.key)
+        if existing is None and self.catch_up is not None and self.catch_up():
+            ex = self.exchanges.get(source) or ex  # bound on another cluster member since the last poll
+            existing = ex.bindings.get(binding.key)
         if existing is not None:
             self._unbind(ex, existing)
+        elif self.remote is not None and kind == QUEUE and self.queues.get(destination) is None:
+            self.remote.unbind_remote(binding)  # another cluster member's queue: removed there
 
     def _unbind(self, ex: Exchange, binding: Binding) -> None:
         ex.remove_binding(binding.key)

@@ -100,7 +100,11 @@ async def _sample_rates(app: web.Application) -> Any:
     async def loop() -> None:
         while True:
             try:
-                sampler.sample(node)
+                # A cluster member samples the shared queues' figures as PostgreSQL counts them (the API's).
+                shared = await node.cluster.shared_figures() if node.cluster is not None else None
+                sampler.sample(node, shared)
+            except asyncio.CancelledError:
+                raise
             except Exception:
                 log.exception("rate sampling failed")
             await asyncio.sleep(sampler.interval)

@@ -49,18 +49,28 @@ def _endpoints(request: web.Request, vh: VHost) -> tuple[str, str, str]:
     if lookup_exchange(vh, source) is None:
         raise not_found()
     if kind == QUEUE:
-        if vh.queues.get(destination) is None:
+        if vh.queues.get(destination) is None and not _other_members(vh, destination):
             raise not_found()
     elif lookup_exchange(vh, destination) is None:
         raise not_found()
     return source, destination, kind
 
 
+def _other_members(vh: VHost, queue: str) -> bool:
+    """Whether ``queue`` is another cluster member's node-local queue (as the directory was last read)."""
+    return vh.remote is not None and vh.queues.get(queue) is None and queue in vh.remote.queues
+
+
 def _between(vh: VHost, source: str, destination: str, kind: str) -> list[Binding]:
     ex = lookup_exchange(vh, source)
     if ex is None:
         return []
-    return [b for b in ex.bindings.values() if b.kind == kind and b.destination == destination]
+    found = [b for b in ex.bindings.values() if b.kind == kind and b.destination == destination]
+    if kind == QUEUE and _other_members(vh, destination):  # its bindings, as its member made them
+        shadow = vh.remote.shadows.get(source)
+        if shadow is not None:
+            found += [b for b in shadow.bindings.values() if b.destination == destination]
+    return found
 
 
 async def list_between(request: web.Request) -> web.Response:

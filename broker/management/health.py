@@ -73,11 +73,19 @@ async def in_service(request: web.Request) -> web.Response:
 
 
 async def aliveness_test(request: web.Request) -> web.Response:
-    """Declare ``aliveness-test``, publish a message to it through the default exchange and get it back."""
+    """Declare ``aliveness-test``, publish a message to it through the default exchange and get it back. On a
+    cluster member whose vhost's ``aliveness-test`` another member holds (a name is one queue cluster-wide),
+    the test runs on this member's own ``aliveness-test.<node name>``."""
     vh = vhost_for_write(request)
-    queue, _created = vh.queues.declare(ALIVENESS_QUEUE, False, False, False, False, {}, None)
+    name = ALIVENESS_QUEUE
+    queue, _created = vh.queues.declare(name, False, False, False, False, {}, None)
+    if getattr(queue, "remote", False):
+        name = f"{ALIVENESS_QUEUE}.{node_of(request).name}"
+        queue, _created = vh.queues.declare(name, False, False, False, False, {}, None)
+        if getattr(queue, "remote", False):
+            return failed(f"queue '{name}' is held by another cluster member")
     queue.purge()
-    msg = make_message("", ALIVENESS_QUEUE, b"test_message", {})
+    msg = make_message("", name, b"test_message", {})
     routed = vh.publish(vh.default_exchange, msg, False) & ROUTED
     got = queue.basic_get(True) if routed else None
     if got is None or got[1].body != b"test_message":

@@ -16,15 +16,18 @@ import json
 import time
 import urllib.parse
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from broker.deduplication_exchange import DeduplicationExchange
 from broker.delayed_exchange import DelayedExchange
 from broker.exchange import EXCHANGE, QUEUE
 from broker.json_values import json_safe
+from broker.persistence import untable
+from broker.queue_types import queue_type_of
 from broker.reader import open_connections
 from broker.stream_queue import StreamQueue
 from broker.tls import connection_tls_info
+from storage.backing_queue import Figures
 
 if TYPE_CHECKING:
     from broker.auth import User
@@ -35,7 +38,7 @@ if TYPE_CHECKING:
     from broker.queue_process import QueueProcess
     from broker.reader import Reader
     from broker.vhost import VHost
-    from storage.backing_queue import Figures
+    from storage.pg.queue_figures import Snapshot
     from storage.stream_log import GroupLog
 
 DEFAULT_EXCHANGE_PATH = "amq.default"
@@ -73,7 +76,8 @@ class RateSampler:
         rates = self._rates
         return round(sum(rates.get(key, 0.0) for key in keys), 1)
 
-    def sample(self, node: Node) -> None:
+    def sample(self, node: Node, shared: Snapshot | None = None) -> None:
+        """``shared``: a cluster member's count of the shared queues (their figures are taken from it)."""
         now = time.monotonic()
         for name, value in global_message_counts(node).items():
             self.observe(("global", name), value, now)
@@ -92,7 +96,7 @@ class RateSampler:
                 live.add(key)
                 for name, value in queue_message_counts(q).items():
                     self.observe((key, name), value, now)
-                f = q.figures()
+                f = figures_of(q, shared)
                 ready += f.ready
                 unacked += f.unacked
                 for name, value in (("messages_ready", f.ready), ("messages_unacknowledged", f.unacked),
@@ -224,13 +228,21 @@ def exchange_message_counts(ex: Exchange) -> dict[str, int]:
     return {"publish_in": ex.publish_in, "publish_out": ex.publish_out}
 
 
-def vhost_message_totals(vh: VHost) -> dict[str, int]:
-    """The messages in a vhost's queues (``messages``, ``messages_ready``, ``messages_unacknowledged``)."""
+def vhost_message_totals(vh: VHost, view: ClusterView | None = None) -> dict[str, int]:
+    """The messages in a vhost's queues (``messages``, ``messages_ready``, ``messages_unacknowledged``); on a
+    cluster member (``view``) the shared queues as PostgreSQL counts them and the other members' queues too,
+    so that every member answers the same totals."""
     ready = unacked = 0
+    shared = view.shared if view is not None else None
     for q in vh.queues:
-        f = q.figures()
+        f = figures_of(q, shared)
         ready += f.ready
         unacked += f.unacked
+    for other in view.others if view is not None else ():
+        if other.vhost.name == vh.name:
+            f = other.figures()
+            ready += f.ready
+            unacked += f.unacked
     return {"messages": ready + unacked, "messages_ready": ready, "messages_unacknowledged": unacked}
 
 
@@ -247,6 +259,20 @@ def queue_message_counts(q: QueueProcess) -> dict[str, int]:
 
 
 # -- queues -------------------------------------------------------------------------------------------------------
+
+def is_shared(q: QueueProcess) -> bool:
+    """Whether every member of a cluster serves the queue (a quorum queue: its messages are in PostgreSQL)."""
+    return queue_type_of(q.arguments).cluster_shared
+
+
+def figures_of(q: QueueProcess, shared: Snapshot | None) -> Figures:
+    """The queue's figures: for a shared queue of a cluster member, as PostgreSQL counts them (``shared``,
+    storage/pg/queue_figures.py: the same on every member), else the queue's own."""
+    if shared is not None and is_shared(q):
+        c = shared.counts(q.vhost.name, q.name)
+        return Figures(c.ready, c.unacked, c.ready_bytes, c.unacked_bytes, 0)
+    return q.figures()
+
 
 def queue_type(q: QueueProcess) -> str:
     """The queue's type name as the HTTP API shows it ("classic", "quorum"; broker/queue_types.py)."""
@@ -290,8 +316,10 @@ def format_timestamp(seconds: float) -> str:
     return datetime.datetime.fromtimestamp(seconds, datetime.UTC).isoformat(timespec="milliseconds")
 
 
-def queue_info(node: Node, q: QueueProcess, sampler: RateSampler | None = None) -> dict[str, Any]:
-    f = q.figures()
+def queue_info(node: Node, q: QueueProcess, sampler: RateSampler | None = None,
+               shared: Snapshot | None = None) -> dict[str, Any]:
+    """``shared``: a cluster member's count of the shared queues (figures_of)."""
+    f = figures_of(q, shared)
     consumers = q.consumers.count
     key = id(q)
     info: dict[str, Any] = {
@@ -332,6 +360,94 @@ def queue_info(node: Node, q: QueueProcess, sampler: RateSampler | None = None) 
         info["message_deduplication_cache_info"] = q.dedup.info()
     if isinstance(q, StreamQueue):
         info.update(stream_fields(node, q))
+    elif shared is not None and is_shared(q):
+        # Every live member serves a shared queue (RabbitMQ's quorum queue fields: its members, those online).
+        info["members"] = list(shared.members)
+        info["online"] = list(shared.members)
+    return info
+
+
+class ClusterView(NamedTuple):
+    """What a cluster member's listings add to its own queues' figures (cluster_view)."""
+
+    shared: Snapshot | None  # the shared queues as PostgreSQL counts them
+    others: list[OtherMemberQueue]  # the other members' node-local queues, as they answered
+
+
+async def cluster_view(node: Node, vhost: str | None = None) -> ClusterView | None:
+    """None on a single node; on a cluster member, the count of the shared queues (at most a second old) and
+    the other members' node-local queues (of ``vhost``, or of every vhost) that are not this member's."""
+    cluster = node.cluster
+    if cluster is None:
+        return None
+    shared = await cluster.shared_figures()
+    others = []
+    for vhost_name, name, member, answer in await cluster.other_members_queues(vhost):
+        vh = node.vhosts.get(vhost_name)
+        if vh is not None and vh.queues.get(name) is None:
+            others.append(OtherMemberQueue(vhost_name, name, member, answer))
+    return ClusterView(shared, others)
+
+
+class OtherMemberQueue:
+    """A node-local queue of another cluster member, as that member answered for it (broker/cluster_forwarding.py
+    ``queue_answer``; ``{"state": "down"}`` when it did not answer): what a listing sorts and shows."""
+
+    def __init__(self, vhost: str, name: str, member: str, answer: dict[str, Any]) -> None:
+        self.name = name
+        self.vhost = _Named(vhost)
+        self.member = member
+        self.answer = answer
+        self.durable = bool(answer.get("durable", True))
+        self.consumers = _Count(int(answer.get("consumers", 0)))
+
+    def figures(self) -> Figures:
+        a = self.answer
+        return Figures(int(a.get("ready", 0)), int(a.get("unacked", 0)), int(a.get("ready_bytes", 0)),
+                       int(a.get("unacked_bytes", 0)), int(a.get("paged_out", 0)))
+
+
+class _Named:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _Count:
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+
+def other_member_queue_info(q: OtherMemberQueue) -> dict[str, Any]:
+    """The HTTP API object of another member's node-local queue: ``node`` is that member; the figures are
+    its answer (no rates: they are sampled where the queue lives)."""
+    a, f = q.answer, q.figures()
+    try:
+        arguments = json_safe(untable(base64.b64decode(a["args"]))) if "args" in a else {}
+    except (ValueError, TypeError):
+        arguments = {}
+    info: dict[str, Any] = {
+        "name": q.name,
+        "vhost": q.vhost.name,
+        "durable": q.durable,
+        "auto_delete": bool(a.get("auto_delete", False)),
+        "exclusive": bool(a.get("exclusive", False)),
+        "arguments": arguments,
+        "node": q.member,
+        "type": a.get("type", "classic"),
+        "state": a.get("state", "running"),
+        "consumers": q.consumers.count,
+        "publishers": int(a.get("publishers", 0)),
+        "policy": a.get("policy"),
+        "message_bytes": f.bytes,
+        "message_bytes_ready": f.ready_bytes,
+        "message_bytes_unacknowledged": f.unacked_bytes,
+        "messages_paged_out": f.paged_out,
+        "message_stats": {},
+    }
+    for name, value in (("messages", f.messages), ("messages_ready", f.ready),
+                        ("messages_unacknowledged", f.unacked)):
+        info[name] = value
+        info[name + "_details"] = {"rate": 0.0}
     return info
 
 
@@ -622,8 +738,9 @@ def iter_consumers(node: Node) -> Iterator[tuple[Reader, Channel, Consumer]]:
 
 # -- vhosts, users, permissions, policies ---------------------------------------------------------------------
 
-def vhost_info(node: Node, vh: VHost, sampler: RateSampler | None = None) -> dict[str, Any]:
-    totals = vhost_message_totals(vh)
+def vhost_info(node: Node, vh: VHost, sampler: RateSampler | None = None,
+               view: ClusterView | None = None) -> dict[str, Any]:
+    totals = vhost_message_totals(vh, view)
     description = vh.description
     tags = list(vh.tags)
     dqt = vh.default_queue_type

@@ -28,6 +28,7 @@ from broker.management.common import (
 )
 from broker.management.objects import (
     churn_counts,
+    cluster_view,
     global_message_counts,
     iter_channels,
     iter_consumers,
@@ -53,8 +54,9 @@ async def get_overview(request: web.Request) -> web.Response:
     user = user_of(request)
     all_visible = sees_all(user)
     totals = {"messages": 0, "messages_ready": 0, "messages_unacknowledged": 0}
+    view = await cluster_view(node)  # a cluster member's totals: the cluster's (objects.py)
     for vh in vhs:
-        for name, value in vhost_message_totals(vh).items():
+        for name, value in vhost_message_totals(vh, view).items():
             totals[name] += value
     names = {vh.name for vh in vhs}
     conns = [c for c in open_connections(node) if all_visible or c.user.name == user.name]

@@ -31,7 +31,16 @@ from broker.management.common import (
     visible_vhosts,
 )
 from broker.management.listing import paged
-from broker.management.objects import binding_info, default_binding_info, queue_consumer_details, queue_info
+from broker.management.objects import (
+    OtherMemberQueue,
+    binding_info,
+    cluster_view,
+    default_binding_info,
+    figures_of,
+    other_member_queue_info,
+    queue_consumer_details,
+    queue_info,
+)
 from broker.stream_queue import StreamQueue
 from protocol.frames import FrameError
 from protocol.properties import decode_properties
@@ -40,6 +49,7 @@ log = structlog.get_logger("leveret.management")
 
 if TYPE_CHECKING:
     from broker.vhost import VHost
+    from storage.pg.queue_figures import Snapshot
 
 ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
 
@@ -65,30 +75,52 @@ def properties_json(header: bytes) -> dict[str, Any]:
     return {name: json_safe(value) for name, value in shown if value is not None}
 
 
-# Sort keys read straight from the queue object, so a page of 10,000 queues sorts without building
-# 10,000 JSON objects (broker/management/listing.py); other sort fields fall back to the full build.
-SORT_KEYS: dict[str, Any] = {
-    "name": lambda q: (q.name, q.vhost.name),
-    "vhost": lambda q: (q.vhost.name, q.name),
-    "messages": lambda q: q.figures().messages,
-    "messages_ready": lambda q: q.figures().ready,
-    "messages_unacknowledged": lambda q: q.figures().unacked,
-    "message_bytes": lambda q: q.figures().bytes,
-    "consumers": lambda q: q.consumers.count,
-    "durable": lambda q: q.durable,
-}
+def sort_keys(shared: Snapshot | None) -> dict[str, Any]:
+    """Sort keys read straight from the queue object, so a page of 10,000 queues sorts without building
+    10,000 JSON objects (broker/management/listing.py); other sort fields fall back to the full build.
+    ``shared``: a cluster member's count of the shared queues (objects.py figures_of)."""
+    def figures(q: Any) -> Any:
+        return q.figures() if isinstance(q, OtherMemberQueue) else figures_of(q, shared)
+
+    return {
+        "name": lambda q: (q.name, q.vhost.name),
+        "vhost": lambda q: (q.vhost.name, q.name),
+        "messages": lambda q: figures(q).messages,
+        "messages_ready": lambda q: figures(q).ready,
+        "messages_unacknowledged": lambda q: figures(q).unacked,
+        "message_bytes": lambda q: figures(q).bytes,
+        "consumers": lambda q: q.consumers.count,
+        "durable": lambda q: q.durable,
+    }
+
+
+SORT_KEYS = sort_keys(None)
 
 
 async def list_queues(request: web.Request) -> web.Response:
+    """Every queue of the vhost(s). On a cluster member: its own queues, the shared (quorum) queues with
+    figures as PostgreSQL counts them (the same on every member), and the other members' node-local queues
+    with what their members answer (``node``: the member that holds it)."""
     node = node_of(request)
     sampler = request.app["sampler"]
     vhs = [vhost_for(request)] if "vhost" in request.match_info else visible_vhosts(request)
-    objects = [q for vh in vhs for q in vh.queues]
-    page = paged(request, objects, lambda q: q.name, SORT_KEYS, lambda q: queue_info(node, q, sampler))
+    objects: list[Any] = [q for vh in vhs for q in vh.queues]
+    view = await cluster_view(node, vhs[0].name if "vhost" in request.match_info else None)
+    shared = view.shared if view is not None else None
+    if view is not None:
+        names = {vh.name for vh in vhs}
+        objects += [other for other in view.others if other.vhost.name in names]
+
+    def to_json(q: Any) -> dict[str, Any]:
+        if isinstance(q, OtherMemberQueue):
+            return other_member_queue_info(q)
+        return queue_info(node, q, sampler, shared)
+
+    page = paged(request, objects, lambda q: q.name, sort_keys(shared), to_json)
     if page is not None:
         return page
     objects.sort(key=lambda q: (q.vhost.name, q.name))
-    return respond_list(request, (queue_info(node, q, sampler) for q in objects))
+    return respond_list(request, (to_json(q) for q in objects))
 
 
 def _queue(request: web.Request, vh: VHost) -> Any:
@@ -100,8 +132,17 @@ def _queue(request: web.Request, vh: VHost) -> Any:
 
 async def get_queue(request: web.Request) -> web.Response:
     vh = vhost_for(request)
-    node, q = node_of(request), _queue(request, vh)
-    info = queue_info(node, q, request.app["sampler"])
+    node, name = node_of(request), request.match_info["name"]
+    q = vh.queues.get(name)
+    if q is None and node.cluster is not None:  # another member's node-local queue: as its member answers
+        found = await node.cluster.other_members_queue(vh.name, name)
+        if found is not None:
+            member, answer = found
+            return respond(other_member_queue_info(OtherMemberQueue(vh.name, name, member, answer)))
+    if q is None:
+        raise not_found()
+    shared = await node.cluster.shared_figures() if node.cluster is not None else None
+    info = queue_info(node, q, request.app["sampler"], shared)
     info["consumer_details"] = queue_consumer_details(node, q)  # one queue's page only, as in RabbitMQ
     return respond(info)
 

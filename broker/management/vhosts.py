@@ -20,7 +20,7 @@ from broker.management.common import (
     vhost_for,
     visible_vhosts,
 )
-from broker.management.objects import permission_info, vhost_info
+from broker.management.objects import cluster_view, permission_info, vhost_info
 from broker.trace import start as start_tracing
 from broker.trace import stop as stop_tracing
 
@@ -29,12 +29,15 @@ QUEUE_TYPES = ("classic", "quorum", "stream")
 
 async def list_vhosts(request: web.Request) -> web.Response:
     node, sampler = node_of(request), request.app["sampler"]
-    return respond_list(request, (vhost_info(node, vh, sampler) for vh in sorted(visible_vhosts(request),
-                                                                                 key=lambda v: v.name)))
+    view = await cluster_view(node)  # a cluster member's totals: the cluster's (objects.py)
+    return respond_list(request, (vhost_info(node, vh, sampler, view) for vh in sorted(visible_vhosts(request),
+                                                                                       key=lambda v: v.name)))
 
 
 async def get_vhost(request: web.Request) -> web.Response:
-    return respond(vhost_info(node_of(request), vhost_for(request), request.app["sampler"]))
+    vh = vhost_for(request)
+    view = await cluster_view(node_of(request), vh.name)
+    return respond(vhost_info(node_of(request), vh, request.app["sampler"], view))
 
 
 async def put_vhost(request: web.Request) -> web.Response:

@@ -22,6 +22,17 @@ Two halves, two ways of talking to PostgreSQL:
   and waits for its own stores, then commit) and the bell (LISTEN, and a debounced NOTIFY after each commit,
   at most one per target per 10 ms: research/postgres-queue.md §2.6), plus a 1 s poll.
 
+Two more uses, neither needing a table of its own:
+
+- *Questions between members* (:meth:`PgDirectory.ask`): NOTIFY ``leveret_figures_ask`` with a JSON payload
+  naming the member asked, an id and the queues; every member LISTENs on its bell connection and the one asked
+  answers on ``leveret_figures_reply`` (the broker's rows, JSON, in chunks under PostgreSQL's 8000-byte payload
+  limit, the last marked); the asker LISTENs on its directory connection and waits on the private thread, up
+  to a timeout, and not at all for a member without a live node row. Lost notifications cost a timeout.
+- *Requests through the forward table* (:meth:`PgDirectory.unbind_for`): a row for the owner whose ``queues``
+  name a request rather than a queue (the broker's encoding in ``body``), durable and ordered with the messages
+  forwarded before it; the caller waits for the owner to have taken it.
+
 Messages and binding arguments are opaque bytes here: the broker encodes them.
 """
 
@@ -46,6 +57,11 @@ PG_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutErro
 
 FORWARD_BELL = "leveret_forward"  # payload: the target node's name
 DIRECTORY_BELL = "leveret_directory"  # payload: the node whose directory rows changed
+# A member asking another about its node-local queues (figures, flags, arguments), and the answer: JSON payloads
+# (PgDirectory.ask, PgForwarding's answer), broadcast and picked by the "to" field / the asker's id.
+FIGURES_ASK = "leveret_figures_ask"
+FIGURES_REPLY = "leveret_figures_reply"
+PAYLOAD_MAX = 7000  # bytes of one NOTIFY payload we send (PostgreSQL's limit is 8000)
 TAKE_BATCH = 500  # rows per forwarder transaction (research §2.2-2.5: batches of 100-500)
 POLL_INTERVAL = 1.0
 DIRECTORY_POLL = 2.0
@@ -83,6 +99,16 @@ UNBIND = ("WITH d AS (DELETE FROM leveret.local_binding WHERE vhost = $1 AND sou
           "SELECT pg_notify('" + DIRECTORY_BELL + "', $6) FROM d LIMIT 1")
 UNBIND_SOURCE = ("WITH d AS (DELETE FROM leveret.local_binding WHERE vhost = $1 AND source = $2 AND node = $3 "
                  "RETURNING 1) SELECT pg_notify('" + DIRECTORY_BELL + "', $3) FROM d LIMIT 1")
+ALIVE = ("SELECT EXISTS (SELECT 1 FROM leveret.node n WHERE n.name = $1 AND n.dead_at IS NULL "
+         "AND n.stopped_at IS NULL)")
+# queue.unbind on a member that is not the queue's: the directory row goes at once (every member stops routing
+# there), and the owner is asked, through the forward table (durable, ordered with what was forwarded to it
+# before), to remove the binding from its exchange and its own store.
+UNBIND_ANY = ("WITH d AS (DELETE FROM leveret.local_binding WHERE vhost = $1 AND source = $2 AND queue = $3 "
+              "AND routing_key = $4 AND args_hash = $5 RETURNING 1) "
+              "SELECT pg_notify('" + DIRECTORY_BELL + "', $6) FROM d LIMIT 1")
+REQUEST = ("INSERT INTO leveret.forward (target, vhost, queues, persistent, body) VALUES ($1, $2, $3, true, $4) "
+           "RETURNING id")
 OTHERS_QUEUES = "SELECT vhost, name, node, durable, exclusive FROM leveret.local_queue WHERE node <> $1"
 OTHERS_BINDINGS = ("SELECT vhost, source, queue, routing_key, arguments, routing, node FROM leveret.local_binding "
                    "WHERE node <> $1")
@@ -157,6 +183,9 @@ class PgDirectory:
         self._thread.start()
         self._conn: asyncpg.Connection | None = None
         self._lock: asyncio.Lock | None = None
+        # Questions to other members waiting for their answer (ask): id -> (done, rows gathered so far).
+        self._asks: dict[str, tuple[asyncio.Future[None], list[Any]]] = {}
+        self._ask_n = 0
 
     # -- the private loop ------------------------------------------------------------------------------------
     async def _call(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
@@ -166,6 +195,7 @@ class PgDirectory:
             try:
                 if self._conn is None or self._conn.is_closed():
                     self._conn = await asyncpg.connect(self.dsn, timeout=self.timeout)
+                    await self._conn.add_listener(FIGURES_REPLY, self._answered)
                 return await fn(self._conn)
             except BaseException:
                 if self._conn is not None and not self._conn.is_closed():
@@ -248,6 +278,103 @@ class PgDirectory:
     def unbind_source(self, vhost: str, source: str) -> None:
         self._later(lambda conn: conn.execute(UNBIND_SOURCE, vhost, source, self.node))
 
+    def unbind_for(self, owner: str, vhost: str, source: str, queue: str, routing_key: str, args_hash: str,
+                   request_queues: list[str], request: bytes, wait: float = 2.0) -> bool:
+        """queue.unbind of ``owner``'s queue, asked on this member: its directory row goes now, and ``request``
+        (the broker's encoding of the unbind) is forwarded to ``owner`` as a row for ``request_queues``; then
+        wait up to ``wait`` seconds (if ``owner`` is alive) for it to have taken (and so carried out) the
+        request. True if it did."""
+
+        async def run(conn: asyncpg.Connection) -> bool:
+            async with conn.transaction():
+                await conn.execute(UNBIND_ANY, vhost, source, queue, routing_key, args_hash, self.node)
+                fid = await conn.fetchval(REQUEST, owner, vhost, request_queues, request)
+                await conn.execute("SELECT pg_notify($1, $2)", FORWARD_BELL, owner)
+                alive = await conn.fetchval(ALIVE, owner)
+            if not alive:
+                return False
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                if not await conn.fetchval("SELECT EXISTS (SELECT 1 FROM leveret.forward WHERE id = $1)", fid):
+                    return True
+                await asyncio.sleep(0.003)
+            return False
+
+        return self._wait(run)
+
+    def shared_ready(self, vhost: str, name: str) -> int | None:
+        """The ready rows of the shared queue ``name`` of ``vhost`` in ``leveret.message`` now (None if it has
+        no row in ``leveret.queue`` yet): a declare-ok's message count, exact whichever member answers."""
+        async def run(conn: asyncpg.Connection) -> int | None:
+            qid = await conn.fetchval("SELECT queue_id FROM leveret.queue WHERE vhost = $1 AND name = $2",
+                                      vhost, name)
+            if qid is None:
+                return None
+            return int(await conn.fetchval(
+                "SELECT count(*) FROM leveret.message WHERE queue_id = $1 AND state = 0", qid))
+
+        return self._wait(run)
+
+    # -- questions to other members --------------------------------------------------------------------------
+    def ask(self, owner: str, vhost: str | None, names: list[str] | None, timeout: float = 0.5) -> list[Any] | None:
+        """What ``owner`` says of its queues ``names`` of ``vhost`` (every queue of it, or of every vhost
+        with ``vhost`` None, when ``names`` is None): the rows its broker answers, None if it did not answer
+        within ``timeout`` (or is not a live member). Blocks the caller (a declare waits for it)."""
+        if time.monotonic() < self.down_until:
+            return None
+        future = asyncio.run_coroutine_threadsafe(self._ask(owner, vhost, names, timeout), self._loop)
+        try:
+            return future.result(timeout + self.timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            return None
+
+    async def ask_async(self, owner: str, vhost: str | None, names: list[str] | None,
+                        timeout: float = 1.0) -> list[Any] | None:
+        """:meth:`ask` for a caller on an event loop (the HTTP API): the waiting is on the private thread."""
+        if time.monotonic() < self.down_until:
+            return None
+        future = asyncio.run_coroutine_threadsafe(self._ask(owner, vhost, names, timeout), self._loop)
+        return await asyncio.wrap_future(future)
+
+    async def _ask(self, owner: str, vhost: str | None, names: list[str] | None, timeout: float) -> list[Any] | None:
+        self._ask_n += 1
+        ask_id = f"{self._ask_n}@{self.node}"
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        rows: list[Any] = []
+        payload = json.dumps({"to": owner, "id": ask_id, "vhost": vhost, "names": names})
+        if len(payload.encode()) > PAYLOAD_MAX:  # too many names for one question: ask for the whole vhost
+            payload = json.dumps({"to": owner, "id": ask_id, "vhost": vhost, "names": None})
+        self._asks[ask_id] = (done, rows)
+        try:
+            async def send(conn: asyncpg.Connection) -> bool:
+                if not await conn.fetchval(ALIVE, owner):
+                    return False
+                await conn.execute("SELECT pg_notify($1, $2)", FIGURES_ASK, payload)
+                return True
+
+            if not await self._call(send):
+                return None
+            await asyncio.wait_for(done, timeout)
+            return rows
+        except (TimeoutError, *PG_ERRORS):
+            return None
+        finally:
+            self._asks.pop(ask_id, None)
+
+    def _answered(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        try:
+            msg = json.loads(payload)
+            waiting = self._asks.get(msg["id"])
+        except (ValueError, KeyError, TypeError):
+            return
+        if waiting is None:
+            return  # another member's question, or one given up on
+        done, rows = waiting
+        rows.extend(msg.get("rows") or ())
+        if msg.get("last") and not done.done():
+            done.set_result(None)
+
     # -- whole sets ----------------------------------------------------------------------------------------
     def replace_own(self, queues: Sequence[tuple[str, str, bool, bool]],
                     bindings: Sequence[tuple[str, str, str, str, str, bytes, str]], force: bool = True) -> None:
@@ -327,8 +454,10 @@ class PgForwarding:
     def __init__(self, dsn: str, node: str, encode: Callable[[Any], bytes],
                  on_confirm: Callable[[list[Any], bool], None],
                  deliver: Callable[[list[Forwarded]], Awaitable[None] | None],
-                 on_directory: Callable[[], None]) -> None:
+                 on_directory: Callable[[], None],
+                 on_ask: Callable[[str | None, list[str] | None], list[Any]] | None = None) -> None:
         self.dsn = dsn
+        self.on_ask = on_ask
         self.node = node
         self.encode = encode
         self.on_confirm = on_confirm
@@ -365,13 +494,58 @@ class PgForwarding:
         self._bell_conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT)
         await self._bell_conn.add_listener(FORWARD_BELL, self._bell)
         await self._bell_conn.add_listener(DIRECTORY_BELL, self._bell)
+        if self.on_ask is not None:
+            await self._bell_conn.add_listener(FIGURES_ASK, self._bell)
 
     def _bell(self, conn: Any, pid: int, channel: str, payload: str) -> None:
-        if channel == FORWARD_BELL:
+        if channel == FIGURES_ASK:
+            self._asked(payload)
+        elif channel == FORWARD_BELL:
             if payload == self.node:
                 self._take_wake.set()
         elif payload != self.node:
             self.on_directory()
+
+    # -- answering other members' questions about this node's queues (PgDirectory.ask) --------------------
+    def _asked(self, payload: str) -> None:
+        try:
+            msg = json.loads(payload)
+            if msg.get("to") != self.node or self.on_ask is None:
+                return
+            ask_id, vhost, names = str(msg["id"]), msg.get("vhost"), msg.get("names")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return
+        rows = self.on_ask(vhost, names)
+        payloads: list[str] = []
+        chunk: list[Any] = []
+        size = 0
+        for row in rows:
+            text = json.dumps(row)
+            if chunk and size + len(text) > PAYLOAD_MAX - 200:
+                payloads.append(json.dumps({"id": ask_id, "rows": chunk}))
+                chunk, size = [], 0
+            if len(text) > PAYLOAD_MAX - 200:
+                continue  # a queue whose answer cannot travel in one notification (huge arguments): left out
+            chunk.append(row)
+            size += len(text) + 2
+        payloads.append(json.dumps({"id": ask_id, "rows": chunk, "last": True}))
+        self._tasks.append(self.loop.create_task(self._answer(payloads)))
+
+    async def _answer(self, payloads: list[str]) -> None:
+        try:
+            async with self._bell_lock:
+                if self._bell_conn is not None and not self._bell_conn.is_closed():
+                    await self._bell_conn.execute(
+                        "SELECT pg_notify($1, p) FROM unnest($2::text[]) WITH ORDINALITY AS x(p, n) ORDER BY n",
+                        FIGURES_REPLY, payloads)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 (the asker gives up after its timeout)
+            log.warning("answering another member's question failed: %s", exc)
+        finally:
+            task = asyncio.current_task()
+            if task in self._tasks:
+                self._tasks.remove(task)
 
     # -- publishing ------------------------------------------------------------------------------------------
     def add(self, target: str, vhost: str, queue: str, msg: Any, persistent: bool, confirm: Any = None) -> None:

@@ -1,0 +1,135 @@
+"""The figures of the cluster's shared queues as PostgreSQL holds them (issue 15: "the queue figures identical
+whichever node is asked").
+
+A node's own figures of a shared queue (storage/pg/backing_queue.py) are an estimate: exact for its own work,
+the other members' part recounted every 5 s. What the HTTP API, ``leveret ctl`` and Prometheus show comes
+from here instead, one source every member reads the same way: ``leveret.message`` counted per queue and
+state (0 ready, 1 reserved by a member), so every member answers the same figures at the same moment.
+
+One grouped statement counts every queue (``SELECT queue_id, state, count(*), sum(size) … GROUP BY``), never a
+statement per queue, and its answer is kept :data:`MAX_AGE` seconds: a scrape of many queues, or many
+scrapes at once, costs one statement a second per member. The same read-only transaction lists the live
+members (``leveret.node``: neither stopped nor reaped, lease not run out), which the API shows as a quorum
+queue's ``members`` and ``online``.
+
+What "reserved" counts: the rows a member took for its consumers, which includes the small prefix a member
+reserves ahead of its consumers (up to a fetch batch; handed back after 2 s untouched, RELEASE_IDLE_AFTER in
+backing_queue.py). While consumers are busy the unacknowledged figure can therefore run ahead of the messages
+actually delivered by up to that prefix; at rest the two agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import NamedTuple
+
+import asyncpg
+
+log = logging.getLogger("leveret.pg.queue_figures")
+
+MAX_AGE = 1.0  # seconds an answer is reused
+CONNECT_TIMEOUT = 5.0
+STATEMENT_TIMEOUT = 5.0
+
+COUNTS = """
+SELECT q.vhost, q.name, c.state, c.n, c.bytes
+  FROM (SELECT queue_id, state, count(*) AS n, coalesce(sum(size), 0) AS bytes
+          FROM leveret.message GROUP BY queue_id, state) c
+  JOIN leveret.queue q ON q.queue_id = c.queue_id
+"""
+LIVE_MEMBERS = ("SELECT DISTINCT name FROM leveret.node WHERE dead_at IS NULL AND stopped_at IS NULL "
+                "AND lease_until > now() ORDER BY name")
+
+
+class QueueCounts(NamedTuple):
+    ready: int
+    unacked: int  # reserved by some member (see the module docstring)
+    ready_bytes: int
+    unacked_bytes: int
+
+
+ZERO = QueueCounts(0, 0, 0, 0)
+
+
+class Snapshot(NamedTuple):
+    """The cluster's shared queues as counted at one moment (a queue without rows is absent: all zero)."""
+
+    taken: float  # time.monotonic() of the count
+    queues: dict[tuple[str, str], QueueCounts]
+    members: tuple[str, ...]  # live members' names, sorted
+
+    def counts(self, vhost: str, name: str) -> QueueCounts:
+        return self.queues.get((vhost, name), ZERO)
+
+
+class PgQueueFigures:
+    """Counts the shared queues on a connection of its own, at most once per ``max_age`` seconds (callers
+    meanwhile get the last answer; callers arriving during a count wait for it)."""
+
+    def __init__(self, dsn: str, max_age: float = MAX_AGE) -> None:
+        self.dsn = dsn
+        self.max_age = max_age
+        self.last: Snapshot | None = None
+        self.counts_taken = 0  # statements run (tests)
+        self._conn: asyncpg.Connection | None = None
+        self._lock = asyncio.Lock()
+        self._failing = False
+        self._closed = False
+
+    async def snapshot(self) -> Snapshot | None:
+        """A count at most ``max_age`` old; while PostgreSQL does not answer, the last one (None if never)."""
+        last = self.last
+        if self._closed or (last is not None and time.monotonic() - last.taken < self.max_age):
+            return last
+        async with self._lock:
+            last = self.last
+            if last is not None and time.monotonic() - last.taken < self.max_age:
+                return last  # counted while this caller waited for the lock
+            try:
+                self.last = await asyncio.wait_for(self._count(), STATEMENT_TIMEOUT)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 (PostgreSQL out of reach: the last count stands)
+                if not self._failing:
+                    log.warning("cannot count the cluster's queues: %s", exc)
+                self._failing = True
+                self._drop()
+                return self.last
+            self._failing = False
+            return self.last
+
+    async def _count(self) -> Snapshot:
+        conn = self._conn
+        if conn is None or conn.is_closed():
+            conn = self._conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT)
+        queues: dict[tuple[str, str], list[int]] = {}
+        async with conn.transaction(isolation="repeatable_read", readonly=True):
+            rows = await conn.fetch(COUNTS)
+            members = tuple(r[0] for r in await conn.fetch(LIVE_MEMBERS))
+        self.counts_taken += 1
+        for vhost, name, state, n, nbytes in rows:
+            c = queues.setdefault((vhost, name), [0, 0, 0, 0])
+            if state == 0:
+                c[0] += n
+                c[2] += nbytes
+            else:
+                c[1] += n
+                c[3] += nbytes
+        return Snapshot(time.monotonic(), {k: QueueCounts(*v) for k, v in queues.items()}, members)
+
+    def _drop(self) -> None:
+        if self._conn is not None and not self._conn.is_closed():
+            self._conn.terminate()
+        self._conn = None
+
+    async def close(self) -> None:
+        """No more counting (the last count is still answered)."""
+        self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            try:
+                await asyncio.wait_for(conn.close(), 2)
+            except Exception:  # noqa: BLE001 (closing anyway)
+                conn.terminate()
