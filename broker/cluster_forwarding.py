@@ -93,6 +93,12 @@ log = structlog.get_logger("leveret.cluster")
 NEGATIVE_TTL = 1.0  # seconds a default-exchange name the directory did not know is not looked up again
 FLOW_HIGH = 20_000  # messages waiting for their forward commit before publishers are paused
 FLOW_LOW = 5_000
+# Messages forwarded to a live member that it has not taken yet (storage/pg/forwarding.py OWNER_LAG, read each
+# poll) above which publishers to that member's queues are paused, as credit flow pauses a publisher into a
+# queue that lags; they go on below OWNER_LAG_LOW. Without it a member that falls behind (a busy loop, a slow
+# disk, SIGSTOP within its lease) lets the forward table grow without bound.
+OWNER_LAG_HIGH = 20_000
+OWNER_LAG_LOW = 5_000
 LOCAL_CONFIRM_TIMEOUT = 30.0
 ASK_TIMEOUT = 0.5  # seconds a declare waits for the owner's answer about its queue (flags, arguments, count)
 LIST_TIMEOUT = 1.0  # seconds the HTTP API waits for the other members' lists of their queues
@@ -486,6 +492,7 @@ class ClusterForwarding:
 
     def directory_changed(self) -> None:
         """A doorbell or the poll: read the directory again (one read at a time, once more if rung meanwhile)."""
+        self._release_publishers()  # the poll has just read the owners' lag
         if not self._started:
             return
         if self.directory.failed and self._resync_task is None:
@@ -561,8 +568,11 @@ class ClusterForwarding:
         self.pg.add(node, "", msg.routing_key, msg, False, None)
         return 1
 
-    def overloaded(self) -> bool:
-        return self.pg is not None and self.pg.backlog > FLOW_HIGH
+    def overloaded(self, owner: str) -> bool:
+        """Whether a publisher into a queue of ``owner`` should pause: too many forwards not committed yet,
+        or too many committed that ``owner`` has not taken."""
+        pg = self.pg
+        return pg is not None and (pg.backlog > FLOW_HIGH or pg.owner_lag.get(owner, 0) > OWNER_LAG_HIGH)
 
     def throttle(self, reader: Any) -> None:
         if reader not in self._throttled:
@@ -572,7 +582,14 @@ class ClusterForwarding:
     def _confirmed(self, confirms: list[Any], ok: bool) -> None:
         for publisher, seq in confirms:
             publisher.confirm_from_queue(seq, ok)
-        if self._throttled and (self.pg is None or self.pg.backlog <= FLOW_LOW):
+        self._release_publishers()
+
+    def _release_publishers(self) -> None:
+        """Let paused publishers go once the commits and every owner have caught up (the low marks)."""
+        if not self._throttled:
+            return
+        pg = self.pg
+        if pg is None or (pg.backlog <= FLOW_LOW and all(n <= OWNER_LAG_LOW for n in pg.owner_lag.values())):
             for reader in self._throttled:
                 reader.resume_for(self)
             self._throttled.clear()

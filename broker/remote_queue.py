@@ -80,7 +80,7 @@ class RemoteQueue:
     durable = True
 
     def __init__(self, vhost: str, name: str, node: str, durable: bool, exclusive: bool,
-                 forward: Callable[[RemoteQueue, Message, bool, Any], None], overloaded: Callable[[], bool],
+                 forward: Callable[[RemoteQueue, Message, bool, Any], None], overloaded: Callable[[str], bool],
                  throttle: Callable[[Any], None],
                  ask: Callable[[RemoteQueue], dict[str, Any] | None] | None = None) -> None:
         self.vhost_name = vhost
@@ -102,7 +102,7 @@ class RemoteQueue:
 
     @property
     def overloaded(self) -> bool:
-        return self._overloaded()
+        return self._overloaded(self.node)
 
     def throttle(self, reader: Any) -> None:
         self._throttle(reader)

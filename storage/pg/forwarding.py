@@ -121,6 +121,12 @@ REAP = ("WITH d AS (DELETE FROM leveret.local_queue q WHERE NOT q.durable AND NO
 REAP_FORWARD = ("DELETE FROM leveret.forward f WHERE NOT EXISTS (SELECT 1 FROM leveret.node n WHERE n.name = "
                 "f.target AND n.dead_at IS NULL AND n.stopped_at IS NULL) AND NOT EXISTS (SELECT 1 FROM "
                 "leveret.local_queue q WHERE q.node = f.target AND q.durable)")
+# Messages forwarded to each other live member that it has not taken yet: how far behind its owner is (the
+# publishers' members pause publishers to its queues above a mark, broker/cluster_forwarding.py). A member
+# that is gone, stopped or past its lease is not counted: its messages wait for it without holding anyone up.
+OWNER_LAG = ("SELECT f.target, count(*) FROM leveret.forward f WHERE f.target <> $1 AND EXISTS (SELECT 1 FROM "
+             "leveret.node n WHERE n.name = f.target AND n.dead_at IS NULL AND n.stopped_at IS NULL AND "
+             "n.lease_until > now()) GROUP BY f.target")
 INSERT = (
     "INSERT INTO leveret.forward (target, vhost, queues, persistent, body) "
     "SELECT t, v, ARRAY(SELECT jsonb_array_elements_text(q::jsonb)), p, b "
@@ -466,6 +472,9 @@ class PgForwarding:
         self.loop = asyncio.get_running_loop()
         self.pending: list[_Pending] = []
         self.inflight = 0  # messages in the INSERT being committed
+        # Rows waiting in the forward table for each other live member: OWNER_LAG's count, read once per poll,
+        # plus what this member committed since.
+        self.owner_lag: dict[str, int] = {}
         self.inserted = 0  # rows committed by this node's publisher (tests, bench)
         self.taken = 0  # rows this node's forwarder took and delivered
         self.inserts = 0  # INSERT statements (one per burst)
@@ -610,6 +619,9 @@ class PgForwarding:
         if ok:
             self.inserted += len(rows)
             self.inserts += 1
+            lag = self.owner_lag
+            for r in rows:  # counted at once: the poll's read corrects it as the owners take their rows
+                lag[r.target] = lag.get(r.target, 0) + 1
             self.ring({r.target for r in rows})
         if confirms:
             self.on_confirm(confirms, ok)
@@ -755,6 +767,16 @@ class PgForwarding:
             log.info("dropped %d directory rows of queues whose members are gone", n)
         return n
 
+    async def read_owner_lag(self) -> dict[str, int]:
+        """Refresh :attr:`owner_lag` (one grouped count; the rows counted are bounded by the publishers'
+        pause at the mark)."""
+        async with self._bell_lock:
+            if self._bell_conn is None or self._bell_conn.is_closed():
+                return self.owner_lag
+            rows = await self._bell_conn.fetch(OWNER_LAG, self.node)
+        self.owner_lag = {r[0]: int(r[1]) for r in rows}
+        return self.owner_lag
+
     async def _poll_loop(self) -> None:
         last_reap = time.monotonic()
         while True:
@@ -763,6 +785,7 @@ class PgForwarding:
                 if time.monotonic() - last_reap >= REAP_EVERY:
                     last_reap = time.monotonic()
                     await self.reap()
+                await self.read_owner_lag()
                 self.on_directory()
             except asyncio.CancelledError:
                 raise
