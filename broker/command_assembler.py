@@ -67,16 +67,23 @@ class CommandAssembler:
         announces): on_publish, on_header and on_body in one step, with their checks, without the state
         between them. Only called while no publish awaits content (the reader checks)."""
         args = fastcodec.decode_basic_publish(method, 4)
+        self._checked_body_size(header)
+        self._on_command(args, header, body)
+
+    def _checked_body_size(self, header: bytes) -> int:
+        """The body size a content header announces, checked: a malformed header is 505, a size above the
+        limit 406 (the publish is then dropped)."""
         try:
             body_size = fastcodec.decode_content_header(header)
         except FrameError as exc:
             raise AMQPError(UNEXPECTED_FRAME, exc.text, *_PUBLISH_IDS) from None
         max_size = self._limit.max_message_size
         if body_size > max_size:
+            self.publish = None
             raise AMQPError(PRECONDITION_FAILED,
                             f"message size {body_size} is larger than configured max size {max_size}",
                             *_PUBLISH_IDS)
-        self._on_command(args, header, body)
+        return body_size
 
     def on_method(self) -> None:
         """A method frame arrived: an error while a publish awaits its content (505, naming basic.publish)."""
@@ -88,16 +95,7 @@ class CommandAssembler:
         """The content header: its body size is checked against the limit; an empty body completes at once."""
         if self.publish is None or self._header is not None:
             raise AMQPError(UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
-        try:
-            body_size = fastcodec.decode_content_header(payload)
-        except FrameError as exc:
-            raise AMQPError(UNEXPECTED_FRAME, exc.text, *_PUBLISH_IDS) from None
-        max_size = self._limit.max_message_size
-        if body_size > max_size:
-            self.publish = None
-            raise AMQPError(PRECONDITION_FAILED,
-                            f"message size {body_size} is larger than configured max size {max_size}",
-                            *_PUBLISH_IDS)
+        body_size = self._checked_body_size(payload)
         self._header = payload
         self._body_size = body_size
         if body_size == 0:
