@@ -42,9 +42,12 @@ test-tools:
 	command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then apt-get update -q && apt-get install -y -q $$missing; fi
 
-# The lint (ruff, the import-linter layer contracts, mypy) runs first: a broken layer fails the suite.
+# The lint (ruff, the import-linter layer contracts, mypy) runs first: a broken layer fails the suite. Then the
+# quorum-queue tests again against a two-member cluster on PostgreSQL (tests/conftest.py, LEVERET_TEST_CLUSTER:
+# each new connection of a test on the next member; about half a minute).
 test: $(STAMP) $(PIPELINE_STAMP) test-tools lint
 	$(BIN)/python -m pytest
+	LEVERET_TEST_CLUSTER=2 $(BIN)/python -m pytest -m quorum tests/integration
 
 # The integration tests against a real RabbitMQ (installs and starts one on its own ports; not part of CI).
 test-rabbitmq: $(STAMP)

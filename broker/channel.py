@@ -517,13 +517,18 @@ class Channel:
         if not m.nowait:
             self.send(spec.Basic.CancelOk, consumer_tag=m.consumer_tag)
 
-    def _basic_get(self, m: spec.Basic.Get) -> None:
+    def _basic_get(self, m: spec.Basic.Get, waited: bool = False) -> None:
         name = self._queue_name(m.queue)
         permissions.basic_get(self.reader.user, self.vhost.name, name)
         queue = self.vhost.queues.lookup(name, self.reader)
         got = queue.basic_get(m.no_ack)
         counters = self.counters
         if got is None:
+            # A queue whose rows are fetched asynchronously (a cluster's quorum queue, in PostgreSQL) may have
+            # messages that are not at hand yet: it fetches and calls back, and the answer is sent then.
+            wait = None if waited else getattr(queue, "basic_get_wait", None)
+            if wait is not None and wait(lambda: self._basic_get_again(m)):
+                return
             counters.messages_get_empty += 1
             self.msg_get_empty += 1
             self.send(spec.Basic.GetEmpty)
@@ -548,6 +553,17 @@ class Channel:
         tracer = self.vhost.tracing
         if tracer is not None:
             tracer.delivered(queue.name, msg, redelivered, self)
+
+    def _basic_get_again(self, m: spec.Basic.Get) -> None:
+        """The queue's fetch round that a basic.get waited for is over: answer it now (get-ok or get-empty)."""
+        if self.closing:
+            return
+        try:
+            self._basic_get(m, waited=True)
+        except AMQPError as exc:
+            if exc.class_id is None:
+                exc.class_id, exc.method_id = CLASS_BASIC, 70  # basic.get
+            self.reader.channel_error(self.id, exc)
 
     def _basic_recover(self, m: spec.Basic.Recover) -> None:
         if not m.requeue:
@@ -605,6 +621,14 @@ class Channel:
         if created:
             self.counters.queues_created += 1
         if not m.nowait:
+            # A queue whose store is shared by a cluster's members (a quorum queue, in PostgreSQL) recounts first,
+            # so the count includes what other members confirmed before this declare; it calls back then.
+            wait = getattr(queue, "message_count_wait", None)
+            if wait is None or not wait(lambda: self._declare_ok(queue)):
+                self._declare_ok(queue)
+
+    def _declare_ok(self, queue: Any) -> None:
+        if not self.closing:
             self.send(spec.Queue.DeclareOk, queue=queue.name, message_count=queue.message_count(),
                       consumer_count=queue.consumers.count)
 

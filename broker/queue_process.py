@@ -34,6 +34,8 @@ from protocol.properties import Long, with_properties
 from storage.backing_queue import BackingQueue, Figures
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from broker.clock import Clock, TimerHandle
     from broker.deduplication import DedupCache
     from broker.exchange import Exchange
@@ -165,6 +167,13 @@ class QueueProcess:
         # Returns so far, by seq_id, for queues with a delivery limit (and quorum queues).
         self._delivery_counts: dict[int, int] | None = (
             {} if settings.delivery_limit is not None or self.counts_deliveries else None)
+        # A store shared by several nodes (a cluster's quorum queue, storage/pg) counts the returns itself,
+        # whichever node delivered the message then: ``returns(seq_id)`` of the message just fetched. Then
+        # the dict above holds only the messages delivered here and not yet settled.
+        self._store_returns: Callable[[int], int] | None = getattr(bq, "returns", None)
+        # Such a store keeps every message as persistent, transient ones too, so a confirm means stored (as a
+        # quorum queue confirms every message once a quorum has it).
+        self._persist_all = bool(getattr(bq, "persists_every_message", False))
         # Publisher confirms waiting for an fsync: the confirm tokens handed to the backing queue.
         self._awaiting_confirm: set[Any] = set()
         # Publishing connections whose reading this queue paused (credit flow).
@@ -207,6 +216,8 @@ class QueueProcess:
             if settings.overflow == "reject-publish-dlx":
                 self.dead_letter_msgs([msg], dead_letter.MAXLEN)
             return REJECTED
+        if self._persist_all:
+            persistent = True
         if confirm is not None and persistent:
             self._awaiting_confirm.add(confirm)
         else:
@@ -527,7 +538,15 @@ class QueueProcess:
             bq.set_demand(True)  # a store others publish to looks for their messages meanwhile
 
     def _with_delivery_count(self, seq_id: int, msg: Message) -> Message:
-        count = self._delivery_counts.get(seq_id) if self._delivery_counts is not None else None
+        counts = self._delivery_counts
+        if counts is None:
+            return msg
+        if self._store_returns is not None:
+            count = self._store_returns(seq_id)
+            if count:
+                counts[seq_id] = count  # the next return counts from here (delivery limit)
+        else:
+            count = counts.get(seq_id, 0)
         if not count:
             return msg
         return msg.with_header(with_properties(msg.header, headers_set={"x-delivery-count": Long(count)}))
@@ -551,6 +570,24 @@ class QueueProcess:
         if self._ttl_possible:
             self.drop_expired_msgs()  # a new head: expire it now or arm the timer for it
         return seq_id, msg, redelivered, self.bq.len()
+
+    def basic_get_wait(self, retry: Callable[[], None]) -> bool:
+        """basic.get found nothing at hand (``basic_get`` answered None): whether to wait before answering
+        get-empty. A store shared by a cluster's members (storage/pg) holds its rows in PostgreSQL and reserves
+        them asynchronously, so "nothing at hand" does not mean an empty queue (another member may have
+        published, or this one's rows are still being reserved); it then reserves at once and calls ``retry``
+        when that round is over (at most a second later), and the caller asks ``basic_get`` again and answers
+        what that says. False (no call): answer get-empty now."""
+        when_fetched = getattr(self.bq, "when_fetched", None)
+        return bool(when_fetched is not None and not self.deleted and when_fetched(retry))
+
+    def message_count_wait(self, answer: Callable[[], None]) -> bool:
+        """Whether a queue.declare-ok should wait before it reads ``message_count``: a store shared by a
+        cluster's members (storage/pg) knows other members' publishes only by recounting, so it recounts now and
+        calls ``answer`` once that is done (at most a second later), and the count then includes every message
+        another member confirmed before the declare came. False (no call): answer now."""
+        when_counted = getattr(self.bq, "when_counted", None)
+        return bool(when_counted is not None and not self.deleted and when_counted(answer))
 
     def peek_messages(self, count: int) -> list[tuple[Message, bool]]:
         """The first ``count`` ready messages and their redelivered flags, in delivery order, left exactly
@@ -593,6 +630,9 @@ class QueueProcess:
                 self.dead_letter_msgs(self.bq.ack(over), dead_letter.DELIVERY_LIMIT)
                 dead = set(over)
                 seq_ids = [s for s in seq_ids if s not in dead]
+            if self._store_returns is not None:  # the store counts this return; whoever delivers it next reads it
+                for seq_id in seq_ids:
+                    counts.pop(seq_id, None)
         self.bq.requeue(seq_ids)
         if self.settings.max_length is not None or self.settings.max_length_bytes is not None:
             self.maybe_drop_head()

@@ -4,6 +4,14 @@ Set ``LEVERET_TEST_AMQP_URL`` (for example ``amqp://guest:guest@127.0.0.1:5673/%
 tests against another broker; tests marked ``leveret_only`` are then skipped, since they cover behaviour
 RabbitMQ does not have. Without it, one Leveret process is started for the session (``broker``), and tests
 that need their own process (custom settings, kill -9) use ``start_broker``.
+
+Set ``LEVERET_TEST_CLUSTER=N`` (N >= 2) to run the integration tests against a Leveret cluster instead: a
+throwaway PostgreSQL (tests/pg_server.py) and N members on it (``cluster.postgres.dsn``). ``broker`` is then
+a :class:`ClusterBroker` whose ``pika_params()`` and ``url`` name the members in turn, so a test that opens
+two connections has its clients on different members; ``start_broker`` starts N members of the test's own
+(a fresh database) with the arguments given. ``make test`` runs the quorum-queue tests so
+(``LEVERET_TEST_CLUSTER=2 pytest -m quorum tests/integration``): RabbitMQ's quorum queues are the type a
+Leveret cluster serves from every member.
 """
 
 from __future__ import annotations
@@ -28,6 +36,9 @@ import pytest
 pytest.register_assert_rewrite("amqp_helpers")
 
 EXTERNAL_URL = os.environ.get("LEVERET_TEST_AMQP_URL")
+CLUSTER_NODES = int(os.environ.get("LEVERET_TEST_CLUSTER") or 0)
+if CLUSTER_NODES == 1 or CLUSTER_NODES < 0:
+    raise ValueError("LEVERET_TEST_CLUSTER is a number of members: 2 or more (or 0: no cluster)")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -131,6 +142,97 @@ class BrokerProcess:
         self.start()
 
 
+@dataclass
+class ClusterBroker(BrokerProcess):
+    """The members of a Leveret cluster, seen as one broker (``LEVERET_TEST_CLUSTER``): each call of
+    ``pika_params()`` or ``url`` names the next member, so consecutive connections go to different members.
+    ``host``/``port``/``management_port`` (and raw clients, the HTTP API) are the first member's; ``stop``,
+    ``kill9``, ``start`` act on every member."""
+
+    nodes: list[BrokerProcess] = field(default_factory=list)
+    turn: int = 0
+
+    @classmethod
+    def of(cls, nodes: list[BrokerProcess]) -> ClusterBroker:
+        first = nodes[0]
+        c = cls(host=first.host, port=first.port, process=first.process, data_dir=first.data_dir,
+                log_path=first.log_path, extra_args=first.extra_args, management_port=first.management_port,
+                prometheus_port=first.prometheus_port, nodes=nodes)
+        return c
+
+    def next_node(self) -> BrokerProcess:
+        node = self.nodes[self.turn % len(self.nodes)]
+        self.turn += 1
+        return node
+
+    @property
+    def url(self) -> str:
+        return self.next_node().url
+
+    def pika_params(self, **kw):
+        return self.next_node().pika_params(**kw)
+
+    def log_text(self) -> str:
+        return "\n".join(f"--- {n.log_path}\n{n.log_text()}" for n in self.nodes)
+
+    def start(self, timeout: float = 20.0) -> None:
+        for n in self.nodes:
+            n.start(timeout)
+        wait_http(self.nodes)
+        first = self.nodes[0]
+        self.process, self.management_port, self.prometheus_port = (first.process, first.management_port,
+                                                                    first.prometheus_port)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        codes = [n.stop(sig, timeout) for n in self.nodes if n.process is not None]
+        return codes[0] if codes else 0
+
+
+def wait_http(nodes: list[BrokerProcess], timeout: float = 15.0) -> None:
+    """Wait until every member's HTTP API answers (it starts just after the AMQP listener)."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    for n in nodes:
+        if not n.own_http_ports:
+            continue
+        while True:
+            try:
+                urllib.request.urlopen(f"http://{n.host}:{n.management_port}/api/overview", timeout=1).close()
+                break
+            except OSError as e:  # URLError (refused) and HTTPError (401: it answers) are OSErrors
+                if getattr(e, "code", None) is not None:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{n.log_path}: the HTTP API did not answer:\n{n.log_text()}") from e
+                time.sleep(0.05)
+
+
+def start_cluster(dsn: str, folder: Path, *extra_args: str, own_http_ports: bool = True,
+                  prefix: str = "") -> ClusterBroker:
+    """``CLUSTER_NODES`` Leveret members on the PostgreSQL database ``dsn``; returned once all answer."""
+    nodes = [BrokerProcess(host="127.0.0.1", port=free_port(), data_dir=folder / f"{prefix}data-m{i}",
+                           log_path=folder / f"{prefix}member{i}.log", own_http_ports=own_http_ports,
+                           extra_args=["--set", f"cluster.postgres.dsn={dsn}",
+                                       "--set", f"leveret.nodename=m{i}{prefix}@test", *extra_args])
+             for i in range(CLUSTER_NODES)]
+    cluster = ClusterBroker.of(nodes)
+    try:
+        cluster.start()
+    except BaseException:
+        cluster.stop(signal.SIGKILL)
+        raise
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def cluster_postgres():
+    """The PostgreSQL server of the cluster run (``LEVERET_TEST_CLUSTER``), one per session."""
+    from pg_fixtures import running_server
+
+    yield from running_server()
+
+
 def _external_broker() -> BrokerProcess:
     u = urllib.parse.urlparse(EXTERNAL_URL)
     vhost = urllib.parse.unquote(u.path[1:]) if u.path and u.path != "/" else "/"
@@ -140,12 +242,22 @@ def _external_broker() -> BrokerProcess:
 
 
 @pytest.fixture(scope="session")
-def broker() -> Iterator[BrokerProcess]:
+def broker(request) -> Iterator[BrokerProcess]:
     """The broker shared by the session's integration tests. Tests must use names of their own."""
     if EXTERNAL_URL:
         yield _external_broker()
         return
     tmp = Path(tempfile.mkdtemp(prefix="leveret-test-"))
+    if CLUSTER_NODES:
+        from pg_fixtures import create_database
+
+        cluster = start_cluster(create_database(request.getfixturevalue("cluster_postgres")), tmp)
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
     b = BrokerProcess(host="127.0.0.1", port=free_port(), data_dir=tmp / "data", log_path=tmp / "broker.log")
     b.start()
     try:
@@ -156,14 +268,24 @@ def broker() -> Iterator[BrokerProcess]:
 
 
 @pytest.fixture
-def start_broker(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
-    """Start a Leveret process of the test's own, with extra command-line arguments (Leveret only)."""
+def start_broker(request, tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
+    """Start a Leveret process of the test's own, with extra command-line arguments (Leveret only). With
+    ``LEVERET_TEST_CLUSTER``, tests marked ``quorum`` get a cluster of their own instead (a fresh database)."""
     if EXTERNAL_URL:
         pytest.skip("needs a Leveret process of its own")
     started: list[BrokerProcess] = []
+    as_cluster = bool(CLUSTER_NODES) and request.node.get_closest_marker("quorum") is not None
 
     def start(*extra_args: str, data_dir: Path | None = None, own_http_ports: bool = True) -> BrokerProcess:
         n = len(started)
+        if as_cluster:
+            from pg_fixtures import create_database
+
+            assert data_dir is None, "a cluster run starts fresh members"
+            dsn = create_database(request.getfixturevalue("cluster_postgres"))
+            c = start_cluster(dsn, tmp_path, *extra_args, own_http_ports=own_http_ports, prefix=f"c{n}-")
+            started.append(c)
+            return c
         b = BrokerProcess(host="127.0.0.1", port=free_port(), data_dir=data_dir or tmp_path / f"data{n}",
                           log_path=tmp_path / f"broker{n}.log", extra_args=list(extra_args),
                           own_http_ports=own_http_ports)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 
 import asyncpg
 import pytest
@@ -19,24 +20,24 @@ from pg_server import PgServer
 _db_numbers = itertools.count(1)
 
 
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PgServer]:
+def running_server() -> Iterator[PgServer]:
+    """A throwaway server, started, then stopped when the generator is closed (the fixtures' body)."""
     server = PgServer()
     server.start()
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PgServer]:
+    yield from running_server()
 
 
 @pytest.fixture
 def own_postgres() -> Iterator[PgServer]:
-    server = PgServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from running_server()
 
 
 async def _admin(server: PgServer, sql: str) -> None:
@@ -63,3 +64,30 @@ def create_database(server: PgServer) -> str:
 @pytest.fixture
 def pg_dsn(postgres: PgServer) -> str:
     return create_database(postgres)
+
+
+@pytest.fixture
+async def admin(pg_dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    """A session on the test's database, for tests that read or write the tables themselves (a module that
+    needs the schema made first overrides it: ``async def admin(admin)``, then ``schema.migrate``)."""
+    conn = await asyncpg.connect(pg_dsn)
+    yield conn
+    await conn.close()
+
+
+@pytest.fixture
+async def nodes(pg_dsn: str) -> AsyncIterator[Callable[..., Awaitable[Any]]]:
+    """``await nodes(name, **kw)``: a PgCluster node of the test's database (storage/pg/cluster.py), closed at
+    the end of the test."""
+    from storage.pg.cluster import PgCluster
+
+    made: list[PgCluster] = []
+
+    async def make(name: str, **kw: Any) -> PgCluster:
+        node = await PgCluster.connect(pg_dsn, name, **kw)
+        made.append(node)
+        return node
+
+    yield make
+    for node in made:
+        await asyncio.wait_for(node.close(), 10)

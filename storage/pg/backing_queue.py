@@ -11,6 +11,14 @@ per event-loop burst:
   (another node may publish).
 - acks, requeues, purges go to the acker as ops in call order; a requeue also hands the local prefix back, so
   the requeued message is fetched again at its original place.
+- ``returns(seq)`` tells the queue how many times the message just fetched went back to the queue before, on
+  any node (quorum queues' ``x-delivery-count`` and delivery limit): PostgreSQL's ``delivery_count`` counts
+  reservations, a release (prefix handed back undelivered) takes its own back, so a reserved row's count
+  less one is its returns.
+- ``when_fetched(callback)``: a basic.get that finds no row at hand waits for one reservation round (rows
+  another node published, or this node's own not yet reserved) instead of answering get-empty at once;
+  ``when_counted(callback)``: a queue.declare-ok waits for a recount begun after it came, so its message
+  count includes what other nodes published before (a passive declare after a confirm from another node).
 Counts are kept in memory (exact for this node's own work) and reconciled by a periodic recount, so ``len()``
 and ``figures()`` never query.
 """
@@ -45,6 +53,8 @@ class Node(Protocol):
 
     def want_fetch(self, q: PgBackingQueue) -> None: ...
 
+    def want_recount(self, q: PgBackingQueue) -> None: ...
+
 
 class Row:
     """A published message not yet committed (in the queue's buffer, or in the publisher's statement)."""
@@ -70,6 +80,7 @@ class Buffered(NamedTuple):
     size: int
     redelivered: bool
     expiry: int | None
+    returns: int = 0  # times the message went back to the queue before this reservation (any node's)
 
 
 class Op(NamedTuple):
@@ -85,6 +96,11 @@ class Op(NamedTuple):
 
 
 class PgBackingQueue:
+    # The queue process hands every message over as persistent (confirmed after its commit), transient ones
+    # too, as a quorum queue keeps and confirms every message once a quorum has it: a confirmed message is in
+    # PostgreSQL, where every node sees it (and a kill -9 of this node cannot lose it).
+    persists_every_message = True
+
     def __init__(self, node: Node, vhost: str, name: str, priority: int | None = None,
                  on_confirm: Callable[[], None] | None = None, encode: Callable[[Any], bytes] | None = None,
                  decode: Callable[[bytes], Any] | None = None) -> None:
@@ -124,6 +140,16 @@ class PgBackingQueue:
         self.purge_op_id = 0  # publishes after a purge wait for it
         self.inflight_publish = 0  # publisher statements holding this queue's rows
         self.closed = False
+        self.count_stale = False  # another node's commit changed the queue: the fetcher recounts it soon
+        self.last_recount = 0.0
+        self.recount_cost = 0.0  # seconds the last recount statement took (spaces doorbell recounts)
+        self._fetched_returns = (-1, 0)  # (seq, returns) of the last fetch: ``returns`` answers from it
+        self._fetch_waiters: list[tuple[int, Callable[[], None]]] = []  # ``when_fetched``: (round, callback)
+        self.reserve_rounds = 0  # reservations begun for this queue (a waiter waits for one begun after it)
+        self._count_waiters: list[tuple[int, Callable[[], None]]] = []  # ``when_counted``: (round, callback)
+        self.recount_rounds = 0  # recounts begun for this queue
+        self._count_timer: asyncio.TimerHandle | None = None
+        self._waiters_timer: asyncio.TimerHandle | None = None
 
     # -- publishing --------------------------------------------------------------------------------------------
     def publish(self, msg: Any, size: int, persistent: bool, expiry: int | None = None,
@@ -201,6 +227,8 @@ class PgBackingQueue:
     def rows_reserved(self, rows: list[Buffered], rgen: int, pgen: int, asked: int, changes: int) -> None:
         """The fetcher's batch arrived (sorted by priority, then seq)."""
         self.changes += 1
+        if self._fetch_waiters:  # after the rows below are at hand (or not)
+            self.node.loop.call_soon(self._tell_fetched, self.reserve_rounds)
         n, nbytes = len(rows), sum(r.size for r in rows)
         if pgen != self.pgen:  # purged while reserving: these were ready then
             if rows:
@@ -231,11 +259,75 @@ class PgBackingQueue:
             return None
         b = self.buffer.popleft()
         self.last_take = time.monotonic()
+        self._fetched_returns = (b.seq, b.returns)
         if ack_required:
             self.pending[b.seq] = (b.msg, b.size)
         else:
             self._op("ack", [b.seq])
         return b.seq, b.msg, b.redelivered
+
+    def returns(self, seq_id: int) -> int:
+        """How many times the message ``fetch`` just answered (``seq_id``) went back to the queue before,
+        whichever node delivered it then (PostgreSQL counts; see the module docstring). 0 for any other."""
+        seq, n = self._fetched_returns
+        return n if seq == seq_id else 0
+
+    def when_fetched(self, callback: Callable[[], None]) -> bool:
+        """A fetch found nothing at hand: if the queue is open and PostgreSQL is within reach, reserve now and
+        call ``callback`` once that round is over (rows arrived, or none were ready), or after a second at
+        most; returns False (no call) otherwise. basic.get waits so rather than answering get-empty while
+        rows another node published, or this node's own, are still in PostgreSQL."""
+        if self.buffer or self.closed or self.node.fenced:
+            return False
+        self._fetch_waiters.append((self.reserve_rounds, callback))
+        if self._waiters_timer is None:
+            self._waiters_timer = self.node.loop.call_later(1.0, self._tell_fetched, None)
+        self.more = True  # reserve at once, not at the next poll
+        self._want()
+        return True
+
+    def when_counted(self, callback: Callable[[], None]) -> bool:
+        """Recount the queue now and call ``callback`` once a recount begun after this call is over (or this
+        node's own work in flight made it skip the recount: its own figures are exact; or after a second at
+        most); returns False (no call) when the queue is closed or PostgreSQL out of reach."""
+        if self.closed or self.node.fenced:
+            return False
+        self._count_waiters.append((self.recount_rounds, callback))
+        if self._count_timer is None:
+            self._count_timer = self.node.loop.call_later(1.0, self.recount_over, None)
+        self.count_stale = True
+        self.node.want_recount(self)
+        return True
+
+    def wants_count(self) -> bool:
+        return bool(self._count_waiters)
+
+    def recount_over(self, rounds: int | None) -> None:
+        """A recount (numbered ``rounds``) is over, or was skipped (None: tell every waiter)."""
+        if not self._count_waiters:
+            return
+        told = [w for w in self._count_waiters if rounds is None or w[0] < rounds]
+        self._count_waiters = [w for w in self._count_waiters if rounds is not None and w[0] >= rounds]
+        if self._count_timer is not None and not self._count_waiters:
+            self._count_timer.cancel()
+            self._count_timer = None
+        for _, callback in told:
+            callback()
+
+    def _tell_fetched(self, rounds: int | None) -> None:
+        """Call the waiters whose round is over: those that were waiting before the reservation numbered
+        ``rounds`` began (a reservation under way when a basic.get came may have missed the rows it wants);
+        every waiter when ``rounds`` is None (the time limit, a fence, the queue closed)."""
+        told = [w for w in self._fetch_waiters if rounds is None or w[0] < rounds]
+        self._fetch_waiters = [w for w in self._fetch_waiters if rounds is not None and w[0] >= rounds]
+        if self._waiters_timer is not None and not self._fetch_waiters:
+            self._waiters_timer.cancel()
+            self._waiters_timer = None
+        if self._fetch_waiters and not self.buffer:  # they need a round of their own
+            self.more = True
+            self._want()
+        for _, callback in told:
+            callback()
 
     def head_expiry(self) -> int | None:
         if self.buffer:
@@ -414,6 +506,10 @@ class PgBackingQueue:
         self.requeue(list(self.pending))
         self.release_buffer()
         self.closed = True
+        if self._fetch_waiters:
+            self.node.loop.call_soon(self._tell_fetched, None)
+        if self._count_waiters:
+            self.node.loop.call_soon(self.recount_over, None)
 
     def fence(self) -> None:
         """The node lost its lease or its connection to PostgreSQL: whatever it holds under its epoch is the
@@ -431,6 +527,10 @@ class PgBackingQueue:
             self.ops = []
         self.db_ready = self.db_ready_bytes = 0
         self.more = False
+        if self._fetch_waiters:
+            self.node.loop.call_soon(self._tell_fetched, None)
+        if self._count_waiters:
+            self.node.loop.call_soon(self.recount_over, None)
 
     # -- counts ------------------------------------------------------------------------------------------------
     def len(self) -> int:

@@ -222,6 +222,8 @@ class PgCluster:
         if q is None or q.closed:
             q = PgBackingQueue(self, vhost, name, priority, on_confirm, encode, decode)
             self.queues[key] = q
+            self.fetcher.unnumbered[q] = None  # its queue_id soon: the doorbell names queues by id
+            self.fetcher.request()
         elif on_confirm is not None:
             q.on_confirm = on_confirm
         return q
@@ -235,6 +237,9 @@ class PgCluster:
 
     def want_fetch(self, q: PgBackingQueue) -> None:
         self.fetcher.want(q)
+
+    def want_recount(self, q: PgBackingQueue) -> None:
+        self.fetcher.request()
 
     # -- doorbell: a commit here wakes the idle fetchers of other nodes at once, not at their next poll ------
     def ring(self, queue_ids: set[int]) -> None:
@@ -266,11 +271,18 @@ class PgCluster:
         self._wake({int(payload)})
 
     def _wake(self, qids: set[int]) -> None:
-        """Rows of these queues became ready: the queues waiting for rows here reserve at once."""
+        """Rows of these queues became ready: the queues waiting for rows here reserve at once, and the others
+        are recounted soon (so a passive declare here counts what another member published; the fetcher
+        spaces the recounts of a busy queue)."""
+        recount = False
         for q in self.queues.values():
-            if q.queue_id in qids and q.hungry and not q.buffer:
-                q.more = True
-                self.fetcher.want(q)
+            if q.queue_id in qids:
+                if q.hungry and not q.buffer:
+                    q.more = True
+                    self.fetcher.want(q)
+                q.count_stale = recount = True
+        if recount:
+            self.fetcher.request()
 
     async def delete_queue(self, vhost: str, name: str) -> int:
         """Drop the queue's rows (every node's) and its registry row; returns how many messages went."""

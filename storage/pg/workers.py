@@ -27,24 +27,35 @@ log = logging.getLogger("leveret.pg")
 FETCH_BATCH = 100
 POLL_INTERVAL = 1.0
 RECOUNT_INTERVAL = 5.0
+# A queue another member's commit changed (its doorbell) is recounted at once, then at most once per this many
+# seconds, or per 20 times what its last recount took (a long queue costs its count: never a recount per ring).
+RECOUNT_GAP = 0.05
 
+# delivery_count: a row inserted delivered (publish_delivered), or delivered and requeued before its insert, has
+# been reserved once (see RESERVE).
 INSERT = """
-INSERT INTO leveret.message (seq, queue_id, priority, state, owner, redelivered, persistent, expiry, size, body)
-SELECT s, q, p, st, CASE WHEN st = 1 THEN $10::bigint END, r, pe, e, sz, b
+INSERT INTO leveret.message (seq, queue_id, priority, state, owner, redelivered, persistent, expiry, size, body,
+                             delivery_count)
+SELECT s, q, p, st, CASE WHEN st = 1 THEN $10::bigint END, r, pe, e, sz, b, r::int
   FROM unnest($1::bigint[], $2::int[], $3::smallint[], $4::smallint[], $5::bool[], $6::bool[], $7::bigint[],
               $8::int[], $9::bytea[]) AS t(s, q, p, st, r, pe, e, sz, b)
 """
 INSERT_AND_BLOCK = "WITH ins AS (" + INSERT + " RETURNING 1) SELECT nextval('leveret.seq_block')"
+# delivery_count counts reservations, less releases (RELEASE): the count a row comes back with, less one, is the
+# number of times its message went back to the queue before (x-delivery-count), whichever node delivered it.
 RESERVE = """
 WITH c AS (SELECT seq FROM leveret.message
             WHERE queue_id = $1 AND state = 0 AND priority BETWEEN $2 AND $3
             ORDER BY priority DESC, seq LIMIT $4 FOR UPDATE SKIP LOCKED)
 UPDATE leveret.message m SET state = 1, owner = $5, delivery_count = m.delivery_count + 1
   FROM c WHERE m.seq = c.seq
-RETURNING m.seq, m.priority, m.redelivered, m.expiry, m.size, m.body
+RETURNING m.seq, m.priority, m.redelivered, m.expiry, m.size, m.body, m.delivery_count
 """
 ACK = "DELETE FROM leveret.message WHERE seq = ANY($1::bigint[]) AND owner = $2"
-REQUEUE = ("UPDATE leveret.message SET state = 0, owner = NULL, redelivered = redelivered OR $3 "
+REQUEUE = ("UPDATE leveret.message SET state = 0, owner = NULL, redelivered = true "
+           "WHERE seq = ANY($1::bigint[]) AND owner = $2")
+# A prefix handed back undelivered: redelivered unchanged, and its reservation does not count as a delivery.
+RELEASE = ("UPDATE leveret.message SET state = 0, owner = NULL, delivery_count = greatest(delivery_count - 1, 0) "
            "WHERE seq = ANY($1::bigint[]) AND owner = $2")
 PURGE = ("DELETE FROM leveret.message WHERE queue_id = $1 AND priority BETWEEN $2 AND $3 "
          "AND (state = 0 OR (owner = $4 AND seq = ANY($5::bigint[])))")
@@ -164,9 +175,10 @@ class Publisher(Worker):
     def __init__(self, node: WorkerNode, conn: asyncpg.Connection, progress: Progress) -> None:
         super().__init__(node, conn, progress)
         self.dirty: dict[PgBackingQueue, None] = {}
+        self.numbering = False
 
     def idle(self) -> bool:
-        return not self.dirty and self.started == self.done
+        return not self.dirty and not self.numbering and self.started == self.done
 
     async def step(self) -> None:
         # A queue with a purge in flight waits for it, or the purge would remove these later publishes.
@@ -181,8 +193,14 @@ class Publisher(Worker):
             for q in queues:
                 q.rows_failed(q.take_rows())
             return
-        for q in queues:
-            await queue_id(self.conn, q)
+        # A queue's first statement looks its id up first; not idle meanwhile (the rows are in no statement yet,
+        # and no longer in ``dirty``).
+        self.numbering = True
+        try:
+            for q in queues:
+                await queue_id(self.conn, q)
+        finally:
+            self.numbering = False
         self.started += 1
         taken = [(q, q.take_rows()) for q in queues]
         try:
@@ -264,9 +282,9 @@ class Acker(Worker):
                     if acks:
                         await self.conn.execute(ACK, acks, epoch)
                     if requeues:
-                        await self.conn.execute(REQUEUE, requeues, epoch, True)
+                        await self.conn.execute(REQUEUE, requeues, epoch)
                     if releases:
-                        await self.conn.execute(REQUEUE, releases, epoch, False)
+                        await self.conn.execute(RELEASE, releases, epoch)
                     acks.clear()
                     requeues.clear()
                     releases.clear()
@@ -306,10 +324,15 @@ class Fetcher(Worker):
     def __init__(self, node: WorkerNode, conn: asyncpg.Connection, progress: Progress) -> None:
         super().__init__(node, conn, progress)
         self.wanting: dict[PgBackingQueue, None] = {}
+        self.unnumbered: dict[PgBackingQueue, None] = {}  # opened here, queue_id not looked up yet
         self.busy = False
 
     def idle(self) -> bool:
         return not self.busy and not any(q.knows_ready() and q.hungry for q in self.wanting)
+
+    def _stale_due(self, now: float) -> list[PgBackingQueue]:
+        return [q for q in self.node.queues.values() if q.count_stale and (
+            q.wants_count() or now - q.last_recount >= max(RECOUNT_GAP, 20 * q.recount_cost))]
 
     def want(self, q: PgBackingQueue) -> None:
         new = q not in self.wanting
@@ -329,6 +352,14 @@ class Fetcher(Worker):
         now = time.monotonic()
         self.busy = True
         try:
+            for q in self._stale_due(now):  # recounts someone waits for (a queue.declare-ok) come first
+                if q.wants_count():
+                    await self._recount(q)
+            while self.unnumbered:
+                q = next(iter(self.unnumbered))
+                if q.queue_id is None and not q.closed:
+                    await queue_id(self.conn, q)
+                self.unnumbered.pop(q, None)
             for q in list(self.wanting):
                 if q.closed or not q.hungry:
                     self.wanting.pop(q, None)
@@ -342,6 +373,8 @@ class Fetcher(Worker):
                 self.node.last_recount = now
                 for q in list(self.node.queues.values()):
                     await self._recount(q)
+            for q in self._stale_due(time.monotonic()):
+                await self._recount(q)
         finally:
             self.busy = False
 
@@ -360,9 +393,10 @@ class Fetcher(Worker):
         qid = await queue_id(self.conn, q)
         rgen, pgen, changes = q.rgen, q.pgen, q.changes
         lo, hi = q.priority_range
+        q.reserve_rounds += 1
         records = await self.conn.fetch(RESERVE, qid, lo, hi, FETCH_BATCH, self.node.epoch)
         decode = q.decode
-        rows = [Buffered(r[0], r[5] if decode is None else decode(r[5]), r[4], r[2], r[3])
+        rows = [Buffered(r[0], r[5] if decode is None else decode(r[5]), r[4], r[2], r[3], max(0, r[6] - 1))
                 for r in sorted(records, key=lambda r: (-r[1], r[0]))]
         q.last_poll = time.monotonic()
         q.rows_reserved(rows, rgen, pgen, FETCH_BATCH, changes)
@@ -375,11 +409,25 @@ class Fetcher(Worker):
 
     async def _recount(self, q: PgBackingQueue) -> None:
         if q.pub or q.ops or q.inflight_publish or q.requeued:
+            # (A doorbell's recount stays due: the next step tries again. A declare-ok waiting for it goes with
+            # the figures at hand: this node's own work is in them, and it is under way.)
+            q.recount_over(None)
             return
         if q.queue_id is None:  # opened here, used only elsewhere so far (declared, consumed on other nodes)
             await queue_id(self.conn, q)
         changes = q.changes
         lo, hi = q.priority_range
-        r = await self.conn.fetchrow(RECOUNT, q.queue_id, lo, hi, self.node.epoch)
+        began = time.monotonic()
+        q.count_stale = False
+        q.recount_rounds += 1
+        rounds = q.recount_rounds
+        try:
+            r = await self.conn.fetchrow(RECOUNT, q.queue_id, lo, hi, self.node.epoch)
+        finally:
+            q.node.loop.call_soon(q.recount_over, rounds)  # after recounted() below
+        q.last_recount = time.monotonic()
+        q.recount_cost = q.last_recount - began
         if changes == q.changes and not q.pub and not q.ops and not q.inflight_publish and not q.requeued:
             q.recounted(int(r[0]), int(r[1]), int(r[2]), int(r[3]))
+        else:
+            q.count_stale = True  # this node's own work landed meanwhile: count again after it

@@ -27,13 +27,24 @@ Message = tuple[spec.Basic.GetOk, pika.BasicProperties, bytes]
 # -- fixtures ---------------------------------------------------------------------------------------------
 
 
+def member_params(broker, i: int, **kw) -> pika.ConnectionParameters:
+    """The connection parameters of the ``i``-th connection of a test: against a cluster
+    (``LEVERET_TEST_CLUSTER``, conftest.py's ClusterBroker) its members in turn from the first, so a test's
+    first and second connections are on different members; else the broker's."""
+    nodes = getattr(broker, "nodes", None)
+    if nodes:
+        return nodes[i % len(nodes)].pika_params(**kw)
+    return broker.pika_params(**kw)
+
+
 @pytest.fixture
 def connect(broker) -> Iterator[Callable[..., pika.BlockingConnection]]:
-    """Open BlockingConnections to the broker; all are closed at teardown."""
+    """Open BlockingConnections to the broker; all are closed at teardown. Against a cluster, the test's
+    connections go to its members in turn (``conn`` is the first one)."""
     conns: list[pika.BlockingConnection] = []
 
     def _connect(**kw) -> pika.BlockingConnection:
-        c = pika.BlockingConnection(broker.pika_params(**kw))
+        c = pika.BlockingConnection(member_params(broker, len(conns), **kw))
         conns.append(c)
         return c
 
@@ -68,8 +79,10 @@ def _delete_all(ch: BlockingChannel, queues: list[str], exchanges: list[str]) ->
 
 
 def _on_own_connection(broker, action: Callable[[BlockingChannel], object]) -> None:
-    """Run ``action(channel)`` on a connection of its own, closed afterwards."""
-    c = pika.BlockingConnection(broker.pika_params())
+    """Run ``action(channel)`` on a connection of its own, closed afterwards. Against a cluster, on the member
+    of the test's first connection (``conn``): a classic queue lives on the member that declared it, and the
+    test uses it through ``conn``; a quorum queue is every member's."""
+    c = pika.BlockingConnection(member_params(broker, 0))
     try:
         action(c.channel())
     finally:

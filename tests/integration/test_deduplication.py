@@ -86,7 +86,7 @@ def own_broker(start_broker, **kw):
 
 # -- queues -----------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("queue_type", ["classic", "quorum", "stream"])
+@pytest.mark.parametrize("queue_type", ["classic", pytest.param("quorum", marks=pytest.mark.quorum), "stream"])
 def test_a_queue_drops_duplicates_and_acks_them(broker, dedup_queue, queue_type):
     q = dedup_queue(queue_type, durable=True, **{"x-queue-type": queue_type})
     with confirm_channel(broker) as ch:

@@ -12,7 +12,9 @@ import pytest
 from test_cluster_quorum import got_one
 from test_management_api import Http, wait_for
 
-pytestmark = pytest.mark.leveret_only
+# quorum: `make test` runs these against a cluster too (LEVERET_TEST_CLUSTER: start_broker starts its members,
+# and each new connection goes to the next member).
+pytestmark = [pytest.mark.leveret_only, pytest.mark.quorum]
 
 
 def http_up(api: Http) -> bool:
@@ -44,12 +46,16 @@ def test_the_nodes_default_type_applies_to_what_it_can(start_broker):
     assert api("GET", "/api/queues/%2F/jobs")[1]["arguments"].get("x-queue-type") == "quorum"
     for name in ("scratch", "mine", "fleeting", "explicit"):
         assert queue_type(api, "%2F", name) == "classic", name
-    # A quorum queue counts redeliveries: the redelivered message carries x-delivery-count.
-    ch.basic_publish("", "jobs", b"x")
+    # A quorum queue counts redeliveries: the redelivered message carries x-delivery-count. (Published, and
+    # taken again after the nack, on connections of their own: on other members when b is a cluster.)
+    publisher = pika.BlockingConnection(b.pika_params())
+    publisher.channel().basic_publish("", "jobs", b"x")
     method, _props, _body = wait_for(lambda: got_one(ch, "jobs"), 5)
     ch.basic_nack(method.delivery_tag, requeue=True)
-    method, props, _body = wait_for(lambda: got_one(ch, "jobs"), 5)
+    ch2 = publisher.channel()
+    method, props, _body = wait_for(lambda: got_one(ch2, "jobs"), 5)
     assert method.redelivered and props.headers.get("x-delivery-count") == 1
+    publisher.close()
     conn.close()
 
 

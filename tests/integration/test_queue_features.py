@@ -292,6 +292,7 @@ def test_unknown_queue_type_is_406(conn, uid):
 # -- quorum queues -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.quorum
 @pytest.mark.parametrize(
     ("flags", "prop"),
     [
@@ -307,9 +308,10 @@ def test_quorum_queue_property_restrictions_are_406(conn, uid, flags, prop):
     assert err.reply_text.startswith(f"PRECONDITION_FAILED - invalid property '{prop}' for queue")
 
 
-def test_quorum_queue_basic_flow(conn, make_queue):
+@pytest.mark.quorum
+def test_quorum_queue_basic_flow(conn, connect, make_queue):
     q = make_queue(arguments={"x-queue-type": "quorum"}, durable=True)
-    publish(conn, q, "a", "b", "c")
+    publish(connect(), q, "a", "b", "c")  # (against a cluster: published on another member than conn's)
     assert declare_ok(conn, q).message_count == 3
     got = Collector()
     ch = conn.channel()
@@ -336,9 +338,10 @@ def _nack_every_delivery(conn, q: str, expected: int) -> Collector:
     return got
 
 
-def test_quorum_redeliveries_carry_x_delivery_count(conn, make_queue):
+@pytest.mark.quorum
+def test_quorum_redeliveries_carry_x_delivery_count(conn, connect, make_queue):
     q = make_queue(arguments={"x-queue-type": "quorum"}, durable=True)
-    publish(conn, q, "m", properties=pika.BasicProperties(headers={"app": 1}))
+    publish(connect(), q, "m", properties=pika.BasicProperties(headers={"app": 1}))
     got = Collector()
     seen = []
 
@@ -359,7 +362,8 @@ def test_quorum_redeliveries_carry_x_delivery_count(conn, make_queue):
     assert [m[0].redelivered for m in got.msgs] == [False, True, True, True]
 
 
-def test_quorum_delivery_limit_dead_letters_with_reason_delivery_limit(conn, make_queue, make_exchange):
+@pytest.mark.quorum
+def test_quorum_delivery_limit_dead_letters_with_reason_delivery_limit(conn, connect, make_queue, make_exchange):
     dlx = make_exchange("dlx", "fanout")
     dlq = make_queue("dlq")
     conn.channel().queue_bind(dlq, dlx)
@@ -367,7 +371,7 @@ def test_quorum_delivery_limit_dead_letters_with_reason_delivery_limit(conn, mak
         arguments={"x-queue-type": "quorum", "x-delivery-limit": 2, "x-dead-letter-exchange": dlx},
         durable=True,
     )
-    publish(conn, q, "poison", properties=pika.BasicProperties(headers={"app": "x"}))
+    publish(connect(), q, "poison", properties=pika.BasicProperties(headers={"app": "x"}))
     got = _nack_every_delivery(conn, q, 3)
     # delivered limit + 1 times: the first, then redeliveries counted 1 and 2; returned a third time -> dead
     assert got.bodies == bodies("poison", "poison", "poison")
@@ -391,9 +395,10 @@ def test_quorum_delivery_limit_dead_letters_with_reason_delivery_limit(conn, mak
     assert declare_ok(conn, q).message_count == 0
 
 
-def test_quorum_delivery_limit_without_dlx_drops_message_via_get(conn, make_queue):
+@pytest.mark.quorum
+def test_quorum_delivery_limit_without_dlx_drops_message_via_get(conn, connect, make_queue):
     q = make_queue(arguments={"x-queue-type": "quorum", "x-delivery-limit": 2}, durable=True)
-    publish(conn, q, "poison", "ok")
+    publish(connect(), q, "poison", "ok")
     ch = conn.channel()
     counts = []
     for _ in range(3):

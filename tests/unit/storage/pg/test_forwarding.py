@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -21,11 +21,10 @@ pytest_plugins = ["pg_fixtures"]
 
 
 @pytest.fixture
-async def admin(pg_dsn: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(pg_dsn)
-    await schema.migrate(conn)
-    yield conn
-    await conn.close()
+async def admin(admin: asyncpg.Connection) -> asyncpg.Connection:
+    """pg_fixtures' session, with the schema made: these tests write the tables directly."""
+    await schema.migrate(admin)
+    return admin
 
 
 async def live(admin: asyncpg.Connection, *names: str) -> None:

@@ -6,38 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import asyncpg
-import pytest
 
 from storage.pg import workers
 from storage.pg.backing_queue import PgBackingQueue
 from storage.pg.cluster import REAP, PgCluster
 
 pytest_plugins = ["pg_fixtures"]
-
-
-@pytest.fixture
-async def nodes(pg_dsn: str) -> AsyncIterator[Callable[..., Awaitable[PgCluster]]]:
-    made: list[PgCluster] = []
-
-    async def make(name: str, **kw: Any) -> PgCluster:
-        node = await PgCluster.connect(pg_dsn, name, **kw)
-        made.append(node)
-        return node
-
-    yield make
-    for node in made:
-        await asyncio.wait_for(node.close(), 10)
-
-
-@pytest.fixture
-async def admin(pg_dsn: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(pg_dsn)
-    yield conn
-    await conn.close()
 
 
 async def fetch_wait(q: PgBackingQueue, ack_required: bool = True, timeout: float = 5.0) -> tuple[int, Any, bool]:

@@ -6,7 +6,6 @@ while PostgreSQL does not answer; and the questions between members (storage/pg/
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -20,11 +19,10 @@ pytest_plugins = ["pg_fixtures"]
 
 
 @pytest.fixture
-async def admin(pg_dsn: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(pg_dsn)
-    await schema.migrate(conn)
-    yield conn
-    await conn.close()
+async def admin(admin: asyncpg.Connection) -> asyncpg.Connection:
+    """pg_fixtures' session, with the schema made: these tests write the tables directly."""
+    await schema.migrate(admin)
+    return admin
 
 
 async def node(admin: asyncpg.Connection, name: str, *, alive: bool = True) -> int:
