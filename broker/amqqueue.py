@@ -180,6 +180,12 @@ class QueueRegistry:
             raise AMQPError(ACCESS_REFUSED,
                             f"queue name '{name}' contains reserved prefix 'amq.*'")
         existing = self._queues.get(name)
+        if existing is None and self.vhost.catch_up is not None and queue_type_of(arguments).cluster_shared \
+                and self.vhost.catch_up():
+            # A cluster's shared queue another member may have declared since the last poll of the definitions:
+            # the feed is read now, so this declare is checked against it (406 if inequivalent) instead of
+            # making a second queue process and overwriting the other member's definition.
+            existing = self._queues.get(name)
         if existing is not None:
             self.check_exclusive_access(existing, reader if exclusive else None, strict=True)
             self._assert_equivalence(existing, durable, exclusive, auto_delete, arguments)

@@ -55,7 +55,7 @@ exchange and its own store as an unbind made there would; unbind-ok waits until 
 405.
 
 **A shared queue declared elsewhere a moment ago.** A declare of a quorum queue this member does not know reads
-the definitions feed first (:meth:`VHostLink._declared_elsewhere`), so a declare racing the feed's poll is
+the definitions feed first (broker/amqqueue.py ``declare``), so a declare racing the feed's poll is
 checked against the other member's definition (406 if inequivalent) instead of overwriting it.
 """
 
@@ -114,22 +114,6 @@ def _args_text(arguments: dict[str, Any]) -> str:
 
 def _args_of(text: str) -> dict[str, Any]:
     return untable(base64.b64decode(text))
-
-
-class Declared:
-    """A shared queue another member declared, found by the declare's own catch-up with the definitions feed
-    (:meth:`VHostLink.claim`): what the declare answers, the queue itself for everything the client does next."""
-
-    exclusive = False
-    remote = False
-
-    def __init__(self, q: Any) -> None:
-        self.q = q
-        self.name = q.name
-        self.consumers = q.consumers
-
-    def message_count(self) -> int:
-        return int(self.q.message_count())
 
 
 def node_tag(name: str) -> str:
@@ -211,7 +195,7 @@ class VHostLink(RemoteRoutes):
         """queue.declare of a queue not here: write its row (None: it is ours to make), or the other member's
         queue of that name."""
         if queue_type_of(arguments).cluster_shared:
-            return self._declared_elsewhere(name, durable, exclusive, arguments)
+            return None  # its definition is shared (amqqueue.declare read the feed before coming here)
         try:
             owner = self.fw.directory.claim(self.vhost, name, durable, exclusive)
         except DirectoryUnavailable as exc:
@@ -226,19 +210,6 @@ class VHostLink(RemoteRoutes):
         if not (q.exclusive or exclusive):  # (an exclusive one is 405 whatever its arguments: the caller's)
             self._check_equivalence(q, durable, exclusive, arguments)
         return q
-
-    def _declared_elsewhere(self, name: str, durable: bool, exclusive: bool, arguments: dict[str, Any]) -> Any:
-        """A shared queue this member does not know yet: another member may have declared it since the last
-        poll of the definitions; read the feed now and check the declare against it (406 if inequivalent), so
-        that this declare neither makes a second queue process nor overwrites the other member's definition."""
-        catch_up = self.vh.catch_up
-        if catch_up is None or not catch_up():
-            return None
-        q = self.vh.queues.get(name)
-        if q is None:
-            return None
-        self.vh.queues._assert_equivalence(q, durable, exclusive, False, arguments)
-        return Declared(q)
 
     def _check_equivalence(self, q: RemoteQueue, durable: bool, exclusive: bool, arguments: dict[str, Any]) -> None:
         """RabbitMQ's equivalence check of a redeclare, against the owner's queue: durable from the directory,
@@ -316,16 +287,6 @@ class VHostLink(RemoteRoutes):
                                                  binding_args_hash(arguments))
         except DirectoryUnavailable:
             return False
-
-    def shared_message_count(self, name: str) -> int | None:
-        """The ready messages of the shared (quorum) queue ``name`` as PostgreSQL holds them now (one indexed
-        count; None if PostgreSQL does not answer or the queue has no row yet). For a declare-ok on a member
-        whose own estimate of the queue lags the other members' publishes (it is recounted every few seconds):
-        not wired yet (broker/channel.py's declare-ok reads ``queue.message_count()``)."""
-        try:
-            return self.fw.directory.shared_ready(self.vhost, name)
-        except DirectoryUnavailable:
-            return None
 
     def refuse(self, name: str, action: str) -> None:
         """405 if ``name`` is another member's queue (``action``: what only its member can do)."""

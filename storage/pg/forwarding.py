@@ -308,19 +308,6 @@ class PgDirectory:
 
         return self._wait(run)
 
-    def shared_ready(self, vhost: str, name: str) -> int | None:
-        """The ready rows of the shared queue ``name`` of ``vhost`` in ``leveret.message`` now (None if it has
-        no row in ``leveret.queue`` yet): a declare-ok's message count, exact whichever member answers."""
-        async def run(conn: asyncpg.Connection) -> int | None:
-            qid = await conn.fetchval("SELECT queue_id FROM leveret.queue WHERE vhost = $1 AND name = $2",
-                                      vhost, name)
-            if qid is None:
-                return None
-            return int(await conn.fetchval(
-                "SELECT count(*) FROM leveret.message WHERE queue_id = $1 AND state = 0", qid))
-
-        return self._wait(run)
-
     # -- questions to other members --------------------------------------------------------------------------
     def ask(self, owner: str, vhost: str | None, names: list[str] | None, timeout: float = 0.5) -> list[Any] | None:
         """What ``owner`` says of its queues ``names`` of ``vhost`` (every queue of it, or of every vhost

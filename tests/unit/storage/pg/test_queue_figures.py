@@ -125,15 +125,3 @@ async def test_a_member_answers_questions_about_its_queues(admin, pg_dsn) -> Non
         d.close()
         await fw.close()
 
-
-async def test_the_ready_count_of_one_shared_queue_now(admin, pg_dsn) -> None:
-    a = await node(admin, "a")
-    qid = await queue(admin, "/", "q")
-    await rows(admin, qid, 3, 1)
-    await rows(admin, qid, 2, 1, state=1, owner=a)
-    d = PgDirectory(pg_dsn, "b", timeout=5.0)
-    try:
-        assert await asyncio.to_thread(d.shared_ready, "/", "q") == 3
-        assert await asyncio.to_thread(d.shared_ready, "/", "nowhere") is None
-    finally:
-        d.close()
