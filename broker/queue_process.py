@@ -144,7 +144,7 @@ class QueueProcess:
         self.bq = bq
         self._ram_budget_given: int | None | bool = False  # the last set_ram_budget (False: none yet)
         bq.on_confirm = self.on_confirmed
-        bq.on_available = self.schedule_run  # an asynchronous store has brought messages in
+        bq.on_available = self._store_brought_messages  # an asynchronous store has brought messages in
         self.settings = settings
         self.consumers = ConsumerSet(single_active=settings.single_active_consumer)
         self.exclusive_consumer: Consumer | None = None
@@ -320,6 +320,15 @@ class QueueProcess:
         if s.max_length is not None and self.bq.len() >= s.max_length:
             return True
         return s.max_length_bytes is not None and self.bq.ready_bytes() + len(msg.body) > s.max_length_bytes
+
+    def _store_brought_messages(self) -> None:
+        """An asynchronous store (a cluster's quorum queue in PostgreSQL) has the head at hand now: a drop-head
+        that found nothing to drop when the queue went over its limit (the rows were still in the store, or
+        another member's publishes made it overflow) drops now; then deliveries."""
+        s = self.settings
+        if s.overflow == "drop-head" and (s.max_length is not None or s.max_length_bytes is not None):
+            self.maybe_drop_head()
+        self.schedule_run()
 
     def maybe_drop_head(self) -> None:
         """drop-head overflow: drop (or dead-letter, reason maxlen) the oldest ready messages."""

@@ -359,6 +359,10 @@ class Fetcher(Worker):
                 q = next(iter(self.unnumbered))
                 if q.queue_id is None and not q.closed:
                     await queue_id(self.conn, q)
+                    # Counted at once: until then its estimate is 0 whatever other members hold, and a
+                    # max-length judged on it would let a publish here through a full queue.
+                    q.count_stale = True
+                    self.request()
                 self.unnumbered.pop(q, None)
             for q in list(self.wanting):
                 if q.closed or not q.hungry:
