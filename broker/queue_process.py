@@ -147,6 +147,14 @@ class QueueProcess:
         bq.on_available = self._store_brought_messages  # an asynchronous store has brought messages in
         self.settings = settings
         self.consumers = ConsumerSet(single_active=settings.single_active_consumer)
+        # A single-active-consumer queue whose store is shared by a cluster's members: only the member holding
+        # the queue's lock delivers (its first consumer is the active one), so one consumer is active
+        # cluster-wide (storage/pg/cluster.py SAC_KEY).
+        store: Any = bq
+        self._sac_store: Any = store if settings.single_active_consumer and hasattr(store, "want_single_active") \
+            else None
+        if self._sac_store is not None:
+            store.on_sac_change = lambda _active: self.schedule_run()
         self.exclusive_consumer: Consumer | None = None
         self.has_had_consumers = False
         self.deleted = False
@@ -298,6 +306,8 @@ class QueueProcess:
         deadline, kept in case it is requeued)."""
         if not self.consumers.count or not self.bq.is_empty():
             return False
+        if self._sac_store is not None and not self._sac_store.sac_active:
+            return False  # another member's consumer is the active one: the message goes by the store
         consumer = self.consumers.next_with_room()
         if consumer is None:
             return False
@@ -506,6 +516,8 @@ class QueueProcess:
         if self.deleted:
             return
         bq = self.bq
+        if self._sac_store is not None and not self._sac_store.sac_active:
+            return  # another member's consumer is the active one
         consumers = self.consumers
         stats = self.stats
         budget = DELIVERY_BUDGET
@@ -662,6 +674,8 @@ class QueueProcess:
     # -- consumers -----------------------------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.add(consumer)
+        if self._sac_store is not None and self.consumers.count == 1:
+            self._sac_store.want_single_active(True)
         if consumer.exclusive:
             self.exclusive_consumer = consumer
         self.has_had_consumers = True
@@ -677,6 +691,8 @@ class QueueProcess:
             self.maybe_release_publishers()
         if not self.consumers.count:
             self.bq.set_demand(False)
+            if self._sac_store is not None:
+                self._sac_store.want_single_active(False)
         if self.auto_delete and not self.consumers.count and self.has_had_consumers and not self.deleted:
             self.vhost.queues.delete(self, reason="auto_delete")
             return

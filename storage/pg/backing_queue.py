@@ -55,6 +55,8 @@ class Node(Protocol):
 
     def want_recount(self, q: PgBackingQueue) -> None: ...
 
+    def want_single_active(self, q: PgBackingQueue, wanted: bool) -> None: ...
+
 
 class Row:
     """A published message not yet committed (in the queue's buffer, or in the publisher's statement)."""
@@ -150,6 +152,10 @@ class PgBackingQueue:
         self.recount_rounds = 0  # recounts begun for this queue
         self._count_timer: asyncio.TimerHandle | None = None
         self._waiters_timer: asyncio.TimerHandle | None = None
+        # Single active consumer across the cluster: whether this node holds the queue's lock (its consumers
+        # are the queue's active ones), and who is told when that changes (the queue process).
+        self.sac_active = False
+        self.on_sac_change: Callable[[bool], None] | None = None
 
     # -- publishing --------------------------------------------------------------------------------------------
     def publish(self, msg: Any, size: int, persistent: bool, expiry: int | None = None,
@@ -570,6 +576,12 @@ class PgBackingQueue:
         return out
 
     # -- demand: the owner's consumers wait; other nodes may publish ------------------------------------------------
+    def want_single_active(self, wanted: bool) -> None:
+        """A single-active-consumer queue has consumers on this node (``wanted``), or no longer has: this node
+        asks for the queue's cluster-wide lock, or gives it up (storage/pg/cluster.py ``SAC_KEY``). Only the
+        holder delivers to consumers; ``on_sac_change`` says when it gains or loses it."""
+        self.node.want_single_active(self, wanted)
+
     def set_demand(self, wanted: bool) -> None:
         """While the owner's consumers wait on an empty queue, the fetcher looks at the next doorbell or poll
         (another node may publish): ``fetch`` is not called while ``len()`` is 0, so it cannot say so itself."""

@@ -37,6 +37,10 @@ from storage.pg.workers import DISCONNECTED, Acker, Fetcher, Publisher, disconne
 log = logging.getLogger("leveret.pg")
 
 LEASE_KEY = 4242  # pg_advisory_lock_shared(LEASE_KEY, epoch) on every connection of a node
+# pg_try_advisory_lock(SAC_KEY, queue_id) on the lease session: the member whose consumers are a single-active-
+# consumer queue's active ones. On the lease session because it holds the epoch's key: a member that dies loses
+# it with its session, one that hangs loses it when a peer terminates its sessions past its lease.
+SAC_KEY = 4261
 BLOCK_BITS = 18  # seq ids per block: 2^18; a block is renewed when half used or 50 ms old
 REAP_INTERVAL = 0.5
 RECONNECT_FIRST = 0.1  # seconds before the first attempt to reconnect after a fence; doubled per failure
@@ -98,6 +102,11 @@ class PgCluster:
         self._closing = False
         self._rings: set[int] = set()  # queue ids whose doorbell rings at the next ring
         self._ring_task: asyncio.Task[None] | None = None
+        # Single active consumer: queues whose lock this node wants (it has consumers for them), and the locks
+        # it holds by queue id.
+        self._sac_wanted: dict[PgBackingQueue, None] = {}
+        self._sac_held: dict[int, PgBackingQueue] = {}
+        self._sac_task: asyncio.Task[None] | None = None
 
     # -- start ---------------------------------------------------------------------------------------------
     @classmethod
@@ -241,6 +250,49 @@ class PgCluster:
     def want_recount(self, q: PgBackingQueue) -> None:
         self.fetcher.request()
 
+    # -- single active consumer across the cluster -----------------------------------------------------------
+    def want_single_active(self, q: PgBackingQueue, wanted: bool) -> None:
+        if wanted:
+            self._sac_wanted[q] = None
+        else:
+            self._sac_wanted.pop(q, None)
+        if self._sac_task is None and not self._closing and not self.fenced:
+            self._sac_task = self.loop.create_task(self._sac_now())
+
+    async def _sac_now(self) -> None:
+        try:
+            async with self._lease_lock:
+                if not self.fenced:
+                    await self._sac_step()
+        except (*DISCONNECTED, asyncpg.InterfaceError, asyncpg.PostgresError) as e:
+            log.warning("pg cluster: single-active-consumer lock step failed (the lease loop retries): %s", e)
+        finally:
+            self._sac_task = None
+
+    async def _sac_step(self) -> None:
+        """Give up the locks of queues this node no longer wants, try to take those it wants (also every lease
+        round: a holder that gives its lock up or dies is followed within half a second)."""
+        conn = self.lease_conn
+        for qid, q in list(self._sac_held.items()):
+            if q not in self._sac_wanted or q.closed:
+                del self._sac_held[qid]
+                self._sac_set(q, False)
+                await conn.execute("SELECT pg_advisory_unlock($1, $2)", SAC_KEY, qid)
+        for q in list(self._sac_wanted):
+            if q.closed:
+                self._sac_wanted.pop(q, None)
+            elif q.queue_id is not None and q.queue_id not in self._sac_held and \
+                    await conn.fetchval("SELECT pg_try_advisory_lock($1, $2)", SAC_KEY, q.queue_id):
+                self._sac_held[q.queue_id] = q
+                self._sac_set(q, True)
+
+    def _sac_set(self, q: PgBackingQueue, active: bool, fenced: bool = False) -> None:
+        q.sac_active = active
+        if not active and not fenced:
+            q.release_buffer()  # rows reserved ahead of consumers that are no longer active: to the holder
+        if q.on_sac_change is not None:
+            q.on_sac_change(active)
+
     # -- doorbell: a commit here wakes the idle fetchers of other nodes at once, not at their next poll ------
     def ring(self, queue_ids: set[int]) -> None:
         """After a commit made rows ready: NOTIFY, outside that transaction and debounced (research §2.6)."""
@@ -320,6 +372,9 @@ class PgCluster:
         log.error("pg cluster: node %s (epoch %d) fenced: %s", self.node_name, self.epoch, reason)
         for q in self.queues.values():
             q.fence()
+        for q in self._sac_held.values():  # the locks went with the sessions
+            self._sac_set(q, False, fenced=True)
+        self._sac_held.clear()
         # End every session now: with one of them gone the others would keep the key, and this node's
         # reservations would wait for a clean close instead of going to a peer's reaper at once.
         for c in self.conns:
@@ -367,6 +422,8 @@ class PgCluster:
                     return True
                 self._last_heartbeat = now
             await self._reap()
+            if self._sac_wanted or self._sac_held:
+                await self._sac_step()
             if self._fresh_block is None and now - self._block_taken > 1.0:
                 self.new_block(int(await conn.fetchval("SELECT nextval('leveret.seq_block')")))
         return False
@@ -417,7 +474,8 @@ class PgCluster:
             q.close()
         if not self.fenced:
             await self.progress.until(lambda: self.fenced or (self.publisher.idle() and self.acker.idle()))
-        tasks = [t for t in (self._lease_task, self._ring_task, self._reconnect_task, self.publisher.task,
+        tasks = [t for t in (self._lease_task, self._ring_task, self._reconnect_task, self._sac_task,
+                             self.publisher.task,
                              self.acker.task, self.fetcher.task) if t]
         for t in tasks:
             t.cancel()
