@@ -332,12 +332,16 @@ class QueueProcess:
         return s.max_length_bytes is not None and self.bq.ready_bytes() + len(msg.body) > s.max_length_bytes
 
     def _store_brought_messages(self) -> None:
-        """An asynchronous store (a cluster's quorum queue in PostgreSQL) has the head at hand now: a drop-head
-        that found nothing to drop when the queue went over its limit (the rows were still in the store, or
-        another member's publishes made it overflow) drops now; then deliveries."""
+        """An asynchronous store (a cluster's quorum queue in PostgreSQL) has the head at hand now. What
+        found nothing at hand when it looked acts now: a drop-head when the queue went over its limit (the
+        rows were still in the store, or another member's publishes made it overflow), and the TTL check of
+        the head (expired: dropped or dead-lettered; else its timer armed), which the deliver loop makes only
+        when there are consumers. Then deliveries."""
         s = self.settings
         if s.overflow == "drop-head" and (s.max_length is not None or s.max_length_bytes is not None):
             self.maybe_drop_head()
+        if self._ttl_possible:
+            self.drop_expired_msgs()
         self.schedule_run()
 
     def maybe_drop_head(self) -> None:
