@@ -41,6 +41,7 @@ LEASE_KEY = 4242  # pg_advisory_lock_shared(LEASE_KEY, epoch) on every connectio
 # consumer queue's active ones. On the lease session because it holds the epoch's key: a member that dies loses
 # it with its session, one that hangs loses it when a peer terminates its sessions past its lease.
 SAC_KEY = 4261
+CLOSE_DRAIN_TIMEOUT = 5.0  # seconds a clean stop waits for its publishes and acks to be applied
 BLOCK_BITS = 18  # seq ids per block: 2^18; a block is renewed when half used or 50 ms old
 REAP_INTERVAL = 0.5
 RECONNECT_FIRST = 0.1  # seconds before the first attempt to reconnect after a fence; doubled per failure
@@ -473,7 +474,15 @@ class PgCluster:
         for q in self.queues.values():
             q.close()
         if not self.fenced:
-            await self.progress.until(lambda: self.fenced or (self.publisher.idle() and self.acker.idle()))
+            try:
+                await asyncio.wait_for(self.progress.until(
+                    lambda: self.fenced or (self.publisher.idle() and self.acker.idle())), CLOSE_DRAIN_TIMEOUT)
+            except TimeoutError:
+                # A stop must not hang (once seen in CI on a loaded machine: a unit test's teardown waited
+                # more than 10 s). What is left is requeued below, so it is delivered again, not lost.
+                log.warning("pg cluster: node %s stops with work not done after %g s (publisher idle: %s, "
+                            "acker idle: %s); its reservations go back to the queues", self.node_name,
+                            CLOSE_DRAIN_TIMEOUT, self.publisher.idle(), self.acker.idle())
         tasks = [t for t in (self._lease_task, self._ring_task, self._reconnect_task, self._sac_task,
                              self.publisher.task,
                              self.acker.task, self.fetcher.task) if t]
