@@ -10,29 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import asyncpg
+from test_pg_cluster import fetch_wait
 
 from storage.pg.backing_queue import PgBackingQueue
 from storage.pg.cluster import PgCluster
 
 pytest_plugins = ["pg_fixtures"]
-
-
-async def fetch_wait(q: PgBackingQueue, timeout: float = 5.0) -> tuple[int, Any, bool]:
-    """Fetch as a queue process does: on None, wait for on_available and ask again."""
-    available = asyncio.Event()
-    q.on_available = available.set
-    deadline = time.monotonic() + timeout
-    while True:
-        got = q.fetch(True)
-        if got is not None:
-            return got
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, "no message became available"
-        await asyncio.wait_for(available.wait(), remaining)
-        available.clear()
 
 
 async def publish_committed(node: PgCluster, q: PgBackingQueue, *bodies: bytes) -> list[int]:
