@@ -42,10 +42,20 @@ if CLUSTER_NODES == 1 or CLUSTER_NODES < 0:
 ROOT = Path(__file__).resolve().parent.parent
 
 
+_ports_given: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now and not handed out before in this session: the kernel may give a port it just
+    reported free again (seen in CI: a broker's AMQP and Prometheus ports were the same, and its restart
+    failed to bind)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _ports_given:
+            _ports_given.add(port)
+            return port
 
 
 @dataclass
