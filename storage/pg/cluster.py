@@ -488,7 +488,14 @@ class PgCluster:
                              self.acker.task, self.fetcher.task) if t]
         for t in tasks:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=CLOSE_DRAIN_TIMEOUT)
+            if pending:  # a task stuck in a statement that ignores the cancel: end the sessions under it
+                log.warning("pg cluster: node %s: tasks still running %g s after their cancel: %s", self.node_name,
+                            CLOSE_DRAIN_TIMEOUT, [t.get_coro() for t in pending])
+                for c in self.conns:
+                    c.terminate()
+                await asyncio.wait(pending, timeout=2)
         try:
             if not self.fenced and not self.lease_conn.is_closed():
                 async with self.lease_conn.transaction():
