@@ -17,12 +17,14 @@ import structlog
 from broker.cluster_definitions import DefinitionsFollower, make_where
 from broker.cluster_forwarding import ClusterForwarding
 from broker.message_codec import decode_message, encode_message
+from broker.queue_types import queue_type_of
 from storage.backing_queue import BackingQueue
 from storage.metadata_store import MetadataStoreError
 from storage.node_storage import NodeStorage
 from storage.pg.cluster import PgCluster
 from storage.pg.definitions_store import PgDefinitionsStore
 from storage.pg.queue_figures import PgQueueFigures, Snapshot
+from storage.pg.queue_stats import Counted, PgQueueStatsWriter
 from storage.pg.schema import SchemaTooNew
 from storage.pg.shared_metadata import SplitMetadataStore
 
@@ -57,6 +59,20 @@ class SharedQueueStore:
                                   encode=encode_message, decode=decode_message)
 
 
+def shared_queue_counters(node: Any) -> list[Counted]:
+    """This member's message counters of every shared (quorum) queue it has, in storage/pg/queue_stats.py's
+    COUNTERS order (publish, deliver, get, redeliver, ack), each with the QueueStats object counting them (a
+    queue deleted and declared anew is a new object: counted from zero). Read on the event loop, once a
+    flush: plain attribute reads, nothing added to the paths that count."""
+    out: list[Counted] = []
+    for vh in list(node.vhosts.values()):
+        for q in vh.queues:
+            if queue_type_of(q.arguments).cluster_shared:
+                s = q.stats
+                out.append((vh.name, q.name, s, (s.published, s.delivered, s.get, s.redelivered, s.acked)))
+    return out
+
+
 class Cluster:
     """This node's membership of the cluster whose database ``dsn`` names."""
 
@@ -70,8 +86,12 @@ class Cluster:
         # Node-local queues across the cluster (broker/cluster_forwarding.py), from start() on.
         self.forwarding: ClusterForwarding | None = None
         # The shared queues' figures as PostgreSQL counts them (storage/pg/queue_figures.py): what the HTTP
-        # API and Prometheus show, the same on every member.
-        self.figures = PgQueueFigures(dsn)
+        # API and Prometheus show, the same on every member. Their message counters and rates too: this
+        # member's counters go to PostgreSQL every second (storage/pg/queue_stats.py, from start() on), and
+        # the rates are cut in slots of collect_statistics_interval (the same on every member).
+        slot_ms = int(node.settings.collect_statistics_interval)
+        self.figures = PgQueueFigures(dsn, rate_slot_ms=slot_ms)
+        self.stats = PgQueueStatsWriter(dsn, node.name, lambda: shared_queue_counters(node), slot_ms=slot_ms)
 
     async def connect(self) -> None:
         """Join: take an epoch and the connections that hold it (storage/pg/cluster.py), before anything
@@ -145,6 +165,7 @@ class Cluster:
                 vh.catch_up = self.follower.catch_up_now
         self.forwarding = ClusterForwarding(self.node, self.dsn)
         await self.forwarding.start()
+        self.stats.start()
 
     def vhost_added(self, vh: Any) -> None:
         """A vhost made (or recovered) on this node: its routes to other members' queues and its reading of
@@ -160,6 +181,7 @@ class Cluster:
             await self.follower.stop()
         if self.forwarding is not None:
             await self.forwarding.stop()
+        await self.stats.close()  # a last flush: a clean stop leaves every count in the totals
         await self.figures.close()
         if self.pg is not None:
             await self.pg.close()

@@ -201,12 +201,23 @@ def shared_figures_of(q: QueueProcess, shared: Snapshot | None) -> Figures:
     return q.figures()
 
 
+def queue_counters(q: QueueProcess, shared: Snapshot | None) -> tuple[int, int, int, int, int]:
+    """(published, delivered, redelivered, acked, get) of a queue: on a cluster member, a shared queue's are
+    every member's summed as PostgreSQL holds them (storage/pg/queue_stats.py: the same on every member, up
+    to about 2 s behind, never going down); any other queue's are its own (``QueueProcess.stats``)."""
+    if shared is not None and queue_type_of(q.arguments).cluster_shared:
+        c = shared.activity(q.vhost.name, q.name).counts
+        return c["publish"], c["deliver"], c["redeliver"], c["ack"], c["get"]
+    s = q.stats
+    return s.published, s.delivered, s.redelivered, s.acked, s.get
+
+
 def queue_values(q: QueueProcess, shared: Snapshot | None = None) -> dict[str, int]:
     """Every per-queue metric of one queue process, by name: its figures (``QueueProcess.figures``, read
     now; a shared queue's from ``shared`` on a cluster member), consumers and publishers, and its counters
-    (``QueueProcess.stats``)."""
+    (``QueueProcess.stats``; a shared queue's summed over the members: queue_counters)."""
     f = shared_figures_of(q, shared)
-    s = q.stats
+    published, delivered, redelivered, acked, get = queue_counters(q, shared)
     return {
         "rabbitmq_queue_messages_ready": f.ready,
         "rabbitmq_queue_messages_unacked": f.unacked,
@@ -217,11 +228,11 @@ def queue_values(q: QueueProcess, shared: Snapshot | None = None) -> dict[str, i
         "rabbitmq_queue_consumers": q.consumers.count,
         "leveret_queue_publishers": len(q.publisher_channels),
         "leveret_queue_messages_paged_out": f.paged_out,
-        "rabbitmq_queue_messages_published_total": s.published,
-        "rabbitmq_queue_messages_delivered_total": s.delivered,
-        "rabbitmq_queue_messages_redelivered_total": s.redelivered,
-        "rabbitmq_queue_messages_acked_total": s.acked,
-        "rabbitmq_queue_get_total": s.get,
+        "rabbitmq_queue_messages_published_total": published,
+        "rabbitmq_queue_messages_delivered_total": delivered,
+        "rabbitmq_queue_messages_redelivered_total": redelivered,
+        "rabbitmq_queue_messages_acked_total": acked,
+        "rabbitmq_queue_get_total": get,
     }
 
 
@@ -506,8 +517,10 @@ def render(node: Node, per_object: bool, endpoint: str | None = None, shared: Sn
 
 def make_app(node: Node) -> web.Application:
     """The exporter's HTTP app (``prometheus.tcp.port``): /metrics, and per-object series. On a cluster
-    member, the shared (quorum) queues' figures are PostgreSQL's count (the same on every member; so a sum of
-    them over the members counts each shared queue once per member)."""
+    member, the shared (quorum) queues' figures are PostgreSQL's count, and their message counters
+    (``rabbitmq_queue_messages_published_total``, ``..._delivered_total``, ``..._redelivered_total``,
+    ``..._acked_total``, ``rabbitmq_queue_get_total``) every member's summed (storage/pg/queue_stats.py): the
+    same on every member, so a sum of them over the members counts each shared queue once per member."""
 
     async def shared() -> Snapshot | None:
         return await node.cluster.shared_figures() if node.cluster is not None else None

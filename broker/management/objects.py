@@ -258,6 +258,24 @@ def queue_message_counts(q: QueueProcess) -> dict[str, int]:
             "redeliver": s.redelivered, "ack": s.acked}
 
 
+def queue_message_stats(q: QueueProcess, sampler: RateSampler | None, shared: Snapshot | None) -> dict[str, Any]:
+    """A queue's ``message_stats``. For a shared queue of a cluster member, every member's counters summed and
+    their rates, as PostgreSQL holds them (``shared``, storage/pg/queue_stats.py): the same on every member
+    (totals up to about 2 s behind; rates the same for every member asked within one rate slot of
+    ``collect_statistics_interval``). Any other queue's are its own, with the sampler's rates."""
+    if shared is None or not is_shared(q):
+        return with_details(queue_message_counts(q), sampler, id(q))
+    activity = shared.activity(q.vhost.name, q.name)
+    c, rates = activity.counts, activity.rates
+    counts = {"publish": c["publish"], "deliver_get": c["deliver"] + c["get"], "deliver": c["deliver"],
+              "get": c["get"], "redeliver": c["redeliver"], "ack": c["ack"]}
+    out: dict[str, Any] = {}
+    for name, value in counts.items():
+        out[name] = value
+        out[name + "_details"] = {"rate": rates[name]}
+    return out
+
+
 # -- queues -------------------------------------------------------------------------------------------------------
 
 def is_shared(q: QueueProcess) -> bool:
@@ -345,7 +363,7 @@ def queue_info(node: Node, q: QueueProcess, sampler: RateSampler | None = None,
         "message_bytes_unacknowledged": f.unacked_bytes,
         "messages_paged_out": f.paged_out,
         "memory": queue_memory(q, f),
-        "message_stats": with_details(queue_message_counts(q), sampler, key),
+        "message_stats": queue_message_stats(q, sampler, shared),
     }
     idle_since = sampler.idle.observe(q, key) if sampler is not None else None
     if idle_since is not None:  # RabbitMQ shows the field only while the queue is idle

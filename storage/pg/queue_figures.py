@@ -8,9 +8,10 @@ state (0 ready, 1 reserved by a member), so every member answers the same figure
 
 One grouped statement counts every queue (``SELECT queue_id, state, count(*), sum(size) … GROUP BY``), never a
 statement per queue, and its answer is kept :data:`MAX_AGE` seconds: a scrape of many queues, or many
-scrapes at once, costs one statement a second per member. The same read-only transaction lists the live
+scrapes at once, costs one read-only transaction a second per member. The same read-only transaction lists the live
 members (``leveret.node``: neither stopped nor reaped, lease not run out), which the API shows as a quorum
-queue's ``members`` and ``online``.
+queue's ``members`` and ``online``; and the queues' message counters and rates summed over the members
+(storage/pg/queue_stats.py: ``message_stats``, the same on every member asked in the same rate slot).
 
 What "reserved" counts: the rows a member took for its consumers, which includes the small prefix a member
 reserves ahead of its consumers (up to a fetch batch; handed back after 2 s untouched, RELEASE_IDLE_AFTER in
@@ -26,6 +27,8 @@ import time
 from typing import NamedTuple
 
 import asyncpg
+
+from storage.pg.queue_stats import NO_ACTIVITY, Activity, read_activity
 
 log = logging.getLogger("leveret.pg.queue_figures")
 
@@ -59,18 +62,28 @@ class Snapshot(NamedTuple):
     taken: float  # time.monotonic() of the count
     queues: dict[tuple[str, str], QueueCounts]
     members: tuple[str, ...]  # live members' names, sorted
+    # The queues' message counters and rates over every member (storage/pg/queue_stats.py), and the rate slot
+    # they were read in (PostgreSQL's clock: two snapshots of the same slot show the same rates).
+    activities: dict[tuple[str, str], Activity]
+    rate_slot: int
 
     def counts(self, vhost: str, name: str) -> QueueCounts:
         return self.queues.get((vhost, name), ZERO)
+
+    def activity(self, vhost: str, name: str) -> Activity:
+        return self.activities.get((vhost, name), NO_ACTIVITY)
 
 
 class PgQueueFigures:
     """Counts the shared queues on a connection of its own, at most once per ``max_age`` seconds (callers
     meanwhile get the last answer; callers arriving during a count wait for it)."""
 
-    def __init__(self, dsn: str, max_age: float = MAX_AGE) -> None:
+    def __init__(self, dsn: str, max_age: float = MAX_AGE, rate_slot_ms: int = 5000) -> None:
+        """``rate_slot_ms``: the slot of the rates (storage/pg/queue_stats.py; the node's
+        ``collect_statistics_interval``, which must be the same on every member)."""
         self.dsn = dsn
         self.max_age = max_age
+        self.rate_slot_ms = rate_slot_ms
         self.last: Snapshot | None = None
         self.counts_taken = 0  # statements run (tests)
         self._conn: asyncpg.Connection | None = None
@@ -108,6 +121,7 @@ class PgQueueFigures:
         async with conn.transaction(isolation="repeatable_read", readonly=True):
             rows = await conn.fetch(COUNTS)
             members = tuple(r[0] for r in await conn.fetch(LIVE_MEMBERS))
+            slot, activities = await read_activity(conn, self.rate_slot_ms)
         self.counts_taken += 1
         for vhost, name, state, n, nbytes in rows:
             c = queues.setdefault((vhost, name), [0, 0, 0, 0])
@@ -117,7 +131,8 @@ class PgQueueFigures:
             else:
                 c[1] += n
                 c[3] += nbytes
-        return Snapshot(time.monotonic(), {k: QueueCounts(*v) for k, v in queues.items()}, members)
+        return Snapshot(time.monotonic(), {k: QueueCounts(*v) for k, v in queues.items()}, members,
+                        activities, slot)
 
     def _drop(self) -> None:
         if self._conn is not None and not self._conn.is_closed():

@@ -6,8 +6,9 @@ the recorded ``leveret.schema_version``; it refuses a database whose version is 
 since it cannot know what that version changed.
 
 Every migration is listed here, whichever module uses its tables (version 2 is storage/pg/definitions_store.py's
-table): a list that modules added to as they were imported made the newest version depend on what a process
-happened to import, and a process that imported less refused a database another had migrated further.
+table, version 4 storage/pg/queue_stats.py's): a list that modules added to as they were imported made the
+newest version depend on what a process happened to import, and a process that imported less refused a
+database another had migrated further.
 """
 
 from __future__ import annotations
@@ -105,8 +106,42 @@ WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000, a
 CREATE INDEX forward_target ON leveret.forward (target, id);
 """
 
+# The shared queues' message counters and rate samples (storage/pg/queue_stats.py): every member's counts per
+# queue, summed by whoever is asked, so message_stats and its rates are the same on every member.
+MIGRATION_4 = """
+CREATE TABLE leveret.queue_stats (
+    queue_id      integer NOT NULL,
+    node          text    NOT NULL,  -- the member's node name (kept across its restarts)
+    source        bigint  NOT NULL,  -- the counters src_* are of (one queue object of one run of the member)
+    publish       bigint  NOT NULL,  -- the member's totals, over all its sources
+    deliver       bigint  NOT NULL,
+    get           bigint  NOT NULL,
+    redeliver     bigint  NOT NULL,
+    ack           bigint  NOT NULL,
+    src_publish   bigint  NOT NULL,  -- what the source had counted at its last flush
+    src_deliver   bigint  NOT NULL,
+    src_get       bigint  NOT NULL,
+    src_redeliver bigint  NOT NULL,
+    src_ack       bigint  NOT NULL,
+    updated_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (queue_id, node));
+CREATE TABLE leveret.queue_stats_sample (
+    queue_id  integer NOT NULL,
+    node      text    NOT NULL,
+    slot_ms   integer NOT NULL,      -- the slot length the member samples at (collect_statistics_interval)
+    slot      bigint  NOT NULL,      -- floor(PostgreSQL's epoch in ms / slot_ms) when taken
+    taken_at  timestamptz NOT NULL,  -- PostgreSQL's now() when taken
+    publish   bigint  NOT NULL,      -- the member's totals then (leveret.queue_stats)
+    deliver   bigint  NOT NULL,
+    get       bigint  NOT NULL,
+    redeliver bigint  NOT NULL,
+    ack       bigint  NOT NULL,
+    PRIMARY KEY (queue_id, node, slot));
+CREATE INDEX queue_stats_sample_node ON leveret.queue_stats_sample (node, slot);
+"""
+
 # (version, sql), ascending. Append only: a released migration never changes.
-MIGRATIONS: list[tuple[int, str]] = [(1, MIGRATION_1), (2, MIGRATION_2), (3, MIGRATION_3)]
+MIGRATIONS: list[tuple[int, str]] = [(1, MIGRATION_1), (2, MIGRATION_2), (3, MIGRATION_3), (4, MIGRATION_4)]
 
 
 class SchemaTooNew(RuntimeError):

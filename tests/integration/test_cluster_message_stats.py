@@ -1,0 +1,173 @@
+"""A quorum queue's ``message_stats`` (publish, deliver_get, ack... and their ``*_details.rate``) are the same
+whichever member of a Leveret cluster is asked (issue 15): each member's counters go to PostgreSQL once a
+second and every member shows their sums, with rates from samples timed by PostgreSQL's clock
+(storage/pg/queue_stats.py). Before, each member showed its own counters: the publishing member a publish
+rate and no acks, the consuming member b acks and no publishes.
+
+Messages are published on member a and consumed (manual acks) and fetched (basic.get) on member b; both
+members' HTTP API and Prometheus are asked. Real broker processes, a real PostgreSQL (tests/pg_fixtures.py),
+pika and HTTP clients."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pika
+import pytest
+from test_cluster_definitions import member
+from test_cluster_forwarding import channel, drain
+from test_management_api import Http, wait_for
+
+pytestmark = pytest.mark.leveret_only
+pytest_plugins = ["pg_fixtures"]
+
+QUORUM = {"x-queue-type": "quorum"}
+# Rate slots of 1 s (collect_statistics_interval; every member the same), so rates show within seconds.
+FAST_RATES = ("--set", "collect_statistics_interval=1000")
+QUEUE = "stats-q"
+COUNTS = ("publish", "deliver_get", "deliver", "get", "redeliver", "ack")
+RATES = ("publish", "deliver_get", "ack")
+
+
+def message_stats(b) -> dict:
+    status, q, _ = Http(b.management_port)("GET", f"/api/queues/%2F/{QUEUE}")
+    assert status == 200, q
+    return q["message_stats"]
+
+
+def both(a, b) -> tuple[dict, dict]:
+    """Both members' message_stats of the queue, asked at the same moment (one request each, in parallel)."""
+    with ThreadPoolExecutor(2) as pool:
+        fa, fb = pool.submit(message_stats, a), pool.submit(message_stats, b)
+        return fa.result(), fb.result()
+
+
+def counts(stats: dict) -> dict[str, int]:
+    return {name: stats.get(name) for name in COUNTS}
+
+
+def rates(stats: dict) -> dict[str, float]:
+    return {name: stats.get(name + "_details", {}).get("rate") for name in COUNTS}
+
+
+def prometheus_counters(b) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{b.prometheus_port}/metrics/per-object", timeout=10).read()
+    out = {}
+    for line in text.decode().splitlines():
+        if line.startswith("rabbitmq_queue_") and "_total{" in line and f'queue="{QUEUE}"' in line:
+            out[line.split("{", 1)[0]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+class Acker(threading.Thread):
+    """A manual-ack consumer of the queue on member ``b``, acking each message as it comes."""
+
+    def __init__(self, b) -> None:
+        super().__init__(daemon=True)
+        self.b = b
+        self.got = 0
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+
+    def run(self) -> None:
+        conn, ch = channel(self.b)
+        ch.basic_qos(prefetch_count=20)
+
+        def on_message(c, method, _props, _body) -> None:
+            self.got += 1
+            c.basic_ack(method.delivery_tag)
+
+        ch.basic_consume(QUEUE, on_message)
+        self.ready.set()
+        while not self.stop.is_set():
+            conn.process_data_events(time_limit=0.05)
+        conn.close()
+
+
+def publish_steadily(a, n: int, per_second: float) -> None:
+    """``n`` persistent, confirmed messages on member ``a``, ``per_second`` of them a second."""
+    conn, ch = channel(a)
+    ch.confirm_delivery()
+    start = time.monotonic()
+    for i in range(n):
+        ch.basic_publish("", QUEUE, b"m%d" % i, pika.BasicProperties(delivery_mode=2))
+        delay = start + (i + 1) / per_second - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+    conn.close()
+
+
+def test_message_stats_and_rates_are_the_same_on_every_member(start_broker, pg_dsn):
+    a = member(start_broker, pg_dsn, "a@test", *FAST_RATES)
+    b = member(start_broker, pg_dsn, "b@test", *FAST_RATES)
+    conn, ch = channel(a)
+    ch.queue_declare(QUEUE, durable=True, arguments=QUORUM)
+    conn.close()
+    assert wait_for(lambda: Http(b.management_port)("GET", f"/api/queues/%2F/{QUEUE}")[0] == 200, 5)
+
+    acker = Acker(b)
+    acker.start()
+    assert acker.ready.wait(10)
+    publisher = threading.Thread(target=publish_steadily, args=(a, 240, 40.0), daemon=True)  # 6 s of 40 a second
+    publisher.start()
+    try:
+        # While the traffic runs: both members answer the same rates (when asked within one rate slot: polled
+        # until a pair of answers falls in one), and not zero on either (before, b showed no publish rate, a
+        # no ack rate). The rate is the cluster's: the 40 a second a publishes and b acknowledges.
+        time.sleep(3.0)  # two rate slots of traffic
+        agreed: list[dict] = []
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline and publisher.is_alive():
+            sa, sb = both(a, b)
+            ra, rb = rates(sa), rates(sb)
+            if ra == rb and all(ra[name] > 0 for name in RATES):
+                agreed.append(ra)
+            time.sleep(0.1)
+        assert agreed, (rates(sa), rates(sb))
+        for r in agreed:
+            assert 20 <= r["publish"] <= 60, r
+            assert 20 <= r["ack"] <= 60 and 20 <= r["deliver_get"] <= 60, r
+    finally:
+        publisher.join(30)
+        assert wait_for(lambda: acker.got >= 240, 15), acker.got
+        acker.stop.set()
+        acker.join(10)
+
+    # basic.get on b too: ten more published on a, fetched on b (auto-ack: no acks counted).
+    conn, ch = channel(a)
+    ch.confirm_delivery()
+    for i in range(10):
+        ch.basic_publish("", QUEUE, b"g%d" % i, pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    conn, ch = channel(b)
+    assert len(drain(conn, ch, QUEUE, 10)) == 10
+    conn.close()
+
+    # At rest: the same totals on both, the real counts, and the rates back to zero on both.
+    expected = {"publish": 250, "deliver_get": 250, "deliver": 240, "get": 10, "redeliver": 0, "ack": 240}
+
+    def settled() -> bool:
+        sa, sb = both(a, b)
+        return counts(sa) == counts(sb) == expected and rates(sa) == rates(sb) == dict.fromkeys(COUNTS, 0.0)
+
+    assert wait_for(settled, 10), both(a, b)
+    sa, sb = both(a, b)
+    assert sa == sb
+
+    # Prometheus' per-queue counters: the same cluster-wide figures on both members.
+    want = {"rabbitmq_queue_messages_published_total": 250, "rabbitmq_queue_messages_delivered_total": 240,
+            "rabbitmq_queue_messages_redelivered_total": 0, "rabbitmq_queue_messages_acked_total": 240,
+            "rabbitmq_queue_get_total": 10}
+    assert prometheus_counters(a) == prometheus_counters(b) == want
+
+    # b dies: what it counted (every delivery and ack) stays in the totals a shows.
+    os.kill(b.pid, signal.SIGKILL)
+    b.process.wait(10)
+    time.sleep(2.5)  # past a's cached reading and a flush of a's
+    assert counts(message_stats(a)) == expected
+    assert prometheus_counters(a) == want
