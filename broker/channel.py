@@ -277,6 +277,15 @@ class Channel:
 
     def deliver(self, consumer: Consumer, queue: QueueProcess, seq_id: int, msg: Message,
                 redelivered: bool) -> None:
+        self.deliver_parts(consumer, queue, seq_id, msg.names_raw, msg.header, msg.body, redelivered)
+        tracer = self.vhost.tracing
+        if tracer is not None:
+            tracer.delivered(queue.name, msg, redelivered, self)  # the firehose (broker/trace.py)
+
+    def deliver_parts(self, consumer: Consumer, queue: QueueProcess, seq_id: int, names_raw: bytes, header: bytes,
+                      body: bytes, redelivered: bool) -> None:
+        """:meth:`deliver` from the three parts that go on the wire, for a queue that keeps a message as bytes
+        (a stream: no Message is built per delivery). The firehose is the caller's to tell."""
         tag = self.next_delivery_tag
         self.next_delivery_tag = tag + 1
         counters = self.counters
@@ -297,11 +306,8 @@ class Channel:
             if timeout:
                 self._watch_ack(tag, timeout)
         reader = self.reader
-        reader.send(fastcodec.encode_basic_deliver(self.id, consumer.tag_raw, tag, redelivered, msg.names_raw))
-        reader.send_content(self.id, msg.header, msg.body)
-        tracer = self.vhost.tracing
-        if tracer is not None:
-            tracer.delivered(queue.name, msg, redelivered, self)  # the firehose (broker/trace.py)
+        reader.send(fastcodec.encode_basic_deliver(self.id, consumer.tag_raw, tag, redelivered, names_raw))
+        reader.send_content(self.id, header, body)
 
     def _watch_ack(self, tag: int, timeout_ms: int) -> None:
         clock = self.clock

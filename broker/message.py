@@ -46,6 +46,14 @@ class Message:
         # is stored once); None lets each queue number its own copy.
         self.msg_id: int | None = None
 
+    @classmethod
+    def from_wire(cls, names_raw: bytes, header: bytes, body: bytes, published_at: float = 0.0) -> Message:
+        """The message whose exchange and routing key are ``names_raw`` (two short strings, as basic.deliver
+        carries them): a stored message read back."""
+        ex_end = 1 + names_raw[0]
+        return cls(names_raw[1:ex_end].decode(), names_raw[ex_end + 1:].decode(), names_raw, header, body,
+                   published_at)
+
     @property
     def props(self) -> ScannedProperties:
         p = self._props

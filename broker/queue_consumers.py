@@ -28,6 +28,10 @@ class ConsumerChannel(Protocol):
 
     def deliver(self, consumer: Consumer, queue: Any, seq_id: int, msg: Message, redelivered: bool) -> None: ...
 
+    def deliver_parts(self, consumer: Consumer, queue: Any, seq_id: int, names_raw: bytes, header: bytes,
+                      body: bytes, redelivered: bool) -> None:
+        """``deliver`` of ``Message.from_wire(names_raw, header, body)``, without building it (a stream)."""
+
     def consumer_cancelled_by_queue(self, consumer: Consumer) -> None: ...
 
 

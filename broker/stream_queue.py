@@ -74,7 +74,7 @@ from broker.queue_process import (
     QueueOwner,
     QueueStats,
 )
-from broker.stream_record import delivered_message, encode_record
+from broker.stream_record import delivered_message, encode_record, wire_parts
 from protocol.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
 from storage.backing_queue import Figures
 from storage.stream_log import GroupLog, StreamLog, StreamRecord
@@ -189,6 +189,7 @@ class StreamQueue:
         self._lag_from: int | None = None
         self._delivered_while_throttled = 0
         self._retention_timer: TimerHandle | None = None
+        self._retains = False  # whether retention limits apply (kept by _arm_retention)
         self._arm_retention()
 
     # -- settings (policies) -----------------------------------------------------------------------------
@@ -206,6 +207,7 @@ class StreamQueue:
         return self.settings.max_length_bytes is not None or self.settings.max_age_ms is not None
 
     def _arm_retention(self) -> None:
+        self._retains = self._has_retention  # read once per append (deliver_or_enqueue)
         if self._retention_timer is not None:
             self._retention_timer.cancel()
             self._retention_timer = None
@@ -233,16 +235,20 @@ class StreamQueue:
         if FILTER_HEADER in msg.header:  # cheap test on the raw properties before decoding the headers
             value = _text(msg.headers.get("x-stream-filter-value"))
             filter_value = value if isinstance(value, str) else None
-        segments = log.segment_count
         offset = log.next_offset
-        stored = log.append(encode_record(msg, offset), int(msg.published_at or self._clock.now_ms()), filter_value)
+        if not self._retains:
+            stored = log.append(encode_record(msg, offset), int(msg.published_at or self._clock.now_ms()),
+                                filter_value)
+        else:
+            segments = log.segment_count
+            stored = log.append(encode_record(msg, offset), int(msg.published_at or self._clock.now_ms()),
+                                filter_value)
+            if log.segment_count > segments:
+                self.retain()  # a new segment was started: the oldest may go now
         assert stored == offset, "a stream log numbers its records in order"
-        offset = stored
-        if self._has_retention and log.segment_count > segments:
-            self.retain()  # a new segment was started: the oldest may go now
-        if confirm is None or offset < self._durable_below:
+        if confirm is None or stored < self._durable_below:
             return ACCEPTED
-        self._awaiting_confirm.append((offset, confirm))
+        self._awaiting_confirm.append((stored, confirm))
         return CONFIRM_LATER
 
     def on_durable(self, below: int) -> None:
@@ -528,14 +534,19 @@ class StreamQueue:
         consumer = reader.consumer
         channel = consumer.channel
         tail = (reader.group.index << GROUP_SHIFT if reader.group is not None else 0) | reader.serial
-        as_delivered = self._as_delivered
         stats = self.stats
+        stats.delivered += len(records)
+        if redelivered:
+            stats.redelivered += len(records)
+        deliver = channel.deliver_parts
+        tracer = self.vhost.tracing
         for record in records:
-            msg = as_delivered(record)
-            stats.delivered += 1
-            if redelivered:
-                stats.redelivered += 1
-            channel.deliver(consumer, self, record.offset << OFFSET_SHIFT | tail, msg, redelivered)
+            parts = wire_parts(record.payload)
+            if parts is None or tracer is not None:  # an earlier record format, or the firehose wants a Message
+                channel.deliver(consumer, self, record.offset << OFFSET_SHIFT | tail, self._as_delivered(record),
+                                redelivered)
+            else:
+                deliver(consumer, self, record.offset << OFFSET_SHIFT | tail, *parts, redelivered)
 
     # -- settling ----------------------------------------------------------------------------------------
     def _by_group(self, seq_ids: list[int]) -> dict[_Group, list[int]]:

@@ -684,15 +684,15 @@ def with_long_header(header_payload: bytes, key_raw: bytes, value: int) -> bytes
     table are not checked: a malformed table gets the entry appended, after any entry of that key (a classic
     queue delivers such a message as it was published, too).
     """
-    slow_headers_set = {key_raw[1:].decode(): Long(value)}
-    size = len(header_payload)
-    if size < _PROPS_OFFSET:
-        return with_properties(header_payload, headers_set=slow_headers_set)
+    # Called once per message a stream appends: the common shapes (no headers table, or one without the key,
+    # and a tail of delivery mode / priority only) take a straight line; nothing of the slow path is built
+    # unless it is taken.
+    if len(header_payload) < _PROPS_OFFSET:
+        return _with_long_header_slow(header_payload, key_raw, value)
     flags = header_payload[12] << 8 | header_payload[13]
-    entry = key_raw + _LONG_VALUE.pack(b"l", value)
+    if flags & 3:
+        return _with_long_header_slow(header_payload, key_raw, value)
     try:
-        if flags & 3:
-            return with_properties(header_payload, headers_set=slow_headers_set)
         pos = _PROPS_OFFSET
         if flags & _BEFORE_HEADERS:
             if flags & (1 << 15):
@@ -701,20 +701,31 @@ def with_long_header(header_payload: bytes, key_raw: bytes, value: int) -> bytes
                 pos += 1 + header_payload[pos]
         if flags & _FLAG_HEADERS:
             table_end = pos + 4 + _U32.unpack_from(header_payload, pos)[0]
-            end = _property_list_end(header_payload, flags, table_end)
-            if end > size:
-                return with_properties(header_payload, headers_set=slow_headers_set)  # raises FrameError
+            tail = flags & _AFTER_HEADERS_MASK
+            end = table_end + (tail >> 12 & 1) + (tail >> 11 & 1) if not tail & ~_OCTETS_ONLY \
+                else _property_list_end(header_payload, flags, table_end)
+            if end > len(header_payload):
+                return _with_long_header_slow(header_payload, key_raw, value)  # raises FrameError
             if header_payload.find(key_raw, pos + 4, table_end) >= 0:
                 try:
-                    return with_properties(header_payload, headers_set=slow_headers_set)
+                    return _with_long_header_slow(header_payload, key_raw, value)
                 except FrameError:
                     pass  # a malformed table: appended below, as to any other
+            entry = key_raw + _LONG_VALUE.pack(b"l", value)
             return b"".join((header_payload[:pos], _U32.pack(table_end - pos - 4 + len(entry)),
                              header_payload[pos + 4 : table_end], entry, header_payload[table_end:end]))
-        end = _property_list_end(header_payload, flags, pos)
-        if end > size:
-            return with_properties(header_payload, headers_set=slow_headers_set)  # raises FrameError
+        tail = flags & _AFTER_HEADERS_MASK
+        end = pos + (tail >> 12 & 1) + (tail >> 11 & 1) if not tail & ~_OCTETS_ONLY \
+            else _property_list_end(header_payload, flags, pos)
+        if end > len(header_payload):
+            return _with_long_header_slow(header_payload, key_raw, value)  # raises FrameError
+        entry = key_raw + _LONG_VALUE.pack(b"l", value)
         return b"".join((header_payload[:12], _U16.pack(flags | _FLAG_HEADERS), header_payload[14:pos],
                          _U32.pack(len(entry)), entry, header_payload[pos:end]))
     except (IndexError, struct.error):  # cut inside a short string's length or the table's length
-        return with_properties(header_payload, headers_set=slow_headers_set)
+        return _with_long_header_slow(header_payload, key_raw, value)
+
+
+def _with_long_header_slow(header_payload: bytes, key_raw: bytes, value: int) -> bytes:
+    """What the splice cannot do alike: decode and rebuild (:func:`with_properties`)."""
+    return with_properties(header_payload, headers_set={key_raw[1:].decode(): Long(value)})

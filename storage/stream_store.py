@@ -126,9 +126,13 @@ class _Entry:
         self.crc_ok = crc == crc32(data[at:at + 32])
 
 
-def _pack(pos: int, size: int, filt: int, ts: int, cum: int) -> bytes:
-    body = _ENTRY_BODY.pack(pos, size, filt, ts, cum)
-    return body + struct.pack("<II", crc32(body), 0)
+# The CRC (of the entry's first 32 bytes) and the reserved word that end a consume-log entry.
+_ENTRY_TAIL = struct.Struct("<II")
+# A consume log's buffer is handed to the kernel once this much is buffered, even inside a burst.
+CONSUME_LOG_FLUSH_AT = 1 << 20
+# StreamRecord built from a tuple (``tuple.__new__``): a third of the NamedTuple constructor's cost, once per
+# message appended.
+_new_record = tuple.__new__
 
 
 # -- the message log (one per vhost) ----------------------------------------------------------------------
@@ -164,12 +168,13 @@ class MessageLog:
 
     def append(self, payload: bytes) -> int:
         """Buffer one payload; returns its global position."""
-        if self.active.size >= self.segment_size:
+        active = self.active
+        if active.written + len(active.buf) >= self.segment_size:  # AppendFile.size, without the property call
             start = self.end
-            self.active = AppendFile.create(self._path(start), self.syncer)
+            active = self.active = AppendFile.create(self._path(start), self.syncer)
             self.starts.append(start)
-            self._files[start] = self.active
-        return self.starts[-1] + self.active.append(payload)
+            self._files[start] = active
+        return self.starts[-1] + active.append(payload)
 
     def _file(self, start: int) -> AppendFile:
         f = self._files.get(start)
@@ -494,43 +499,58 @@ class FileStreamLog:
 
     # -- writing --------------------------------------------------------------------------------------------
     def append(self, payload: builtins.bytes, timestamp_ms: int, filter_value: str | None = None) -> int:
+        """Append one record (message log first, consume log second); returns its offset.
+
+        Once per message a stream takes, so written out flat: the consume-log entry is packed and buffered
+        here, and the entry's CRC covers its first 32 bytes (``_Entry`` checks it on read), and the record kept for the tail is built without NamedTuple's keyword handling."""
         seg = self._segs[-1]
-        if seg.count and seg.bytes + len(payload) > self.max_segment_size_bytes:
+        size = len(payload)
+        if seg.count and seg.last_cum - seg.base_cum + size > self.max_segment_size_bytes:
             first = seg.first + seg.count
             new = _CSeg(first, AppendFile.create(self._cpath(first), self._syncer), set())
             new.base_cum = new.last_cum = seg.last_cum
             self._segs.append(new)
             seg = new
-        pos = self._mlog.append(payload)  # message log first, consume log second
-        cum = seg.last_cum + len(payload)
-        fp = fingerprint(filter_value)
-        _append_raw(seg.file, self._syncer, _pack(pos, len(payload), fp, timestamp_ms, cum))
+        pos = self._mlog.append(payload)
+        cum = seg.last_cum + size
+        fp = fingerprint(filter_value) if filter_value else 0
+        body = _ENTRY_BODY.pack(pos, size, fp, timestamp_ms, cum)
+        f = seg.file
+        buf = f.buf
+        buf += body
+        buf += _ENTRY_TAIL.pack(crc32(body), 0)
+        if not f.dirty and self._syncer is not None:
+            f.dirty = True
+            self._syncer.mark(f)
+        if len(buf) >= CONSUME_LOG_FLUSH_AT:
+            f.write_out()
         filters = seg.filters
         if filters is not None and filters is not ANY_FILTER and fp not in filters:
             filters.add(fp)
             if len(filters) > MAX_SEGMENT_FILTERS:
                 seg.filters = ANY_FILTER
-        if seg.count == 0:
+        count = seg.count
+        if count == 0:
             seg.first_ts = timestamp_ms
             seg.min_pos = pos
-        seg.count += 1
+        seg.count = count + 1
         seg.last_cum = cum
         seg.last_ts = timestamp_ms
-        offset = seg.first + seg.count - 1
-        self._remember(StreamRecord(offset, timestamp_ms, payload))
+        offset = seg.first + count
+        self._tail.append(_new_record(StreamRecord, (offset, timestamp_ms, payload)))
+        self._tail_bytes += size + TAIL_RECORD_OVERHEAD
+        if self._tail_bytes > self.tail_cap:
+            self._trim_tail()
         self._note_pending(offset + 1)
         return offset
 
-    def _remember(self, record: StreamRecord) -> None:
-        """Keep the record in the tail; past this stream's share of the budget, drop the older half."""
+    def _trim_tail(self) -> None:
+        """Past this stream's share of the tail budget: drop the older half of the kept records."""
         tail = self._tail
-        tail.append(record)
-        self._tail_bytes += len(record.payload) + TAIL_RECORD_OVERHEAD
-        if self._tail_bytes > self.tail_cap:
-            half = len(tail) // 2
-            self._tail_bytes -= sum(len(r.payload) for r in tail[:half]) + half * TAIL_RECORD_OVERHEAD
-            del tail[:half]
-            self._tail_first += half
+        half = len(tail) // 2
+        self._tail_bytes -= sum(len(r.payload) for r in tail[:half]) + half * TAIL_RECORD_OVERHEAD
+        del tail[:half]
+        self._tail_first += half
 
     def _note_pending(self, end: int) -> None:
         syncer = self._syncer
@@ -746,15 +766,6 @@ class FileStreamLog:
             self.closed = True
             self._store.forget(self, self.min_ref)
 
-
-def _append_raw(f: AppendFile, syncer: Syncer | None, data: bytes) -> None:
-    """Buffer unframed bytes (a fixed-size entry) in an append file, marking it dirty like ``append``."""
-    f.buf += data
-    if not f.dirty and syncer is not None:
-        f.dirty = True
-        syncer.mark(f)
-    if len(f.buf) >= 1 << 20:
-        f.write_out()
 
 
 # -- the vhost's store ------------------------------------------------------------------------------------

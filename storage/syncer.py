@@ -79,6 +79,7 @@ class Syncer:
         self.last_error: OSError | None = None
         self._retries = 0
         self._retry_handle: asyncio.TimerHandle | None = None
+        self._flush_after_round = False  # a flush came while the thread was busy: run it when the round ends
         # Told True when writes start failing and False when they go through again (the disk alarm).
         self.on_write_failure: Callable[[bool], None] | None = None
         # Told how many bytes each flush handed to the kernel (the disk monitor's write-rate trigger).
@@ -158,7 +159,16 @@ class Syncer:
 
     def flush(self) -> int:
         """Write out every dirty buffer and start their fsync; returns the generation committed (0 when
-        a write failed and nothing was: see :meth:`_take_dirty`)."""
+        a write failed and nothing was: see :meth:`_take_dirty`; 0 too when the flush waits for the thread).
+
+        While the thread is busy with a round (or has one queued), the flush waits for it: the buffers
+        keep growing (each is written out at :data:`storage.segment.FLUSH_AT` regardless) and the thread's
+        completion runs this flush (:meth:`_drain_done`). A round would not start any sooner by being
+        queued now, and a burst of loop turns then costs one ``pwrite`` per file and one generation per
+        round instead of one per turn."""
+        if self._thread is not None and (self._busy or self._queue) and self._loop is not None:
+            self._flush_after_round = True  # _scheduled stays True: appends meanwhile schedule nothing
+            return 0
         taken = self._take_dirty()
         if taken is None:
             return 0
@@ -280,6 +290,9 @@ class Syncer:
             done, self._done = self._done, []
         for gen, items, failed in done:
             self._complete(gen, items, failed)
+        if self._flush_after_round and self._retry_handle is None:
+            self._flush_after_round = False
+            self.flush()
 
     def _complete(self, gen: int, items: list[tuple[AppendFile, int]], failed: bool = False) -> None:
         for f, size in items:

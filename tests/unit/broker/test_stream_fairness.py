@@ -51,6 +51,10 @@ class Channel:
         consumer.unacked += 1
         self.delivered.append((consumer, seq_id))
 
+    def deliver_parts(self, consumer: Consumer, queue: Any, seq_id: int, names_raw: bytes, header: bytes,
+                      body: bytes, redelivered: bool) -> None:
+        self.deliver(consumer, queue, seq_id, Message.from_wire(names_raw, header, body), redelivered)
+
     def consumer_cancelled_by_queue(self, consumer: Consumer) -> None:
         pass
 

@@ -75,6 +75,10 @@ class FakeChannel:
         consumer.unacked += 1
         self.delivered.append((consumer, seq_id, msg, redelivered))
 
+    def deliver_parts(self, consumer: Consumer, queue: Any, seq_id: int, names_raw: bytes, header: bytes,
+                      body: bytes, redelivered: bool) -> None:
+        self.deliver(consumer, queue, seq_id, Message.from_wire(names_raw, header, body), redelivered)
+
     def consumer_cancelled_by_queue(self, consumer: Consumer) -> None:
         self.cancelled.append(consumer)
 

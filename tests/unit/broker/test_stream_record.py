@@ -50,3 +50,28 @@ def test_records_of_the_older_form_are_delivered_with_the_offset_spliced():
     out = delivered_message(encode_message(msg), 9, 0)
     assert out.body == b"old"
     assert _headers(out) == {"h": 1, "x-stream-offset": 9}
+
+
+def test_the_record_template_never_serves_a_stale_head():
+    """encode_record reuses the head of the last (names, header) pair: whatever the sequence of messages
+    (headers with and without a table, the publisher's own offset header, other names, offsets of any size),
+    every record is the one a fresh splice gives."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from broker import stream_record
+
+    shapes = [_message(b"a"), _message(b"bb", {"h": "v"}), _message(b"c", {"x-stream-offset": Long(5)}),
+              _message(b"d", exchange="", routing_key="q"), _message(b"", {"n": 1, "m": "x"}, routing_key="r")]
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(st.tuples(st.integers(0, len(shapes) - 1), st.integers(0, 2**63 - 1)), max_size=30))
+    def check(sequence: list[tuple[int, int]]) -> None:
+        for shape, offset in sequence:
+            msg = shapes[shape]
+            expected = stream_record._record_head(msg.names_raw, msg.header, offset) + msg.body
+            assert encode_record(msg, offset) == expected
+            out = delivered_message(expected, offset, 0)
+            assert _headers(out)["x-stream-offset"] == offset
+
+    check()
