@@ -562,8 +562,9 @@ class StreamQueue:
         if self.deleted:
             return
         self.stats.acked += len(seq_ids)
-        for group, offsets in self._by_group(seq_ids).items():
-            group.log.acked(offsets)
+        if self._groups:
+            for group, offsets in self._by_group(seq_ids).items():
+                group.log.acked(offsets)
         tracer = self.vhost.tracing
         if tracer is not None:  # as QueueProcess.ack: the queue has the messages (read back only while tracing)
             tracer.acked(self.name, self._messages_at([seq_id >> OFFSET_SHIFT for seq_id in seq_ids]))

@@ -60,6 +60,7 @@ import builtins
 import hashlib
 import json
 import logging
+import operator
 import os
 import shutil
 import struct
@@ -133,6 +134,7 @@ CONSUME_LOG_FLUSH_AT = 1 << 20
 # StreamRecord built from a tuple (``tuple.__new__``): a third of the NamedTuple constructor's cost, once per
 # message appended.
 _new_record = tuple.__new__
+_PAYLOAD = operator.itemgetter(2)  # a StreamRecord's payload, for C-level loops over the tail
 
 
 # -- the message log (one per vhost) ----------------------------------------------------------------------
@@ -548,7 +550,7 @@ class FileStreamLog:
         """Past this stream's share of the tail budget: drop the older half of the kept records."""
         tail = self._tail
         half = len(tail) // 2
-        self._tail_bytes -= sum(len(r.payload) for r in tail[:half]) + half * TAIL_RECORD_OVERHEAD
+        self._tail_bytes -= sum(map(len, map(_PAYLOAD, tail[:half]))) + half * TAIL_RECORD_OVERHEAD
         del tail[:half]
         self._tail_first += half
 
