@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 import asyncpg
 
+from storage.pg.connections import close_connection
 from storage.pg.queue_stats import NO_ACTIVITY, Activity, read_activity
 
 log = logging.getLogger("leveret.pg.queue_figures")
@@ -143,8 +144,4 @@ class PgQueueFigures:
         """No more counting (the last count is still answered)."""
         self._closed = True
         conn, self._conn = self._conn, None
-        if conn is not None and not conn.is_closed():
-            try:
-                await asyncio.wait_for(conn.close(), 2)
-            except Exception:  # noqa: BLE001 (closing anyway)
-                conn.terminate()
+        await close_connection(conn)

@@ -53,6 +53,8 @@ from typing import NamedTuple
 
 import asyncpg
 
+from storage.pg.connections import close_connection
+
 log = logging.getLogger("leveret.pg.queue_stats")
 
 # The counters kept per queue and member, in this order everywhere (the broker's QueueStats: published,
@@ -276,8 +278,4 @@ class PgQueueStatsWriter:
             self._task = None
         await self.flush(CLOSE_FLUSH_TIMEOUT)
         conn, self._conn = self._conn, None
-        if conn is not None and not conn.is_closed():
-            try:
-                await asyncio.wait_for(conn.close(), 2)
-            except Exception:  # noqa: BLE001 (closing anyway)
-                conn.terminate()
+        await close_connection(conn)
