@@ -128,7 +128,7 @@ class AppendFile:
     error while some of the buffer could not be written (None once everything is out).
     """
 
-    __slots__ = ("buf", "dirty", "error", "fd", "new", "path", "synced", "syncer", "written")
+    __slots__ = ("buf", "dirty", "error", "fd", "new", "path", "synced", "syncer", "write_behind", "written")
 
     def __init__(self, path: str, syncer: Syncer | None, fd: int, size: int, new: bool) -> None:
         self.path = path
@@ -140,6 +140,9 @@ class AppendFile:
         self.dirty = False
         self.new = new  # the directory entry still needs an fsync
         self.error: OSError | None = None
+        # Whether its writes may wait for the syncer's round in progress (storage.syncer.Syncer.flush): set by
+        # an owner whose waiters count in throughput, not in the latency of each round (a stream's logs).
+        self.write_behind = False
 
     @classmethod
     def create(cls, path: str, syncer: Syncer | None) -> AppendFile:

@@ -137,6 +137,14 @@ _new_record = tuple.__new__
 _PAYLOAD = operator.itemgetter(2)  # a StreamRecord's payload, for C-level loops over the tail
 
 
+def write_behind(f: AppendFile) -> AppendFile:
+    """``f``, whose writes may wait for the syncer's round in progress: a stream's publishers keep up to
+    thousands of confirms outstanding, so what counts is the writes saved per round, not a round's latency
+    (storage.syncer.Syncer.flush)."""
+    f.write_behind = True
+    return f
+
+
 # -- the message log (one per vhost) ----------------------------------------------------------------------
 
 
@@ -152,13 +160,13 @@ class MessageLog:
         self._files: dict[int, AppendFile] = {}
         if not self.starts:
             self.starts = [0]
-            self.active = AppendFile.create(self._path(0), syncer)
+            self.active = write_behind(AppendFile.create(self._path(0), syncer))
         else:
             last = self.starts[-1]
             with open(self._path(last), "rb") as f:
                 data = f.read()
             _, good_end, _ = scan(data, self._path(last))
-            self.active = AppendFile.open_existing(self._path(last), syncer, good_end)
+            self.active = write_behind(AppendFile.open_existing(self._path(last), syncer, good_end))
         self._files[self.starts[-1]] = self.active
 
     def _path(self, start: int) -> str:
@@ -173,7 +181,7 @@ class MessageLog:
         active = self.active
         if active.written + len(active.buf) >= self.segment_size:  # AppendFile.size, without the property call
             start = self.end
-            active = self.active = AppendFile.create(self._path(start), self.syncer)
+            active = self.active = write_behind(AppendFile.create(self._path(start), self.syncer))
             self.starts.append(start)
             self._files[start] = active
         return self.starts[-1] + active.append(payload)
@@ -274,7 +282,7 @@ class FileGroupLog(GroupProgress):
         if g is None:
             log.warning("storage: ignoring pull log %s without a checkpoint", path)
             return None
-        g._file = AppendFile.open_existing(path, syncer, good_end)
+        g._file = write_behind(AppendFile.open_existing(path, syncer, good_end))
         return g
 
     def _write(self, rec: dict[str, object]) -> None:
@@ -308,7 +316,7 @@ class FileGroupLog(GroupProgress):
                "out": sorted(self._pulled), "acked": sorted(self._acked)}
         body = json.dumps(rec, separators=(",", ":")).encode()
         replace_file(self.path, HEADER.pack(MAGIC, len(body), crc32(body)) + body)
-        self._file = AppendFile.open_existing(self.path, self._syncer, os.path.getsize(self.path))
+        self._file = write_behind(AppendFile.open_existing(self.path, self._syncer, os.path.getsize(self.path)))
 
     def close(self) -> None:
         if self._file is not None:
@@ -387,13 +395,13 @@ class FileStreamLog:
     def _recover(self) -> None:
         firsts = _numbered(self.dir, CLOG)
         if not firsts:
-            self._segs = [_CSeg(0, AppendFile.create(self._cpath(0), self._syncer), set())]
+            self._segs = [_CSeg(0, write_behind(AppendFile.create(self._cpath(0), self._syncer)), set())]
             return
         for first in firsts:
             path = self._cpath(first)
             size = os.path.getsize(path)
             whole = size - size % ENTRY_SIZE
-            f = AppendFile.open_existing(path, self._syncer, whole)
+            f = write_behind(AppendFile.open_existing(path, self._syncer, whole))
             seg = _CSeg(first, f)
             seg.count = whole // ENTRY_SIZE
             self._segs.append(seg)
@@ -509,7 +517,7 @@ class FileStreamLog:
         size = len(payload)
         if seg.count and seg.last_cum - seg.base_cum + size > self.max_segment_size_bytes:
             first = seg.first + seg.count
-            new = _CSeg(first, AppendFile.create(self._cpath(first), self._syncer), set())
+            new = _CSeg(first, write_behind(AppendFile.create(self._cpath(first), self._syncer)), set())
             new.base_cum = new.last_cum = seg.last_cum
             self._segs.append(new)
             seg = new
