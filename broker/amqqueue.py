@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker import limits
@@ -160,9 +161,14 @@ class QueueRegistry:
             "does not match that of the original declaration.")
 
     def declare(self, name: str, passive: bool, durable: bool, exclusive: bool, auto_delete: bool,
-                arguments: dict[str, Any], reader: Reader | None, server_named: bool = False
-                ) -> tuple[QueueProcess, bool]:
-        """(queue, created). Applies RabbitMQ's checks in its order: reserved names, passive, equivalence."""
+                arguments: dict[str, Any], reader: Reader | None, server_named: bool = False,
+                owner_checks: list[Callable[[], None]] | None = None) -> tuple[QueueProcess, bool]:
+        """(queue, created). Applies RabbitMQ's checks in its order: reserved names, passive, equivalence.
+
+        In a cluster, a name another member holds answers that member's queue, checked against what it answers
+        of it; a caller that can wait for that answer without blocking (a channel) passes ``owner_checks``: the
+        part of the check that needs the answer is appended there, to be run once the queue's
+        ``message_count_wait`` called back (else the answer is asked synchronously here)."""
         if passive:
             remote = self.vhost.remote.find(name) if self.vhost.remote is not None and name not in self._queues \
                 else None
@@ -197,7 +203,7 @@ class QueueRegistry:
         if exclusive:
             durable = False  # RabbitMQ ignores durable on exclusive queues
         if self.vhost.remote is not None:  # a cluster member: the name is one queue cluster-wide
-            remote = self.vhost.remote.claim(name, durable, exclusive, arguments)
+            remote = self.vhost.remote.claim(name, durable, exclusive, arguments, owner_checks)
             if remote is not None:
                 if remote.exclusive or exclusive:
                     raise self._locked(name)

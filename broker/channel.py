@@ -9,15 +9,24 @@ read from the node's clock (broker/clock.py).
 
 The hot methods (basic.publish, its content, basic.ack/nack/reject) are decoded by the fast codec and
 handled without pamqp; everything else goes through :meth:`handle_method`'s table.
+
+Some replies cannot be given at once in a cluster: a quorum queue's basic.get and declare-ok wait for a round
+in PostgreSQL, a declare of another member's queue for that member's answer, an unbind of it for the member to
+carry it out. The channel answers them from a callback, the event loop serving everyone else meanwhile, and
+holds its own later frames back until then (:meth:`Channel._hold`): AMQP 0-9-1 answers a channel's methods in
+the order they came, and a client that pipelines relies on it. The connection's other channels go on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+import structlog
 from pamqp import commands as spec
 
 from broker import direct_reply_to, permissions, topic_permissions
@@ -36,6 +45,7 @@ from protocol import fastcodec
 from protocol.constants import (
     ACCESS_REFUSED,
     CLASS_BASIC,
+    CLASS_QUEUE,
     COMMAND_INVALID,
     INTERNAL_ERROR,
     NO_ROUTE,
@@ -53,6 +63,16 @@ if TYPE_CHECKING:
     from broker.node import Node
     from broker.queue_process import QueueProcess
     from broker.vhost import VHost
+
+log = structlog.get_logger("leveret.channel")
+
+# What a held-back frame was (Channel._hold): the reader's entry point it came through.
+_PUBLISH, _HEADER, _BODY, _WHOLE, _ACK, _NACK, _REJECT, _METHOD = range(8)
+# (class id, method id) a close reports for an error in a held-back frame, as the reader's _failing_method.
+_HELD_IDS = {_PUBLISH: (60, 40), _HEADER: (60, 40), _BODY: (60, 40), _WHOLE: (60, 40), _ACK: (60, 80),
+             _NACK: (60, 120), _REJECT: (60, 90)}
+HOLD_MAX = 10_000  # frames held back on one channel above which the connection's socket is not read meanwhile
+REPLAY_PER_TURN = 500  # held-back frames handled per event-loop turn once the reply is sent
 
 # Client libraries (client_properties "product") that give basic.qos's global flag its AMQP 0-9-1 meaning on a
 # broker not named RabbitMQ: py-amqp, under kombu and Celery (see Channel._basic_qos).
@@ -86,6 +106,10 @@ class ChannelConnection(QueueOwner, Protocol):
 
     def confirms_pending(self, channel: Channel) -> None: ...
 
+    def pause_for(self, reason: object) -> None: ...
+
+    def resume_for(self, reason: object) -> None: ...
+
 
 class Channel:
     def __init__(self, reader: ChannelConnection, channel_id: int) -> None:
@@ -101,6 +125,21 @@ class Channel:
         self.on_header = self.assembler.on_header
         self.on_body = self.assembler.on_body
         self.on_whole_publish = self.assembler.on_whole_publish
+        # The reader's other entry points, bound here too, so that _hold can swap every one of them for a
+        # holder and back: holding costs nothing per frame while nothing is held (no test in the hot path).
+        self.on_ack: Callable[[int, bool], None] = self._on_ack
+        self.on_nack: Callable[[int, bool, bool], None] = self._on_nack
+        self.on_reject: Callable[[int, bool], None] = self._on_reject
+        self.handle_method: Callable[[Any], None] = self._handle_method
+        self._direct: tuple[Callable[..., None], ...] = (
+            self.on_publish, self.on_header, self.on_body, self.on_whole_publish, self.on_ack, self.on_nack,
+            self.on_reject, self.handle_method)
+        # Holding back (_hold): whether a reply of this channel is deferred, the frames that came after it (None
+        # when nothing is held), whether the socket is paused for them, whether their replay is scheduled.
+        self.reply_pending = False
+        self.held: deque[tuple[int, tuple[Any, ...]]] | None = None
+        self._hold_paused = False
+        self._replay_scheduled = False
         # Deliveries awaiting ack: delivery tag → (queue, seq_id, consumer or None for basic.get).
         self.next_delivery_tag = 1
         self.unacked: dict[int, tuple[QueueProcess, int, Consumer | None]] = {}
@@ -165,6 +204,115 @@ class Channel:
     # -- output ----------------------------------------------------------------------------------------
     def send(self, cls: type, **values: Any) -> None:
         self.reader.send(method_frame(self.id, cls, **values))
+
+    # -- deferred replies: the channel's later frames held back ------------------------------------------
+    def _answer_later(self, answer: Callable[[], None], class_id: int, method_id: int) -> Callable[[], None]:
+        """The callback of a reply that comes later (a queue's ``basic_get_wait`` / ``message_count_wait``, an
+        unbind's future): it runs ``answer`` (the reply, or an AMQPError closing the channel, reported as the
+        method ``class_id``/``method_id`` failing, as the reader reports one raised at once), then lets the
+        frames held back since (:meth:`_hold`) go on. Nothing if the channel has closed meanwhile."""
+
+        def run() -> None:
+            if self.closing:
+                return
+            try:
+                answer()
+            except AMQPError as exc:
+                if exc.class_id is None:
+                    exc.class_id, exc.method_id = class_id, method_id
+                self.reader.channel_error(self.id, exc)
+                return
+            except Exception:
+                log.exception("internal error answering a deferred method", channel=self.id)
+                self.reader.channel_error(self.id, AMQPError(INTERNAL_ERROR, "internal error", class_id, method_id))
+                return
+            self._resume()
+
+        return run
+
+    def _hold(self) -> None:
+        """A reply of this channel is deferred (its callback, made by :meth:`_answer_later`, runs later, never
+        before the deferring method returns): until it is sent, the channel's later frames are not handled but
+        held back, in order, and handled once it is (:meth:`_replay`), so no reply or effect of a later method
+        overtakes it. The reader's entry points for this channel are swapped for holders meanwhile: nothing is
+        tested per frame, held or not. A client that pipelines more than HOLD_MAX frames behind the reply has
+        its socket paused (credit flow) until they are handled."""
+        self.reply_pending = True
+        if self.held is not None:
+            return
+        held: deque[tuple[int, tuple[Any, ...]]] = deque()
+        self.held = held
+
+        def holder(kind: int) -> Callable[..., None]:
+            def hold(*args: Any) -> None:
+                held.append((kind, args))
+                if len(held) > HOLD_MAX and not self._hold_paused:
+                    self._hold_paused = True
+                    self.reader.pause_for(self)
+            return hold
+
+        (self.on_publish, self.on_header, self.on_body, self.on_whole_publish, self.on_ack, self.on_nack,
+         self.on_reject, self.handle_method) = (holder(kind) for kind in range(8))
+
+    def _resume(self) -> None:
+        """The deferred reply is sent: the frames held back behind it are handled from the next turn on."""
+        self.reply_pending = False
+        if self.held is not None and not self._replay_scheduled:
+            self._replay_scheduled = True
+            asyncio.get_running_loop().call_soon(self._replay)
+
+    def _replay(self) -> None:
+        """Handle the held-back frames in order, as the reader would have (:meth:`_handle_held`), until one
+        defers its reply again (the rest stays held) or the channel closes; REPLAY_PER_TURN per turn."""
+        self._replay_scheduled = False
+        held = self.held
+        if held is None or self.closing:
+            return
+        n = 0
+        while held and not self.reply_pending:
+            if n >= REPLAY_PER_TURN and self.assembler.publish is None:  # (never between a publish's frames)
+                self._replay_scheduled = True
+                asyncio.get_running_loop().call_soon(self._replay)
+                break
+            kind, args = held.popleft()
+            n += 1
+            try:
+                self._handle_held(kind, args)
+            except AMQPError as exc:
+                if exc.class_id is None:
+                    if kind == _METHOD:
+                        exc.class_id, exc.method_id = args[0].index >> 16, args[0].index & 0xFFFF
+                    else:
+                        exc.class_id, exc.method_id = _HELD_IDS[kind]
+                self.reader.channel_error(self.id, exc)
+                return
+            except Exception:
+                log.exception("internal error handling a held-back frame", channel=self.id)
+                self.reader.channel_error(self.id, AMQPError(INTERNAL_ERROR, "internal error", 0, 0))
+                return
+            if self.closing:
+                return
+        if self._hold_paused and len(held) <= HOLD_MAX // 2:
+            self._hold_paused = False
+            self.reader.resume_for(self)
+        if not held and not self.reply_pending:
+            self._release()
+
+    def _handle_held(self, kind: int, args: tuple[Any, ...]) -> None:
+        """One held-back frame, through the entry point the reader called, with the reader's check that a
+        method does not come in the middle of a publish's content (broker/reader.py ``_channel_frame``)."""
+        if (kind >= _ACK or kind in (_PUBLISH, _WHOLE)) and self.assembler.publish is not None:
+            self.assembler.on_method()  # content is awaited: a method frame is unexpected (505)
+        self._direct[kind](*args)
+
+    def _release(self) -> None:
+        """Nothing is held back any more: the reader's entry points go straight to the handlers again."""
+        self.held = None
+        (self.on_publish, self.on_header, self.on_body, self.on_whole_publish, self.on_ack, self.on_nack,
+         self.on_reject, self.handle_method) = self._direct
+        if self._hold_paused:
+            self._hold_paused = False
+            self.reader.resume_for(self)
 
     # -- content assembly (broker/command_assembler.py) ------------------------------------------------
     def _publish_command(self, args: PublishArgs, header: bytes, body: bytes) -> None:
@@ -407,25 +555,25 @@ class Channel:
         for consumer in list(self.consumers.values()):
             consumer.queue.schedule_run()
 
-    def on_ack(self, tag: int, multiple: bool) -> None:
+    def _on_ack(self, tag: int, multiple: bool) -> None:
         pairs = self._collect(tag, multiple)
         if self.tx is not None:
             self.tx.add_settle("ack", pairs)
             return
         self._settle(pairs, "ack")
 
-    def on_nack(self, tag: int, multiple: bool, requeue: bool) -> None:
+    def _on_nack(self, tag: int, multiple: bool, requeue: bool) -> None:
         pairs = self._collect(tag, multiple)
         if self.tx is not None:
             self.tx.add_settle("requeue" if requeue else "discard", pairs)
             return
         self._settle(pairs, "requeue" if requeue else "discard")
 
-    def on_reject(self, tag: int, requeue: bool) -> None:
-        self.on_nack(tag, False, requeue)
+    def _on_reject(self, tag: int, requeue: bool) -> None:
+        self._on_nack(tag, False, requeue)
 
     # -- other methods ---------------------------------------------------------------------------------
-    def handle_method(self, method: Any) -> None:
+    def _handle_method(self, method: Any) -> None:
         handler = self._handlers.get(type(method))
         if handler is None:
             raise AMQPError(COMMAND_INVALID, f"method {method.name} not allowed on a channel")
@@ -533,7 +681,9 @@ class Channel:
             # A queue whose rows are fetched asynchronously (a cluster's quorum queue, in PostgreSQL) may have
             # messages that are not at hand yet: it fetches and calls back, and the answer is sent then.
             wait = None if waited else getattr(queue, "basic_get_wait", None)
-            if wait is not None and wait(lambda: self._basic_get_again(m)):
+            if wait is not None and wait(self._answer_later(lambda: self._basic_get(m, waited=True), CLASS_BASIC,
+                                                            70)):
+                self._hold()
                 return
             counters.messages_get_empty += 1
             self.msg_get_empty += 1
@@ -559,17 +709,6 @@ class Channel:
         tracer = self.vhost.tracing
         if tracer is not None:
             tracer.delivered(queue.name, msg, redelivered, self)
-
-    def _basic_get_again(self, m: spec.Basic.Get) -> None:
-        """The queue's fetch round that a basic.get waited for is over: answer it now (get-ok or get-empty)."""
-        if self.closing:
-            return
-        try:
-            self._basic_get(m, waited=True)
-        except AMQPError as exc:
-            if exc.class_id is None:
-                exc.class_id, exc.method_id = CLASS_BASIC, 70  # basic.get
-            self.reader.channel_error(self.id, exc)
 
     def _basic_recover(self, m: spec.Basic.Recover) -> None:
         if not m.requeue:
@@ -620,21 +759,31 @@ class Channel:
         elif not name:
             name = self._queue_name(name)
         permissions.queue_declare(self.reader.user, self.vhost.name, name, dict(m.arguments or {}), m.passive)
+        # In a cluster, the checks of another member's queue that need its answer (broker/cluster_forwarding.py).
+        owner_checks: list[Callable[[], None]] = []
         queue, created = self.vhost.queues.declare(name, m.passive, m.durable, m.exclusive, m.auto_delete,
-                                                     dict(m.arguments or {}), self.reader, server_named)
+                                                     dict(m.arguments or {}), self.reader, server_named,
+                                                     owner_checks)
         self.last_queue = queue.name
         self.counters.queues_declared += 1
         if created:
             self.counters.queues_created += 1
-        if not m.nowait:
+        if not m.nowait or owner_checks:
             # A queue whose store is shared by a cluster's members (a quorum queue, in PostgreSQL) recounts first,
-            # so the count includes what other members confirmed before this declare; it calls back then.
+            # so the count includes what other members confirmed before this declare; another member's queue
+            # asks its member (figures, and the arguments to check). Either calls back then.
             wait = getattr(queue, "message_count_wait", None)
-            if wait is None or not wait(lambda: self._declare_ok(queue)):
-                self._declare_ok(queue)
+            if wait is not None and wait(self._answer_later(lambda: self._declared(queue, owner_checks, m.nowait),
+                                                            CLASS_QUEUE, 10)):
+                self._hold()
+                return
+            self._declared(queue, owner_checks, m.nowait)
 
-    def _declare_ok(self, queue: Any) -> None:
-        if not self.closing:
+    def _declared(self, queue: Any, owner_checks: list[Callable[[], None]], nowait: bool) -> None:
+        """The end of a queue.declare: the checks left for the owner's answer (406), then declare-ok."""
+        for check in owner_checks:
+            check()
+        if not nowait:
             self.send(spec.Queue.DeclareOk, queue=queue.name, message_count=queue.message_count(),
                       consumer_count=queue.consumers.count)
 
@@ -662,7 +811,22 @@ class Channel:
         queue = self.vhost.queues.get(name)
         if queue is not None:
             self.vhost.queues.check_exclusive_access(queue, self.reader)
+        remote = self.vhost.remote
+        if remote is not None:
+            remote.unbinding = None
         self.vhost.unbind(m.exchange, name, QUEUE, m.routing_key, dict(m.arguments or {}))
+        if remote is not None and remote.unbinding is not None:
+            # Another cluster member's queue: unbind-ok once that member has carried the unbind out.
+            unbinding, remote.unbinding = remote.unbinding, None
+            answer = self._answer_later(lambda: self._unbound(unbinding), CLASS_QUEUE, 50)
+            unbinding.add_done_callback(lambda _f: answer())
+            self._hold()
+            return
+        self.send(spec.Queue.UnbindOk)
+
+    def _unbound(self, unbinding: asyncio.Future[None]) -> None:
+        if not unbinding.cancelled():
+            unbinding.result()  # (an AMQPError if the request could not be written)
         self.send(spec.Queue.UnbindOk)
 
     def _queue_purge(self, m: spec.Queue.Purge) -> None:
@@ -781,3 +945,7 @@ class Channel:
         if confirms is not None:
             confirms.clear()
         self.assembler.reset()
+        self.reply_pending = False
+        if self.held is not None:
+            self.held.clear()
+            self._release()

@@ -44,15 +44,18 @@ port. A declare of another member's queue waits for the answer (at most :data:`A
 the owner has no live node row) and checks equivalence as RabbitMQ does: durable (from the directory) and the
 arguments (from the answer) must match, else 406 PRECONDITION_FAILED ("inequivalent arg"); declare-ok (passive
 too) carries the owner's message and consumer counts. An owner that does not answer in time: declare-ok,
-unchecked, with 0 and 0 (logged). The HTTP API lists the other members' queues the same way (all of a
+unchecked, with 0 and 0 (logged). The channel waits without blocking the event loop (the question is asked
+on the directory's thread, the answer checked and declare-ok sent when it comes; broker/remote_queue.py
+``message_count_wait``), holding its later methods back meanwhile (broker/channel.py); a declare through the
+HTTP API or a definitions import asks synchronously. The HTTP API lists the other members' queues the same way (all of a
 member's queues in one question, answers reused :data:`LIST_MAX_AGE`).
 
 **Unbind from another member.** queue.unbind of a binding of another member's queue stops the routing here at
 once, deletes the binding's directory row (every member stops routing there at its next read, rung at once),
 and forwards a request row (queue name :data:`UNBIND_REQUEST`) to the owner, which removes the binding from its
 exchange and its own store as an unbind made there would; unbind-ok waits until the owner has taken the row
-(at most 2 s; an owner that is down carries it out when it comes back). An exclusive queue of another member:
-405.
+(at most 2 s; an owner that is down carries it out when it comes back), the event loop serving others meanwhile
+(:attr:`VHostLink.unbinding`, which the channel waits for). An exclusive queue of another member: 405.
 
 **A shared queue declared elsewhere a moment ago.** A declare of a quorum queue this member does not know reads
 the definitions feed first (broker/amqqueue.py ``declare``), so a declare racing the feed's poll is
@@ -66,7 +69,7 @@ import base64
 import binascii
 import json
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -81,7 +84,7 @@ from broker.persistence import binding_args_hash, table_of, untable
 from broker.publish import PENDING, REPLY_TO_PREFIX
 from broker.queue_types import queue_type_of
 from broker.remote_queue import RemoteQueue, RemoteRoutes, routing_type
-from protocol.constants import PRECONDITION_FAILED
+from protocol.constants import INTERNAL_ERROR, PRECONDITION_FAILED
 from storage.metadata_store import MetadataWriteError
 from storage.pg.forwarding import DirectoryUnavailable, Forwarded, PgDirectory, PgForwarding
 
@@ -166,6 +169,10 @@ class VHostLink(RemoteRoutes):
         self.vh = vh
         self.negative: dict[str, float] = {}
         self.lookup = self._lookup
+        # The owner's carrying out of the last queue.unbind of another member's queue made here (unbind_remote),
+        # for the channel that made it to wait for before unbind-ok (it takes it and sets this back to None).
+        self.unbinding: asyncio.Future[None] | None = None
+        self._unbinds: set[asyncio.Future[None]] = set()
 
     # -- other members' queues ---------------------------------------------------------------------------
     def _lookup(self, name: str) -> RemoteQueue | None:
@@ -191,9 +198,12 @@ class VHostLink(RemoteRoutes):
         return self.queue(name)
 
     # -- this member's queues and bindings (hooks) ---------------------------------------------------------
-    def claim(self, name: str, durable: bool, exclusive: bool, arguments: dict[str, Any]) -> RemoteQueue | None:
+    def claim(self, name: str, durable: bool, exclusive: bool, arguments: dict[str, Any],
+              owner_checks: list[Callable[[], None]] | None = None) -> RemoteQueue | None:
         """queue.declare of a queue not here: write its row (None: it is ours to make), or the other member's
-        queue of that name."""
+        queue of that name. The equivalence check that needs the owner's answer is made now (asking it
+        synchronously), or, with ``owner_checks``, appended there for the caller to run once the answer is at
+        hand (RemoteQueue.message_count_wait)."""
         if queue_type_of(arguments).cluster_shared:
             return None  # its definition is shared (amqqueue.declare read the feed before coming here)
         try:
@@ -208,17 +218,25 @@ class VHostLink(RemoteRoutes):
             return None
         q = self.queues[name] = self.fw.remote_queue(self.vhost, name, owner.node, owner.durable, owner.exclusive)
         if not (q.exclusive or exclusive):  # (an exclusive one is 405 whatever its arguments: the caller's)
-            self._check_equivalence(q, durable, exclusive, arguments)
+            self._check_durable(q, durable)
+            if owner_checks is None:
+                self._check_answer(q, q.info(), durable, exclusive, arguments)
+            else:
+                owner_checks.append(lambda: self._check_answer(q, q.answer(), durable, exclusive, arguments))
         return q
 
-    def _check_equivalence(self, q: RemoteQueue, durable: bool, exclusive: bool, arguments: dict[str, Any]) -> None:
-        """RabbitMQ's equivalence check of a redeclare, against the owner's queue: durable from the directory,
-        auto-delete and the arguments as the owner answers them (not checked if it does not answer in time)."""
-        where = f"for queue '{q.name}' in vhost '{self.vhost}'"
+    def _check_durable(self, q: RemoteQueue, durable: bool) -> None:
+        """The first of RabbitMQ's equivalence checks of a redeclare, against the owner's queue: durable, from
+        the directory (no question to the owner)."""
         if q.queue_durable != durable:
-            raise AMQPError(PRECONDITION_FAILED, f"inequivalent arg 'durable' {where}: received "
-                            f"'{str(durable).lower()}' but current is '{str(q.queue_durable).lower()}'")
-        info = q.info()
+            raise AMQPError(PRECONDITION_FAILED, f"inequivalent arg 'durable' for queue '{q.name}' in vhost "
+                            f"'{self.vhost}': received '{str(durable).lower()}' but current is "
+                            f"'{str(q.queue_durable).lower()}'")
+
+    def _check_answer(self, q: RemoteQueue, info: dict[str, Any] | None, durable: bool, exclusive: bool,
+                      arguments: dict[str, Any]) -> None:
+        """The rest of the check: auto-delete and the arguments as the owner answered them in ``info`` (not
+        checked if it did not answer in time)."""
         if info is None or "args" not in info:
             log.info("queue declared as another member's without its equivalence checked (the member did not "
                      "answer)", vhost=self.vhost, queue=q.name, member=q.node)
@@ -253,7 +271,10 @@ class VHostLink(RemoteRoutes):
     def unbind_remote(self, b: Binding) -> None:
         """queue.unbind of another member's queue (no binding of it here): stop routing it here at once, drop
         its directory row, and have the owner remove it from its exchange and store (a request row in the
-        forward table, which the owner carries out within milliseconds; this waits for that, up to 2 s)."""
+        forward table, which the owner carries out within milliseconds). Returns at once: :attr:`unbinding` is
+        then done once the owner has taken the request (or after 2 s), or fails with a 541 if the request
+        could not be written; the channel waits for it before unbind-ok. (Called by VHost.unbind, which has no
+        way to return it.)"""
         q = self.find(b.destination)
         if q is None:
             return  # nobody's queue: unbinding what is not bound succeeds
@@ -263,14 +284,31 @@ class VHostLink(RemoteRoutes):
         request = json.dumps({"source": b.source, "queue": b.destination, "routing_key": b.routing_key,
                               "args": _args_text(b.arguments)}).encode()
         try:
-            done = self.fw.directory.unbind_for(q.node, self.vhost, b.source, b.destination, b.routing_key,
-                                                binding_args_hash(b.arguments), [UNBIND_REQUEST], request)
+            taken = self.fw.directory.unbind_for(q.node, self.vhost, b.source, b.destination, b.routing_key,
+                                                 binding_args_hash(b.arguments), [UNBIND_REQUEST], request)
         except DirectoryUnavailable as exc:  # as a definitions write that fails: 541 INTERNAL_ERROR (reader.py)
             raise MetadataWriteError(f"cannot unbind queue '{q.name}' of cluster member '{q.node}' now (the "
                                      f"cluster's PostgreSQL does not answer): {exc}") from None
+        done = self.unbinding = asyncio.ensure_future(self._unbound(q, taken))
+        self._unbinds.add(done)  # (held until done: a caller that does not wait, the HTTP API, still logs)
+        done.add_done_callback(self._unbind_over)
+
+    async def _unbound(self, q: RemoteQueue, taken: asyncio.Future[bool]) -> None:
+        try:
+            done = await taken
+        except DirectoryUnavailable as exc:
+            raise AMQPError(INTERNAL_ERROR, f"cannot unbind queue '{q.name}' of cluster member '{q.node}' now "
+                            f"(the cluster's PostgreSQL does not answer): {exc}") from None
         if not done:
             log.info("unbind requested of a member that has not carried it out yet (it will when it takes the "
                      "request)", vhost=self.vhost, queue=q.name, member=q.node)
+
+    def _unbind_over(self, done: asyncio.Future[None]) -> None:
+        self._unbinds.discard(done)
+        if self.unbinding is done:
+            self.unbinding = None  # nobody took it
+        if not done.cancelled() and done.exception() is not None:
+            log.warning("an unbind of another member's queue failed", vhost=self.vhost, error=str(done.exception()))
 
     def exchange_gone(self, name: str) -> None:
         self.fw.directory.unbind_source(self.vhost, name)
@@ -385,16 +423,17 @@ class ClusterForwarding:
     # -- the other members' directory ------------------------------------------------------------------------
     def remote_queue(self, vhost: str, name: str, node: str, durable: bool, exclusive: bool) -> RemoteQueue:
         return RemoteQueue(vhost, name, node, durable, exclusive, self.forward, self.overloaded, self.throttle,
-                           self._ask_owner)
+                           self._ask_owner, self._ask_owner_async)
 
     # -- questions between members about their node-local queues (storage/pg/forwarding.py ask) ---------------
     def _ask_owner(self, q: RemoteQueue) -> dict[str, Any] | None:
-        """What ``q``'s member answers of it now (a declare waits for it, at most ASK_TIMEOUT)."""
-        rows = self.directory.ask(q.node, q.vhost_name, [q.name], ASK_TIMEOUT)
-        for row in rows or ():
-            if row[0] == q.vhost_name and row[1] == q.name:
-                return dict(row[2])
-        return None
+        """What ``q``'s member answers of it now (a declare through the HTTP API waits for it, blocking, at most
+        ASK_TIMEOUT)."""
+        return _row_of(q, self.directory.ask(q.node, q.vhost_name, [q.name], ASK_TIMEOUT))
+
+    async def _ask_owner_async(self, q: RemoteQueue) -> dict[str, Any] | None:
+        """:meth:`_ask_owner` for a channel's declare: the event loop goes on serving while the answer comes."""
+        return _row_of(q, await self.directory.ask_async(q.node, q.vhost_name, [q.name], ASK_TIMEOUT))
 
     def answer(self, vhost: str | None, names: list[str] | None) -> list[Any]:
         """This member's answer about its own node-local queues (``names`` of ``vhost``; all of the vhost, or
@@ -614,6 +653,14 @@ class ClusterForwarding:
             sink.forget()
         if sink.failed:
             raise RuntimeError("a local queue could not store forwarded messages: the batch is taken again")
+
+
+def _row_of(q: RemoteQueue, rows: list[Any] | None) -> dict[str, Any] | None:
+    """``q``'s row of an owner's answer (None if it did not answer, or not about ``q``)."""
+    for row in rows or ():
+        if row[0] == q.vhost_name and row[1] == q.name:
+            return dict(row[2])
+    return None
 
 
 def queue_answer(q: Any) -> dict[str, Any]:

@@ -7,8 +7,11 @@ A remote queue is a proxy, never a queue of this node: it is not in the vhost's 
 not consumable here; the HTTP API lists it as its owner answers). Publishing to it is what it does:
 :meth:`RemoteQueue.deliver_or_enqueue` hands the message to the forwarder, which commits it to PostgreSQL for
 the owner (its publisher confirm comes after that commit, through the channel's CONFIRM_LATER path, as for a
-PostgreSQL-backed queue). Its figures and arguments are asked of the owner (:meth:`RemoteQueue.info`, a
-declare's equivalence check and declare-ok counts).
+PostgreSQL-backed queue). Its figures and arguments are asked of the owner (a declare's equivalence check and
+declare-ok counts): a channel waits for the answer without blocking the event loop
+(:meth:`RemoteQueue.message_count_wait`, the same hook a quorum queue's recount gives the channel);
+:meth:`RemoteQueue.info` asks synchronously, for the callers that cannot wait otherwise (the HTTP API's
+declare, a definitions import).
 
 Bindings of the shared exchanges to remote queues live in *shadow* exchanges: one per source exchange, of the
 source's routing type (direct, fanout, topic, headers), holding only those bindings. Routing a message runs
@@ -19,9 +22,12 @@ local queue first, else to the remote one.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, ClassVar
+
+import structlog
 
 from broker.errors import AMQPError
 from broker.exchange import (
@@ -36,6 +42,8 @@ from broker.exchange import (
 from broker.message import Message
 from broker.queue_process import ACCEPTED, CONFIRM_LATER
 from protocol.constants import RESOURCE_LOCKED
+
+log = structlog.get_logger("leveret.cluster")
 
 ROUTING_TYPES: dict[str, type[Exchange]] = {"direct": DirectExchange, "fanout": FanoutExchange,
                                             "topic": TopicExchange, "headers": HeadersExchange}
@@ -64,7 +72,7 @@ class _Consumers:
         self.count = count
 
 
-INFO_MAX_AGE = 0.25  # seconds an answer of the owner serves again (a declare asks, then reads the count)
+INFO_MAX_AGE = 0.25  # seconds an answer of the owner (or its silence) serves again (a declare asks, then reads)
 
 
 class RemoteQueue:
@@ -82,7 +90,8 @@ class RemoteQueue:
     def __init__(self, vhost: str, name: str, node: str, durable: bool, exclusive: bool,
                  forward: Callable[[RemoteQueue, Message, bool, Any], None], overloaded: Callable[[str], bool],
                  throttle: Callable[[Any], None],
-                 ask: Callable[[RemoteQueue], dict[str, Any] | None] | None = None) -> None:
+                 ask: Callable[[RemoteQueue], dict[str, Any] | None] | None = None,
+                 ask_async: Callable[[RemoteQueue], Awaitable[dict[str, Any] | None]] | None = None) -> None:
         self.vhost_name = vhost
         self.name = name
         self.node = node
@@ -93,8 +102,12 @@ class RemoteQueue:
         self._overloaded = overloaded
         self._throttle = throttle
         self._ask = ask
+        self._ask_async = ask_async
         self._info: dict[str, Any] | None = None
-        self._info_at = 0.0
+        self._info_at: float | None = None  # when the owner last answered (or did not in time); None: never asked
+        # The question being asked without blocking (message_count_wait) and who waits for its answer.
+        self._asking: asyncio.Task[None] | None = None
+        self._waiters: list[Callable[[], None]] = []
 
     def deliver_or_enqueue(self, msg: Message, persistent: bool, confirm: Any = None) -> int:
         self._forward(self, msg, persistent, confirm)
@@ -110,19 +123,58 @@ class RemoteQueue:
     def origins_held(self, seqs: set[int]) -> set[int]:
         return set()
 
+    def _fresh(self) -> bool:
+        return self._info_at is not None and time.monotonic() - self._info_at < INFO_MAX_AGE
+
+    def _answered(self, info: dict[str, Any] | None) -> None:
+        self._info = info
+        self._info_at = time.monotonic()
+        if info is not None:
+            self.consumers = _Consumers(int(info.get("consumers", 0)))
+
     def info(self) -> dict[str, Any] | None:
         """What the owner answers of this queue now (broker/cluster_forwarding.py ``queue_answer``: figures,
-        flags, arguments), or None if it does not answer (gone, or slower than the question's timeout)."""
-        now = time.monotonic()
-        if self._info is not None and now - self._info_at < INFO_MAX_AGE:
+        flags, arguments), or None if it does not answer (gone, or slower than the question's timeout). Asks
+        synchronously unless an answer (or a silence) less than INFO_MAX_AGE old is at hand."""
+        if self._fresh() or self._ask is None:
             return self._info
-        if self._ask is None:
-            return None
-        self._info = self._ask(self)
-        self._info_at = time.monotonic()
-        if self._info is not None:
-            self.consumers = _Consumers(int(self._info.get("consumers", 0)))
+        self._answered(self._ask(self))
         return self._info
+
+    def answer(self) -> dict[str, Any] | None:
+        """The owner's last answer, never asking (after :meth:`message_count_wait` called back)."""
+        return self._info
+
+    def message_count_wait(self, answer: Callable[[], None]) -> bool:
+        """Whether a queue.declare-ok (and the equivalence check before it) should wait for the owner's answer:
+        False if one is at hand (less than INFO_MAX_AGE old: read it now), else the owner is asked without
+        blocking the event loop (one question for every declare waiting meanwhile) and ``answer`` is called
+        once it answered or gave up (:data:`broker.cluster_forwarding.ASK_TIMEOUT`); :meth:`info` and
+        :meth:`message_count` then read that answer."""
+        if self._fresh() or self._ask_async is None:
+            return False
+        self._waiters.append(answer)
+        if self._asking is None:
+            self._asking = asyncio.get_running_loop().create_task(self._ask_now())
+        return True
+
+    async def _ask_now(self) -> None:
+        assert self._ask_async is not None
+        try:
+            info = await self._ask_async(self)
+        except Exception as exc:  # noqa: BLE001 (an owner that cannot be asked is one that did not answer)
+            log.warning("asking another member about its queue failed", queue=self.name, member=self.node,
+                        error=str(exc))
+            info = None
+        finally:
+            self._asking = None
+        self._answered(info)
+        waiters, self._waiters = self._waiters, []
+        for then in waiters:
+            try:
+                then()
+            except Exception:
+                log.exception("answering a declare of another member's queue failed", queue=self.name)
 
     def message_count(self) -> int:
         """The owner's count (asked of it: queue.declare-ok), 0 if it does not answer."""

@@ -125,7 +125,15 @@ async def delete_binding(request: web.Request) -> web.Response:
     else:
         permissions.exchange_bind(user, vh.name, b.destination, b.source)
     topic_permissions.check_bind(user, vh, b.source, b.routing_key)
+    remote = vh.remote
+    if remote is not None:
+        remote.unbinding = None
     vh.unbind(b.source, b.destination, b.kind, b.routing_key, b.arguments)
+    if remote is not None and remote.unbinding is not None:
+        # Another cluster member's queue: answered once that member has carried the unbind out, as unbind-ok
+        # is (broker/cluster_forwarding.py VHostLink.unbind_remote); the event loop serves others meanwhile.
+        unbinding, remote.unbinding = remote.unbinding, None
+        await unbinding
     return web.Response(status=204)
 
 

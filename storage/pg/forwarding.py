@@ -28,10 +28,11 @@ Two more uses, neither needing a table of its own:
   naming the member asked, an id and the queues; every member LISTENs on its bell connection and the one asked
   answers on ``leveret_figures_reply`` (the broker's rows, JSON, in chunks under PostgreSQL's 8000-byte payload
   limit, the last marked); the asker LISTENs on its directory connection and waits on the private thread, up
-  to a timeout, and not at all for a member without a live node row. Lost notifications cost a timeout.
+  to a timeout, and not at all for a member without a live node row. Lost notifications cost a timeout. A
+  broker asks with :meth:`PgDirectory.ask_async`: its loop goes on serving while the answer comes.
 - *Requests through the forward table* (:meth:`PgDirectory.unbind_for`): a row for the owner whose ``queues``
   name a request rather than a queue (the broker's encoding in ``body``), durable and ordered with the messages
-  forwarded before it; the caller waits for the owner to have taken it.
+  forwarded before it; the caller gets a future done once the owner has taken it (its loop is not blocked).
 
 Messages and binding arguments are opaque bytes here: the broker encodes them.
 """
@@ -215,13 +216,30 @@ class PgDirectory:
         future = asyncio.run_coroutine_threadsafe(self._call(fn), self._loop)
         try:
             return future.result(self.timeout)
-        except concurrent.futures.TimeoutError:
+        except PG_ERRORS as exc:  # TimeoutError among them (concurrent.futures' is the builtin one)
+            raise self._unavailable(exc, future) from None
+
+    def _unavailable(self, exc: BaseException, future: concurrent.futures.Future[Any]) -> DirectoryUnavailable:
+        """What a call that failed (``exc``), or did not answer in time (TimeoutError: it is cancelled), means
+        to its caller; the directory counts as down for a while either way."""
+        self._down()
+        if isinstance(exc, TimeoutError):
             future.cancel()
-            self._down()
-            raise DirectoryUnavailable(f"PostgreSQL did not answer within {self.timeout:g} s") from None
+            return DirectoryUnavailable(f"PostgreSQL did not answer within {self.timeout:g} s")
+        return DirectoryUnavailable(str(exc))
+
+    def _submit(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> concurrent.futures.Future[T]:
+        """Start a call on the private loop now (in call order with every other call), without waiting."""
+        if time.monotonic() < self.down_until:
+            raise DirectoryUnavailable("the cluster's PostgreSQL did not answer recently")
+        return asyncio.run_coroutine_threadsafe(self._call(fn), self._loop)
+
+    async def _result(self, future: concurrent.futures.Future[T]) -> T:
+        """:meth:`_wait`'s ending for a caller on an event loop: that loop goes on serving meanwhile."""
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), self.timeout)
         except PG_ERRORS as exc:
-            self._down()
-            raise DirectoryUnavailable(str(exc)) from None
+            raise self._unavailable(exc, future) from None
 
     def _later(self, fn: Callable[[asyncpg.Connection], Awaitable[Any]]) -> None:
         """Fire and forget, in order after every call made before it."""
@@ -285,34 +303,53 @@ class PgDirectory:
         self._later(lambda conn: conn.execute(UNBIND_SOURCE, vhost, source, self.node))
 
     def unbind_for(self, owner: str, vhost: str, source: str, queue: str, routing_key: str, args_hash: str,
-                   request_queues: list[str], request: bytes, wait: float = 2.0) -> bool:
-        """queue.unbind of ``owner``'s queue, asked on this member: its directory row goes now, and ``request``
-        (the broker's encoding of the unbind) is forwarded to ``owner`` as a row for ``request_queues``; then
-        wait up to ``wait`` seconds (if ``owner`` is alive) for it to have taken (and so carried out) the
-        request. True if it did."""
+                   request_queues: list[str], request: bytes, wait: float = 2.0) -> asyncio.Future[bool]:
+        """queue.unbind of ``owner``'s queue, asked on this member: its directory row goes, and ``request``
+        (the broker's encoding of the unbind) is forwarded to ``owner`` as a row for ``request_queues``, in one
+        transaction started now (in call order with the other directory calls). Returns a future, on the
+        caller's loop, that is True once ``owner`` has taken (and so carried out) the request, False if it is
+        not alive or has not within ``wait`` seconds; it raises DirectoryUnavailable if the transaction failed
+        (raised at once if PostgreSQL did not answer recently). The caller's loop is never blocked: the
+        waiting for the owner is a poll of short calls, the directory free for others in between."""
 
-        async def run(conn: asyncpg.Connection) -> bool:
+        async def write(conn: asyncpg.Connection) -> tuple[int, bool]:
             async with conn.transaction():
                 await conn.execute(UNBIND_ANY, vhost, source, queue, routing_key, args_hash, self.node)
                 fid = await conn.fetchval(REQUEST, owner, vhost, request_queues, request)
                 await conn.execute("SELECT pg_notify($1, $2)", FORWARD_BELL, owner)
                 alive = await conn.fetchval(ALIVE, owner)
-            if not alive:
-                return False
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                if not await conn.fetchval("SELECT EXISTS (SELECT 1 FROM leveret.forward WHERE id = $1)", fid):
-                    return True
-                await asyncio.sleep(0.003)
-            return False
+            return int(fid), bool(alive)
 
-        return self._wait(run)
+        written = self._submit(write)
+        return asyncio.ensure_future(self._taken(written, wait))
+
+    async def _taken(self, written: concurrent.futures.Future[tuple[int, bool]], wait: float) -> bool:
+        """Until the request row ``written`` is gone from the forward table (the owner took it): True; False
+        if its owner is not alive or after ``wait`` seconds, or if PostgreSQL stops answering meanwhile (the
+        request is committed: the owner carries it out whenever it takes it)."""
+        fid, alive = await self._result(written)
+        if not alive:
+            return False
+        deadline = time.monotonic() + wait
+        pause = 0.003
+        while time.monotonic() < deadline:
+            try:
+                exists = await self._result(self._submit(lambda conn: conn.fetchval(
+                    "SELECT EXISTS (SELECT 1 FROM leveret.forward WHERE id = $1)", fid)))
+            except DirectoryUnavailable:
+                return False
+            if not exists:
+                return True
+            await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.05)
+        return False
 
     # -- questions to other members --------------------------------------------------------------------------
     def ask(self, owner: str, vhost: str | None, names: list[str] | None, timeout: float = 0.5) -> list[Any] | None:
         """What ``owner`` says of its queues ``names`` of ``vhost`` (every queue of it, or of every vhost
         with ``vhost`` None, when ``names`` is None): the rows its broker answers, None if it did not answer
-        within ``timeout`` (or is not a live member). Blocks the caller (a declare waits for it)."""
+        within ``timeout`` (or is not a live member). Blocks the caller: for callers off the loop or that cannot
+        wait otherwise (a declare through the HTTP API or a definitions import); a channel uses :meth:`ask_async`."""
         if time.monotonic() < self.down_until:
             return None
         future = asyncio.run_coroutine_threadsafe(self._ask(owner, vhost, names, timeout), self._loop)
@@ -324,11 +361,16 @@ class PgDirectory:
 
     async def ask_async(self, owner: str, vhost: str | None, names: list[str] | None,
                         timeout: float = 1.0) -> list[Any] | None:
-        """:meth:`ask` for a caller on an event loop (the HTTP API): the waiting is on the private thread."""
+        """:meth:`ask` for a caller on an event loop (a declare of another member's queue, the HTTP API): the
+        waiting is on the private thread, the caller's loop goes on serving."""
         if time.monotonic() < self.down_until:
             return None
         future = asyncio.run_coroutine_threadsafe(self._ask(owner, vhost, names, timeout), self._loop)
-        return await asyncio.wrap_future(future)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), timeout + self.timeout)
+        except TimeoutError:
+            future.cancel()
+            return None
 
     async def _ask(self, owner: str, vhost: str | None, names: list[str] | None, timeout: float) -> list[Any] | None:
         self._ask_n += 1
