@@ -236,15 +236,11 @@ class StreamQueue:
             value = _text(msg.headers.get("x-stream-filter-value"))
             filter_value = value if isinstance(value, str) else None
         offset = log.next_offset
-        if not self._retains:
-            stored = log.append(encode_record(msg, offset), int(msg.published_at or self._clock.now_ms()),
-                                filter_value)
-        else:
-            segments = log.segment_count
-            stored = log.append(encode_record(msg, offset), int(msg.published_at or self._clock.now_ms()),
-                                filter_value)
-            if log.segment_count > segments:
-                self.retain()  # a new segment was started: the oldest may go now
+        retains = self._retains
+        segments = log.segment_count if retains else 0
+        stored = log.append(encode_record(msg, offset), int(msg.published_at or self._clock.now_ms()), filter_value)
+        if retains and log.segment_count > segments:
+            self.retain()  # a new segment was started: the oldest may go now
         assert stored == offset, "a stream log numbers its records in order"
         if confirm is None or stored < self._durable_below:
             return ACCEPTED
