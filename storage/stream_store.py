@@ -68,7 +68,16 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable
 from zlib import crc32
 
-from storage.segment import HEADER, HEADER_SIZE, MAGIC, AppendFile, CorruptRecord, replace_file, scan
+from storage.segment import (
+    FLUSH_AT,
+    HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    AppendFile,
+    CorruptRecord,
+    replace_file,
+    scan,
+)
 from storage.stream_log import GroupLog, GroupProgress, StreamRecord
 from storage.syncer import Syncer
 
@@ -129,8 +138,6 @@ class _Entry:
 
 # The CRC (of the entry's first 32 bytes) and the reserved word that end a consume-log entry.
 _ENTRY_TAIL = struct.Struct("<II")
-# A consume log's buffer is handed to the kernel once this much is buffered, even inside a burst.
-CONSUME_LOG_FLUSH_AT = 1 << 20
 # StreamRecord built from a tuple (``tuple.__new__``): a third of the NamedTuple constructor's cost, once per
 # message appended.
 _new_record = tuple.__new__
@@ -532,7 +539,7 @@ class FileStreamLog:
         if not f.dirty and self._syncer is not None:
             f.dirty = True
             self._syncer.mark(f)
-        if len(buf) >= CONSUME_LOG_FLUSH_AT:
+        if len(buf) >= FLUSH_AT:  # handed to the kernel even inside a burst
             f.write_out()
         filters = seg.filters
         if filters is not None and filters is not ANY_FILTER and fp not in filters:

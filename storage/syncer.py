@@ -94,8 +94,14 @@ class Syncer:
     def mark(self, f: AppendFile) -> None:
         """``f`` has new appends: include it in the next flush (scheduled at the end of this burst)."""
         self._dirty.append(f)
-        if not f.write_behind:
+        if not f.write_behind and not self._urgent:
             self._urgent = True
+            if self._flush_after_round and self._loop is not None:
+                # A stream's flush is waiting for the round in progress; this file's writers wait for a round's
+                # latency (a classic queue's): the flush goes out now, as it would have without the stream.
+                self._flush_after_round = False
+                self._loop.call_soon(self.flush)
+                return
         if not self._scheduled and self._loop is not None:
             self._scheduled = True
             self._loop.call_soon(self.flush)

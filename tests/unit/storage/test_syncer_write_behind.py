@@ -74,3 +74,25 @@ def test_any_other_dirty_file_makes_the_flush_go_out_at_once(tmp_path: Path) -> 
         syncer.stop()
 
     asyncio.run(main())
+
+
+def test_a_file_marked_while_a_write_behind_flush_waits_sends_that_flush_at_once(tmp_path: Path) -> None:
+    """The order the previous test does not cover: the stream's flush has already decided to wait for the
+    round when the classic queue's append comes; the classic file must not wait for the round's end."""
+    async def main() -> None:
+        syncer = HeldSyncer(asyncio.get_running_loop())
+        stream, classic = _files(tmp_path, syncer)
+        stream.append(b"first")
+        await _until(lambda: syncer.started.is_set())
+        stream.append(b"second")
+        await asyncio.sleep(0.05)  # that flush ran and waits for the round
+        assert stream.written < stream.size
+        classic.append(b"urgent")
+        await asyncio.sleep(0.05)
+        assert classic.written == classic.size and stream.written == stream.size, "the urgent file waited"
+        assert syncer._queue, "the flush was not queued for the next round"
+        syncer.release.set()
+        await _until(lambda: classic.synced == classic.size and stream.synced == stream.size)
+        syncer.stop()
+
+    asyncio.run(main())
