@@ -212,6 +212,21 @@ def queue_counters(q: QueueProcess, shared: Snapshot | None) -> tuple[int, int, 
     return s.published, s.delivered, s.redelivered, s.acked, s.get
 
 
+# Per-queue gauges that are a member's own even for a shared queue (its consumers and publishers are on it).
+MEMBER_LOCAL_GAUGES = frozenset({"rabbitmq_queue_consumers", "leveret_queue_publishers"})
+
+
+def reports_queue(q: QueueProcess, shared: Snapshot | None, member: str) -> bool:
+    """Whether this member reports the queue's messages and counters to Prometheus: always for its own
+    queues; for a shared (quorum) queue, which every member serves with the same cluster-wide figures, only
+    on the member :meth:`Snapshot.reporter` picks (RabbitMQ reports a quorum queue on its leader's node), so
+    that a sum over the members' scrapes counts it once. A member that does not see itself among the live
+    members (PostgreSQL out of reach, its lease lapsed) reports it: better twice than not at all."""
+    if shared is None or not queue_type_of(q.arguments).cluster_shared or member not in shared.members:
+        return True
+    return shared.reporter(q.vhost.name, q.name) == member
+
+
 def queue_values(q: QueueProcess, shared: Snapshot | None = None) -> dict[str, int]:
     """Every per-queue metric of one queue process, by name: its figures (``QueueProcess.figures``, read
     now; a shared queue's from ``shared`` on a cluster member), consumers and publishers, and its counters
@@ -388,8 +403,24 @@ class RabbitCollector:
                     for name, help_ in QUEUE_COUNTERS]
         sums = [0] * len(gauges)
         csums = [0] * len(counters)
+        here = self.node.name
+        shared = self.shared
         for q in queues:
-            values = queue_values(q, self.shared)
+            values = queue_values(q, shared)
+            if not reports_queue(q, shared, here):
+                # Another member reports this shared queue's messages and counters: only this member's own
+                # consumers and publishers of it are counted here, so sums over the members are right.
+                for name, _h in QUEUE_GAUGES:
+                    if name not in MEMBER_LOCAL_GAUGES:
+                        values[name] = 0
+                for name, _h in QUEUE_COUNTERS:
+                    values[name] = 0
+                if self.per_object:
+                    lv = [q.vhost.name, q.name]
+                    for g, (name, _h) in zip(gauges, QUEUE_GAUGES):
+                        if name in MEMBER_LOCAL_GAUGES:
+                            g.add_metric(lv, values[name])
+                    continue
             figures = [values[name] for name, _h in QUEUE_GAUGES]
             cvalues = [values[name] for name, _h in QUEUE_COUNTERS]
             if self.per_object:
@@ -519,8 +550,9 @@ def make_app(node: Node) -> web.Application:
     """The exporter's HTTP app (``prometheus.tcp.port``): /metrics, and per-object series. On a cluster
     member, the shared (quorum) queues' figures are PostgreSQL's count, and their message counters
     (``rabbitmq_queue_messages_published_total``, ``..._delivered_total``, ``..._redelivered_total``,
-    ``..._acked_total``, ``rabbitmq_queue_get_total``) every member's summed (storage/pg/queue_stats.py): the
-    same on every member, so a sum of them over the members counts each shared queue once per member."""
+    ``..._acked_total``, ``rabbitmq_queue_get_total``) every member's summed (storage/pg/queue_stats.py). One
+    member reports them (reports_queue, as RabbitMQ reports a quorum queue on its leader's node); every member
+    reports its own consumers and publishers of it, so sums over the members' scrapes are the cluster's."""
 
     async def shared() -> Snapshot | None:
         return await node.cluster.shared_figures() if node.cluster is not None else None

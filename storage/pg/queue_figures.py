@@ -22,6 +22,7 @@ actually delivered by up to that prefix; at rest the two agree.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from typing import NamedTuple
@@ -73,6 +74,17 @@ class Snapshot(NamedTuple):
 
     def activity(self, vhost: str, name: str) -> Activity:
         return self.activities.get((vhost, name), NO_ACTIVITY)
+
+    def reporter(self, vhost: str, name: str) -> str | None:
+        """The live member that reports this shared queue's figures to Prometheus and shows as its ``leader``
+        (None: no live member is known). Every member serves a shared queue and reads the same figures, so a
+        sum over the members' scrapes would count the queue once per member; RabbitMQ reports a quorum queue on
+        its leader's node only. Chosen by rendezvous hashing over :attr:`members`: every member with the same
+        list picks the same one, and a member joining or leaving moves only the queues it wins or held."""
+        if not self.members:
+            return None
+        key = f"\0{vhost}\0{name}".encode()
+        return max(self.members, key=lambda m: hashlib.blake2b(m.encode() + key, digest_size=8).digest())
 
 
 class PgQueueFigures:

@@ -51,14 +51,23 @@ def ctl_rows(b) -> list[dict]:
     return sorted(json.loads(out.stdout), key=lambda r: r["name"])
 
 
-def prometheus(b, queue: str) -> dict[str, float]:
+def prometheus(b, queue: str, prefix: str = "rabbitmq_queue_messages") -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{b.prometheus_port}/metrics/per-object", timeout=10).read()
     out = {}
     for line in text.decode().splitlines():
-        if line.startswith("rabbitmq_queue_messages") and f'queue="{queue}"' in line:
+        if line.startswith(prefix) and f'queue="{queue}"' in line:
             name = line.split("{", 1)[0]
             out[name] = float(line.rsplit(" ", 1)[1])
     return out
+
+
+def aggregated(b, name: str) -> float:
+    """One family of ``b``'s /metrics (no labels: the member's sum over its queues)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{b.prometheus_port}/metrics", timeout=10).read()
+    for line in text.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
 
 
 class HoldingConsumer:
@@ -168,11 +177,24 @@ def test_every_member_shows_the_same_figures(start_broker, pg_dsn):
             assert (totals["messages"], totals["messages_ready"], totals["messages_unacknowledged"]) == (42, 35, 7)
             vhost = api("GET", "/api/vhosts/%2F")[1]
             assert (vhost["messages"], vhost["messages_ready"], vhost["messages_unacknowledged"]) == (42, 35, 7)
-        # Prometheus, per queue, on either member.
-        pa, pb = prometheus(a, "fig-q"), prometheus(b, "fig-q")
-        assert pa["rabbitmq_queue_messages_ready"] == pb["rabbitmq_queue_messages_ready"] == 28
-        assert pa["rabbitmq_queue_messages_unacked"] == pb["rabbitmq_queue_messages_unacked"] == 7
-        assert pa["rabbitmq_queue_messages"] == pb["rabbitmq_queue_messages"] == 35
+        # Prometheus, per queue: the shared queue's leader (the same on both members' API) reports its figures,
+        # the other member none (RabbitMQ reports a quorum queue on its leader's node), so that a sum over the
+        # members' scrapes counts it once; both report their own consumers of it (b's one, a's none).
+        leaders = {api("GET", "/api/queues/%2F/fig-q")[1]["leader"] for api in (api_a, api_b)}
+        assert len(leaders) == 1 and leaders <= {"a@test", "b@test"}, leaders
+        by_member = {"a@test": a, "b@test": b}
+        leader = by_member[leaders.pop()]
+        follower = b if leader is a else a
+        pl, pf = prometheus(leader, "fig-q"), prometheus(follower, "fig-q")
+        assert (pl["rabbitmq_queue_messages_ready"], pl["rabbitmq_queue_messages_unacked"],
+                pl["rabbitmq_queue_messages"]) == (28, 7, 35)
+        assert not {k for k in pf if k.startswith("rabbitmq_queue_messages")}, pf
+        assert prometheus(b, "fig-q", "rabbitmq_queue_consumers") == {"rabbitmq_queue_consumers": 1}
+        assert prometheus(a, "fig-q", "rabbitmq_queue_consumers") == {"rabbitmq_queue_consumers": 0}
+        # /metrics (one figure per member): summed over the members, every queue of the cluster once, as the
+        # overview's totals.
+        assert sum(aggregated(m, "rabbitmq_queue_messages") for m in (a, b)) == 42
+        assert sum(aggregated(m, "rabbitmq_queue_messages_unacked") for m in (a, b)) == 7
     finally:
         consumer.close()
     # The consumer's connection closed: its 7 come back, on both.
