@@ -34,6 +34,7 @@ from broker.persistence import NODE_METADATA_KEY, binding_args_hash, untable
 from broker.policy import Policy
 from storage.metadata_store import MetadataStoreError
 from storage.node_storage import NODE_KIND
+from storage.pg.connections import stop_tasks
 from storage.pg.definitions_store import Change, PgDefinitionsStore
 from storage.pg.shared_metadata import SplitMetadataStore, Where
 
@@ -263,9 +264,4 @@ class DefinitionsFollower:
         return n
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await stop_tasks(self._task)  # (re-cancelled while running: a cancel wait_for swallowed would hang)

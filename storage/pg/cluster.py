@@ -31,6 +31,7 @@ import asyncpg
 
 from storage.pg import schema
 from storage.pg.backing_queue import PgBackingQueue
+from storage.pg.connections import stop_tasks
 from storage.pg.progress import Progress
 from storage.pg.workers import DISCONNECTED, Acker, Fetcher, Publisher, disconnected
 
@@ -486,10 +487,9 @@ class PgCluster:
         tasks = [t for t in (self._lease_task, self._ring_task, self._reconnect_task, self._sac_task,
                              self.publisher.task,
                              self.acker.task, self.fetcher.task) if t]
-        for t in tasks:
-            t.cancel()
         if tasks:
-            _done, pending = await asyncio.wait(tasks, timeout=CLOSE_DRAIN_TIMEOUT)
+            # Cancelled again while running (a cancel that wait_for swallowed: storage/pg/connections.py).
+            pending = await stop_tasks(*tasks, timeout=CLOSE_DRAIN_TIMEOUT)
             if pending:  # a task stuck in a statement that ignores the cancel: end the sessions under it
                 log.warning("pg cluster: node %s: tasks still running %g s after their cancel: %s", self.node_name,
                             CLOSE_DRAIN_TIMEOUT, [t.get_coro() for t in pending])

@@ -1,4 +1,5 @@
-"""What every holder of a PostgreSQL connection of the cluster store does at its end."""
+"""What every holder of a PostgreSQL connection of the cluster store does at its end: close the connection,
+and stop the tasks that use it."""
 
 from __future__ import annotations
 
@@ -18,3 +19,27 @@ async def close_connection(conn: asyncpg.Connection | None, timeout: float = CLO
         await asyncio.wait_for(conn.close(), timeout)
     except Exception:  # noqa: BLE001 (closing anyway)
         conn.terminate()
+
+
+async def stop_tasks(*tasks: asyncio.Task[object] | None, timeout: float | None = None) -> set[asyncio.Task[object]]:
+    """Cancel ``tasks`` (None: skipped) and wait until they end; returns those still running after ``timeout``
+    seconds (None: wait as long as it takes).
+
+    The cancel is repeated while a task runs on: in Python 3.11 ``asyncio.wait_for`` swallows a cancel that
+    arrives as the thing it waits for completes (CPython gh-86296, fixed in 3.12), so a loop around a
+    ``wait_for`` (a flush, a poll with a timeout) cancelled once can go on for good, and whoever awaited its
+    end waits for ever (seen: the queue statistics writer of a stopped member kept flushing)."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    live = {t for t in tasks if t is not None and not t.done()}
+    while live:
+        for t in live:
+            t.cancel()
+        wait = 0.05 if deadline is None else max(0.0, min(0.05, deadline - loop.time()))
+        done, live = await asyncio.wait(live, timeout=wait)
+        for t in done:  # retrieved, so that an error ending a task is not reported as never retrieved
+            if not t.cancelled():
+                t.exception()
+        if deadline is not None and loop.time() >= deadline:
+            break
+    return live

@@ -50,6 +50,8 @@ from typing import Any, NamedTuple, TypeVar
 
 import asyncpg
 
+from storage.pg.connections import stop_tasks
+
 log = logging.getLogger("leveret.pg.forwarding")
 
 T = TypeVar("T")
@@ -833,9 +835,7 @@ class PgForwarding:
             except TimeoutError:
                 pass
         tasks = [*self._tasks, *(t for t in (self._ring_task, *self._finishing) if t is not None)]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_tasks(*tasks)  # (re-cancelled while running: a cancel wait_for swallowed would hang the stop)
         for conn in (self._pub_conn, *self._take_conns, self._bell_conn):
             if conn is not None and not conn.is_closed():
                 try:

@@ -53,7 +53,7 @@ from typing import NamedTuple
 
 import asyncpg
 
-from storage.pg.connections import close_connection
+from storage.pg.connections import close_connection, stop_tasks
 
 log = logging.getLogger("leveret.pg.queue_stats")
 
@@ -195,15 +195,20 @@ class PgQueueStatsWriter:
         self._conn: asyncpg.Connection | None = None
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
+        self._halting = False
         self._failing = False
 
     def start(self) -> None:
+        self._halting = False
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def _loop(self) -> None:
-        while True:
+        # The flag, not the cancel alone, ends the loop: a cancel that comes as a flush's statement completes
+        # is swallowed by wait_for in Python 3.11 (storage/pg/connections.py stop_tasks).
+        while not self._halting:
             await asyncio.sleep(self.every)
-            await self.flush()
+            if not self._halting:
+                await self.flush()
 
     async def flush(self, timeout: float = STATEMENT_TIMEOUT) -> bool:
         """One flush now; False if PostgreSQL did not take it within ``timeout`` seconds (the next one carries
@@ -269,13 +274,16 @@ class PgQueueStatsWriter:
             self._conn.terminate()
         self._conn = None
 
+    async def halt(self) -> None:
+        """Stop the periodic flushes, without the last one :meth:`close` makes (tests: a member that dies)."""
+        self._halting = True
+        await stop_tasks(self._task)
+        self._task = None
+
     async def close(self) -> None:
         """Stop, after a last flush (a clean stop leaves every count in the totals); one that PostgreSQL does
         not take within :data:`CLOSE_FLUSH_TIMEOUT` is given up, so a stop while it is out of reach stays short."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self.halt()
         await self.flush(CLOSE_FLUSH_TIMEOUT)
         conn, self._conn = self._conn, None
         await close_connection(conn)

@@ -113,7 +113,10 @@ async def test_a_queue_a_member_no_longer_has_loses_every_members_rows(admin, pg
 
 
 async def test_rates_are_the_same_for_readers_of_one_slot_and_follow_the_traffic(admin, pg_dsn) -> None:
-    slot_ms = 400
+    # A sample's counts are read on the member's clock a moment before PostgreSQL stamps it (now()); under a
+    # loaded machine that moment varies by up to ~0.15 s, an error of that over the slot. One second keeps it
+    # within the bounds below (400 ms once gave 148 for 100 during a full suite run).
+    slot_ms = 1000
     t0 = time.monotonic()
 
     class Steady(Counters):
@@ -146,7 +149,7 @@ async def test_rates_are_the_same_for_readers_of_one_slot_and_follow_the_traffic
             await asyncio.sleep(0.05)
         assert agreed >= 10
         # b stops writing (killed): after two slots it is out of the rates, its counts stay in the totals.
-        b._task.cancel()  # type: ignore[union-attr]
+        await b.halt()
         before = counts(await read(pg_dsn, slot_ms), "q1")[0]
         await asyncio.sleep(3 * slot_ms / 1000 + 0.1)
         snap = await read(pg_dsn, slot_ms)
