@@ -49,7 +49,7 @@ from broker.queue_process import QueueHost, QueueOwner, QueueProcess, QueueStats
 from broker.stream_queue import StreamQueueType
 from storage.backing_queue import BackingQueue, Figures
 from storage.memory_queue import MemoryBackingQueue
-from storage.priority_queue import PriorityBackingQueue
+from storage.priority_queue import PriorityBackingQueue, SharedPriorityBackingQueue
 
 if TYPE_CHECKING:
     from broker.deduplication import DedupCache
@@ -76,8 +76,10 @@ def new_backing_queue(open_store: OpenStore, name: str, durable: bool, settings:
     a PriorityBackingQueue of one per priority (RabbitMQ's ``rabbit_priority_queue`` wrapping). The queue
     process sets its ``on_confirm`` / ``on_available`` callbacks itself."""
     if settings.max_priority:
-        return PriorityBackingQueue(settings.max_priority, _message_priority,
-                                    lambda p: open_store(name, durable, p, None))
+        levels = [open_store(name, durable, p, None) for p in range(settings.max_priority + 1)]
+        # A cluster's shared store (a priority quorum queue): the wrapper that passes its extra calls on.
+        kind = SharedPriorityBackingQueue if SharedPriorityBackingQueue.shares(levels[0]) else PriorityBackingQueue
+        return kind(settings.max_priority, _message_priority, levels.__getitem__)
     return open_store(name, durable, None, None)
 
 

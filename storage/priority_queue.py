@@ -212,3 +212,71 @@ class PriorityBackingQueue:
 
     def ram_bytes(self) -> int:
         return sum(q.ram_bytes() for q in self._queues)
+
+
+class SharedPriorityBackingQueue(PriorityBackingQueue):
+    """A priority queue whose levels are stores shared by a cluster's members (a quorum queue with
+    ``x-max-priority``, storage/pg/backing_queue.py). Such a store adds calls the queue process looks for
+    (``returns``, ``when_fetched``, ``when_counted``, ``want_single_active``, ``persists_every_message``);
+    passed on to the levels here, a priority quorum queue's ``x-delivery-count`` counts the returns on every
+    member, its basic.get and declare-ok wait for PostgreSQL's rows as a plain one's do, and a single active
+    consumer is single cluster-wide (the lock is the queue's: the level 0 store asks for it)."""
+
+    def __init__(self, max_priority: int, priority_of: Callable[[Any], int],
+                 make_queue: Callable[[int], BackingQueue]) -> None:
+        super().__init__(max_priority, priority_of, make_queue)
+        levels: list[Any] = self._queues
+        self._levels = levels
+        self.persists_every_message = bool(getattr(levels[0], "persists_every_message", False))
+        self.on_sac_change: Callable[[bool], None] | None = None
+        levels[0].on_sac_change = self._sac_changed
+
+    @staticmethod
+    def shares(store: BackingQueue) -> bool:
+        """Whether ``store`` (one level) is a shared store this class is for."""
+        return hasattr(store, "returns") and hasattr(store, "when_fetched")
+
+    def returns(self, seq_id: int) -> int:
+        """How many times the message just fetched went back to the queue before, on any member."""
+        p = seq_id & _MASK
+        return int(self._levels[p].returns(seq_id >> _SHIFT)) if p < len(self._levels) else 0
+
+    def when_fetched(self, callback: Callable[[], None]) -> bool:
+        """Every level reserves now; ``callback`` once all of them are done (each within a second)."""
+        return self._when_all("when_fetched", callback)
+
+    def when_counted(self, callback: Callable[[], None]) -> bool:
+        """Every level recounts now; ``callback`` once all of them are done (each within a second)."""
+        return self._when_all("when_counted", callback)
+
+    def _when_all(self, call: str, callback: Callable[[], None]) -> bool:
+        left = 1  # held until every level is asked, so that a level answering at once cannot finish early
+
+        def one_done() -> None:
+            nonlocal left
+            left -= 1
+            if left == 0:
+                callback()
+
+        asked = 0
+        for level in self._levels:
+            left += 1
+            if getattr(level, call)(one_done):
+                asked += 1
+            else:
+                left -= 1
+        if not asked:
+            return False
+        one_done()
+        return True
+
+    @property
+    def sac_active(self) -> bool:
+        return bool(self._levels[0].sac_active)
+
+    def want_single_active(self, wanted: bool) -> None:
+        self._levels[0].want_single_active(wanted)
+
+    def _sac_changed(self, active: bool) -> None:
+        if self.on_sac_change is not None:
+            self.on_sac_change(active)

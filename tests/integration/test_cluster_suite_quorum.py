@@ -45,6 +45,41 @@ def test_x_delivery_count_counts_returns_made_on_either_member(start_broker, pg_
     assert seen == [(False, 0), (True, 1), (True, 2), (True, 3), (True, 4)]
 
 
+def test_a_priority_quorum_queue_counts_and_serves_as_the_cluster_does(start_broker, pg_dsn):
+    """``x-max-priority`` on a quorum queue: one store per priority level, wrapped (storage/priority_queue.py
+    SharedPriorityBackingQueue). Before the wrapper passed the shared store's calls on, each member counted
+    returns itself (x-delivery-count 1, 1, 1, 1 where it is 1, 2, 3, 4), and a basic.get or declare-ok on the
+    member that did not publish answered before PostgreSQL's rows were read (get-empty, message_count 0)."""
+    a = member(start_broker, pg_dsn, "a@test")
+    b = member(start_broker, pg_dsn, "b@test")
+    ch_a, ch_b = channel(a), channel(b)
+    ch_a.queue_declare("prio", durable=True, arguments={**QUORUM, "x-max-priority": 5})
+    assert wait_for(lambda: _declared(ch_b, "prio"), 5)
+    ch_a.confirm_delivery()
+    ch_a.basic_publish("", "prio", b"low", pika.BasicProperties(priority=1))
+    ch_a.basic_publish("", "prio", b"high", pika.BasicProperties(priority=4))
+    # At once on b (no polling): the declare-ok counts a's confirmed messages, the get finds the highest.
+    assert ch_b.queue_declare("prio", passive=True).method.message_count == 2
+    for want in (b"high", b"low"):
+        method, _props, body = ch_b.basic_get("prio")
+        assert body == want, body
+        ch_b.basic_ack(method.delivery_tag)
+    # Returns (nack with requeue) on alternating members: each counted, whichever member saw it. (One message
+    # at a time: the priority order of messages returned on another member is each member's own reading.)
+    ch_a.basic_publish("", "prio", b"m", pika.BasicProperties(priority=3))
+    seen = []
+    for i in range(5):  # on b, a, b, a, b
+        ch = ch_a if i % 2 else ch_b
+        method, props, body = wait_for(lambda ch=ch: got_one(ch, "prio"), 5)
+        assert body == b"m"
+        seen.append((method.redelivered, (props.headers or {}).get("x-delivery-count", 0)))
+        if i < 4:
+            ch.basic_nack(method.delivery_tag, requeue=True)
+        else:
+            ch.basic_ack(method.delivery_tag)
+    assert seen == [(False, 0), (True, 1), (True, 2), (True, 3), (True, 4)]
+
+
 def test_the_delivery_limit_holds_across_members(start_broker, pg_dsn):
     a = member(start_broker, pg_dsn, "a@test")
     b = member(start_broker, pg_dsn, "b@test")
