@@ -8,7 +8,9 @@ segments and consumer groups (broker/management/objects.py's ``stream_fields``);
 
 from __future__ import annotations
 
+import asyncio
 import base64
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -155,8 +157,22 @@ async def put_queue(request: web.Request) -> web.Response:
     if not isinstance(arguments, dict):
         raise bad_request("arguments must be an object")
     permissions.queue_declare(user_of(request), vh.name, name, arguments, passive=False)
-    _q, created = vh.queues.declare(name, False, as_bool(body.get("durable"), True), False,
-                                    as_bool(body.get("auto_delete")), arguments, None)
+    # Another cluster member's queue of that name: the equivalence check waits for its answer without holding
+    # the event loop (as a channel's declare does), then runs here.
+    owner_checks: list[Callable[[], None]] = []
+    q, created = vh.queues.declare(name, False, as_bool(body.get("durable"), True), False,
+                                   as_bool(body.get("auto_delete")), arguments, None, owner_checks=owner_checks)
+    if owner_checks:
+        answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def on_answer() -> None:
+            if not answered.done():
+                answered.set_result(None)
+
+        if q.message_count_wait(on_answer):
+            await answered
+        for check in owner_checks:
+            check()
     return web.Response(status=201 if created else 204)
 
 

@@ -1,0 +1,35 @@
+"""The HTTP API's queue declare (PUT /api/queues/VHOST/NAME) of another cluster member's queue (issue 15): the
+equivalence check needs the owner's answer, which the member waits for without holding its event loop (as a
+channel's queue.declare does); before, it asked synchronously and every connection of the member stood still
+for up to the question's timeout. The owner is made slow for real (SIGSTOP); real broker processes, a real
+PostgreSQL, pika and HTTP clients."""
+
+from __future__ import annotations
+
+import pytest
+from test_cluster_deferred_replies import ROUND_TRIP_MAX, round_trips_during, stopped
+from test_cluster_forwarding import channel, known_on, two
+from test_management_api import Http
+
+pytestmark = pytest.mark.leveret_only
+pytest_plugins = ["pg_fixtures"]
+
+
+def test_an_api_declare_waiting_for_the_owner_does_not_freeze_the_member(start_broker, pg_dsn):
+    a, b = two(start_broker, pg_dsn)
+    conn, ch = channel(a)
+    ch.queue_declare("api-decl", durable=True, arguments={"x-max-length": 10})  # classic: it lives on a
+    conn.close()
+    assert known_on(b, "api-decl")
+    api = Http(b.management_port)
+    same = {"durable": True, "arguments": {"x-max-length": 10}}
+    with stopped(a):
+        answer, took, trips = round_trips_during(b, lambda: api("PUT", "/api/queues/%2F/api-decl", same))
+    status, body, _ = answer
+    assert status == 204, (status, body)  # a never answered: accepted unchecked, as a channel's declare is
+    assert took >= 0.4, took  # it waited for a...
+    assert len(trips) >= 3 and max(trips) < ROUND_TRIP_MAX, (took, max(trips), len(trips))  # ... b went on
+    # With a answering, the check is made: a mismatching declare is refused, a matching one accepted.
+    status, body, _ = api("PUT", "/api/queues/%2F/api-decl", {"durable": True, "arguments": {"x-max-length": 20}})
+    assert status == 400 and "inequivalent arg 'x-max-length'" in body["reason"], (status, body)
+    assert api("PUT", "/api/queues/%2F/api-decl", same)[0] == 204
