@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from broker import dead_letter
+from broker import dead_letter, memory_budget
 from broker.message import Message
 from broker.publish import ROUTED
 from broker.queue_args import QueueSettings
@@ -678,8 +678,10 @@ class QueueProcess:
     # -- consumers -----------------------------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.add(consumer)
-        if self._sac_store is not None and self.consumers.count == 1:
-            self._sac_store.want_single_active(True)
+        if self.consumers.count == 1:
+            memory_budget.consumers_changed(self)  # a consumed queue's default budget is larger
+            if self._sac_store is not None:
+                self._sac_store.want_single_active(True)
         if consumer.exclusive:
             self.exclusive_consumer = consumer
         self.has_had_consumers = True
@@ -694,6 +696,7 @@ class QueueProcess:
         if self._throttled and not self.consumers.count:
             self.maybe_release_publishers()
         if not self.consumers.count:
+            memory_budget.consumers_changed(self)
             self.bq.set_demand(False)
             if self._sac_store is not None:
                 self._sac_store.want_single_active(False)

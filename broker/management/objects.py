@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from broker.exchange import Binding, Exchange
     from broker.node import Node
     from broker.queue_consumers import Consumer
-    from broker.queue_process import QueueProcess
+    from broker.queue_process import QueueProcess, QueueStats
     from broker.reader import Reader
     from broker.vhost import VHost
     from storage.pg.queue_figures import Snapshot
@@ -60,6 +60,10 @@ class RateSampler:
         self.interval = interval
         self._prev: dict[Any, tuple[float, int]] = {}
         self._rates: dict[Any, float] = {}
+        # Queues: id(queue) -> (time, the QUEUE_SAMPLED values) of the last sample; the queues whose last two
+        # samples differed (they have rates in _rates).
+        self._queue_prev: dict[int, tuple[float, tuple[int, ...]]] = {}
+        self._queue_moving: set[int] = set()
         self.idle = IdleTracker()
 
     def observe(self, key: Any, value: int, now: float) -> None:
@@ -94,15 +98,13 @@ class RateSampler:
             for q in vh.queues:
                 key = id(q)
                 live.add(key)
-                for name, value in queue_message_counts(q).items():
-                    self.observe((key, name), value, now)
                 f = figures_of(q, shared)
                 ready += f.ready
                 unacked += f.unacked
-                for name, value in (("messages_ready", f.ready), ("messages_unacknowledged", f.unacked),
-                                    ("messages", f.messages)):
-                    self.observe((key, name), value, now)
-                self.idle.observe(q, key)
+                self._sample_queue(key, q.stats, f, now)
+                # (The idle tracker reads a queue's own figures, as queue_info's look does: a shared queue's
+                # are not the cluster's count.)
+                self.idle.observe(q, key, None if shared is not None and is_shared(q) else f)
             vkey = ("vhost", vh.name)  # the vhost's totals (its HTTP API object, /api/overview's queue_totals)
             live.add(vkey)
             for name, value in (("messages", ready + unacked), ("messages_ready", ready),
@@ -121,7 +123,36 @@ class RateSampler:
         for key in [k for k in self._prev if k[0] != "global" and k[0] not in live]:
             self._prev.pop(key, None)
             self._rates.pop(key, None)
+        for qkey in [k for k in self._queue_prev if k not in live]:
+            del self._queue_prev[qkey]
+            if qkey in self._queue_moving:
+                self._queue_moving.discard(qkey)
+                for name in QUEUE_SAMPLED:
+                    self._rates.pop((qkey, name), None)
         self.idle.forget_all_but(live)
+
+    def _sample_queue(self, key: int, s: QueueStats, f: Figures, now: float) -> None:
+        """One queue's sampled counters (:data:`QUEUE_SAMPLED`), kept as one tuple per queue. A queue whose
+        counters did not move since the last sample costs one comparison: its rates are zero (absent), and
+        only a queue that moved writes rates. With 10,000 idle queues the per-counter way (eight dictionary
+        entries written per queue every sample) was half of the idle broker's CPU."""
+        values = (s.published, s.delivered + s.get, s.delivered, s.get, s.redelivered, s.acked,
+                  f.ready, f.unacked, f.messages)
+        prev = self._queue_prev.get(key)
+        self._queue_prev[key] = (now, values)
+        if prev is None or now <= prev[0]:
+            return
+        rates = self._rates
+        if values == prev[1]:
+            if key in self._queue_moving:
+                self._queue_moving.discard(key)
+                for name in QUEUE_SAMPLED:
+                    rates.pop((key, name), None)
+            return
+        dt = now - prev[0]
+        for name, value, before in zip(QUEUE_SAMPLED, values, prev[1]):
+            rates[(key, name)] = max(0.0, (value - before) / dt)
+        self._queue_moving.add(key)
 
 
 class IdleTracker:
@@ -139,15 +170,18 @@ class IdleTracker:
         self._seen: dict[int, tuple[QueueProcess, tuple[int, ...], float]] = {}
 
     @staticmethod
-    def activity(q: QueueProcess) -> tuple[int, ...]:
-        s, f = q.stats, q.figures()
+    def activity(q: QueueProcess, f: Figures | None = None) -> tuple[int, ...]:
+        s = q.stats
+        if f is None:
+            f = q.figures()
         return (s.published, s.delivered, s.get, s.acked, s.redelivered, s.dead_lettered, s.expired, s.dropped,
                 f.ready, f.unacked, q.consumers.count)
 
-    def observe(self, q: QueueProcess, key: int) -> float | None:
+    def observe(self, q: QueueProcess, key: int, f: Figures | None = None) -> float | None:
         """The wall-clock time (seconds since the epoch) the queue has been idle since, None if it did
-        something since it was last looked at (or this is the first look)."""
-        figures = self.activity(q)
+        something since it was last looked at (or this is the first look). ``f``: the queue's own figures if
+        the caller has them at hand."""
+        figures = self.activity(q, f)
         seen = self._seen.get(key)
         if seen is not None and seen[0] is q and seen[1] == figures:
             return seen[2]
@@ -250,6 +284,12 @@ def connection_byte_counts(conn: Reader) -> dict[str, int]:
     """A connection's socket counters (bytes and reads/writes), as RabbitMQ's connection object names them."""
     return {"recv_oct": conn.recv_oct, "recv_cnt": conn.recv_cnt, "send_oct": conn.send_oct,
             "send_cnt": conn.send_cnt}
+
+
+# What the rate sampler keeps of each queue (RateSampler._sample_queue), in this order: the message_stats
+# counters (queue_message_counts) and the message figures.
+QUEUE_SAMPLED = ("publish", "deliver_get", "deliver", "get", "redeliver", "ack",
+                 "messages_ready", "messages_unacknowledged", "messages")
 
 
 def queue_message_counts(q: QueueProcess) -> dict[str, int]:
