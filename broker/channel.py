@@ -13,8 +13,9 @@ handled without pamqp; everything else goes through :meth:`handle_method`'s tabl
 Some replies cannot be given at once in a cluster: a quorum queue's basic.get and declare-ok wait for a round
 in PostgreSQL, a declare of another member's queue for that member's answer, an unbind of it for the member to
 carry it out. The channel answers them from a callback, the event loop serving everyone else meanwhile, and
-holds its own later frames back until then (:meth:`Channel._hold`): AMQP 0-9-1 answers a channel's methods in
-the order they came, and a client that pipelines relies on it. The connection's other channels go on.
+holds its own later frames back until then (:meth:`Channel._hold`; channel.close too, which the reader answers
+itself: :meth:`Channel.hold_call`): AMQP 0-9-1 answers a channel's methods in the order they came, and a client
+that pipelines relies on it. The connection's other channels go on.
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("leveret.channel")
 
-# What a held-back frame was (Channel._hold): the reader's entry point it came through.
-_PUBLISH, _HEADER, _BODY, _WHOLE, _ACK, _NACK, _REJECT, _METHOD = range(8)
+# What a held-back frame was (Channel._hold): the reader's entry point it came through, or (_CALL) a method the
+# reader handles itself, channel.close or access.request (Channel.hold_call).
+_PUBLISH, _HEADER, _BODY, _WHOLE, _ACK, _NACK, _REJECT, _METHOD, _CALL = range(9)
 # (class id, method id) a close reports for an error in a held-back frame, as the reader's _failing_method.
 _HELD_IDS = {_PUBLISH: (60, 40), _HEADER: (60, 40), _BODY: (60, 40), _WHOLE: (60, 40), _ACK: (60, 80),
              _NACK: (60, 120), _REJECT: (60, 90)}
@@ -254,6 +256,29 @@ class Channel:
         (self.on_publish, self.on_header, self.on_body, self.on_whole_publish, self.on_ack, self.on_nack,
          self.on_reject, self.handle_method) = (holder(kind) for kind in range(8))
 
+    def hold_call(self, run: Callable[[], None], class_id: int, method_id: int) -> None:
+        """A method the reader handles itself (channel.close, access.request) came while this channel's frames are
+        held back (``held`` is not None): it waits behind them, and :meth:`_replay` calls ``run`` (its handling)
+        in its turn. RabbitMQ's channel process takes a channel's methods in order: handled at once, a pipelined
+        channel.close would answer close-ok before the deferred reply and drop the frames held before it
+        (publishes never routed, replies never sent). ``class_id``/``method_id`` name the method if it fails in
+        its turn (505: it came in the middle of a publish's content). The reader tests ``held`` only for these
+        methods, never per frame."""
+        held = self.held
+        assert held is not None, "hold_call without frames held back"
+        held.append((_CALL, (run, class_id, method_id)))
+        if len(held) > HOLD_MAX and not self._hold_paused:
+            self._hold_paused = True
+            self.reader.pause_for(self)
+
+    def holds_call(self, class_id: int, method_id: int) -> bool:
+        """Whether the method ``class_id``/``method_id`` came through :meth:`hold_call` and waits among the held-back
+        frames (a channel error drops them: the reader answers a held channel.close as one that came after its
+        own channel.close)."""
+        held = self.held
+        return held is not None and any(kind == _CALL and args[1] == class_id and args[2] == method_id
+                                        for kind, args in held)
+
     def _resume(self) -> None:
         """The deferred reply is sent: the frames held back behind it are handled from the next turn on."""
         self.reply_pending = False
@@ -282,6 +307,8 @@ class Channel:
                 if exc.class_id is None:
                     if kind == _METHOD:
                         exc.class_id, exc.method_id = args[0].index >> 16, args[0].index & 0xFFFF
+                    elif kind == _CALL:
+                        exc.class_id, exc.method_id = args[1], args[2]
                     else:
                         exc.class_id, exc.method_id = _HELD_IDS[kind]
                 self.reader.channel_error(self.id, exc)
@@ -299,11 +326,15 @@ class Channel:
             self._release()
 
     def _handle_held(self, kind: int, args: tuple[Any, ...]) -> None:
-        """One held-back frame, through the entry point the reader called, with the reader's check that a
-        method does not come in the middle of a publish's content (broker/reader.py ``_channel_frame``)."""
+        """One held-back frame, through the entry point the reader called (or, for a method the reader handles
+        itself, the reader's handling: :meth:`hold_call`), with the reader's check that a method does not come in
+        the middle of a publish's content (broker/reader.py ``_channel_frame``)."""
         if (kind >= _ACK or kind in (_PUBLISH, _WHOLE)) and self.assembler.publish is not None:
             self.assembler.on_method()  # content is awaited: a method frame is unexpected (505)
-        self._direct[kind](*args)
+        if kind == _CALL:
+            args[0]()
+        else:
+            self._direct[kind](*args)
 
     def _release(self) -> None:
         """Nothing is held back any more: the reader's entry points go straight to the handlers again."""

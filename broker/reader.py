@@ -390,16 +390,22 @@ class Reader(asyncio.Protocol):
             raise AMQPError(UNEXPECTED_FRAME, f"heartbeat frame on channel {channel.id}")
 
     def _channel_method(self, channel: Channel, index: int, payload: bytes) -> None:
+        # The two methods answered here rather than by the channel wait their turn while a reply of the channel is
+        # deferred (``held``: broker/channel.py Channel._hold), as its other frames do, so their answer does not
+        # overtake the replies of the methods before them (tested here only, not per frame).
         if index == _ACCESS_REQUEST:
             # access.request (class 30, deprecated): answered with request-ok, ticket 1, for old clients.
-            self.send(encode_frame(FRAME_METHOD, channel.id, _ACCESS_REQUEST_OK))
+            if channel.held is not None:
+                channel.hold_call(lambda: self._access_request_ok(channel), 30, 10)
+            else:
+                self._access_request_ok(channel)
             return
         method = decode_method(payload)
         if isinstance(method, spec.Channel.Close):
-            self.node.counters.channels_closed += 1
-            channel.shutdown()
-            del self.channels[channel.id]
-            self.send(method_frame(channel.id, spec.Channel.CloseOk))
+            if channel.held is not None:
+                channel.hold_call(lambda: self._close_channel(channel), 20, 40)
+            else:
+                self._close_channel(channel)
         elif isinstance(method, spec.Channel.CloseOk):
             pass  # we never sent a close that this answers
         elif isinstance(method, spec.Channel.Open):
@@ -408,6 +414,17 @@ class Reader(asyncio.Protocol):
             raise AMQPError(COMMAND_INVALID, f"{method.name} is only allowed on channel 0")
         else:
             channel.handle_method(method)
+
+    def _access_request_ok(self, channel: Channel) -> None:
+        self.send(encode_frame(FRAME_METHOD, channel.id, _ACCESS_REQUEST_OK))
+
+    def _close_channel(self, channel: Channel) -> None:
+        """The client's channel.close: the channel's resources released (its confirms settled so far go out
+        first), close-ok, and the number free for a new channel.open."""
+        self.node.counters.channels_closed += 1
+        channel.shutdown()
+        del self.channels[channel.id]
+        self.send(method_frame(channel.id, spec.Channel.CloseOk))
 
     def _closing_channel_frame(self, channel_id: int, frame_type: int, payload: bytes) -> None:
         """The server closed this channel and waits for close-ok; everything else on it is dropped."""
@@ -738,11 +755,17 @@ class Reader(asyncio.Protocol):
             self.node.counters.channels_closed += 1
             log.warning("channel error", **self.log_id, channel=channel_id, reply_code=exc.reply_code,
                         reply_text=exc.reply_text)
+            # The client's channel.close may be waiting behind the failing method (Channel.hold_call); shutdown
+            # drops it with the other held frames.
+            client_closed = channel.holds_call(20, 40)
             channel.shutdown()
             self.closing_channels.add(channel_id)
             self.send(method_frame(channel_id, spec.Channel.Close, reply_code=exc.reply_code,
                                    reply_text=exc.reply_text, class_id=exc.class_id or 0,
                                    method_id=exc.method_id or 0))
+            if client_closed:
+                # Answered as one that comes after ours (_closing_channel_frame): both sides closed at once.
+                self.send(method_frame(channel_id, spec.Channel.CloseOk))
         else:
             self.close_connection(exc.reply_code, exc.text, exc.class_id or 0, exc.method_id or 0)
 

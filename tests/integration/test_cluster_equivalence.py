@@ -11,22 +11,13 @@ import time
 import pika
 import pika.exceptions
 import pytest
-from test_cluster_definitions import member
+from test_cluster_forwarding import bound_classic_queue, channel, two
 from test_management_api import Http, wait_for
 
 pytestmark = pytest.mark.leveret_only
 pytest_plugins = ["pg_fixtures"]
 
 QUORUM = {"x-queue-type": "quorum"}
-
-
-def two(start_broker, pg_dsn):
-    return member(start_broker, pg_dsn, "a@test"), member(start_broker, pg_dsn, "b@test")
-
-
-def channel(b):
-    conn = pika.BlockingConnection(b.pika_params())
-    return conn, conn.channel()
 
 
 def declare_error(b, name: str, **kw) -> int | None:
@@ -117,12 +108,7 @@ def test_an_exclusive_queue_of_the_other_member_is_405_on_redeclare(start_broker
 
 def test_unbind_on_the_other_member_removes_the_binding(start_broker, pg_dsn):
     a, b = two(start_broker, pg_dsn)
-    conn_a, ch_a = channel(a)
-    ch_a.exchange_declare("ux", "direct", durable=True)
-    ch_a.queue_declare("uq", durable=True)  # a classic queue: it lives on a
-    ch_a.queue_bind("uq", "ux", "k")
-    ch_a.queue_bind("uq", "ux", "keep")
-    conn_a.close()
+    bound_classic_queue(a, "uq", "ux", "k", "keep")  # a classic queue: it lives on a
 
     # Routed from either member before the unbind (b learns of the binding through the directory).
     def routed_from_b() -> bool:
@@ -198,11 +184,7 @@ def test_unbind_on_the_other_member_right_after_the_bind_of_a_quorum_queue(start
 
 def test_the_http_api_of_the_other_member_shows_and_deletes_the_binding(start_broker, pg_dsn):
     a, b = two(start_broker, pg_dsn)
-    conn_a, ch_a = channel(a)
-    ch_a.exchange_declare("hx", "direct", durable=True)
-    ch_a.queue_declare("hq", durable=True)  # classic: on a
-    ch_a.queue_bind("hq", "hx", "k")
-    conn_a.close()
+    bound_classic_queue(a, "hq", "hx", "k")  # classic: on a
     api_b = Http(b.management_port)
 
     def listed():

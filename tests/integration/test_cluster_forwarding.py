@@ -31,6 +31,17 @@ def channel(b):
     return conn, conn.channel()
 
 
+def bound_classic_queue(b, queue: str, exchange: str, *keys: str) -> None:
+    """Declared on ``b``: a durable direct ``exchange`` and a durable classic ``queue`` (so it lives on ``b``),
+    bound to it with each of ``keys``."""
+    conn, ch = channel(b)
+    ch.exchange_declare(exchange, "direct", durable=True)
+    ch.queue_declare(queue, durable=True)
+    for key in keys:
+        ch.queue_bind(queue, exchange, key)
+    conn.close()
+
+
 def drain(conn, ch, queue: str, n: int, timeout: float = 10.0) -> list[bytes]:
     """Up to ``n`` bodies from ``queue`` by basic.get (auto-ack), polling until ``timeout``."""
     got: list[bytes] = []
