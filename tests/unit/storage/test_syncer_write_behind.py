@@ -9,6 +9,8 @@ import asyncio
 import threading
 from pathlib import Path
 
+import pytest
+
 from storage.segment import AppendFile
 from storage.syncer import Syncer
 
@@ -58,35 +60,19 @@ def test_write_behind_files_wait_for_the_round_and_its_end_writes_them(tmp_path:
     asyncio.run(main())
 
 
-def test_any_other_dirty_file_makes_the_flush_go_out_at_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("after_the_wait", [False, True], ids=["in-the-same-turn", "after-the-flush-waits"])
+def test_any_other_dirty_file_makes_the_flush_go_out_at_once(tmp_path: Path, after_the_wait: bool) -> None:
+    """The classic queue's append comes in the same turn as the stream's, or once the stream's flush has
+    already decided to wait for the round (then that flush must go out at once, not at the round's end)."""
     async def main() -> None:
         syncer = HeldSyncer(asyncio.get_running_loop())
         stream, classic = _files(tmp_path, syncer)
         stream.append(b"first")
         await _until(lambda: syncer.started.is_set())
         stream.append(b"second")
-        classic.append(b"urgent")
-        await asyncio.sleep(0.05)
-        assert classic.written == classic.size and stream.written == stream.size  # written out and queued
-        assert syncer._queue, "the flush was not queued for the next round"
-        syncer.release.set()
-        await _until(lambda: classic.synced == classic.size and stream.synced == stream.size)
-        syncer.stop()
-
-    asyncio.run(main())
-
-
-def test_a_file_marked_while_a_write_behind_flush_waits_sends_that_flush_at_once(tmp_path: Path) -> None:
-    """The order the previous test does not cover: the stream's flush has already decided to wait for the
-    round when the classic queue's append comes; the classic file must not wait for the round's end."""
-    async def main() -> None:
-        syncer = HeldSyncer(asyncio.get_running_loop())
-        stream, classic = _files(tmp_path, syncer)
-        stream.append(b"first")
-        await _until(lambda: syncer.started.is_set())
-        stream.append(b"second")
-        await asyncio.sleep(0.05)  # that flush ran and waits for the round
-        assert stream.written < stream.size
+        if after_the_wait:
+            await asyncio.sleep(0.05)  # that flush ran and waits for the round
+            assert stream.written < stream.size
         classic.append(b"urgent")
         await asyncio.sleep(0.05)
         assert classic.written == classic.size and stream.written == stream.size, "the urgent file waited"
