@@ -28,7 +28,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -161,7 +161,30 @@ def _list(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
     return value
 
 
-def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[None]:
+class OwnerWait:
+    """An import step that needs another cluster member's answer about one of its queues (the equivalence
+    check of a queue declared there): the import waits for it before its next step."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue  # broker/remote_queue.py's RemoteQueue
+
+    def ask_now(self) -> None:
+        """Ask synchronously (start-up and tools: nothing else waits on the loop)."""
+        self.queue.info()
+
+    async def answered(self) -> None:
+        """Wait for the answer with the event loop free (the HTTP API's import)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def on_answer() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        if self.queue.message_count_wait(on_answer):
+            await done
+
+
+def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[OwnerWait | None]:
     """Apply ``data`` one object at a time, yielding after each, so that a caller on the event loop can
     let clients in between (:func:`import_definitions_async`). Every step leaves the node consistent: an
     object is created whole, with its durable definition written, or not at all."""
@@ -197,7 +220,7 @@ def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[None]:
             except limits.LimitError as exc:
                 raise DefinitionsError(f"user '{name}': {exc}") from None
             node.put_user(name, password_hash, _tags(u.get("tags")), algorithm, user_limits)
-            yield
+            yield None
         for v in _list(data, "vhosts"):
             name = _str(v, "name", "vhost")
             meta: dict[str, Any] = v["metadata"] if isinstance(v.get("metadata"), dict) else {}
@@ -209,7 +232,7 @@ def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[None]:
                                           v.get("limits"))
             except limits.LimitError as exc:
                 raise DefinitionsError(f"vhost '{name}': {exc}") from None
-            yield
+            yield None
         for p in _list(data, "permissions"):
             user, vh_name = _str(p, "user", "permission"), _str(p, "vhost", "permission")
             if user not in node.users.users:
@@ -221,17 +244,17 @@ def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[None]:
                                      str(p.get("read", "")))
             except re.error as exc:
                 raise DefinitionsError(f"permission of '{user}' in '{vh_name}': bad regex: {exc}") from None
-            yield
+            yield None
         for tp in _list(data, "topic_permissions"):
             user = _str(tp, "user", "topic permission")
             if user not in node.users.users:
                 raise DefinitionsError(f"topic permission for unknown user '{user}'")
             node.set_topic_permission(user, _str(tp, "vhost", "topic permission"), str(tp.get("exchange", "")),
                                       str(tp.get("write", "")), str(tp.get("read", "")))
-            yield
+            yield None
         for gp in _list(data, "global_parameters"):
             node.set_global_parameter(_str(gp, "name", "global parameter"), gp.get("value"))
-            yield
+            yield None
     for p in _list(data, "parameters"):
         vh = vhost_of(p)
         component, name = _str(p, "component", "parameter"), _str(p, "name", "parameter")
@@ -240,7 +263,7 @@ def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[None]:
         except parameters.ParameterError as exc:
             raise DefinitionsError(f"parameter '{name}' of component '{component}' in vhost '{vh.name}': "
                                    f"{exc.reason}") from None
-        yield
+        yield None
     for key in ("policies", "operator_policies"):
         for p in _list(data, key):
             vh = vhost_of(p)
@@ -249,7 +272,7 @@ def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[None]:
             except ValueError as exc:
                 raise DefinitionsError(f"policy '{p.get('name')}': {exc}") from None
             vh.set_policy(policy, operator=key == "operator_policies")
-            yield
+            yield None
     try:
         for x in _list(data, "exchanges"):
             name = _str(x, "name", "exchange")
@@ -258,11 +281,19 @@ def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[None]:
             args = x.get("arguments") or {}
             vhost_of(x).declare_exchange(name, _str(x, "type", "exchange"), False, _bool(x, "durable", True),
                                          _bool(x, "auto_delete", False), _bool(x, "internal", False), args)
-            yield
+            yield None
         for q in _list(data, "queues"):
-            vhost_of(q).queues.declare(_str(q, "name", "queue"), False, _bool(q, "durable", True), False,
-                                       _bool(q, "auto_delete", False), q.get("arguments") or {}, None)
-            yield
+            # Another cluster member's queue of that name: its equivalence check waits for that member's answer
+            # (OwnerWait: the caller waits, on the event loop without holding it), then runs here.
+            owner_checks: list[Callable[[], None]] = []
+            queue, _created = vhost_of(q).queues.declare(
+                _str(q, "name", "queue"), False, _bool(q, "durable", True), False, _bool(q, "auto_delete", False),
+                q.get("arguments") or {}, None, owner_checks=owner_checks)
+            if owner_checks:
+                yield OwnerWait(queue)
+                for check in owner_checks:
+                    check()
+            yield None
         for b in _list(data, "bindings"):
             vh = vhost_of(b)
             kind = QUEUE if b.get("destination_type", "queue") == "queue" else EXCHANGE
@@ -271,12 +302,12 @@ def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[None]:
                 raise DefinitionsError(f"binding to unknown queue '{destination}' in vhost '{vh.name}'")
             vh.bind(_str(b, "source", "binding"), destination, kind, str(b.get("routing_key", "")),
                     b.get("arguments") or {})
-            yield
+            yield None
     except AMQPError as exc:
         raise DefinitionsError(exc.text) from None
 
 
-def _guarded_steps(node: Node, data: Any, vhost: str | None) -> Iterator[None]:
+def _guarded_steps(node: Node, data: Any, vhost: str | None) -> Iterator[OwnerWait | None]:
     """The import's steps; a value of the wrong shape deep inside an object (a list where a string
     belongs, arguments nested too deep to encode) is the document's fault, so a DefinitionsError (HTTP
     400, one line at start) rather than a Python exception. Whatever was applied is saved either way
@@ -299,8 +330,9 @@ def import_definitions(node: Node, data: Any, vhost: str | None = None) -> None:
     one go: for start-up and tools, where nothing else waits on the loop.
     Raises DefinitionsError naming the first item that cannot be imported."""
     with _batch(node):
-        for _ in _guarded_steps(node, data, vhost):
-            pass
+        for step in _guarded_steps(node, data, vhost):
+            if step is not None:
+                step.ask_now()
 
 
 # Work done between two yields to the event loop during an HTTP import: long enough that the commit
@@ -327,13 +359,20 @@ async def import_definitions_async(node: Node, data: Any, vhost: str | None = No
             done = False
             while not done:
                 deadline = time.monotonic() + IMPORT_SLICE_SECONDS
+                wait: OwnerWait | None = None
                 with store.recording(ops) if store is not None else nullcontext():
-                    for _ in steps:
+                    for step in steps:
+                        if step is not None:
+                            wait = step  # awaited outside the recording: other clients' writes are theirs
+                            break
                         if time.monotonic() >= deadline:
                             break
                     else:
                         done = True
-                await asyncio.sleep(0)
+                if wait is not None:
+                    await wait.answered()
+                else:
+                    await asyncio.sleep(0)
         finally:
             if store is not None and ops:
                 await asyncio.to_thread(store.apply, ops)
