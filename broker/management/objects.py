@@ -102,9 +102,7 @@ class RateSampler:
                 ready += f.ready
                 unacked += f.unacked
                 self._sample_queue(key, q.stats, f, now)
-                # (The idle tracker reads a queue's own figures, as queue_info's look does: a shared queue's
-                # are not the cluster's count.)
-                self.idle.observe(q, key, None if shared is not None and is_shared(q) else f)
+                self.idle.observe(q, key, f, shared)
             vkey = ("vhost", vh.name)  # the vhost's totals (its HTTP API object, /api/overview's queue_totals)
             live.add(vkey)
             for name, value in (("messages", ready + unacked), ("messages_ready", ready),
@@ -155,6 +153,11 @@ class RateSampler:
         self._queue_moving.add(key)
 
 
+# A shared queue's cluster-wide counters reach a member once a second (storage/pg/queue_stats.py) and its
+# count is up to a second old (queue_figures.MAX_AGE): it is shown idle once they stayed the same this long.
+SHARED_IDLE_AFTER = 3.0
+
+
 class IdleTracker:
     """When each queue last did something, for the queue's ``idle_since``, worked out from counters the queue
     keeps anyway (nothing is added to its hot path): a queue whose activity figures (publishes, deliveries,
@@ -170,22 +173,33 @@ class IdleTracker:
         self._seen: dict[int, tuple[QueueProcess, tuple[int, ...], float]] = {}
 
     @staticmethod
-    def activity(q: QueueProcess, f: Figures | None = None) -> tuple[int, ...]:
+    def activity(q: QueueProcess, f: Figures | None = None, shared: Snapshot | None = None) -> tuple[int, ...]:
+        """``f``: the queue's figures if the caller has them at hand (figures_of). A cluster member's shared
+        queue is judged by the cluster's counters and counts (``shared``), so that a queue busy on another
+        member does not show idle here; its consumers on this member count too."""
+        if shared is not None and is_shared(q):
+            c = shared.activity(q.vhost.name, q.name).counts
+            n = shared.counts(q.vhost.name, q.name)
+            return (c["publish"], c["deliver"], c["get"], c["ack"], c["redeliver"], n.ready, n.unacked,
+                    q.consumers.count)
         s = q.stats
         if f is None:
             f = q.figures()
         return (s.published, s.delivered, s.get, s.acked, s.redelivered, s.dead_lettered, s.expired, s.dropped,
                 f.ready, f.unacked, q.consumers.count)
 
-    def observe(self, q: QueueProcess, key: int, f: Figures | None = None) -> float | None:
+    def observe(self, q: QueueProcess, key: int, f: Figures | None = None,
+                shared: Snapshot | None = None) -> float | None:
         """The wall-clock time (seconds since the epoch) the queue has been idle since, None if it did
-        something since it was last looked at (or this is the first look). ``f``: the queue's own figures if
-        the caller has them at hand."""
-        figures = self.activity(q, f)
+        something since it was last looked at (or this is the first look); the arguments as :meth:`activity`'s."""
+        figures = self.activity(q, f, shared)
+        now = q.vhost.clock.now_ms() / 1000.0
         seen = self._seen.get(key)
         if seen is not None and seen[0] is q and seen[1] == figures:
+            if shared is not None and now - seen[2] < SHARED_IDLE_AFTER and is_shared(q):
+                return None  # the cluster's counters move once a second: unchanged this long says nothing yet
             return seen[2]
-        self._seen[key] = (q, figures, q.vhost.clock.now_ms() / 1000.0)
+        self._seen[key] = (q, figures, now)
         return None
 
     def forget_all_but(self, live: set[Any]) -> None:
@@ -405,7 +419,7 @@ def queue_info(node: Node, q: QueueProcess, sampler: RateSampler | None = None,
         "memory": queue_memory(q, f),
         "message_stats": queue_message_stats(q, sampler, shared),
     }
-    idle_since = sampler.idle.observe(q, key) if sampler is not None else None
+    idle_since = sampler.idle.observe(q, key, None, shared) if sampler is not None else None
     if idle_since is not None:  # RabbitMQ shows the field only while the queue is idle
         info["idle_since"] = format_timestamp(idle_since)
     for name, value in (("messages", f.messages), ("messages_ready", f.ready),

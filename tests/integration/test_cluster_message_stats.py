@@ -173,3 +173,40 @@ def test_message_stats_and_rates_are_the_same_on_every_member(start_broker, pg_d
     time.sleep(2.5)  # past a's cached reading and a flush of a's
     assert counts(message_stats(a)) == expected
     assert wait_for(lambda: prometheus_counters(a) == want, 20), prometheus_counters(a)
+
+
+def test_a_queue_busy_on_one_member_is_not_idle_on_the_other(start_broker, pg_dsn):
+    """``idle_since`` of a quorum queue follows the cluster's traffic: published and consumed on a, the queue is
+    not shown idle on b, where nothing happens to it (before, b judged it by its own counters and showed it idle
+    while a was busy); once the traffic stops, both show it idle."""
+    a = member(start_broker, pg_dsn, "a@test", *FAST_RATES)
+    b = member(start_broker, pg_dsn, "b@test", *FAST_RATES)
+    conn, ch = channel(a)
+    ch.queue_declare(QUEUE, durable=True, arguments=QUORUM)
+    conn.close()
+    assert wait_for(lambda: Http(b.management_port)("GET", f"/api/queues/%2F/{QUEUE}")[0] == 200, 5)
+
+    def idle_since(m) -> str | None:
+        status, q, _ = Http(m.management_port)("GET", f"/api/queues/%2F/{QUEUE}")
+        assert status == 200, q
+        return q.get("idle_since")
+
+    acker = Acker(a)
+    acker.start()
+    assert acker.ready.wait(10)
+    publisher = threading.Thread(target=publish_steadily, args=(a, 240, 30.0), daemon=True)  # 8 s, 30 a second
+    publisher.start()
+    try:
+        time.sleep(3.0)  # the counters of the first seconds flushed and sampled on both
+        looks = []
+        while publisher.is_alive() and len(looks) < 8:
+            looks.append((idle_since(a), idle_since(b)))
+            time.sleep(0.5)
+        assert len(looks) >= 6, looks
+        assert all(la is None and lb is None for la, lb in looks), looks
+    finally:
+        publisher.join(30)
+        assert wait_for(lambda: acker.got >= 240, 15), acker.got
+        acker.stop.set()
+        acker.join(10)
+    assert wait_for(lambda: idle_since(a) is not None and idle_since(b) is not None, 10)
