@@ -115,7 +115,15 @@ def test_unbind_on_the_other_member_removes_the_binding(start_broker, pg_dsn):
         publish(b, "uq", 1, "ux", "k")
         return passive_count(a, "uq") > 0
 
+    def settled() -> bool:
+        before = passive_count(a, "uq")
+        time.sleep(0.5)
+        return passive_count(a, "uq") == before
+
     assert wait_for(routed_from_b, 10)
+    # Every probe b routed has arrived: one still being forwarded would land after the purge below and count
+    # as published after the unbind (seen: 3 == 2, about 1 run in 5).
+    assert wait_for(settled, 10)
     conn_a, ch_a = channel(a)
     ch_a.queue_purge("uq")
     conn_a.close()
