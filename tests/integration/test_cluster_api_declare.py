@@ -6,6 +6,8 @@ PostgreSQL, pika and HTTP clients."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from test_cluster_deferred_replies import ROUND_TRIP_MAX, round_trips_during, stopped
 from test_cluster_forwarding import channel, known_on, two
@@ -15,13 +17,18 @@ pytestmark = pytest.mark.leveret_only
 pytest_plugins = ["pg_fixtures"]
 
 
-def test_an_api_declare_waiting_for_the_owner_does_not_freeze_the_member(start_broker, pg_dsn):
+def owner_and_asker(start_broker, pg_dsn, queue: str) -> tuple[Any, Any, Http]:
+    """Two members; ``queue`` a classic queue (x-max-length 10) that lives on a, known to b; b's HTTP API."""
     a, b = two(start_broker, pg_dsn)
     conn, ch = channel(a)
-    ch.queue_declare("api-decl", durable=True, arguments={"x-max-length": 10})  # classic: it lives on a
+    ch.queue_declare(queue, durable=True, arguments={"x-max-length": 10})
     conn.close()
-    assert known_on(b, "api-decl")
-    api = Http(b.management_port)
+    assert known_on(b, queue)
+    return a, b, Http(b.management_port)
+
+
+def test_an_api_declare_waiting_for_the_owner_does_not_freeze_the_member(start_broker, pg_dsn):
+    a, b, api = owner_and_asker(start_broker, pg_dsn, "api-decl")
     same = {"durable": True, "arguments": {"x-max-length": 10}}
     with stopped(a):
         answer, took, trips = round_trips_during(b, lambda: api("PUT", "/api/queues/%2F/api-decl", same))
@@ -38,12 +45,7 @@ def test_an_api_declare_waiting_for_the_owner_does_not_freeze_the_member(start_b
 def test_a_definitions_import_waiting_for_the_owner_does_not_freeze_the_member(start_broker, pg_dsn):
     """POST /api/definitions with a queue another member holds: the import waits for the owner's answer between
     its steps with the event loop free, then checks the queue's equivalence (400 for a mismatch)."""
-    a, b = two(start_broker, pg_dsn)
-    conn, ch = channel(a)
-    ch.queue_declare("def-decl", durable=True, arguments={"x-max-length": 10})  # classic: it lives on a
-    conn.close()
-    assert known_on(b, "def-decl")
-    api = Http(b.management_port)
+    a, b, api = owner_and_asker(start_broker, pg_dsn, "def-decl")
 
     def document(max_length: int) -> dict:
         return {"queues": [{"name": "def-decl", "vhost": "/", "durable": True, "auto_delete": False,

@@ -15,7 +15,10 @@ import signal
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
 
 import pika
 import pytest
@@ -102,20 +105,39 @@ def publish_steadily(a, n: int, per_second: float) -> None:
     conn.close()
 
 
-def test_message_stats_and_rates_are_the_same_on_every_member(start_broker, pg_dsn):
+def members_with_queue(start_broker, pg_dsn) -> tuple[Any, Any]:
+    """Members a and b (rate slots of 1 s), the quorum queue declared on a and known to b's HTTP API."""
     a = member(start_broker, pg_dsn, "a@test", *FAST_RATES)
     b = member(start_broker, pg_dsn, "b@test", *FAST_RATES)
     conn, ch = channel(a)
     ch.queue_declare(QUEUE, durable=True, arguments=QUORUM)
     conn.close()
     assert wait_for(lambda: Http(b.management_port)("GET", f"/api/queues/%2F/{QUEUE}")[0] == 200, 5)
+    return a, b
 
-    acker = Acker(b)
+
+@contextmanager
+def steady_traffic(publish_on, consume_on, n: int, per_second: float) -> Iterator[threading.Thread]:
+    """``n`` messages published on ``publish_on`` at ``per_second`` and acked by a consumer on ``consume_on``;
+    yields the publishing thread, and at the end waits until every message was acked."""
+    acker = Acker(consume_on)
     acker.start()
     assert acker.ready.wait(10)
-    publisher = threading.Thread(target=publish_steadily, args=(a, 240, 40.0), daemon=True)  # 6 s of 40 a second
+    publisher = threading.Thread(target=publish_steadily, args=(publish_on, n, per_second), daemon=True)
     publisher.start()
     try:
+        yield publisher
+    finally:
+        publisher.join(30)
+        assert wait_for(lambda: acker.got >= n, 15), acker.got
+        acker.stop.set()
+        acker.join(10)
+
+
+def test_message_stats_and_rates_are_the_same_on_every_member(start_broker, pg_dsn):
+    a, b = members_with_queue(start_broker, pg_dsn)
+
+    with steady_traffic(a, b, 240, 40.0) as publisher:  # 6 s of 40 a second
         # While the traffic runs: both members answer the same rates (when asked within one rate slot: polled
         # until a pair of answers falls in one), and not zero on either (before, b showed no publish rate, a
         # no ack rate). The rate is the cluster's: the 40 a second a publishes and b acknowledges.
@@ -132,11 +154,6 @@ def test_message_stats_and_rates_are_the_same_on_every_member(start_broker, pg_d
         for r in agreed:
             assert 20 <= r["publish"] <= 60, r
             assert 20 <= r["ack"] <= 60 and 20 <= r["deliver_get"] <= 60, r
-    finally:
-        publisher.join(30)
-        assert wait_for(lambda: acker.got >= 240, 15), acker.got
-        acker.stop.set()
-        acker.join(10)
 
     # basic.get on b too: ten more published on a, fetched on b (auto-ack: no acks counted).
     conn, ch = channel(a)
@@ -179,24 +196,14 @@ def test_a_queue_busy_on_one_member_is_not_idle_on_the_other(start_broker, pg_ds
     """``idle_since`` of a quorum queue follows the cluster's traffic: published and consumed on a, the queue is
     not shown idle on b, where nothing happens to it (before, b judged it by its own counters and showed it idle
     while a was busy); once the traffic stops, both show it idle."""
-    a = member(start_broker, pg_dsn, "a@test", *FAST_RATES)
-    b = member(start_broker, pg_dsn, "b@test", *FAST_RATES)
-    conn, ch = channel(a)
-    ch.queue_declare(QUEUE, durable=True, arguments=QUORUM)
-    conn.close()
-    assert wait_for(lambda: Http(b.management_port)("GET", f"/api/queues/%2F/{QUEUE}")[0] == 200, 5)
+    a, b = members_with_queue(start_broker, pg_dsn)
 
     def idle_since(m) -> str | None:
         status, q, _ = Http(m.management_port)("GET", f"/api/queues/%2F/{QUEUE}")
         assert status == 200, q
         return q.get("idle_since")
 
-    acker = Acker(a)
-    acker.start()
-    assert acker.ready.wait(10)
-    publisher = threading.Thread(target=publish_steadily, args=(a, 240, 30.0), daemon=True)  # 8 s, 30 a second
-    publisher.start()
-    try:
+    with steady_traffic(a, a, 240, 30.0) as publisher:  # 8 s, 30 a second
         time.sleep(3.0)  # the counters of the first seconds flushed and sampled on both
         looks = []
         while publisher.is_alive() and len(looks) < 8:
@@ -204,9 +211,4 @@ def test_a_queue_busy_on_one_member_is_not_idle_on_the_other(start_broker, pg_ds
             time.sleep(0.5)
         assert len(looks) >= 6, looks
         assert all(la is None and lb is None for la, lb in looks), looks
-    finally:
-        publisher.join(30)
-        assert wait_for(lambda: acker.got >= 240, 15), acker.got
-        acker.stop.set()
-        acker.join(10)
     assert wait_for(lambda: idle_since(a) is not None and idle_since(b) is not None, 10)
