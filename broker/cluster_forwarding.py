@@ -570,9 +570,14 @@ class ClusterForwarding:
 
     def overloaded(self, owner: str) -> bool:
         """Whether a publisher into a queue of ``owner`` should pause: too many forwards not committed yet,
-        or too many committed that ``owner`` has not taken."""
+        or too many committed that ``owner`` has not taken. The rows not committed yet count towards
+        ``owner``'s lag too (they may all be for it): a burst committed at once would otherwise carry the lag
+        past the mark by a whole INSERT's worth before the publisher was paused."""
         pg = self.pg
-        return pg is not None and (pg.backlog > FLOW_HIGH or pg.owner_lag.get(owner, 0) > OWNER_LAG_HIGH)
+        if pg is None:
+            return False
+        backlog = pg.backlog
+        return backlog > FLOW_HIGH or pg.owner_lag.get(owner, 0) + backlog > OWNER_LAG_HIGH
 
     def throttle(self, reader: Any) -> None:
         if reader not in self._throttled:

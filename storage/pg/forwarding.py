@@ -506,6 +506,7 @@ class PgForwarding:
         # Rows waiting in the forward table for each other live member: OWNER_LAG's count, read once per poll,
         # plus what this member committed since.
         self.owner_lag: dict[str, int] = {}
+        self._committed_since_read: dict[str, int] | None = None  # per target, while read_owner_lag's count runs
         self.inserted = 0  # rows committed by this node's publisher (tests, bench)
         self.taken = 0  # rows this node's forwarder took and delivered
         self.inserts = 0  # INSERT statements (one per burst)
@@ -651,8 +652,11 @@ class PgForwarding:
             self.inserted += len(rows)
             self.inserts += 1
             lag = self.owner_lag
+            since = self._committed_since_read
             for r in rows:  # counted at once: the poll's read corrects it as the owners take their rows
                 lag[r.target] = lag.get(r.target, 0) + 1
+                if since is not None:
+                    since[r.target] = since.get(r.target, 0) + 1
             self.ring({r.target for r in rows})
         if confirms:
             self.on_confirm(confirms, ok)
@@ -804,9 +808,18 @@ class PgForwarding:
         async with self._bell_lock:
             if self._bell_conn is None or self._bell_conn.is_closed():
                 return self.owner_lag
-            rows = await self._bell_conn.fetch(OWNER_LAG, self.node)
-        self.owner_lag = {r[0]: int(r[1]) for r in rows}
-        return self.owner_lag
+            self._committed_since_read = since = {}
+            try:
+                rows = await self._bell_conn.fetch(OWNER_LAG, self.node)
+            finally:
+                self._committed_since_read = None
+        # Rows committed while the count ran may be missing from it: add them (a row the count did see is
+        # then counted twice until the next read, which errs on the side of pausing).
+        lag = {r[0]: int(r[1]) for r in rows}
+        for target, n in since.items():
+            lag[target] = lag.get(target, 0) + n
+        self.owner_lag = lag
+        return lag
 
     async def _poll_loop(self) -> None:
         last_reap = time.monotonic()
