@@ -33,7 +33,7 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker import PRODUCT, VERSION, limits, parameters
+from broker import PRODUCT, VERSION, limits, parameters, remote_queue
 from broker.auth import HASHING_ALGORITHMS, SHA256, hash_password, valid_password_hash
 from broker.errors import AMQPError
 from broker.exchange import EXCHANGE, QUEUE
@@ -174,14 +174,7 @@ class OwnerWait:
 
     async def answered(self) -> None:
         """Wait for the answer with the event loop free (the HTTP API's import)."""
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def on_answer() -> None:
-            if not done.done():
-                done.set_result(None)
-
-        if self.queue.message_count_wait(on_answer):
-            await done
+        await remote_queue.answered(self.queue)
 
 
 def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[OwnerWait | None]:

@@ -107,7 +107,7 @@ class MemoryBudget:
     def __init__(self, node: QueueSource, monitor: ResourceMonitor | None) -> None:
         self.node = node
         self.monitor = monitor
-        self._limited = False
+        self.limited = False
         self._next_pass = 0.0  # loop time of the next pass over every queue (PASS_SHARE)
         self._handle: asyncio.TimerHandle | None = None
         self._paging_scheduled = False
@@ -118,13 +118,14 @@ class MemoryBudget:
 
     @property
     def limited(self) -> bool:
-        """Whether the queues' budgets are shares of the watermark (memory pressure) rather than defaults."""
-        return self._limited
+        """Whether the queues' budgets are shares of the watermark (memory pressure) rather than defaults. Kept
+        in the module (one budget per process) so that :func:`consumers_changed` reads the same flag."""
+        return _pressure
 
     @limited.setter
     def limited(self, value: bool) -> None:
         global _pressure
-        self._limited = _pressure = value
+        _pressure = value
 
     def start(self) -> None:
         self._handle = asyncio.get_event_loop().call_later(INTERVAL, self.tick)

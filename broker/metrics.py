@@ -221,10 +221,11 @@ def reports_queue(q: QueueProcess, shared: Snapshot | None, member: str) -> bool
     queues; for a shared (quorum) queue, which every member serves with the same cluster-wide figures, only
     on the member :meth:`Snapshot.reporter` picks (RabbitMQ reports a quorum queue on its leader's node), so
     that a sum over the members' scrapes counts it once. A member that does not see itself among the live
-    members (PostgreSQL out of reach, its lease lapsed) reports it: better twice than not at all."""
-    if shared is None or not queue_type_of(q.arguments).cluster_shared or member not in shared.members:
+    members (PostgreSQL out of reach, its lease lapsed) reports it: better twice than not at all
+    (:meth:`Snapshot.leader`, the rule the HTTP API's ``leader`` follows too)."""
+    if shared is None or not queue_type_of(q.arguments).cluster_shared:
         return True
-    return shared.reporter(q.vhost.name, q.name) == member
+    return shared.leader(q.vhost.name, q.name, member) == member
 
 
 def queue_values(q: QueueProcess, shared: Snapshot | None = None) -> dict[str, int]:
@@ -405,22 +406,20 @@ class RabbitCollector:
         csums = [0] * len(counters)
         here = self.node.name
         shared = self.shared
+        # A shared queue another member reports (reports_queue): only this member's own consumers and
+        # publishers of it count here, so that sums over the members are right.
+        local = [i for i, (name, _h) in enumerate(QUEUE_GAUGES) if name in MEMBER_LOCAL_GAUGES]
         for q in queues:
             values = queue_values(q, shared)
             if not reports_queue(q, shared, here):
-                # Another member reports this shared queue's messages and counters: only this member's own
-                # consumers and publishers of it are counted here, so sums over the members are right.
-                for name, _h in QUEUE_GAUGES:
-                    if name not in MEMBER_LOCAL_GAUGES:
-                        values[name] = 0
-                for name, _h in QUEUE_COUNTERS:
-                    values[name] = 0
                 if self.per_object:
                     lv = [q.vhost.name, q.name]
-                    for g, (name, _h) in zip(gauges, QUEUE_GAUGES):
-                        if name in MEMBER_LOCAL_GAUGES:
-                            g.add_metric(lv, values[name])
-                    continue
+                    for i in local:
+                        gauges[i].add_metric(lv, values[QUEUE_GAUGES[i][0]])
+                else:
+                    for i in local:
+                        sums[i] += values[QUEUE_GAUGES[i][0]]
+                continue
             figures = [values[name] for name, _h in QUEUE_GAUGES]
             cvalues = [values[name] for name, _h in QUEUE_COUNTERS]
             if self.per_object:

@@ -243,3 +243,20 @@ class RemoteRoutes:
         """Whether the owner has made this binding (a redeclare of it from here is then a no-op)."""
         shadow = self.shadows.get(source)
         return shadow is not None and Binding(source, queue, QUEUE, routing_key, arguments).key in shadow.bindings
+
+
+async def answered(queue: Any) -> None:
+    """Until ``queue``'s message count (and a RemoteQueue's owner's answer) may be read without blocking, with
+    the event loop free meanwhile: ``message_count_wait`` as a coroutine, for callers that can await (the HTTP
+    API's declare, a definitions import). At once for a queue that has them at hand."""
+    wait = getattr(queue, "message_count_wait", None)
+    if wait is None:
+        return
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def on_answer() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    if wait(on_answer):
+        await done

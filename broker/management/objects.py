@@ -434,10 +434,10 @@ def queue_info(node: Node, q: QueueProcess, sampler: RateSampler | None = None,
         info.update(stream_fields(node, q))
     elif shared is not None and is_shared(q):
         # Every live member serves a shared queue (RabbitMQ's quorum queue fields: its members, those online);
-        # its leader is the member that reports it to Prometheus (Snapshot.reporter), the same on every member.
+        # its leader is the member that reports it to Prometheus (Snapshot.leader), the same on every member.
         info["members"] = list(shared.members)
         info["online"] = list(shared.members)
-        info["leader"] = shared.reporter(q.vhost.name, q.name) or node.name
+        info["leader"] = shared.leader(q.vhost.name, q.name, node.name)
     return info
 
 

@@ -8,7 +8,6 @@ segments and consumer groups (broker/management/objects.py's ``stream_fields``);
 
 from __future__ import annotations
 
-import asyncio
 import base64
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -16,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from aiohttp import web
 
-from broker import permissions
+from broker import permissions, remote_queue
 from broker.exchange import QUEUE
 from broker.json_values import json_safe
 from broker.management.common import (
@@ -163,14 +162,7 @@ async def put_queue(request: web.Request) -> web.Response:
     q, created = vh.queues.declare(name, False, as_bool(body.get("durable"), True), False,
                                    as_bool(body.get("auto_delete")), arguments, None, owner_checks=owner_checks)
     if owner_checks:
-        answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def on_answer() -> None:
-            if not answered.done():
-                answered.set_result(None)
-
-        if q.message_count_wait(on_answer):
-            await answered
+        await remote_queue.answered(q)
         for check in owner_checks:
             check()
     return web.Response(status=201 if created else 204)

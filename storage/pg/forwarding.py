@@ -808,7 +808,8 @@ class PgForwarding:
         async with self._bell_lock:
             if self._bell_conn is None or self._bell_conn.is_closed():
                 return self.owner_lag
-            self._committed_since_read = since = {}
+            since: dict[str, int] = {}
+            self._committed_since_read = since
             try:
                 rows = await self._bell_conn.fetch(OWNER_LAG, self.node)
             finally:

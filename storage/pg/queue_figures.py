@@ -86,6 +86,14 @@ class Snapshot(NamedTuple):
         key = f"\0{vhost}\0{name}".encode()
         return max(self.members, key=lambda m: hashlib.blake2b(m.encode() + key, digest_size=8).digest())
 
+    def leader(self, vhost: str, name: str, asker: str) -> str:
+        """:meth:`reporter` as seen by the member ``asker``: ``asker`` itself when it does not see itself among
+        the live members (PostgreSQL out of reach, its lease lapsed), so that it goes on reporting the queue
+        (better counted twice than not at all). The one rule for the HTTP API's ``leader`` and Prometheus."""
+        if asker not in self.members:
+            return asker
+        return self.reporter(vhost, name) or asker
+
 
 class PgQueueFigures:
     """Counts the shared queues on a connection of its own, at most once per ``max_age`` seconds (callers
