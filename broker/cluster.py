@@ -23,6 +23,7 @@ from storage.metadata_store import MetadataStoreError
 from storage.node_storage import NodeStorage
 from storage.pg.cluster import PgCluster
 from storage.pg.definitions_store import PgDefinitionsStore
+from storage.pg.forget import Forgotten
 from storage.pg.queue_figures import PgQueueFigures, Snapshot
 from storage.pg.queue_stats import Counted, PgQueueStatsWriter
 from storage.pg.schema import SchemaTooNew
@@ -120,6 +121,20 @@ class Cluster:
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             log.warning("cannot list the cluster's members", error=str(exc))
             return []
+
+    async def forget(self, name: str) -> Forgotten:
+        """``leveret ctl forget_cluster_node NAME``: remove a member that is not running, with its node-local
+        queues and what was forwarded to them (storage/pg/forget.py). Raises NotForgettable (a running, an
+        unknown or this member) or ClusterError (PostgreSQL out of reach)."""
+        if self.pg is None or self.pg.fenced:
+            raise ClusterError("this member is not connected to the cluster's PostgreSQL")
+        try:
+            gone = await self.pg.forget(name)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise ClusterError(f"cannot forget node {name}: {exc}") from None
+        log.warning("forgot cluster member", member=name, runs=gone.runs, queues=gone.queues,
+                    forwarded_messages_dropped=gone.forwarded, reservations_requeued=gone.requeued)
+        return gone
 
     async def shared_figures(self) -> Snapshot | None:
         """The cluster's shared queues counted in PostgreSQL, at most a second old, and its live members;

@@ -359,7 +359,7 @@ class ClusterForwarding:
     # -- life cycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:
         try:
-            self.directory.replace_own(*self._own_rows())
+            self._say_taken(self.directory.replace_own(*self._own_rows()))
         except DirectoryUnavailable as exc:  # the poll writes them once PostgreSQL answers
             log.warning("cannot write this member's directory of node-local queues yet", error=str(exc))
         self.pg = PgForwarding(self.dsn, self.name, encode_message, self._confirmed, self._deliver,
@@ -375,6 +375,15 @@ class ClusterForwarding:
         self._started = True
         await self.reload()
         log.info("forwarding to node-local queues of other members", node=self.name)
+
+    @staticmethod
+    def _say_taken(taken: list[tuple[str, str, str]]) -> None:
+        """This member's queues whose names another member holds in the directory: the other members route to
+        that one, so this one is reached only by this member's own clients (an operator's to sort out)."""
+        for vhost, name, owner in taken:
+            log.warning("this member's queue has a name another cluster member's queue holds: other members "
+                        "route to theirs, not to this one (delete one of them)", vhost=vhost, queue=name,
+                        holder=owner)
 
     def attach(self, vh: VHost) -> None:
         link = self.links.get(vh.name)
@@ -506,7 +515,7 @@ class ClusterForwarding:
         """A directory write was lost (PostgreSQL out of reach): rewrite this member's rows, off the loop."""
         try:
             rows = self._own_rows()
-            await asyncio.to_thread(self.directory.replace_own, *rows, force=False)
+            self._say_taken(await asyncio.to_thread(self.directory.replace_own, *rows, force=False))
             log.info("this member's directory rows rewritten")
         except DirectoryUnavailable:
             pass

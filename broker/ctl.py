@@ -31,7 +31,7 @@ not up in time; for ``rotate_logs``, no on-demand log rotation in Leveret).
 The verbs operators type daily, with rabbitmqctl's argument shapes: ``list_user_permissions USER``,
 ``list_topic_permissions [-p VHOST]``, ``list_user_topic_permissions USER``, ``list_vhost_limits [-p VHOST]
 [--global]``, ``list_user_limits [USER]``, ``list_parameters [-p VHOST]``, ``environment`` (the settings in
-force), ``cluster_status`` (the node and its cluster's other members), ``await_startup [-t SECONDS]``, ``close_all_connections [-p VHOST]
+force), ``cluster_status`` (the node and its cluster's other members), ``forget_cluster_node NODE``, ``await_startup [-t SECONDS]``, ``close_all_connections [-p VHOST]
 [--global] [--per-connection-delay MS] [--limit N] EXPLANATION``, ``close_all_user_connections USER
 EXPLANATION``, ``set_vm_memory_high_watermark FRACTION | absolute SIZE``, ``set_disk_free_limit SIZE |
 mem_relative MULTIPLE``. rabbitmq-diagnostics' health checks are ``leveret diagnostics ...``
@@ -741,6 +741,17 @@ def cluster_status(api: Api, args: argparse.Namespace) -> str:
     return "\n".join(out).rstrip()
 
 
+def forget_cluster_node(api: Api, args: argparse.Namespace) -> str:
+    """Remove a member that is not running from the cluster, with its node-local queues and the messages
+    forwarded to them (rabbitmqctl forget_cluster_node; asked of any running member)."""
+    (name,) = _need(args, 1, "NODE")
+    gone = api.request("DELETE", f"/api/leveret/nodes/{q(name)}") or {}
+    if args.quiet:
+        return ""
+    return (f"Removing node {name} from the cluster\n{gone.get('queues', 0)} of its queue(s) removed, "
+            f"{gone.get('forwarded_messages_dropped', 0)} message(s) forwarded to it dropped")
+
+
 def listener_purpose(protocol: str) -> str:
     return {"amqp": "AMQP 0-9-1", "amqp/ssl": "AMQP 0-9-1 over TLS", "http": "HTTP API",
             "https": "HTTP API over TLS (HTTPS)", "http/prometheus": "Prometheus exporter API over HTTP",
@@ -859,6 +870,7 @@ OPERATOR_VERBS: dict[str, Callable[[Api, argparse.Namespace], str]] = {
     "list_parameters": list_parameters,
     "environment": environment,
     "cluster_status": cluster_status,
+    "forget_cluster_node": forget_cluster_node,
     "await_startup": await_startup,
     "rotate_logs": rotate_logs,
     "close_all_connections": close_all_connections,

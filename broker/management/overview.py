@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from broker import PRODUCT, VERSION
-from broker.cluster import safe_dsn
+from broker.cluster import ClusterError, safe_dsn
 from broker.exchange_types import EXCHANGE_TYPES
 from broker.management.common import (
     bad_request,
@@ -37,6 +37,7 @@ from broker.management.objects import (
 )
 from broker.os_probes import disk_free, open_fds, resident_memory
 from broker.reader import open_connections
+from storage.pg.forget import NotForgettable
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -174,6 +175,25 @@ async def get_node(request: web.Request) -> web.Response:
     raise not_found()
 
 
+async def forget_node(request: web.Request) -> web.Response:
+    """Leveret's ``DELETE /api/leveret/nodes/{node}`` (behind ``leveret ctl forget_cluster_node``): remove a
+    cluster member that is not running, with its node-local queues (broker/cluster.py ``Cluster.forget``).
+    404 for a name that never joined; 400 for a running member, this node, or a node not in a cluster."""
+    require_admin(request)
+    node = node_of(request)
+    name = request.match_info["node"]
+    if node.cluster is None:
+        raise bad_request(f"node {node.name} is not a cluster member (cluster.postgres.dsn is not set)")
+    try:
+        gone = await node.cluster.forget(name)
+    except NotForgettable as exc:
+        raise (not_found(str(exc)) if exc.unknown else bad_request(str(exc))) from None
+    except ClusterError as exc:
+        raise bad_request(str(exc)) from None
+    return respond({"name": name, "runs": gone.runs, "queues": gone.queues,
+                    "forwarded_messages_dropped": gone.forwarded, "reservations_requeued": gone.requeued})
+
+
 async def get_environment(request: web.Request) -> web.Response:
     """Leveret's ``/api/leveret/environment``: the settings in force (behind ``leveret ctl environment``, as
     ``rabbitmqctl environment`` shows the application environment); the default user's password left out."""
@@ -225,6 +245,7 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/api/overview", get_overview)
     router.add_get("/api/nodes", get_nodes)
     router.add_get("/api/nodes/{node}", get_node)
+    router.add_delete("/api/leveret/nodes/{node}", forget_node)
     router.add_get("/api/whoami", get_whoami)
     router.add_get("/api/leveret/environment", get_environment)
     router.add_get("/api/cluster-name", get_cluster_name)

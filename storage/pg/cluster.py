@@ -32,6 +32,7 @@ import asyncpg
 from storage.pg import schema
 from storage.pg.backing_queue import PgBackingQueue
 from storage.pg.connections import stop_tasks
+from storage.pg.forget import Forgotten, NotForgettable, forget_member
 from storage.pg.progress import Progress
 from storage.pg.workers import DISCONNECTED, Acker, Fetcher, Publisher, disconnected
 
@@ -361,6 +362,14 @@ class PgCluster:
                 "(dead_at IS NULL AND stopped_at IS NULL AND lease_until > now()) AS alive "
                 "FROM leveret.node ORDER BY epoch")
         return [dict(r) for r in rows]
+
+    async def forget(self, name: str) -> Forgotten:
+        """Remove the member ``name``, which is not running, from the cluster (storage/pg/forget.py); raises
+        NotForgettable for this node itself, a running member or an unknown name."""
+        if name == self.node_name:
+            raise NotForgettable(f"node {name} is the node asked: it cannot forget itself")
+        async with self._lease_lock:
+            return await forget_member(self.lease_conn, name)
 
     # -- lease, reaper, fencing ----------------------------------------------------------------------------
     def fence(self, reason: str, epoch: int | None = None) -> None:

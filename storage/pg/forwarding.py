@@ -414,27 +414,37 @@ class PgDirectory:
 
     # -- whole sets ----------------------------------------------------------------------------------------
     def replace_own(self, queues: Sequence[tuple[str, str, bool, bool]],
-                    bindings: Sequence[tuple[str, str, str, str, str, bytes, str]], force: bool = True) -> None:
+                    bindings: Sequence[tuple[str, str, str, str, str, bytes, str]],
+                    force: bool = True) -> list[tuple[str, str, str]]:
         """This node's rows become exactly ``queues`` (vhost, name, durable, exclusive) and ``bindings``
         (vhost, source, queue, routing_key, args_hash, arguments, routing), in one transaction: at start
         (its non-durable queues died with the last process) and after PostgreSQL was out of reach. A name
-        another live member holds stays theirs (returned by nobody: the broker saw it at declare)."""
+        another member holds stays theirs: returned as (vhost, name, that member), for the caller to say
+        (a queue this member recovered that the rest of the cluster does not reach: it was declared elsewhere
+        while this member was forgotten, or out of reach)."""
 
-        async def run(conn: asyncpg.Connection) -> None:
+        async def run(conn: asyncpg.Connection) -> list[tuple[str, str, str]]:
+            taken: list[tuple[str, str, str]] = []
             async with conn.transaction():
                 await conn.execute("DELETE FROM leveret.local_queue WHERE node = $1", self.node)
                 for vhost, name, durable, exclusive in queues:
-                    await conn.execute(
-                        "INSERT INTO leveret.local_queue (vhost, name, node, durable, exclusive) "
-                        "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (vhost, name) DO NOTHING",
+                    owner = await conn.fetchval(
+                        "WITH ins AS (INSERT INTO leveret.local_queue (vhost, name, node, durable, exclusive) "
+                        "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (vhost, name) DO NOTHING RETURNING node) "
+                        "SELECT node FROM ins UNION ALL SELECT node FROM leveret.local_queue "
+                        "WHERE vhost = $1 AND name = $2 AND NOT EXISTS (SELECT 1 FROM ins)",
                         vhost, name, self.node, durable, exclusive)
+                    if owner is not None and owner != self.node:
+                        taken.append((vhost, name, owner))
                 if bindings:
                     await conn.executemany(BIND, [(*b, self.node) for b in bindings])
                 await conn.execute("SELECT pg_notify($1, $2)", DIRECTORY_BELL, self.node)
+            return taken
 
-        self._wait(run, force=force)
+        taken = self._wait(run, force=force)
         self.failed = False
         self.down_until = 0.0
+        return taken
 
     def drop_transient_own(self) -> None:
         """A clean stop: this node's non-durable queues end with it (its durable ones come back)."""
