@@ -32,7 +32,8 @@ import os
 import struct
 from collections.abc import Iterator
 from typing import Protocol
-from zlib import crc32
+
+from storage.checksum import crc32
 
 log = logging.getLogger("leveret.storage")
 

@@ -66,8 +66,8 @@ import shutil
 import struct
 from collections import deque
 from collections.abc import Callable, Collection, Iterable
-from zlib import crc32
 
+from storage.checksum import crc32
 from storage.segment import (
     FLUSH_AT,
     HEADER,

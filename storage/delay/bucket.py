@@ -28,8 +28,8 @@ import logging
 import os
 import sys
 from collections.abc import Generator, Iterator, Sequence
-from zlib import crc32
 
+from storage.checksum import crc32
 from storage.delay.record import IDX, IDX_SIZE, pack_disp, unpack_disp
 from storage.segment import HEADER, HEADER_SIZE, MAGIC, AppendFile, CorruptRecord, scan
 from storage.syncer import Syncer

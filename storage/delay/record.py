@@ -30,8 +30,8 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
-from zlib import crc32
 
+from storage.checksum import crc32
 from storage.segment import HEADER, MAGIC
 
 RECORD_HEAD = struct.Struct("<QqqIHHI")
