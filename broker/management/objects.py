@@ -422,10 +422,16 @@ def queue_info(node: Node, q: QueueProcess, sampler: RateSampler | None = None,
     idle_since = sampler.idle.observe(q, key, None, shared) if sampler is not None else None
     if idle_since is not None:  # RabbitMQ shows the field only while the queue is idle
         info["idle_since"] = format_timestamp(idle_since)
+    # A shared queue's count rates as PostgreSQL sampled them (storage/pg/queue_stats.py): the same on every
+    # member asked within one rate slot; any other queue's from the sampler.
+    shared_rates = shared.activity(q.vhost.name, q.name).rates if shared is not None and is_shared(q) else None
     for name, value in (("messages", f.messages), ("messages_ready", f.ready),
                         ("messages_unacknowledged", f.unacked)):
         info[name] = value
-        info[name + "_details"] = {"rate": sampler.rate((key, name)) if sampler else 0.0}
+        if shared_rates is not None:
+            info[name + "_details"] = {"rate": shared_rates[name]}
+        else:
+            info[name + "_details"] = {"rate": sampler.rate((key, name)) if sampler else 0.0}
     if q.exclusive_owner is not None:
         info["owner_pid_details"] = {"name": q.exclusive_owner.name}
     if q.dedup is not None:  # the plugin shows it in backing_queue_status; the queue object is where it is read

@@ -30,6 +30,11 @@ shown is the average over about the previous slot (it lags one to two slots behi
 RabbitMQ's rate lags its sampling interval). A member that stopped writing samples (dead) drops out of the
 rates after two slots.
 
+The rates of each queue's message **counts** (``messages``, ``messages_ready``, ``messages_unacknowledged``)
+come from the same samples: the statement that writes a member's sample of a slot also has PostgreSQL count
+the queue's ready and reserved rows (schema version 5), and the reader takes one member's two newest samples
+(the first by name that has both), so they too are the same on every member asked within a slot.
+
 What "identical" means, and its window: two members' answers agree when both read PostgreSQL in the same
 slot (rates) and no flush committed between their reads (totals). Each member's reading is cached up to a
 second (storage/pg/queue_figures.py), and each member's flush is up to :data:`FLUSH_EVERY` late, so the
@@ -92,13 +97,22 @@ up AS (
     source = excluded.source, updated_at = now()
   WHERE s.source <> excluded.source OR {_CHANGED}
   RETURNING queue_id, {_C}),
-sampled AS (
-  INSERT INTO leveret.queue_stats_sample (queue_id, node, slot_ms, slot, taken_at, {_C})
-  SELECT i.queue_id, $1, $2, k.slot, now(), {", ".join(f"coalesce(up.{c}, s.{c})" for c in COUNTERS)}
+due AS (
+  SELECT i.queue_id, k.slot, {", ".join(f"coalesce(up.{c}, s.{c}) AS {c}" for c in COUNTERS)}
     FROM i CROSS JOIN k
     LEFT JOIN up ON up.queue_id = i.queue_id
     LEFT JOIN leveret.queue_stats s ON s.queue_id = i.queue_id AND s.node = $1
-   WHERE up.queue_id IS NOT NULL OR s.queue_id IS NOT NULL
+   WHERE (up.queue_id IS NOT NULL OR s.queue_id IS NOT NULL)
+     AND NOT EXISTS (SELECT 1 FROM leveret.queue_stats_sample x
+                      WHERE x.queue_id = i.queue_id AND x.node = $1 AND x.slot = k.slot)),
+counted AS (
+  SELECT m.queue_id, count(*) FILTER (WHERE m.state = 0) AS ready, count(*) FILTER (WHERE m.state = 1) AS unacked
+    FROM leveret.message m WHERE m.queue_id IN (SELECT queue_id FROM due) GROUP BY m.queue_id),
+sampled AS (
+  INSERT INTO leveret.queue_stats_sample (queue_id, node, slot_ms, slot, taken_at, {_C}, ready, unacked)
+  SELECT d.queue_id, $1, $2, d.slot, now(), {", ".join(f"d.{c}" for c in COUNTERS)},
+         coalesce(c.ready, 0), coalesce(c.unacked, 0)
+    FROM due d LEFT JOIN counted c ON c.queue_id = d.queue_id
   ON CONFLICT DO NOTHING
   RETURNING 1)
 SELECT (SELECT count(*) FROM up) AS changed, (SELECT count(*) FROM sampled) AS sampled, (SELECT slot FROM k) AS slot
@@ -124,19 +138,32 @@ SELECT q.vhost, q.name, {", ".join(f"t.{c}" for c in COUNTERS)}
 """
 _DELTAS = ", ".join([f"greatest(a.{c} - b.{c}, 0) AS {c}" for c in COUNTERS]
                     + ["greatest((a.deliver + a.get) - (b.deliver + b.get), 0) AS deliver_get"])
-# $1 slot length (ms). The first row (vhost NULL) carries the slot read; then one row per queue with rates.
+# The rates of the queues' message counts (the samples' ``ready`` / ``unacked``, counted by PostgreSQL), named as
+# the HTTP API shows them (``messages_ready_details`` …).
+FIGURE_RATES = ("messages_ready", "messages_unacknowledged", "messages")
+# $1 slot length (ms). The first row (vhost NULL) carries the slot read; then one row per queue with rates:
+# the counters' summed over the members; the counts' from one member's two samples (the count is the whole
+# queue's, whoever took it: the first member by name that has both, so every reader picks the same pair).
 RATES_SQL = f"""
 WITH k AS (SELECT floor(extract(epoch FROM now()) * 1000 / $1)::bigint AS slot),
 r AS (SELECT d.*, row_number() OVER (PARTITION BY d.queue_id, d.node ORDER BY d.slot DESC) AS n
         FROM leveret.queue_stats_sample d, k WHERE d.slot_ms = $1 AND d.slot < k.slot),
-p AS (SELECT a.queue_id, extract(epoch FROM a.taken_at - b.taken_at) AS dt, {_DELTAS}
+p AS (SELECT a.queue_id, a.node, extract(epoch FROM a.taken_at - b.taken_at)::numeric AS dt, {_DELTAS},
+             a.ready - b.ready AS d_ready, a.unacked - b.unacked AS d_unacked
         FROM r a JOIN r b ON b.queue_id = a.queue_id AND b.node = a.node AND b.n = 2, k
-       WHERE a.n = 1 AND a.slot >= k.slot - 2 AND a.taken_at > b.taken_at)
-SELECT NULL::text AS vhost, NULL::text AS name, slot, {", ".join(f"NULL::float8 AS {c}" for c in RATES)} FROM k
+       WHERE a.n = 1 AND a.slot >= k.slot - 2 AND a.taken_at > b.taken_at),
+g AS (SELECT queue_id, {", ".join(f"round(sum({c} / dt), 1)::float8 AS {c}" for c in RATES)}
+        FROM p GROUP BY queue_id),
+f AS (SELECT DISTINCT ON (queue_id) queue_id, round(d_ready / dt, 1)::float8 AS messages_ready,
+             round(d_unacked / dt, 1)::float8 AS messages_unacknowledged,
+             round((d_ready + d_unacked) / dt, 1)::float8 AS messages
+        FROM p WHERE d_ready IS NOT NULL AND d_unacked IS NOT NULL ORDER BY queue_id, node)
+SELECT NULL::text AS vhost, NULL::text AS name, slot,
+       {", ".join(f"NULL::float8 AS {c}" for c in (*RATES, *FIGURE_RATES))} FROM k
 UNION ALL
-SELECT q.vhost, q.name, NULL, {", ".join(f"round(sum(p.{c} / p.dt), 1)::float8" for c in RATES)}
-  FROM p JOIN leveret.queue q ON q.queue_id = p.queue_id
- GROUP BY q.vhost, q.name
+SELECT q.vhost, q.name, NULL, {", ".join(f"g.{c}" for c in RATES)},
+       {", ".join(f"coalesce(f.{c}, 0)" for c in FIGURE_RATES)}
+  FROM g JOIN leveret.queue q ON q.queue_id = g.queue_id LEFT JOIN f ON f.queue_id = g.queue_id
 """
 
 
@@ -145,10 +172,10 @@ class Activity(NamedTuple):
     names: :data:`COUNTERS`, and ``deliver_get`` among the rates)."""
 
     counts: dict[str, int]
-    rates: dict[str, float]
+    rates: dict[str, float]  # RATES, then FIGURE_RATES: the rates of its message counts
 
 
-NO_ACTIVITY = Activity({c: 0 for c in COUNTERS}, {r: 0.0 for r in RATES})
+NO_ACTIVITY = Activity({c: 0 for c in COUNTERS}, {r: 0.0 for r in (*RATES, *FIGURE_RATES)})
 
 
 async def read_activity(conn: asyncpg.Connection, slot_ms: int) -> tuple[int, dict[tuple[str, str], Activity]]:
@@ -164,7 +191,7 @@ async def read_activity(conn: asyncpg.Connection, slot_ms: int) -> tuple[int, di
         if r["vhost"] is None:
             slot = int(r["slot"])
         else:
-            rates[(r["vhost"], r["name"])] = {c: float(r[c]) for c in RATES}
+            rates[(r["vhost"], r["name"])] = {c: float(r[c]) for c in (*RATES, *FIGURE_RATES)}
     out = {key: Activity(counts.get(key, NO_ACTIVITY.counts), rates.get(key, NO_ACTIVITY.rates))
            for key in counts.keys() | rates.keys()}
     return slot, out

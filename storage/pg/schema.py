@@ -140,8 +140,16 @@ CREATE TABLE leveret.queue_stats_sample (
 CREATE INDEX queue_stats_sample_node ON leveret.queue_stats_sample (node, slot);
 """
 
+# The shared queues' message counts in the rate samples (storage/pg/queue_stats.py), so that the rates of
+# messages, messages_ready and messages_unacknowledged are the same on every member too: counted by PostgreSQL
+# when a member writes its sample of a slot (NULL in the samples written before).
+MIGRATION_5 = """
+ALTER TABLE leveret.queue_stats_sample ADD COLUMN ready bigint, ADD COLUMN unacked bigint;
+"""
+
 # (version, sql), ascending. Append only: a released migration never changes.
-MIGRATIONS: list[tuple[int, str]] = [(1, MIGRATION_1), (2, MIGRATION_2), (3, MIGRATION_3), (4, MIGRATION_4)]
+MIGRATIONS: list[tuple[int, str]] = [(1, MIGRATION_1), (2, MIGRATION_2), (3, MIGRATION_3), (4, MIGRATION_4),
+                                     (5, MIGRATION_5)]
 
 
 class SchemaTooNew(RuntimeError):

@@ -212,3 +212,49 @@ def test_a_queue_busy_on_one_member_is_not_idle_on_the_other(start_broker, pg_ds
         assert len(looks) >= 6, looks
         assert all(la is None and lb is None for la, lb in looks), looks
     assert wait_for(lambda: idle_since(a) is not None and idle_since(b) is not None, 10)
+
+
+FIGURES = ("messages", "messages_ready", "messages_unacknowledged")
+
+
+def figure_rates(m) -> dict[str, float]:
+    status, q, _ = Http(m.management_port)("GET", f"/api/queues/%2F/{QUEUE}")
+    assert status == 200, q
+    return {name: q[name + "_details"]["rate"] for name in FIGURES}
+
+
+def test_the_rates_of_a_queues_message_counts_are_the_same_on_every_member(start_broker, pg_dsn):
+    """``messages_details`` (and ``messages_ready_details``, ``messages_unacknowledged_details``) of a quorum
+    queue come from counts PostgreSQL samples once per rate slot, so every member whose reading (cached up to
+    1 s) is of the same slot shows the same rates. Before, each member sampled the counts itself, at its own
+    moments: the rates differed (here: 3 s slots, so most pairs of answers taken at once are of one slot)."""
+    a = member(start_broker, pg_dsn, "a@test", "--set", "collect_statistics_interval=3000")
+    b = member(start_broker, pg_dsn, "b@test", "--set", "collect_statistics_interval=3000")
+    conn, ch = channel(a)
+    ch.queue_declare(QUEUE, durable=True, arguments=QUORUM)
+    conn.close()
+    assert wait_for(lambda: Http(b.management_port)("GET", f"/api/queues/%2F/{QUEUE}")[0] == 200, 5)
+    publisher = threading.Thread(target=publish_steadily, args=(a, 560, 40.0), daemon=True)
+    publisher.start()  # a backlog growing 40 a second for 14 s, nobody consuming
+    time.sleep(7.0)  # two rate slots of traffic
+    pairs: list[tuple[dict, dict]] = []
+    deadline = time.monotonic() + 6.0
+    while time.monotonic() < deadline and publisher.is_alive():
+        with ThreadPoolExecutor(2) as pool:
+            fa, fb = pool.submit(figure_rates, a), pool.submit(figure_rates, b)
+            pairs.append((fa.result(), fb.result()))
+        time.sleep(0.2)
+    publisher.join(30)
+    assert len(pairs) >= 15, pairs
+    same = [ra for ra, rb in pairs if ra == rb]
+    assert len(same) * 3 >= len(pairs) * 2, pairs  # a pair differs only across a slot boundary (≤ 1 s of 3)
+    for r in same:
+        assert 30 <= r["messages"] <= 50 and r["messages"] == r["messages_ready"], r
+        assert r["messages_unacknowledged"] == 0, r
+
+    # Drained on b: back to zero on both.
+    conn, ch = channel(b)
+    assert len(drain(conn, ch, QUEUE, 560)) == 560
+    conn.close()
+    assert wait_for(lambda: figure_rates(a) == figure_rates(b) == dict.fromkeys(FIGURES, 0.0), 15), \
+        (figure_rates(a), figure_rates(b))
