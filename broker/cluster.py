@@ -92,7 +92,8 @@ class Cluster:
         # the rates are cut in slots of collect_statistics_interval (the same on every member).
         slot_ms = int(node.settings.collect_statistics_interval)
         self.figures = PgQueueFigures(dsn, rate_slot_ms=slot_ms)
-        self.stats = PgQueueStatsWriter(dsn, node.name, lambda: shared_queue_counters(node), slot_ms=slot_ms)
+        self.stats = PgQueueStatsWriter(dsn, node.name, lambda: shared_queue_counters(node), slot_ms=slot_ms,
+                                        collect_node=node.counters.as_dict)
 
     async def connect(self) -> None:
         """Join: take an epoch and the connections that hold it (storage/pg/cluster.py), before anything

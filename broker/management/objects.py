@@ -15,7 +15,7 @@ import hashlib
 import json
 import time
 import urllib.parse
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from broker.deduplication_exchange import DeduplicationExchange
@@ -83,7 +83,7 @@ class RateSampler:
     def sample(self, node: Node, shared: Snapshot | None = None) -> None:
         """``shared``: a cluster member's count of the shared queues (their figures are taken from it)."""
         now = time.monotonic()
-        for name, value in global_message_counts(node).items():
+        for name, value in global_message_counts(node, shared).items():
             self.observe(("global", name), value, now)
         for name, value in churn_counts(node).items():
             self.observe(("global", name), value, now)
@@ -215,23 +215,39 @@ def with_details(counts: dict[str, int], sampler: RateSampler | None, key: Any) 
     return out
 
 
-def global_message_counts(node: Node) -> dict[str, int]:
-    c = node.counters
-    get = c.messages_delivered_get_manual_ack + c.messages_delivered_get_auto_ack
-    deliver = c.messages_delivered_consume_manual_ack + c.messages_delivered_consume_auto_ack
+def global_message_counts(node: Node, shared: Snapshot | None = None) -> dict[str, int]:
+    """The overview's ``message_stats``: this node's counters; on a cluster member (``shared``), plus every other
+    live member's as it last wrote them to PostgreSQL (at most a flush, ~1 s, old), so that every member shows
+    the cluster's traffic, as RabbitMQ's overview does."""
+    out = message_counts(node.counters.as_dict())
+    if shared is not None:
+        for member, counters in shared.member_counters.items():
+            if member != node.name:
+                for name, value in message_counts(counters).items():
+                    out[name] += value
+    return out
+
+
+def message_counts(c: Mapping[str, int]) -> dict[str, int]:
+    """``message_stats`` from node-wide counters by name (broker/counters.py GlobalCounters.as_dict)."""
+    def n(name: str) -> int:
+        return int(c.get(name, 0))
+
+    get = n("messages_delivered_get_manual_ack") + n("messages_delivered_get_auto_ack")
+    deliver = n("messages_delivered_consume_manual_ack") + n("messages_delivered_consume_auto_ack")
     return {
-        "publish": c.messages_received,
-        "confirm": c.messages_confirmed,
-        "return_unroutable": c.messages_unroutable_returned,
-        "drop_unroutable": c.messages_unroutable_dropped,
-        "deliver_get": max(c.messages_delivered, deliver + get),
-        "deliver": c.messages_delivered_consume_manual_ack,
-        "deliver_no_ack": c.messages_delivered_consume_auto_ack,
-        "get": c.messages_delivered_get_manual_ack,
-        "get_no_ack": c.messages_delivered_get_auto_ack,
-        "get_empty": c.messages_get_empty,
-        "redeliver": c.messages_redelivered,
-        "ack": c.messages_acknowledged,
+        "publish": n("messages_received"),
+        "confirm": n("messages_confirmed"),
+        "return_unroutable": n("messages_unroutable_returned"),
+        "drop_unroutable": n("messages_unroutable_dropped"),
+        "deliver_get": max(n("messages_delivered"), deliver + get),
+        "deliver": n("messages_delivered_consume_manual_ack"),
+        "deliver_no_ack": n("messages_delivered_consume_auto_ack"),
+        "get": n("messages_delivered_get_manual_ack"),
+        "get_no_ack": n("messages_delivered_get_auto_ack"),
+        "get_empty": n("messages_get_empty"),
+        "redeliver": n("messages_redelivered"),
+        "ack": n("messages_acknowledged"),
     }
 
 

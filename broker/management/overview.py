@@ -84,7 +84,8 @@ async def get_overview(request: web.Request) -> web.Response:
         "disable_stats": False,
         "is_op_policy_updating_enabled": True,
         "enable_queue_totals": True,
-        "message_stats": with_details(global_message_counts(node), sampler, "global"),
+        "message_stats": with_details(global_message_counts(node, view.shared if view is not None else None),
+                                      sampler, "global"),
         "churn_rates": with_details(churn_counts(node), sampler, "global"),
         "queue_totals": queue_totals,
         "object_totals": {

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import time
 from typing import NamedTuple
@@ -44,6 +45,7 @@ SELECT q.vhost, q.name, c.state, c.n, c.bytes
           FROM leveret.message GROUP BY queue_id, state) c
   JOIN leveret.queue q ON q.queue_id = c.queue_id
 """
+NODE_COUNTERS = "SELECT node, counters FROM leveret.node_stats WHERE node = ANY($1::text[])"
 LIVE_MEMBERS = ("SELECT DISTINCT name FROM leveret.node WHERE dead_at IS NULL AND stopped_at IS NULL "
                 "AND lease_until > now() ORDER BY name")
 
@@ -68,6 +70,9 @@ class Snapshot(NamedTuple):
     # they were read in (PostgreSQL's clock: two snapshots of the same slot show the same rates).
     activities: dict[tuple[str, str], Activity]
     rate_slot: int
+    # Each live member's node-wide counters as it last wrote them (storage/pg/queue_stats.py NODE_FLUSH, at
+    # most a flush old): the overview sums them.
+    member_counters: dict[str, dict[str, int]]
 
     def counts(self, vhost: str, name: str) -> QueueCounts:
         return self.queues.get((vhost, name), ZERO)
@@ -143,6 +148,7 @@ class PgQueueFigures:
             rows = await conn.fetch(COUNTS)
             members = tuple(r[0] for r in await conn.fetch(LIVE_MEMBERS))
             slot, activities = await read_activity(conn, self.rate_slot_ms)
+            counters = {r[0]: json.loads(r[1]) for r in await conn.fetch(NODE_COUNTERS, list(members))}
         self.counts_taken += 1
         for vhost, name, state, n, nbytes in rows:
             c = queues.setdefault((vhost, name), [0, 0, 0, 0])
@@ -153,7 +159,7 @@ class PgQueueFigures:
                 c[1] += n
                 c[3] += nbytes
         return Snapshot(time.monotonic(), {k: QueueCounts(*v) for k, v in queues.items()}, members,
-                        activities, slot)
+                        activities, slot, counters)
 
     def _drop(self) -> None:
         if self._conn is not None and not self._conn.is_closed():

@@ -51,6 +51,7 @@ as it learns of the delete, so the rows of a member that had died with counts of
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
 from collections.abc import Callable, Iterable, Sequence
@@ -128,6 +129,12 @@ WITH gone AS (SELECT q.queue_id FROM unnest($1::text[], $2::text[]) AS u(vhost, 
 stats_gone AS (DELETE FROM leveret.queue_stats WHERE queue_id IN (SELECT queue_id FROM gone) RETURNING 1)
 DELETE FROM leveret.queue_stats_sample WHERE queue_id IN (SELECT queue_id FROM gone)
 """
+
+# A member's node-wide counters, as its current run counted them (a restart starts them again, as RabbitMQ's
+# node statistics do): written when they changed. $1 node, $2 the counters (JSON).
+NODE_FLUSH = ("INSERT INTO leveret.node_stats AS s (node, counters) VALUES ($1, $2::jsonb) ON CONFLICT (node) "
+              "DO UPDATE SET counters = excluded.counters, updated_at = now() "
+              "WHERE s.counters IS DISTINCT FROM excluded.counters")
 
 # Reading (in storage/pg/queue_figures.py's read-only transaction).
 TOTALS = f"""
@@ -207,10 +214,13 @@ class PgQueueStatsWriter:
     ``leveret.queue_stats`` every :data:`FLUSH_EVERY` seconds (see the module docstring)."""
 
     def __init__(self, dsn: str, node: str, collect: Callable[[], Iterable[Counted]], slot_ms: int = 5000,
-                 every: float | None = None) -> None:
+                 every: float | None = None, collect_node: Callable[[], dict[str, int]] | None = None) -> None:
+        """``collect_node``: the member's node-wide counters (written to ``leveret.node_stats`` when changed)."""
         self.dsn = dsn
         self.node = node
         self.collect = collect
+        self.collect_node = collect_node
+        self._node_sent: str | None = None  # the node counters' JSON last written
         self.slot_ms = slot_ms
         self.every = every if every is not None else min(FLUSH_EVERY, slot_ms / 2000)
         self.flushes = 0  # statements that committed (tests)
@@ -242,8 +252,11 @@ class PgQueueStatsWriter:
         the same counters)."""
         async with self._lock:
             batch = self._batch()
+            node_counters = json.dumps(self.collect_node(), sort_keys=True) if self.collect_node else None
             try:
                 await asyncio.wait_for(self._write(*batch), timeout)
+                if node_counters is not None and node_counters != self._node_sent:
+                    await asyncio.wait_for(self._write_node(node_counters), timeout)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 (PostgreSQL out of reach: the counters wait for the next)
@@ -295,6 +308,13 @@ class PgQueueStatsWriter:
         if self._pruned_slot != slot:
             await conn.execute(PRUNE, self.node, self.slot_ms, slot, KEEP_SLOTS)
             self._pruned_slot = slot
+
+    async def _write_node(self, counters: str) -> None:
+        conn = self._conn
+        if conn is None or conn.is_closed():
+            conn = self._conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT)
+        await conn.execute(NODE_FLUSH, self.node, counters)
+        self._node_sent = counters
 
     def _drop(self) -> None:
         if self._conn is not None and not self._conn.is_closed():

@@ -147,9 +147,18 @@ MIGRATION_5 = """
 ALTER TABLE leveret.queue_stats_sample ADD COLUMN ready bigint, ADD COLUMN unacked bigint;
 """
 
+# Each member's node-wide counters (storage/pg/queue_stats.py): the overview's message_stats sum them over the
+# live members, so every member shows the cluster's traffic, as RabbitMQ's overview does.
+MIGRATION_6 = """
+CREATE TABLE leveret.node_stats (
+    node       text  PRIMARY KEY,               -- the member's node name; its current run's counters
+    counters   jsonb NOT NULL,                  -- {counter name: value} (broker/counters.py GlobalCounters)
+    updated_at timestamptz NOT NULL DEFAULT now());
+"""
+
 # (version, sql), ascending. Append only: a released migration never changes.
 MIGRATIONS: list[tuple[int, str]] = [(1, MIGRATION_1), (2, MIGRATION_2), (3, MIGRATION_3), (4, MIGRATION_4),
-                                     (5, MIGRATION_5)]
+                                     (5, MIGRATION_5), (6, MIGRATION_6)]
 
 
 class SchemaTooNew(RuntimeError):

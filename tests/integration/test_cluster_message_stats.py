@@ -258,3 +258,29 @@ def test_the_rates_of_a_queues_message_counts_are_the_same_on_every_member(start
     conn.close()
     assert wait_for(lambda: figure_rates(a) == figure_rates(b) == dict.fromkeys(FIGURES, 0.0), 15), \
         (figure_rates(a), figure_rates(b))
+
+
+def test_the_overview_shows_the_clusters_traffic_on_every_member(start_broker, pg_dsn):
+    """The overview's ``message_stats`` (publish, deliver_get, ack, confirm...) are the cluster's, as RabbitMQ's
+    overview shows a cluster's: each member writes its node-wide counters to PostgreSQL and every member adds
+    the other live members' to its own. Before, a showed only the publishes and b only the deliveries."""
+    a, b = members_with_queue(start_broker, pg_dsn)
+    conn, ch = channel(a)
+    ch.confirm_delivery()
+    for i in range(30):
+        ch.basic_publish("", QUEUE, b"o%d" % i, pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    conn, ch = channel(b)
+    assert len(drain(conn, ch, QUEUE, 30)) == 30
+    conn.close()
+
+    def overview_stats(m) -> dict:
+        stats = Http(m.management_port)("GET", "/api/overview")[1]["message_stats"]
+        return {name: stats.get(name) for name in ("publish", "confirm", "deliver_get", "get_no_ack", "redeliver")}
+
+    want = {"publish": 30, "confirm": 30, "deliver_get": 30, "get_no_ack": 30, "redeliver": 0}  # (auto-ack gets)
+    assert wait_for(lambda: overview_stats(a) == overview_stats(b) == want, 10), (overview_stats(a),
+                                                                                   overview_stats(b))
+    # A member that stopped drops out, as a node that left a RabbitMQ cluster takes its statistics with it.
+    b.stop()
+    assert wait_for(lambda: overview_stats(a) == {**want, "deliver_get": 0, "get_no_ack": 0}, 10), overview_stats(a)
