@@ -23,7 +23,9 @@ a read that fails raises :class:`~storage.metadata_store.MetadataStoreError`. A 
 again by the next call; and since a server that restarted is only noticed by the first statement sent to
 it, a read, or a write outside :meth:`transaction`, that fails on a connection found dead is tried once
 more on a new one (a write is idempotent: the same value put again, a tombstone made again). While the
-server is down every call fails at once (the connect is refused), within ``timeout`` if it does not answer.
+server is down every call fails at once (the connect is refused), within ``timeout`` if it does not answer;
+after a call that went unanswered, every call fails at once until a probe on the private loop is answered (a
+hung server costs the broker's loop one ``timeout``, not one per declare or feed read).
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ _PG_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutErr
 # DEFINITIONS_LOCK_ID)): versions then commit in the order they are drawn.
 DEFINITIONS_LOCK_CLASS = 4250
 DEFINITIONS_LOCK_ID = 1
+
+# After a call went unanswered: a probe every PROBE_INTERVAL seconds, each given PROBE_TIMEOUT (or the store's
+# timeout if shorter), until the server answers (calls fail at once meanwhile).
+PROBE_INTERVAL = 0.5
+PROBE_TIMEOUT = 2.0
 
 # Its table, leveret.definition, is migration 2 of storage/pg/schema.py.
 
@@ -106,6 +113,10 @@ class PgDefinitionsStore:
         self._lock = threading.RLock()
         self._tx: Any = None  # the open asyncpg transaction of transaction(), if any
         self._depth = 0
+        # Set when a call went unanswered for ``timeout``: later calls fail at once, without waiting on the
+        # caller's thread (the broker's event loop), until a probe on the private loop gets an answer again.
+        self._unanswered = False
+        self._probe: asyncio.Task[None] | None = None
         try:
             self._run(self._setup())
         except BaseException:
@@ -114,14 +125,46 @@ class PgDefinitionsStore:
 
     # -- the private loop --------------------------------------------------------------------------------
     def _run(self, coro: Awaitable[T]) -> T:
+        if self._unanswered:
+            close = getattr(coro, "close", None)
+            if close is not None:
+                close()  # never started
+            raise TimeoutError(f"PostgreSQL did not answer within {self.timeout:g} s, and has not answered since")
         future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
         try:
             return future.result(self.timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
             # The session is in an unknown state (a statement cut off midway): the next call opens a new one.
+            # Until the server answers a probe, calls fail at once: a hung server costs the caller (the
+            # broker's event loop) one timeout, not one per declare or feed read.
+            self._unanswered = True
             self._loop.call_soon_threadsafe(self._drop_connection)
+            self._loop.call_soon_threadsafe(self._start_probe)
             raise TimeoutError(f"PostgreSQL did not answer within {self.timeout:g} s") from None
+
+    def _start_probe(self) -> None:
+        if self._probe is None:
+            self._probe = self._loop.create_task(self._probe_until_answered())
+
+    async def _probe_until_answered(self) -> None:
+        """On the private loop: a new session and ``SELECT 1`` every PROBE_INTERVAL until one is answered."""
+        wait = min(self.timeout, PROBE_TIMEOUT)
+        try:
+            while True:
+                try:
+                    conn = await asyncio.wait_for(asyncpg.connect(self.dsn, timeout=wait), wait)
+                    try:
+                        await asyncio.wait_for(conn.fetchval("SELECT 1"), wait)
+                    finally:
+                        conn.terminate()
+                except _PG_ERRORS:
+                    await asyncio.sleep(PROBE_INTERVAL)
+                    continue
+                self._unanswered = False
+                return
+        finally:
+            self._probe = None
 
     def _drop_connection(self) -> None:
         if self._conn is not None:

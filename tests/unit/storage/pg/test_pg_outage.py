@@ -212,7 +212,8 @@ async def test_a_server_that_stops_answering_fences_the_node_within_its_lease(ow
 @pytest.mark.slow
 async def test_the_definitions_store_gives_up_on_a_server_that_does_not_answer(own_postgres: PgServer) -> None:
     """A frozen server: a call fails after the store's timeout (the broker's loop waits no longer than
-    that), and the session cut off midway is replaced, so the first call once the server answers works."""
+    that); the calls after it fail at once (one timeout, not one per call) until the server answers again;
+    the session cut off midway is replaced, so calls work again once it answers."""
     store = await asyncio.to_thread(PgDefinitionsStore, own_postgres.dsn(), "a", 1.0)
     try:
         await asyncio.to_thread(store.put, "vhost", "v1", {"x": 1})
@@ -222,9 +223,28 @@ async def test_the_definitions_store_gives_up_on_a_server_that_does_not_answer(o
             with pytest.raises(MetadataWriteError, match="did not answer"):
                 await asyncio.to_thread(store.put, "vhost", "v2", {"x": 2})
             assert time.monotonic() - started < 3
+            for _ in range(3):
+                started = time.monotonic()
+                with pytest.raises(MetadataWriteError, match="has not answered since"):
+                    await asyncio.to_thread(store.put, "vhost", "v2", {"x": 2})
+                with pytest.raises(MetadataStoreError, match="has not answered since"):
+                    await asyncio.to_thread(store.changes_since, 0)
+                assert time.monotonic() - started < 0.2, "a wait per call while the server is frozen"
+                await asyncio.sleep(0.5)
         finally:
             own_postgres.thaw()
-        await asyncio.to_thread(store.put, "vhost", "v3", {"x": 3})
+
+        async def answered() -> bool:
+            try:
+                await asyncio.to_thread(store.put, "vhost", "v3", {"x": 3})
+                return True
+            except MetadataWriteError:
+                return False
+
+        deadline = time.monotonic() + 10
+        while not await answered():
+            assert time.monotonic() < deadline, "the store did not notice the server answering again"
+            await asyncio.sleep(0.2)
         assert await asyncio.to_thread(store.get, "vhost", "v3") == {"x": 3}
     finally:
         await asyncio.to_thread(store.close)
