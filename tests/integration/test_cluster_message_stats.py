@@ -30,8 +30,6 @@ pytestmark = pytest.mark.leveret_only
 pytest_plugins = ["pg_fixtures"]
 
 QUORUM = {"x-queue-type": "quorum"}
-# Rate slots of 1 s (collect_statistics_interval; every member the same), so rates show within seconds.
-FAST_RATES = ("--set", "collect_statistics_interval=1000")
 QUEUE = "stats-q"
 COUNTS = ("publish", "deliver_get", "deliver", "get", "redeliver", "ack")
 RATES = ("publish", "deliver_get", "ack")
@@ -105,10 +103,24 @@ def publish_steadily(a, n: int, per_second: float) -> None:
     conn.close()
 
 
-def members_with_queue(start_broker, pg_dsn) -> tuple[Any, Any]:
-    """Members a and b (rate slots of 1 s), the quorum queue declared on a and known to b's HTTP API."""
-    a = member(start_broker, pg_dsn, "a@test", *FAST_RATES)
-    b = member(start_broker, pg_dsn, "b@test", *FAST_RATES)
+def published_here_fetched_there(a, b, n: int) -> None:
+    """``n`` persistent messages published (confirmed) on ``a``, then fetched on ``b`` by basic.get (auto-ack)."""
+    conn, ch = channel(a)
+    ch.confirm_delivery()
+    for i in range(n):
+        ch.basic_publish("", QUEUE, b"g%d" % i, pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    conn, ch = channel(b)
+    assert len(drain(conn, ch, QUEUE, n)) == n
+    conn.close()
+
+
+def members_with_queue(start_broker, pg_dsn, slot_ms: int = 1000) -> tuple[Any, Any]:
+    """Members a and b (rate slots of ``slot_ms``, the same on both: 1 s by default, so rates show within
+    seconds), the quorum queue declared on a and known to b's HTTP API."""
+    slots = ("--set", f"collect_statistics_interval={slot_ms}")
+    a = member(start_broker, pg_dsn, "a@test", *slots)
+    b = member(start_broker, pg_dsn, "b@test", *slots)
     conn, ch = channel(a)
     ch.queue_declare(QUEUE, durable=True, arguments=QUORUM)
     conn.close()
@@ -156,14 +168,7 @@ def test_message_stats_and_rates_are_the_same_on_every_member(start_broker, pg_d
             assert 20 <= r["ack"] <= 60 and 20 <= r["deliver_get"] <= 60, r
 
     # basic.get on b too: ten more published on a, fetched on b (auto-ack: no acks counted).
-    conn, ch = channel(a)
-    ch.confirm_delivery()
-    for i in range(10):
-        ch.basic_publish("", QUEUE, b"g%d" % i, pika.BasicProperties(delivery_mode=2))
-    conn.close()
-    conn, ch = channel(b)
-    assert len(drain(conn, ch, QUEUE, 10)) == 10
-    conn.close()
+    published_here_fetched_there(a, b, 10)
 
     # At rest: the same totals on both, the real counts, and the rates back to zero on both.
     expected = {"publish": 250, "deliver_get": 250, "deliver": 240, "get": 10, "redeliver": 0, "ack": 240}
@@ -228,12 +233,7 @@ def test_the_rates_of_a_queues_message_counts_are_the_same_on_every_member(start
     queue come from counts PostgreSQL samples once per rate slot, so every member whose reading (cached up to
     1 s) is of the same slot shows the same rates. Before, each member sampled the counts itself, at its own
     moments: the rates differed (here: 3 s slots, so most pairs of answers taken at once are of one slot)."""
-    a = member(start_broker, pg_dsn, "a@test", "--set", "collect_statistics_interval=3000")
-    b = member(start_broker, pg_dsn, "b@test", "--set", "collect_statistics_interval=3000")
-    conn, ch = channel(a)
-    ch.queue_declare(QUEUE, durable=True, arguments=QUORUM)
-    conn.close()
-    assert wait_for(lambda: Http(b.management_port)("GET", f"/api/queues/%2F/{QUEUE}")[0] == 200, 5)
+    a, b = members_with_queue(start_broker, pg_dsn, slot_ms=3000)
     publisher = threading.Thread(target=publish_steadily, args=(a, 560, 40.0), daemon=True)
     publisher.start()  # a backlog growing 40 a second for 14 s, nobody consuming
     time.sleep(7.0)  # two rate slots of traffic
@@ -265,14 +265,7 @@ def test_the_overview_shows_the_clusters_traffic_on_every_member(start_broker, p
     overview shows a cluster's: each member writes its node-wide counters to PostgreSQL and every member adds
     the other live members' to its own. Before, a showed only the publishes and b only the deliveries."""
     a, b = members_with_queue(start_broker, pg_dsn)
-    conn, ch = channel(a)
-    ch.confirm_delivery()
-    for i in range(30):
-        ch.basic_publish("", QUEUE, b"o%d" % i, pika.BasicProperties(delivery_mode=2))
-    conn.close()
-    conn, ch = channel(b)
-    assert len(drain(conn, ch, QUEUE, 30)) == 30
-    conn.close()
+    published_here_fetched_there(a, b, 30)
 
     def overview_stats(m) -> dict:
         stats = Http(m.management_port)("GET", "/api/overview")[1]["message_stats"]
