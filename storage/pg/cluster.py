@@ -44,7 +44,11 @@ LEASE_KEY = 4242  # pg_advisory_lock_shared(LEASE_KEY, epoch) on every connectio
 # it with its session, one that hangs loses it when a peer terminates its sessions past its lease.
 SAC_KEY = 4261
 CLOSE_DRAIN_TIMEOUT = 5.0  # seconds a clean stop waits for its publishes and acks to be applied
-BLOCK_BITS = 18  # seq ids per block: 2^18; a block is renewed when half used or 50 ms old
+BLOCK_BITS = 18  # seq ids per block: 2^18; a block is renewed when half used or BLOCK_MAX_AGE old
+# Seconds a seq block serves before a fresh one is taken: by the next INSERT while the node publishes, by
+# _block_loop while it does not. Publishes on two members are ordered by their blocks, so this is the window
+# within which two publishes on different members may come out in either order.
+BLOCK_MAX_AGE = 0.05
 REAP_INTERVAL = 0.5
 RECONNECT_FIRST = 0.1  # seconds before the first attempt to reconnect after a fence; doubled per failure
 RECONNECT_MAX = 1.0  # a refused connect costs the server nothing: come back within a second of it
@@ -61,6 +65,7 @@ HOLDERS = ("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'adv
 # (ShareLock: the node's own sessions; an ExclusiveLock holder is a peer reaping it, left alone.)
 DOORBELL = "leveret_queue"  # NOTIFY channel; payload: a queue_id that has new ready rows
 RING_EVERY = 0.01  # at most one doorbell statement per 10 ms per node (research §2.6: never one per message)
+NEXT_BLOCK = "SELECT nextval('leveret.seq_block')"
 HEARTBEAT = ("UPDATE leveret.node SET lease_until = now() + $2 * interval '1 second' WHERE epoch = $1 "
              "RETURNING dead_at")
 
@@ -97,11 +102,13 @@ class PgCluster:
         self.reaped: list[int] = []  # epochs this node reaped (for logs and tests)
         self._lease_lock = asyncio.Lock()
         self._lease_task: asyncio.Task[None] | None = None
+        self._block_task: asyncio.Task[None] | None = None
         self._last_heartbeat = time.monotonic()
         self._block_next = 0
         self._block_end = 0
         self._block_taken = 0.0
-        self._fresh_block: int | None = None
+        self._fresh_block: int | None = None  # drawn, used from the next seq on
+        self._fresh_taken = 0.0  # when it was drawn
         self._closing = False
         self._rings: set[int] = set()  # queue ids whose doorbell rings at the next ring
         self._ring_task: asyncio.Task[None] | None = None
@@ -121,6 +128,7 @@ class PgCluster:
         for w in (node.publisher, node.acker, node.fetcher):
             w.start()
         node._lease_task = asyncio.get_running_loop().create_task(node._lease_loop(epoch))
+        node._block_task = asyncio.get_running_loop().create_task(node._block_loop(epoch))
         await conns[0].add_listener(DOORBELL, node._doorbell)
         log.info("pg cluster: node %s joined with epoch %d", node_name, epoch)
         return node
@@ -179,6 +187,7 @@ class PgCluster:
         self.fence_reason = ""
         self._reconnect_task = None
         self._lease_task = self.loop.create_task(self._lease_loop(epoch))
+        self._block_task = self.loop.create_task(self._block_loop(epoch))
         log.warning("pg cluster: node %s reconnected with epoch %d (was %d) after %d failed attempts",
                     self.node_name, epoch, old, failures)
         for q in self.queues.values():
@@ -194,21 +203,27 @@ class PgCluster:
 
     # -- seq ids -------------------------------------------------------------------------------------------
     def new_block(self, block: int) -> None:
+        """A block drawn from ``leveret.seq_block``: used at once if none is, else from the next seq on. One
+        older than the block in use (or than one already waiting) is dropped: two draws may answer out of
+        order (the publisher's and _block_loop's), and seqs must only grow."""
         if self._block_end == 0:
-            self._use_block(block)
-        else:
+            self._use_block(block, time.monotonic())
+            return
+        in_use = (self._block_end >> BLOCK_BITS) - 1
+        if block > in_use and (self._fresh_block is None or block > self._fresh_block):
             self._fresh_block = block
+            self._fresh_taken = time.monotonic()
 
-    def _use_block(self, block: int) -> None:
+    def _use_block(self, block: int, drawn: float) -> None:
         self._block_next = block << BLOCK_BITS
         self._block_end = self._block_next + (1 << BLOCK_BITS)
-        self._block_taken = time.monotonic()
+        self._block_taken = drawn  # its age counts from its draw, not from its first use
 
     def next_seq(self) -> int:
         """The next seq id: larger than every one this node gave before, and ordered with other nodes' by the
         sequence that hands out blocks."""
         if self._fresh_block is not None:
-            self._use_block(self._fresh_block)
+            self._use_block(self._fresh_block, self._fresh_taken)
             self._fresh_block = None
         if self._block_next >= self._block_end:
             raise RuntimeError("seq block exhausted within one burst (2^18 publishes before one commit)")
@@ -220,7 +235,31 @@ class PgCluster:
         if self._fresh_block is not None:
             return False
         used = (1 << BLOCK_BITS) - (self._block_end - self._block_next)
-        return used * 2 >= (1 << BLOCK_BITS) or time.monotonic() - self._block_taken > 0.05
+        return used * 2 >= (1 << BLOCK_BITS) or time.monotonic() - self._block_taken > BLOCK_MAX_AGE
+
+    async def _block_loop(self, epoch: int) -> None:
+        """Keep the seq block fresh while this node does not publish (busy, each INSERT renews it when stale):
+        a publish after a quiet spell is then ordered after what other members published more than about
+        BLOCK_MAX_AGE before it (before, a quiet node's block was up to a second old). One ``nextval`` per
+        BLOCK_MAX_AGE on the lease session, only on a node that has shared queues open."""
+        while True:
+            await asyncio.sleep(BLOCK_MAX_AGE)
+            if self.fenced or self.epoch != epoch or self._closing:
+                return
+            drawn = self._block_taken if self._fresh_block is None else self._fresh_taken
+            if not self.queues or time.monotonic() - drawn <= BLOCK_MAX_AGE:
+                continue  # (a block drawn and not used yet gets old too: it is replaced by a newer one)
+            try:
+                async with self._lease_lock:
+                    if self.fenced or self.epoch != epoch:
+                        return
+                    block = await asyncio.wait_for(self.lease_conn.fetchval(NEXT_BLOCK), self.lease_seconds)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 (the lease loop notices a lost session and fences)
+                await asyncio.sleep(REAP_INTERVAL)
+                continue
+            self.new_block(int(block))
 
     # -- queues --------------------------------------------------------------------------------------------
     def open_queue(self, vhost: str, name: str, *, priority: int | None = None,
@@ -421,7 +460,7 @@ class PgCluster:
                 log.exception("pg cluster: lease step failed")
 
     async def _lease_step(self, epoch: int, conn: asyncpg.Connection) -> bool:
-        """One round: the heartbeat when due, the reaper, a fresh seq block now and then. True: stop."""
+        """One round: the heartbeat when due, the reaper, the single-active-consumer locks. True: stop."""
         now = time.monotonic()
         async with self._lease_lock:
             if self.fenced or self.epoch != epoch:
@@ -435,8 +474,6 @@ class PgCluster:
             await self._reap()
             if self._sac_wanted or self._sac_held:
                 await self._sac_step()
-            if self._fresh_block is None and now - self._block_taken > 1.0:
-                self.new_block(int(await conn.fetchval("SELECT nextval('leveret.seq_block')")))
         return False
 
     async def reap(self) -> None:
@@ -493,7 +530,8 @@ class PgCluster:
                 log.warning("pg cluster: node %s stops with work not done after %g s (publisher idle: %s, "
                             "acker idle: %s); its reservations go back to the queues", self.node_name,
                             CLOSE_DRAIN_TIMEOUT, self.publisher.idle(), self.acker.idle())
-        tasks = [t for t in (self._lease_task, self._ring_task, self._reconnect_task, self._sac_task,
+        tasks = [t for t in (self._lease_task, self._block_task, self._ring_task, self._reconnect_task,
+                             self._sac_task,
                              self.publisher.task,
                              self.acker.task, self.fetcher.task) if t]
         if tasks:
@@ -539,7 +577,7 @@ async def _join(dsn: str, node_name: str, lease_seconds: float, *, migrate: bool
             conns.append(await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT))
         for c in conns:
             await c.execute("SELECT pg_advisory_lock_shared($1, $2)", LEASE_KEY, epoch)
-        block = int(await conns[0].fetchval("SELECT nextval('leveret.seq_block')"))
+        block = int(await conns[0].fetchval(NEXT_BLOCK))
         await conns[0].execute(
             "INSERT INTO leveret.node (epoch, name, lease_pid, lease_until) "
             "VALUES ($1, $2, pg_backend_pid(), now() + $3 * interval '1 second')",

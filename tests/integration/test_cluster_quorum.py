@@ -74,6 +74,36 @@ def test_published_on_one_member_consumed_on_another_in_order(start_broker, pg_d
     assert wait_for(lambda: queue_messages(a, "work") == 0 and queue_messages(b, "work") == 0, 10)
 
 
+def test_publishes_on_two_quiet_members_come_out_in_the_order_they_were_made(start_broker, pg_dsn):
+    """Two members that published nothing for a while each publish one message, 0.3 s apart: the queue gives
+    them in that order. Members order their publishes by seq blocks drawn from one PostgreSQL sequence; a
+    quiet member's block was up to a second old (renewed by its lease loop), and a block drawn for it stayed
+    unused until its next publish: the later publish came first in every round. Now a quiet member keeps its
+    block at most BLOCK_MAX_AGE (50 ms) old."""
+    a = member(start_broker, pg_dsn, "a@test")
+    b = member(start_broker, pg_dsn, "b@test")
+    declare(a, "order")
+    assert wait_for(lambda: queue_messages(b, "order") is not None, 5)
+    channels = []  # a's, then b's
+    for m in (a, b):
+        conn = pika.BlockingConnection(m.pika_params())
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("", "order", b"warm-up", PERSISTENT)  # each member has the queue open
+        channels.append((conn, ch))
+    expected = [b"warm-up", b"warm-up"]
+    for i in range(6):
+        time.sleep(1.2)  # both quiet
+        first, second = channels if i % 2 == 0 else channels[::-1]
+        first[1].basic_publish("", "order", b"first-%d" % i, PERSISTENT)
+        first[0].sleep(0.3)
+        second[1].basic_publish("", "order", b"second-%d" % i, PERSISTENT)
+        expected += [b"first-%d" % i, b"second-%d" % i]
+    for conn, _ch in channels:
+        conn.close()
+    assert [body for body, _ in consume(a, "order", len(expected))] == expected
+
+
 def test_default_queue_type_quorum_makes_new_queues_shared(start_broker, pg_dsn):
     """RabbitMQ's default_queue_type: a queue declared without x-queue-type is one every member serves."""
     a = member(start_broker, pg_dsn, "a@test", "--set", "default_queue_type=quorum")
