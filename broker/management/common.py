@@ -42,6 +42,11 @@ def conflict(reason: str) -> web.HTTPException:
     return _error(web.HTTPConflict, "conflict", reason)
 
 
+def unavailable(reason: str) -> web.HTTPException:
+    """503: what the request needs is out of reach now (the cluster's PostgreSQL); worth asking again."""
+    return _error(web.HTTPServiceUnavailable, "service_unavailable", reason)
+
+
 def not_authorised(reason: str) -> web.HTTPException:
     return _error(web.HTTPUnauthorized, "not_authorised", reason)
 

@@ -23,6 +23,7 @@ from broker.management.common import (
     require_admin,
     respond,
     sees_all,
+    unavailable,
     user_of,
     visible_vhosts,
 )
@@ -179,7 +180,8 @@ async def get_node(request: web.Request) -> web.Response:
 async def forget_node(request: web.Request) -> web.Response:
     """Leveret's ``DELETE /api/leveret/nodes/{node}`` (behind ``leveret ctl forget_cluster_node``): remove a
     cluster member that is not running, with its node-local queues (broker/cluster.py ``Cluster.forget``).
-    404 for a name that never joined; 400 for a running member, this node, or a node not in a cluster."""
+    404 for a name that never joined; 400 for a running member, this node, or a node not in a cluster; 503
+    while PostgreSQL is out of reach."""
     require_admin(request)
     node = node_of(request)
     name = request.match_info["node"]
@@ -190,7 +192,7 @@ async def forget_node(request: web.Request) -> web.Response:
     except NotForgettable as exc:
         raise (not_found(str(exc)) if exc.unknown else bad_request(str(exc))) from None
     except ClusterError as exc:
-        raise bad_request(str(exc)) from None
+        raise unavailable(str(exc)) from None
     return respond({"name": name, "runs": gone.runs, "queues": gone.queues,
                     "forwarded_messages_dropped": gone.forwarded, "reservations_requeued": gone.requeued})
 

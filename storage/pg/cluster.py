@@ -32,7 +32,7 @@ import asyncpg
 from storage.pg import schema
 from storage.pg.backing_queue import PgBackingQueue
 from storage.pg.connections import stop_tasks
-from storage.pg.forget import Forgotten, NotForgettable, forget_member
+from storage.pg.forget import NAME_LOCK_CLASS, Forgotten, NotForgettable, forget_member
 from storage.pg.progress import Progress
 from storage.pg.workers import DISCONNECTED, Acker, Fetcher, Publisher, disconnected
 
@@ -233,7 +233,7 @@ class PgCluster:
 
     def block_stale(self) -> bool:
         if self._fresh_block is not None:
-            return False
+            return time.monotonic() - self._fresh_taken > BLOCK_MAX_AGE
         used = (1 << BLOCK_BITS) - (self._block_end - self._block_next)
         return used * 2 >= (1 << BLOCK_BITS) or time.monotonic() - self._block_taken > BLOCK_MAX_AGE
 
@@ -241,13 +241,14 @@ class PgCluster:
         """Keep the seq block fresh while this node does not publish (busy, each INSERT renews it when stale):
         a publish after a quiet spell is then ordered after what other members published more than about
         BLOCK_MAX_AGE before it (before, a quiet node's block was up to a second old). One ``nextval`` per
-        BLOCK_MAX_AGE on the lease session, only on a node that has shared queues open."""
+        BLOCK_MAX_AGE on the lease session (on every member: a queue opened and published to at once must not
+        start from an old block)."""
         while True:
             await asyncio.sleep(BLOCK_MAX_AGE)
             if self.fenced or self.epoch != epoch or self._closing:
                 return
             drawn = self._block_taken if self._fresh_block is None else self._fresh_taken
-            if not self.queues or time.monotonic() - drawn <= BLOCK_MAX_AGE:
+            if time.monotonic() - drawn <= BLOCK_MAX_AGE:
                 continue  # (a block drawn and not used yet gets old too: it is replaced by a newer one)
             try:
                 async with self._lease_lock:
@@ -404,11 +405,16 @@ class PgCluster:
 
     async def forget(self, name: str) -> Forgotten:
         """Remove the member ``name``, which is not running, from the cluster (storage/pg/forget.py); raises
-        NotForgettable for this node itself, a running member or an unknown name."""
+        NotForgettable for this node itself, a running member or an unknown name. On a session of its own,
+        not the lease session: deleting a long backlog forwarded to that member must not hold up this node's
+        heartbeat (it would fence itself)."""
         if name == self.node_name:
             raise NotForgettable(f"node {name} is the node asked: it cannot forget itself")
-        async with self._lease_lock:
-            return await forget_member(self.lease_conn, name)
+        conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT)
+        try:
+            return await forget_member(conn, name)
+        finally:
+            conn.terminate()
 
     # -- lease, reaper, fencing ----------------------------------------------------------------------------
     def fence(self, reason: str, epoch: int | None = None) -> None:
@@ -466,9 +472,10 @@ class PgCluster:
             if self.fenced or self.epoch != epoch:
                 return True
             if now - self._last_heartbeat >= self.lease_seconds / 3:
-                dead_at = await conn.fetchval(HEARTBEAT, epoch, self.lease_seconds)
-                if dead_at is not None:
-                    self.fence("a peer declared this node dead", epoch)
+                row = await conn.fetchrow(HEARTBEAT, epoch, self.lease_seconds)
+                if row is None or row["dead_at"] is not None:  # (no row: forgotten, storage/pg/forget.py)
+                    self.fence("a peer declared this node dead" if row is not None else "this node's row is gone",
+                               epoch)
                     return True
                 self._last_heartbeat = now
             await self._reap()
@@ -578,10 +585,15 @@ async def _join(dsn: str, node_name: str, lease_seconds: float, *, migrate: bool
         for c in conns:
             await c.execute("SELECT pg_advisory_lock_shared($1, $2)", LEASE_KEY, epoch)
         block = int(await conns[0].fetchval(NEXT_BLOCK))
-        await conns[0].execute(
-            "INSERT INTO leveret.node (epoch, name, lease_pid, lease_until) "
-            "VALUES ($1, $2, pg_backend_pid(), now() + $3 * interval '1 second')",
-            epoch, node_name, lease_seconds)
+        async with conns[0].transaction():
+            # Under the name's lock: a forget of this name (storage/pg/forget.py) runs wholly before or after.
+            await conns[0].execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", NAME_LOCK_CLASS, node_name)
+            await conns[0].execute(
+                "INSERT INTO leveret.node (epoch, name, lease_pid, lease_until) "
+                "VALUES ($1, $2, pg_backend_pid(), now() + $3 * interval '1 second')",
+                epoch, node_name, lease_seconds)
+            # The node-wide counters of its previous run are not this run's (its overview figures start again).
+            await conns[0].execute("DELETE FROM leveret.node_stats WHERE node = $1", node_name)
     except BaseException:
         for c in conns:
             c.terminate()  # not close(): a session to a server gone away would wait for its answer

@@ -129,6 +129,7 @@ class PgDefinitionsStore:
             close = getattr(coro, "close", None)
             if close is not None:
                 close()  # never started
+            self._loop.call_soon_threadsafe(self._start_probe)  # (one runs already, unless it died)
             raise TimeoutError(f"PostgreSQL did not answer within {self.timeout:g} s, and has not answered since")
         future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
         try:
@@ -158,7 +159,9 @@ class PgDefinitionsStore:
                         await asyncio.wait_for(conn.fetchval("SELECT 1"), wait)
                     finally:
                         conn.terminate()
-                except _PG_ERRORS:
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # noqa: BLE001 (any failure to answer: a protocol error, an EOF, ...)
                     await asyncio.sleep(PROBE_INTERVAL)
                     continue
                 self._unanswered = False
@@ -330,6 +333,8 @@ class PgDefinitionsStore:
 
     def close(self) -> None:
         async def shut() -> None:
+            if self._probe is not None:
+                self._probe.cancel()
             if self._conn is not None and not self._conn.is_closed():
                 await self._conn.close(timeout=2)
 

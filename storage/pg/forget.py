@@ -10,8 +10,11 @@ directory rows (bindings follow by the foreign key) and the messages forwarded t
 held in shared (quorum) queues are made ready again first, so nothing in them is lost.
 
 Only a member that is not running may be forgotten: every one of its node rows is stopped or reaped (a member
-past its lease and not yet reaped is refused until a peer has reaped it, within a second or so). Its counters
-in ``leveret.queue_stats`` stay: the shared queues' message_stats are totals that never go backwards.
+past its lease and not yet reaped is refused until a peer has reaped it, within a second or so). A start of
+the same name and a forget take the same advisory lock (:data:`NAME_LOCK_CLASS`), so one runs wholly before
+the other; a member whose row is gone fences itself at its next heartbeat (storage/pg/cluster.py). Its
+counters in ``leveret.queue_stats`` stay: the shared queues' message_stats are totals that never go
+backwards; its node-wide counters (``leveret.node_stats``) go.
 """
 
 from __future__ import annotations
@@ -37,31 +40,44 @@ class Forgotten(NamedTuple):
     runs: int  # node rows (one per start of the member)
     queues: int  # directory rows of its node-local queues
     forwarded: int  # messages forwarded to it that it had not taken
-    requeued: int  # reservations of its runs in shared queues made ready again
+    requeued: int  # shared queues in which reservations of its runs were made ready again
 
 
-# Its runs' reservations: ready again, redelivered (as the reaper does for a dead member).
-_REQUEUE = ("UPDATE leveret.message SET state = 0, owner = NULL, redelivered = true WHERE state = 1 AND owner IN "
-            "(SELECT epoch FROM leveret.node WHERE name = $1)")
+# The advisory lock (class, hashtext(name)) a forget and a start of the same name take in their transactions
+# (storage/pg/cluster.py _join), so that a member starting under that name is either forgotten whole (it was
+# not running yet) or refused, never half deleted.
+NAME_LOCK_CLASS = 4262
+# Its runs' reservations: ready again, redelivered (as the reaper does for a dead member); their queue ids.
+_REQUEUE = ("UPDATE leveret.message SET state = 0, owner = NULL, redelivered = true WHERE state = 1 "
+            "AND owner = ANY($1::bigint[]) RETURNING queue_id")
+_QUEUE_BELL = "leveret_queue"  # storage/pg/cluster.py DOORBELL: members wake their fetchers for these queues
+# The longest a forget's statements may take (a long backlog forwarded to the member is deleted in one).
+STATEMENT_TIMEOUT_MS = 60_000
 
 
 async def forget_member(conn: asyncpg.Connection, name: str) -> Forgotten:
     """Remove ``name`` from the cluster (see the module's docstring); raises :class:`NotForgettable`. Other
     members are told through the directory's doorbell and read the directory again."""
     async with conn.transaction():
-        # Serialised with a start of the same name (which inserts a node row): the row lock of every run.
+        await conn.execute(f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}")
+        # Serialised with a start of the same name, which inserts its node row under the same lock.
+        await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", NAME_LOCK_CLASS, name)
         runs = await conn.fetch("SELECT epoch, dead_at IS NULL AND stopped_at IS NULL AS running "
-                                "FROM leveret.node WHERE name = $1 FOR UPDATE", name)
+                                "FROM leveret.node WHERE name = $1", name)
         if not runs:
             raise NotForgettable(f"node {name} is not a member of this cluster", unknown=True)
         if any(r["running"] for r in runs):
             raise NotForgettable(f"node {name} is running (or was not reaped yet): stop it first")
-        requeued = _count(await conn.execute(_REQUEUE, name))
+        epochs = [int(r["epoch"]) for r in runs]
+        queue_ids = sorted({int(r[0]) for r in await conn.fetch(_REQUEUE, epochs)})
         forwarded = _count(await conn.execute("DELETE FROM leveret.forward WHERE target = $1", name))
         queues = _count(await conn.execute("DELETE FROM leveret.local_queue WHERE node = $1", name))
-        await conn.execute("DELETE FROM leveret.node WHERE name = $1", name)
+        await conn.execute("DELETE FROM leveret.node WHERE epoch = ANY($1::bigint[])", epochs)
+        await conn.execute("DELETE FROM leveret.node_stats WHERE node = $1", name)
         await conn.execute("SELECT pg_notify($1, $2)", DIRECTORY_BELL, name)
-    return Forgotten(len(runs), queues, forwarded, requeued)
+        for queue_id in queue_ids:  # (delivered at commit) the queues whose rows are ready again
+            await conn.execute("SELECT pg_notify($1, $2)", _QUEUE_BELL, str(queue_id))
+    return Forgotten(len(runs), queues, forwarded, len(queue_ids))
 
 
 def _count(status: str) -> int:

@@ -255,8 +255,6 @@ class PgQueueStatsWriter:
             node_counters = json.dumps(self.collect_node(), sort_keys=True) if self.collect_node else None
             try:
                 await asyncio.wait_for(self._write(*batch), timeout)
-                if node_counters is not None and node_counters != self._node_sent:
-                    await asyncio.wait_for(self._write_node(node_counters), timeout)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 (PostgreSQL out of reach: the counters wait for the next)
@@ -268,6 +266,14 @@ class PgQueueStatsWriter:
             self._failing = False
             self._gone -= batch[0]
             self.flushes += 1
+            if node_counters is not None and node_counters != self._node_sent:
+                try:  # apart: the queues' flush above has committed whatever happens here
+                    await asyncio.wait_for(self._write_node(node_counters), timeout)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 (written again at the next flush)
+                    log.warning("cannot write the node's counters: %s", exc)
+                    self._drop()
             return True
 
     def _batch(self) -> tuple[set[tuple[str, str]], list[list[object]]]:

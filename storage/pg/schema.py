@@ -145,6 +145,7 @@ CREATE INDEX queue_stats_sample_node ON leveret.queue_stats_sample (node, slot);
 # when a member writes its sample of a slot (NULL in the samples written before).
 MIGRATION_5 = """
 ALTER TABLE leveret.queue_stats_sample ADD COLUMN ready bigint, ADD COLUMN unacked bigint;
+CREATE INDEX message_reserved ON leveret.message (queue_id) WHERE state = 1;
 """
 
 # Each member's node-wide counters (storage/pg/queue_stats.py): the overview's message_stats sum them over the

@@ -1,0 +1,53 @@
+"""Forgetting a member (storage/pg/forget.py) against a start of the same name and a running member: a start
+waits for a forget of its name in progress (both take the name's advisory lock), and a member whose row was
+removed under it fences itself at its next heartbeat instead of running on unseen by its peers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import asyncpg
+import pytest
+
+from storage.pg import schema
+from storage.pg.cluster import PgCluster
+from storage.pg.forget import NAME_LOCK_CLASS, NotForgettable, forget_member
+
+pytest_plugins = ["pg_fixtures"]
+
+
+async def test_a_start_waits_for_a_forget_of_its_name(pg_dsn: str, nodes) -> None:
+    holder = await asyncpg.connect(pg_dsn)
+    try:
+        await schema.migrate(holder)
+        tx = holder.transaction()
+        await tx.start()  # a forget of "x" in progress holds the name's lock until it commits
+        await holder.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", NAME_LOCK_CLASS, "x")
+        join = asyncio.ensure_future(nodes("x"))
+        await asyncio.sleep(1.0)
+        assert not join.done(), "the start went ahead under a forget of its name"
+        await tx.rollback()
+        node = await asyncio.wait_for(join, 10)
+        assert not node.fenced
+    finally:
+        await holder.close()
+
+
+async def test_a_running_member_is_refused_and_one_whose_row_is_gone_fences_itself(pg_dsn: str, nodes) -> None:
+    y = await nodes("y", lease_seconds=1.5)
+    other = await asyncpg.connect(pg_dsn)
+    try:
+        with pytest.raises(NotForgettable, match="running"):
+            await forget_member(other, "y")
+        with pytest.raises(NotForgettable, match="not a member"):
+            await forget_member(other, "nobody")
+        # Its row removed from under it (as a forget that raced a start could once do): it must not go on.
+        await other.execute("DELETE FROM leveret.node WHERE name = 'y'")
+        deadline = time.monotonic() + 5
+        while not y.fenced:
+            assert time.monotonic() < deadline, "the member ran on without its node row"
+            await asyncio.sleep(0.05)
+        assert "row is gone" in y.fence_reason
+    finally:
+        await other.close()
