@@ -11,7 +11,6 @@ import asyncpg
 import pytest
 
 from storage.pg import schema
-from storage.pg.cluster import PgCluster
 from storage.pg.forget import NAME_LOCK_CLASS, NotForgettable, forget_member
 
 pytest_plugins = ["pg_fixtures"]
