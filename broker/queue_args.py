@@ -161,6 +161,9 @@ ARGUMENT_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "x-overflow": _one_of(OVERFLOW_MODES),
     "x-dead-letter-exchange": _string,
     "x-dead-letter-routing-key": _string,
+    # RabbitMQ checks it for every queue type; only quorum queues act on it there. Leveret dead-letters at most
+    # once whatever it says (README: at-least-once is served at most once).
+    "x-dead-letter-strategy": _one_of(("at-most-once", "at-least-once")),
     "x-single-active-consumer": _boolean,
     "x-queue-type": _one_of(QUEUE_TYPES),
     "x-queue-mode": _one_of(("default", "lazy")),

@@ -346,6 +346,18 @@ def test_missing_dead_letter_exchange_drops_message(conn, make_queue, uid):
     assert ready_count(conn, q) == 0
 
 
+def test_an_unknown_dead_letter_strategy_is_406_and_the_known_ones_are_taken(conn, uid):
+    ch = conn.channel()
+    with pytest.raises(ChannelClosedByBroker) as ei:
+        ch.queue_declare(f"{uid}-bad", arguments={"x-dead-letter-strategy": "exactly-once"})
+    assert ei.value.reply_code == 406
+    assert ei.value.reply_text.startswith("PRECONDITION_FAILED - invalid arg 'x-dead-letter-strategy'")
+    ch = conn.channel()
+    for strategy in ("at-most-once", "at-least-once"):
+        ch.queue_declare(f"{uid}-{strategy}", arguments={"x-dead-letter-strategy": strategy})
+    ch.close()
+
+
 def test_dlrk_without_dlx_is_406(conn, uid):
     ch = conn.channel()
     with pytest.raises(ChannelClosedByBroker) as ei:
