@@ -167,7 +167,9 @@ async def test_seq_ids_grow_per_node_and_are_distinct_across_nodes(nodes) -> Non
         sb += [qb.publish(b"y", 1, False) for _ in range(50)]
         await asyncio.gather(a.wait_idle(), b.wait_idle())
     assert sa == sorted(sa) and sb == sorted(sb) and not set(sa) & set(sb)
-    assert qa.len() == 250 and qb.len() == 250  # each node counts what it knows (until its recount)
+    # Each node counts its own publishes exactly; another node's rows join its count only when a recount (which
+    # a doorbell of the other node's commit may start at any moment) finds them.
+    assert 250 <= qa.len() <= 500 and 250 <= qb.len() <= 500
 
 
 async def test_the_doorbell_wakes_an_idle_fetcher_on_another_node(nodes, monkeypatch) -> None:
