@@ -40,7 +40,7 @@ class Forgotten(NamedTuple):
     runs: int  # node rows (one per start of the member)
     queues: int  # directory rows of its node-local queues
     forwarded: int  # messages forwarded to it that it had not taken
-    requeued: int  # shared queues in which reservations of its runs were made ready again
+    requeued: int  # reservations of its runs made ready again (rows of shared queues)
 
 
 # The advisory lock (class, hashtext(name)) a forget and a start of the same name take in their transactions
@@ -69,7 +69,8 @@ async def forget_member(conn: asyncpg.Connection, name: str) -> Forgotten:
         if any(r["running"] for r in runs):
             raise NotForgettable(f"node {name} is running (or was not reaped yet): stop it first")
         epochs = [int(r["epoch"]) for r in runs]
-        queue_ids = sorted({int(r[0]) for r in await conn.fetch(_REQUEUE, epochs)})
+        requeued = await conn.fetch(_REQUEUE, epochs)
+        queue_ids = sorted({int(r[0]) for r in requeued})
         forwarded = _count(await conn.execute("DELETE FROM leveret.forward WHERE target = $1", name))
         queues = _count(await conn.execute("DELETE FROM leveret.local_queue WHERE node = $1", name))
         await conn.execute("DELETE FROM leveret.node WHERE epoch = ANY($1::bigint[])", epochs)
@@ -77,7 +78,7 @@ async def forget_member(conn: asyncpg.Connection, name: str) -> Forgotten:
         await conn.execute("SELECT pg_notify($1, $2)", DIRECTORY_BELL, name)
         for queue_id in queue_ids:  # (delivered at commit) the queues whose rows are ready again
             await conn.execute("SELECT pg_notify($1, $2)", _QUEUE_BELL, str(queue_id))
-    return Forgotten(len(runs), queues, forwarded, len(queue_ids))
+    return Forgotten(len(runs), queues, forwarded, len(requeued))
 
 
 def _count(status: str) -> int:

@@ -346,12 +346,20 @@ def test_missing_dead_letter_exchange_drops_message(conn, make_queue, uid):
     assert ready_count(conn, q) == 0
 
 
-def test_an_unknown_dead_letter_strategy_is_406_and_the_known_ones_are_taken(conn, uid):
+def refused_declare(conn, name: str, arguments: dict) -> str:
+    """Declare ``name`` with ``arguments``, which the broker must refuse with 406 closing only the channel;
+    returns the reply text."""
     ch = conn.channel()
     with pytest.raises(ChannelClosedByBroker) as ei:
-        ch.queue_declare(f"{uid}-bad", arguments={"x-dead-letter-strategy": "exactly-once"})
+        ch.queue_declare(name, arguments=arguments)
     assert ei.value.reply_code == 406
-    assert ei.value.reply_text.startswith("PRECONDITION_FAILED - invalid arg 'x-dead-letter-strategy'")
+    assert conn.is_open
+    return ei.value.reply_text
+
+
+def test_an_unknown_dead_letter_strategy_is_406_and_the_known_ones_are_taken(conn, uid):
+    text = refused_declare(conn, f"{uid}-bad", {"x-dead-letter-strategy": "exactly-once"})
+    assert text.startswith("PRECONDITION_FAILED - invalid arg 'x-dead-letter-strategy'")
     ch = conn.channel()
     for strategy in ("at-most-once", "at-least-once"):
         ch.queue_declare(f"{uid}-{strategy}", arguments={"x-dead-letter-strategy": strategy})
@@ -359,20 +367,13 @@ def test_an_unknown_dead_letter_strategy_is_406_and_the_known_ones_are_taken(con
 
 
 def test_dlrk_without_dlx_is_406(conn, uid):
-    ch = conn.channel()
-    with pytest.raises(ChannelClosedByBroker) as ei:
-        ch.queue_declare(f"{uid}-q", arguments={"x-dead-letter-routing-key": "k"})
-    assert ei.value.reply_code == 406
-    assert ei.value.reply_text.startswith("PRECONDITION_FAILED - invalid arg 'x-dead-letter-routing-key'")
-    assert conn.is_open
+    text = refused_declare(conn, f"{uid}-q", {"x-dead-letter-routing-key": "k"})
+    assert text.startswith("PRECONDITION_FAILED - invalid arg 'x-dead-letter-routing-key'")
 
 
 def test_non_string_dlx_is_406(conn, uid):
-    ch = conn.channel()
-    with pytest.raises(ChannelClosedByBroker) as ei:
-        ch.queue_declare(f"{uid}-q", arguments={"x-dead-letter-exchange": 5})
-    assert ei.value.reply_code == 406
-    assert conn.is_open
+    text = refused_declare(conn, f"{uid}-q", {"x-dead-letter-exchange": 5})
+    assert text.startswith("PRECONDITION_FAILED - invalid arg 'x-dead-letter-exchange'")
 
 
 # -- repeated deaths and cycles ----------------------------------------------------------------------------

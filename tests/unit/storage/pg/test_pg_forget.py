@@ -50,3 +50,23 @@ async def test_a_running_member_is_refused_and_one_whose_row_is_gone_fences_itse
         assert "row is gone" in y.fence_reason
     finally:
         await other.close()
+
+
+async def test_a_forget_makes_its_runs_reservations_ready_and_counts_rows(pg_dsn: str, nodes) -> None:
+    y = await nodes("y")
+    q = y.open_queue("/", "q")
+    for i in range(3):
+        q.publish(b"m%d" % i, 2, True)
+    await y.wait_idle()
+    epoch = y.epoch
+    await y.close()
+    other = await asyncpg.connect(pg_dsn)
+    try:
+        # Rows still reserved by a stopped run (as when its requeue at stop never committed).
+        await other.execute("UPDATE leveret.message SET state = 1, owner = $1 WHERE body <> 'm2'", epoch)
+        gone = await forget_member(other, "y")
+        assert (gone.runs, gone.requeued) == (1, 2)
+        got = await other.fetch("SELECT body, state, owner, redelivered FROM leveret.message ORDER BY seq")
+        assert [tuple(r) for r in got] == [(b"m0", 0, None, True), (b"m1", 0, None, True), (b"m2", 0, None, False)]
+    finally:
+        await other.close()
