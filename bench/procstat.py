@@ -84,9 +84,10 @@ class ProcSampler(threading.Thread):
             pass
 
     def stop(self) -> dict:
-        self.sample()
+        end = self.sample()  # the RSS once the run is over (a drained backlog: is the memory given back?)
         self._halt.set()
-        out = {"pid": self.pid, "rss_start_kb": self.rss_start_kb, "rss_peak_kb": self.rss_peak_kb}
+        out = {"pid": self.pid, "rss_start_kb": self.rss_start_kb, "rss_peak_kb": self.rss_peak_kb,
+               "rss_end_kb": end}
         try:
             out["vm_hwm_kb"] = read_status_kb(self.pid).get("VmHWM")
         except OSError:
