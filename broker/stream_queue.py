@@ -45,7 +45,10 @@ Delivery is the classic queue's pull loop (:meth:`StreamQueue.run_message_queue`
 credit, round-robin from the consumer after the one served last (a group member's batch is its share of
 what the group has ready), and yields to the loop after :data:`DELIVERY_BUDGET` deliveries. Publishing and
 delivering share that loop: while consumers with credit lag far behind (:meth:`StreamQueue.overloaded`),
-publishers' sockets are paused until delivery catches up or has sent a batch more.
+publishers' sockets are paused until delivery catches up or has sent a batch more; a publisher let go while
+a consumer still lags (a replay of a long stream) then publishes :data:`REPLAY_PUBLISH_SHARE` messages before
+it can be paused again, so that a replay and its publishers split the loop two to one instead of the
+publisher getting one socket read per batch delivered.
 
 A delivery's ``seq_id`` (what the channel hands back on ack) packs the offset, the group and the consumer:
 ``offset << 40 | group << 20 | consumer``, so a settle finds its group even after the consumer has gone.
@@ -95,6 +98,11 @@ OFFSET_SHIFT = 40
 _SERIAL_MASK = (1 << GROUP_SHIFT) - 1
 _GROUP_MASK = (1 << (OFFSET_SHIFT - GROUP_SHIFT)) - 1
 FILTER_HEADER = b"x-stream-filter-value"
+# Publishes a publisher let go under lag may make before the lag can pause it again: half of the deliveries
+# that let it go (DELIVER_BACKLOG_HIGH). Delivery keeps two thirds of the loop, so a replaying consumer still
+# catches up with a publisher as fast as itself (S9: the publisher had 0.12× RabbitMQ's rate with one socket
+# read per DELIVER_BACKLOG_HIGH deliveries).
+REPLAY_PUBLISH_SHARE = DELIVER_BACKLOG_HIGH // 2
 
 
 @runtime_checkable
@@ -188,6 +196,7 @@ class StreamQueue:
         # publishers were stopped.
         self._lag_from: int | None = None
         self._delivered_while_throttled = 0
+        self._publish_allowance = 0  # publishes the lag may not pause (REPLAY_PUBLISH_SHARE)
         self._retention_timer: TimerHandle | None = None
         self._retains = False  # whether retention limits apply (kept by _arm_retention)
         self._arm_retention()
@@ -230,6 +239,8 @@ class StreamQueue:
     def deliver_or_enqueue(self, msg: Message, persistent: bool, confirm: Any = None) -> int:
         """Append the message; its confirm (if the publisher wants one) waits for the fsync covering it."""
         self.stats.published += 1
+        if self._publish_allowance:
+            self._publish_allowance -= 1
         log = self.log
         filter_value = None
         if FILTER_HEADER in msg.header:  # cheap test on the raw properties before decoding the headers
@@ -272,13 +283,16 @@ class StreamQueue:
         """Whether the publisher that just appended should wait (credit flow, as QueueProcess.overloaded):
         too many of the stream's publishes await their fsync, or consumers with credit lag more than
         :data:`DELIVER_BACKLOG_HIGH` behind what is readable while the deliver loop is busy (publishing and
-        delivering share one event loop: a publisher that can outrun delivery would otherwise starve it).
+        delivering share one event loop: a publisher that can outrun delivery would otherwise starve it),
+        unless the publisher was let go under that lag and has not used its share of publishes yet.
         Consumers without credit, or none, never hold a publisher back."""
         if len(self._awaiting_confirm) > FLOW_HIGH:
             return True
         lag_from = self._lag_from
         if lag_from is None or self._durable_below - lag_from <= DELIVER_BACKLOG_HIGH:
             return False
+        if self._publish_allowance:
+            return False  # let go under lag: its share of publishes first (REPLAY_PUBLISH_SHARE)
         self.schedule_run()  # the deliver loop is what releases the publisher again
         return True
 
@@ -286,13 +300,15 @@ class StreamQueue:
         """Let throttled publishers go once the fsync backlog is down to :data:`FLOW_LOW` and delivery has
         caught up to :data:`DELIVER_BACKLOG_LOW` (or nobody with credit lags) — or, so that a consumer
         replaying a long stream slows publishers down without stopping them, once the deliver loop has
-        sent :data:`DELIVER_BACKLOG_HIGH` messages since they were stopped."""
+        sent :data:`DELIVER_BACKLOG_HIGH` messages since they were stopped (then with
+        :data:`REPLAY_PUBLISH_SHARE` publishes to make before the lag may stop them again)."""
         if len(self._awaiting_confirm) > FLOW_LOW:
             return
         lag_from = self._lag_from
-        if lag_from is not None and self._durable_below - lag_from > DELIVER_BACKLOG_LOW \
-                and self._delivered_while_throttled < DELIVER_BACKLOG_HIGH:
-            return
+        if lag_from is not None and self._durable_below - lag_from > DELIVER_BACKLOG_LOW:
+            if self._delivered_while_throttled < DELIVER_BACKLOG_HIGH:
+                return
+            self._publish_allowance = REPLAY_PUBLISH_SHARE  # still lagging: the publishers' share of the loop
         self.release_publishers()
 
     def throttle(self, reader: Any) -> None:

@@ -18,7 +18,7 @@ from broker.counters import GlobalCounters
 from broker.message import Message
 from broker.queue_consumers import Consumer
 from broker.queue_process import DELIVER_BACKLOG_HIGH, DELIVER_BACKLOG_LOW
-from broker.stream_queue import StreamQueue
+from broker.stream_queue import REPLAY_PUBLISH_SHARE, StreamQueue
 from broker.vhost import VHost
 from protocol.fastcodec import build_content_header, shortstr
 
@@ -178,6 +178,17 @@ async def test_a_replaying_consumer_slows_a_publisher_without_stopping_it(q):
     delivered = len(ch.delivered)
     assert DELIVER_BACKLOG_HIGH <= delivered < 2 * DELIVER_BACKLOG_HIGH
     assert q.log.next_offset - delivered > DELIVER_BACKLOG_LOW  # still behind, yet the publisher goes on
+    # ... for its share of the loop: REPLAY_PUBLISH_SHARE publishes before the lag can pause it again (not one
+    # socket read per DELIVER_BACKLOG_HIGH deliveries).
+    for _ in range(REPLAY_PUBLISH_SHARE - 1):
+        append(q, 1)
+        assert not q.overloaded
+    append(q, 1)
+    assert q.overloaded
+    q.throttle(reader)
+    while reader.paused:
+        await asyncio.sleep(0)
+    assert len(ch.delivered) - delivered >= DELIVER_BACKLOG_HIGH  # delivery had its turn again
 
 
 async def test_consumers_without_credit_never_hold_a_publisher(q):
