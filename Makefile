@@ -73,7 +73,7 @@ soak: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .import_linter_cache leveret-data
 
-# The benchmark against RabbitMQ (bench/README.md): `make bench` runs S1–S7 in full, `make bench QUICK=1`
+# The benchmark against RabbitMQ (bench/README.md): `make bench` runs S1–S10 in full, `make bench QUICK=1`
 # in a few minutes; results go to bench/RESULTS.md.
 .PHONY: bench
 bench: $(STAMP)
