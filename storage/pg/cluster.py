@@ -412,9 +412,12 @@ class PgCluster:
             raise NotForgettable(f"node {name} is the node asked: it cannot forget itself")
         conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT)
         try:
-            return await forget_member(conn, name)
+            gone = await forget_member(conn, name)
         finally:
             conn.terminate()
+        self._wake(set(gone.requeued_in))  # its reservations are ready again: fetchers here, and (the doorbell)
+        self.ring(set(gone.requeued_in))  # every other member's, as the reaper does
+        return gone
 
     # -- lease, reaper, fencing ----------------------------------------------------------------------------
     def fence(self, reason: str, epoch: int | None = None) -> None:

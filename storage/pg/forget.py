@@ -41,6 +41,7 @@ class Forgotten(NamedTuple):
     queues: int  # directory rows of its node-local queues
     forwarded: int  # messages forwarded to it that it had not taken
     requeued: int  # reservations of its runs made ready again (rows of shared queues)
+    requeued_in: frozenset[int]  # the ids of the queues those rows are in (whose doorbells the caller rings)
 
 
 # The advisory lock (class, hashtext(name)) a forget and a start of the same name take in their transactions
@@ -50,14 +51,14 @@ NAME_LOCK_CLASS = 4262
 # Its runs' reservations: ready again, redelivered (as the reaper does for a dead member); their queue ids.
 _REQUEUE = ("UPDATE leveret.message SET state = 0, owner = NULL, redelivered = true WHERE state = 1 "
             "AND owner = ANY($1::bigint[]) RETURNING queue_id")
-_QUEUE_BELL = "leveret_queue"  # storage/pg/cluster.py DOORBELL: members wake their fetchers for these queues
 # The longest a forget's statements may take (a long backlog forwarded to the member is deleted in one).
 STATEMENT_TIMEOUT_MS = 60_000
 
 
 async def forget_member(conn: asyncpg.Connection, name: str) -> Forgotten:
     """Remove ``name`` from the cluster (see the module's docstring); raises :class:`NotForgettable`. Other
-    members are told through the directory's doorbell and read the directory again."""
+    members are told through the directory's doorbell and read the directory again; the queues' doorbells for
+    the reservations made ready are the caller's to ring after the commit (PgCluster.ring, as the reaper's)."""
     async with conn.transaction():
         await conn.execute(f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}")
         # Serialised with a start of the same name, which inserts its node row under the same lock.
@@ -70,15 +71,12 @@ async def forget_member(conn: asyncpg.Connection, name: str) -> Forgotten:
             raise NotForgettable(f"node {name} is running (or was not reaped yet): stop it first")
         epochs = [int(r["epoch"]) for r in runs]
         requeued = await conn.fetch(_REQUEUE, epochs)
-        queue_ids = sorted({int(r[0]) for r in requeued})
         forwarded = _count(await conn.execute("DELETE FROM leveret.forward WHERE target = $1", name))
         queues = _count(await conn.execute("DELETE FROM leveret.local_queue WHERE node = $1", name))
         await conn.execute("DELETE FROM leveret.node WHERE epoch = ANY($1::bigint[])", epochs)
         await conn.execute("DELETE FROM leveret.node_stats WHERE node = $1", name)
         await conn.execute("SELECT pg_notify($1, $2)", DIRECTORY_BELL, name)
-        for queue_id in queue_ids:  # (delivered at commit) the queues whose rows are ready again
-            await conn.execute("SELECT pg_notify($1, $2)", _QUEUE_BELL, str(queue_id))
-    return Forgotten(len(runs), queues, forwarded, len(requeued))
+    return Forgotten(len(runs), queues, forwarded, len(requeued), frozenset(int(r[0]) for r in requeued))
 
 
 def _count(status: str) -> int:

@@ -66,6 +66,8 @@ async def test_a_forget_makes_its_runs_reservations_ready_and_counts_rows(pg_dsn
         await other.execute("UPDATE leveret.message SET state = 1, owner = $1 WHERE body <> 'm2'", epoch)
         gone = await forget_member(other, "y")
         assert (gone.runs, gone.requeued) == (1, 2)
+        queue_id = await other.fetchval("SELECT DISTINCT queue_id FROM leveret.message")
+        assert gone.requeued_in == {queue_id}
         got = await other.fetch("SELECT body, state, owner, redelivered FROM leveret.message ORDER BY seq")
         assert [tuple(r) for r in got] == [(b"m0", 0, None, True), (b"m1", 0, None, True), (b"m2", 0, None, False)]
     finally:
