@@ -456,7 +456,7 @@ class ClusterForwarding:
             for q in queues:
                 if q is None or queue_type_of(q.arguments).cluster_shared:
                     continue
-                rows.append([vh.name, q.name, queue_answer(q)])
+                rows.append([vh.name, q.name, queue_answer(q, self.node.queue_rates)])
         return rows
 
     async def other_member_queue(self, vhost: str, name: str) -> tuple[str, dict[str, Any]] | None:
@@ -677,10 +677,13 @@ def _row_of(q: RemoteQueue, rows: list[Any] | None) -> dict[str, Any] | None:
     return None
 
 
-def queue_answer(q: Any) -> dict[str, Any]:
-    """One of this member's queues as it answers another member's question (figures, flags, arguments)."""
+def queue_answer(q: Any, rates_of: Callable[[Any], dict[str, float]] | None = None) -> dict[str, Any]:
+    """One of this member's queues as it answers another member's question (figures, flags, arguments, its
+    message counters, and their rates and its counts' as ``rates_of`` (the node's rate sampler) has them), so
+    that the asker shows what this member shows."""
     f = q.figures()
-    return {"count": q.message_count(), "ready": f.ready, "unacked": f.unacked, "ready_bytes": f.ready_bytes,
+    return {"stats": q.stats.message_stats(), "rates": rates_of(q) if rates_of is not None else {},
+            "count": q.message_count(), "ready": f.ready, "unacked": f.unacked, "ready_bytes": f.ready_bytes,
             "unacked_bytes": f.unacked_bytes, "paged_out": f.paged_out, "consumers": q.consumers.count,
             "durable": bool(q.durable), "exclusive": q.exclusive_owner is not None,
             "auto_delete": bool(q.auto_delete), "type": q.type_name, "args": _args_text(q.arguments),

@@ -94,6 +94,10 @@ class Node:
         # the place for stores to flush, sync and write their clean-shutdown marker.
         self.shutdown_hooks: list[Callable[[], Awaitable[None] | None]] = []
         self.memory_budget: MemoryBudget | None = None
+        # A queue's rates (its message counters' and counts', by the HTTP API's names) as the HTTP API's rate
+        # sampler last worked them out; set by broker/management/app.py (None without it). A cluster member
+        # tells the others these rates of its node-local queues, so that every member shows the same.
+        self.queue_rates: Callable[[Any], dict[str, float]] | None = None
         # Set by the server when a graceful shutdown begins (the health checks answer 503 from then on).
         self.stopping = False
 

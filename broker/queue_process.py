@@ -116,6 +116,11 @@ class QueueStats:
         self.dropped = 0
         self.rejected_publishes = 0
 
+    def message_stats(self) -> dict[str, int]:
+        """The counters as the HTTP API's queue ``message_stats`` names them (its rates are sampled apart)."""
+        return {"publish": self.published, "deliver_get": self.delivered + self.get, "deliver": self.delivered,
+                "get": self.get, "redeliver": self.redelivered, "ack": self.acked}
+
 
 class QueueProcess:
     """A classic queue's process; other queue types (broker/queue_types.py) subclass it or stand beside it.

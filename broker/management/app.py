@@ -121,6 +121,7 @@ def make_app(node: Node) -> web.Application:
     app["sessions"] = SessionTable(node.settings.login_session_timeout * 60)
     app["ui_assets"] = ui_assets.load_assets()
     app["sampler"] = RateSampler(node.settings.collect_statistics_interval / 1000)
+    node.queue_rates = app["sampler"].queue_rates
     app.cleanup_ctx.append(_sample_rates)
     ui_assets.add_routes(app.router)
     for module in MODULES:

@@ -15,7 +15,7 @@ import hashlib
 import json
 import time
 import urllib.parse
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from broker.deduplication_exchange import DeduplicationExchange
@@ -75,10 +75,10 @@ class RateSampler:
     def rate(self, key: Any) -> float:
         return round(self._rates.get(key, 0.0), 1)
 
-    def rate_sum(self, keys: Iterable[Any]) -> float:
-        """The rate of a sum of sampled counters (the sum of their rates, rounded once)."""
-        rates = self._rates
-        return round(sum(rates.get(key, 0.0) for key in keys), 1)
+    def queue_rates(self, q: QueueProcess) -> dict[str, float]:
+        """The rates of one queue's sampled counters and counts (:data:`QUEUE_SAMPLED`), rounded as shown."""
+        key = id(q)
+        return {name: self.rate((key, name)) for name in QUEUE_SAMPLED}
 
     def sample(self, node: Node, shared: Snapshot | None = None) -> None:
         """``shared``: a cluster member's count of the shared queues (their figures are taken from it)."""
@@ -310,6 +310,37 @@ def vhost_message_totals(vh: VHost, view: ClusterView | None = None) -> dict[str
     return {"messages": ready + unacked, "messages_ready": ready, "messages_unacknowledged": unacked}
 
 
+# The vhost totals' names (vhost_message_totals), whose rates vhost_message_rates works out.
+TOTALS = ("messages", "messages_ready", "messages_unacknowledged")
+
+
+def vhost_message_rates(vh: VHost, sampler: RateSampler | None, view: ClusterView | None = None) -> dict[str, float]:
+    """The rates of a vhost's :func:`vhost_message_totals`. On one node, the sampler's rate of the totals. On a
+    cluster member (``view``), the sum of the rates of the queues in them, each as every member shows it (a
+    shared queue's as PostgreSQL sampled it, this member's own queues' from its sampler, another member's
+    queues' as that member answered): the same on every member asked within one sample, where the rate of
+    each member's own sum would count the other members' queues at zero."""
+    if sampler is None:
+        return dict.fromkeys(TOTALS, 0.0)
+    if view is None:
+        return {name: sampler.rate((("vhost", vh.name), name)) for name in TOTALS}
+    shared = view.shared
+    sums = dict.fromkeys(TOTALS, 0.0)
+    for q in vh.queues:
+        if shared is not None and is_shared(q):
+            rates = shared.activity(q.vhost.name, q.name).rates
+        else:
+            rates = sampler.queue_rates(q)
+        for name in TOTALS:
+            sums[name] += rates.get(name, 0.0)
+    for other in view.others:
+        if other.vhost.name == vh.name:
+            rates = other.rates()
+            for name in TOTALS:
+                sums[name] += float(rates.get(name, 0.0))
+    return {name: round(value, 1) for name, value in sums.items()}
+
+
 def connection_byte_counts(conn: Reader) -> dict[str, int]:
     """A connection's socket counters (bytes and reads/writes), as RabbitMQ's connection object names them."""
     return {"recv_oct": conn.recv_oct, "recv_cnt": conn.recv_cnt, "send_oct": conn.send_oct,
@@ -323,9 +354,7 @@ QUEUE_SAMPLED = ("publish", "deliver_get", "deliver", "get", "redeliver", "ack",
 
 
 def queue_message_counts(q: QueueProcess) -> dict[str, int]:
-    s = q.stats
-    return {"publish": s.published, "deliver_get": s.delivered + s.get, "deliver": s.delivered, "get": s.get,
-            "redeliver": s.redelivered, "ack": s.acked}
+    return q.stats.message_stats()
 
 
 def queue_message_stats(q: QueueProcess, sampler: RateSampler | None, shared: Snapshot | None) -> dict[str, Any]:
@@ -497,6 +526,12 @@ class OtherMemberQueue:
         self.durable = bool(answer.get("durable", True))
         self.consumers = _Count(int(answer.get("consumers", 0)))
 
+    def rates(self) -> dict[str, float]:
+        """The rates its member's sampler has of it (:data:`QUEUE_SAMPLED`; none from a member that did not
+        answer, or one without the HTTP API)."""
+        rates = self.answer.get("rates")
+        return rates if isinstance(rates, dict) else {}
+
     def figures(self) -> Figures:
         a = self.answer
         return Figures(int(a.get("ready", 0)), int(a.get("unacked", 0)), int(a.get("ready_bytes", 0)),
@@ -514,8 +549,9 @@ class _Count:
 
 
 def other_member_queue_info(q: OtherMemberQueue) -> dict[str, Any]:
-    """The HTTP API object of another member's node-local queue: ``node`` is that member; the figures are
-    its answer (no rates: they are sampled where the queue lives)."""
+    """The HTTP API object of another member's node-local queue: ``node`` is that member; the figures, the
+    message counters and their rates are its answer (rates are sampled where the queue lives), so every
+    member shows what the owner shows."""
     a, f = q.answer, q.figures()
     try:
         arguments = json_safe(untable(base64.b64decode(a["args"]))) if "args" in a else {}
@@ -540,10 +576,16 @@ def other_member_queue_info(q: OtherMemberQueue) -> dict[str, Any]:
         "messages_paged_out": f.paged_out,
         "message_stats": {},
     }
+    rates = q.rates()
+    stats = a.get("stats")
+    if isinstance(stats, dict):
+        for name, value in stats.items():
+            info["message_stats"][name] = value
+            info["message_stats"][name + "_details"] = {"rate": float(rates.get(name, 0.0))}
     for name, value in (("messages", f.messages), ("messages_ready", f.ready),
                         ("messages_unacknowledged", f.unacked)):
         info[name] = value
-        info[name + "_details"] = {"rate": 0.0}
+        info[name + "_details"] = {"rate": float(rates.get(name, 0.0))}
     return info
 
 
@@ -837,6 +879,7 @@ def iter_consumers(node: Node) -> Iterator[tuple[Reader, Channel, Consumer]]:
 def vhost_info(node: Node, vh: VHost, sampler: RateSampler | None = None,
                view: ClusterView | None = None) -> dict[str, Any]:
     totals = vhost_message_totals(vh, view)
+    rates = vhost_message_rates(vh, sampler, view)
     description = vh.description
     tags = list(vh.tags)
     dqt = vh.default_queue_type
@@ -848,7 +891,8 @@ def vhost_info(node: Node, vh: VHost, sampler: RateSampler | None = None,
         "metadata": {"description": description, "tags": tags, "default_queue_type": dqt},
         "tracing": vh.tracing is not None,
         "cluster_state": {node.name: "running"},
-        **with_details(totals, sampler, ("vhost", vh.name)),
+        **{field: value for name, count in totals.items()
+           for field, value in ((name, count), (name + "_details", {"rate": rates[name]}))},
     }
 
 

@@ -33,6 +33,7 @@ from broker.management.objects import (
     global_message_counts,
     iter_channels,
     iter_consumers,
+    vhost_message_rates,
     vhost_message_totals,
     with_details,
 )
@@ -56,10 +57,13 @@ async def get_overview(request: web.Request) -> web.Response:
     user = user_of(request)
     all_visible = sees_all(user)
     totals = {"messages": 0, "messages_ready": 0, "messages_unacknowledged": 0}
-    view = await cluster_view(node)  # a cluster member's totals: the cluster's (objects.py)
+    rates = dict.fromkeys(totals, 0.0)
+    view = await cluster_view(node)  # a cluster member's totals and rates: the cluster's (objects.py)
     for vh in vhs:
         for name, value in vhost_message_totals(vh, view).items():
             totals[name] += value
+        for name, rate in vhost_message_rates(vh, sampler, view).items():
+            rates[name] += rate
     names = {vh.name for vh in vhs}
     conns = [c for c in open_connections(node) if all_visible or c.user.name == user.name]
     channels = [1 for conn, _ in iter_channels(node) if conn in conns]
@@ -67,7 +71,7 @@ async def get_overview(request: web.Request) -> web.Response:
     queue_totals: dict[str, Any] = {}
     for name, value in totals.items():  # the rate of the visible vhosts' totals: the sum of theirs
         queue_totals[name] = value
-        queue_totals[name + "_details"] = {"rate": sampler.rate_sum((("vhost", vh.name), name) for vh in vhs)}
+        queue_totals[name + "_details"] = {"rate": round(rates[name], 1)}
     return respond({
         "management_version": VERSION,
         "rates_mode": "basic",

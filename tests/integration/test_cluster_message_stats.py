@@ -90,13 +90,13 @@ class Acker(threading.Thread):
         conn.close()
 
 
-def publish_steadily(a, n: int, per_second: float) -> None:
-    """``n`` persistent, confirmed messages on member ``a``, ``per_second`` of them a second."""
+def publish_steadily(a, n: int, per_second: float, queue: str = QUEUE) -> None:
+    """``n`` persistent, confirmed messages to ``queue`` on member ``a``, ``per_second`` of them a second."""
     conn, ch = channel(a)
     ch.confirm_delivery()
     start = time.monotonic()
     for i in range(n):
-        ch.basic_publish("", QUEUE, b"m%d" % i, pika.BasicProperties(delivery_mode=2))
+        ch.basic_publish("", queue, b"m%d" % i, pika.BasicProperties(delivery_mode=2))
         delay = start + (i + 1) / per_second - time.monotonic()
         if delay > 0:
             time.sleep(delay)
@@ -283,3 +283,56 @@ def test_the_overview_shows_the_clusters_traffic_on_every_member(start_broker, p
     assert wait_for(lambda: overview_stats(b) == without_b, 10), overview_stats(b)
     time.sleep(2.5)  # past b's first flush and a's cached reading
     assert overview_stats(a) == without_b
+
+
+def test_another_members_classic_queue_and_the_totals_show_the_same_rates_on_every_member(start_broker, pg_dsn):
+    """A classic queue lives on one member (its rates are sampled there); the others list it with the figures,
+    message counters and rates its member answers, and the overview's and the vhost's totals add up the rates
+    of every queue of the cluster as every member shows them. Before, member b showed a's classic queue with
+    rate 0 and no message_stats, and b's totals' rates counted only the queues b itself had (here: 20 a second
+    where a showed 60)."""
+    a, b = members_with_queue(start_broker, pg_dsn, slot_ms=3000)
+    conn, ch = channel(a)
+    ch.queue_declare("classic-on-a", durable=True)
+    conn.close()
+    assert wait_for(lambda: Http(b.management_port)("GET", "/api/queues/%2F/classic-on-a")[0] == 200, 5)
+    to_classic = threading.Thread(target=publish_steadily, args=(a, 440, 40.0, "classic-on-a"), daemon=True)
+    to_quorum = threading.Thread(target=publish_steadily, args=(b, 220, 20.0), daemon=True)
+    to_classic.start()
+    to_quorum.start()  # backlogs growing 40 and 20 a second for 11 s, nobody consuming
+
+    def view(m) -> tuple[dict, float, float]:
+        api = Http(m.management_port)
+        q = api("GET", "/api/queues/%2F/classic-on-a")[1]
+        rates = {name: q[name + "_details"]["rate"] for name in FIGURES}
+        rates["publish"] = q["message_stats"].get("publish_details", {}).get("rate", 0.0)
+        totals = api("GET", "/api/overview")[1]["queue_totals"]["messages_details"]["rate"]
+        vhost = api("GET", "/api/vhosts/%2F")[1]["messages_details"]["rate"]
+        return rates, totals, vhost
+
+    time.sleep(6.5)  # two rate slots of traffic
+    pairs = []
+    deadline = time.monotonic() + 4.0
+    while time.monotonic() < deadline and to_classic.is_alive():
+        with ThreadPoolExecutor(2) as pool:
+            fa, fb = pool.submit(view, a), pool.submit(view, b)
+            pairs.append((fa.result(), fb.result()))
+        time.sleep(0.2)
+    to_classic.join(30)
+    to_quorum.join(30)
+    assert len(pairs) >= 10, pairs
+    same = [va for va, vb in pairs if va == vb]
+    assert len(same) * 2 >= len(pairs), pairs  # a pair differs only across a sample or slot boundary
+    for rates, totals, vhost in same:
+        assert 30 <= rates["messages"] <= 50 and rates["messages"] == rates["messages_ready"], rates
+        assert 30 <= rates["publish"] <= 50, rates
+        assert 45 <= totals <= 75 and totals == vhost, (totals, vhost)
+
+    # At rest: the classic queue's counters as its member counts them, on both; every rate back to zero.
+    def settled() -> bool:
+        (ra, ta, va), (rb, tb, vb) = view(a), view(b)
+        stats = [Http(m.management_port)("GET", "/api/queues/%2F/classic-on-a")[1]["message_stats"] for m in (a, b)]
+        return (stats[0]["publish"] == stats[1]["publish"] == 440 and ra == rb == dict.fromkeys(ra, 0.0)
+                and ta == tb == va == vb == 0.0)
+
+    assert wait_for(settled, 15), (view(a), view(b))
