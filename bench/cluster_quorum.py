@@ -66,11 +66,24 @@ class Node(Leveret):
             self.proc.wait(10)
 
 
-def psql(pg: PgServer, sql: str) -> None:
-    cmd = ["psql", "-h", "127.0.0.1", "-p", str(pg.port), "-U", pg.user, "-d", "postgres", "-c", sql]
+def psql(pg: PgServer, sql: str) -> str:
+    """Runs ``sql``; its rows, unaligned (``-At``)."""
+    cmd = ["psql", "-At", "-h", "127.0.0.1", "-p", str(pg.port), "-U", pg.user, "-d", "postgres", "-c", sql]
     if os.geteuid() == 0:
         cmd = ["runuser", "-u", "postgres", "--", *cmd]
-    subprocess.run(cmd, check=True, capture_output=True)
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+
+
+# The server settings a reader needs to judge the figures (the rest are PostgreSQL's defaults).
+REPORTED_SETTINGS = ("server_version", "fsync", "synchronous_commit", "wal_sync_method", "full_page_writes",
+                     "shared_buffers", "wal_buffers", "max_wal_size", "checkpoint_timeout", "commit_delay",
+                     "max_connections", "autovacuum")
+
+
+def pg_settings(pg: PgServer) -> dict[str, str]:
+    names = ", ".join(f"'{n}'" for n in REPORTED_SETTINGS)
+    rows = psql(pg, f"SELECT name, setting || coalesce(unit, '') FROM pg_settings WHERE name IN ({names})")
+    return dict(line.split("|", 1) for line in rows.splitlines() if "|" in line)
 
 
 def start_postgres() -> PgServer:
@@ -260,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     pg = start_postgres()
     rabbit = None
     try:
-        result: dict[str, Any] = {"machine": machine_info()}
+        result: dict[str, Any] = {"machine": machine_info(), "postgresql": pg_settings(pg)}
         if args.only != "failover":
             if not args.no_rabbitmq:
                 if not port_free(args.rabbitmq_port):
