@@ -149,6 +149,9 @@ class Channel:
         self.consumers: dict[str, Consumer] = {}
         self.prefetch_count = 0  # for consumers created from now on (basic.qos global=false)
         self.global_prefetch = 0  # shared by the channel's consumers (basic.qos global=true)
+        # Whether the client itself asked for a shared limit (basic.qos global=true, a prefetch above 0; not
+        # py-amqp's global=false taken as one): RabbitMQ's "limiter active", which quorum queues refuse.
+        self.global_qos = False
         # Whether the channel has published (RabbitMQ's publishing mode): an open one counts as a publisher.
         self.publishing = False
         # Publisher confirms: None until confirm.select.
@@ -636,6 +639,8 @@ class Channel:
         """
         if m.prefetch_size:
             raise AMQPError(NOT_IMPLEMENTED, f"prefetch_size!=0 ({m.prefetch_size})")
+        if m.global_:
+            self.global_qos = m.prefetch_count > 0
         if m.global_ or self._client_uses_spec_qos():
             self.global_prefetch = m.prefetch_count
             self._kick_consumer_queues()

@@ -42,11 +42,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from broker import queue_args
+from broker.errors import AMQPError
 from broker.memory_budget import PagedQueue
 from broker.queue_args import QueueSettings
 from broker.queue_consumers import Consumer, ConsumerSet
 from broker.queue_process import QueueHost, QueueOwner, QueueProcess, QueueStats
 from broker.stream_queue import StreamQueueType
+from protocol.constants import NOT_IMPLEMENTED
 from storage.backing_queue import BackingQueue, Figures
 from storage.memory_queue import MemoryBackingQueue
 from storage.priority_queue import PriorityBackingQueue, SharedPriorityBackingQueue
@@ -183,6 +185,16 @@ class QuorumQueue(QueueProcess):
 
     type_name = "quorum"
     counts_deliveries = True
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        """RabbitMQ 3.10 refuses a consumer of a quorum queue on a channel whose client asked for a shared
+        (global) prefetch, unless the consumer has a prefetch of its own (basic.qos global=false before the
+        consume): 540, a connection error (probed against 3.10.8). kombu's global=false, which Leveret takes
+        as the channel's limit, is not a global QoS the client asked for (Channel.global_qos)."""
+        if getattr(consumer.channel, "global_qos", False) and not consumer.prefetch:
+            raise AMQPError(NOT_IMPLEMENTED, f"queue '{self.name}' in vhost '{self.vhost.name}' does not "
+                            "support global qos")
+        super().add_consumer(consumer)
 
 
 class QuorumQueueType(ClassicQueueType):

@@ -75,6 +75,32 @@ def test_py_amqp_qos_global_false_is_the_channel_limit_at_once(broker, uid):
         conn.close()
 
 
+@pytest.mark.quorum
+def test_py_amqp_consumes_a_quorum_queue_under_its_channel_limit(broker, uid):
+    """kombu's ``global=false`` (the channel's limit here, see above) is not the global QoS a quorum queue
+    refuses (540, RabbitMQ's answer to basic.qos global=true): a Celery worker consumes quorum queues."""
+    conn = amqp.Connection(f"{broker.host}:{broker.port}", userid=broker.user, password=broker.password,
+                           virtual_host=broker.vhost, connect_timeout=10)
+    conn.connect()
+    try:
+        ch = conn.channel()
+        q = f"{uid}-quorum"
+        ch.queue_declare(q, durable=True, auto_delete=False, arguments={"x-queue-type": "quorum"})
+        for i in range(5):
+            ch.basic_publish(amqp.Message(f"m{i}"), routing_key=q)
+        got: list[amqp.Message] = []
+        ch.basic_qos(0, 2, False)
+        tag = ch.basic_consume(q, callback=got.append)
+        assert _drain(conn, lambda: len(got) >= 2)
+        for m in got[:2]:
+            ch.basic_ack(m.delivery_tag)
+        assert _drain(conn, lambda: len(got) >= 4)
+        ch.basic_cancel(tag)
+        ch.queue_delete(q)
+    finally:
+        conn.close()
+
+
 def _load_celery_app():
     spec = importlib.util.spec_from_file_location("leveret_tests_celery_eta_app", HERE / "celery_app.py")
     module = importlib.util.module_from_spec(spec)

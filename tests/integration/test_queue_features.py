@@ -323,6 +323,33 @@ def test_quorum_queue_basic_flow(conn, connect, make_queue):
     assert declare_ok(conn, q).message_count == 0
 
 
+@pytest.mark.quorum
+def test_quorum_queue_refuses_a_consumer_under_global_qos_alone(connect, make_queue):
+    """RabbitMQ 3.10 (probed, 3.10.8): basic.qos global=true and then a consume of a quorum queue without a
+    prefetch of the consumer's own is a connection error, 540 NOT_IMPLEMENTED; with a per-consumer prefetch
+    set after the global one, or a global prefetch of 0, the consume is accepted."""
+    q = make_queue(arguments={"x-queue-type": "quorum"}, durable=True)
+    refused = connect()
+    ch = refused.channel()
+    ch.basic_qos(prefetch_count=10, global_qos=True)
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as e:
+        ch.basic_consume(q, lambda *a: None)
+        pump(refused, lambda: False, 2)  # nowait or not, the close comes
+    assert e.value.reply_code == 540
+    assert e.value.reply_text == f"NOT_IMPLEMENTED - queue '{q}' in vhost '/' does not support global qos"
+
+    publish(connect(), q, "x")
+    for steps in ((10, 5), (0, 5)):  # global, then the consumer's own prefetch
+        accepted = connect()
+        ch = accepted.channel()
+        ch.basic_qos(prefetch_count=steps[0], global_qos=True)
+        ch.basic_qos(prefetch_count=steps[1])
+        got = Collector()
+        ch.basic_consume(q, got)
+        assert pump(accepted, lambda: len(got) == 1)
+        accepted.close()  # unacked: back to the queue for the next round
+
+
 def _nack_every_delivery(conn, q: str, expected: int) -> Collector:
     """Consume with manual ack and nack(requeue=True) every delivery; wait for ``expected`` deliveries."""
     got = Collector()
