@@ -346,7 +346,7 @@ def test_quorum_queue_refuses_a_consumer_under_global_qos_alone(connect, make_qu
         ch.basic_qos(prefetch_count=steps[1])
         got = Collector()
         ch.basic_consume(q, got)
-        assert pump(accepted, lambda: len(got) == 1)
+        assert pump(accepted, lambda got=got: len(got) == 1)
         accepted.close()  # unacked: back to the queue for the next round
 
 
