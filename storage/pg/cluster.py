@@ -33,6 +33,7 @@ from storage.pg import schema
 from storage.pg.backing_queue import PgBackingQueue
 from storage.pg.connections import stop_tasks
 from storage.pg.forget import NAME_LOCK_CLASS, Forgotten, NotForgettable, forget_member
+from storage.pg.planner_statistics import PlannerStatistics
 from storage.pg.progress import Progress
 from storage.pg.workers import DISCONNECTED, Acker, Fetcher, Publisher, disconnected
 
@@ -117,6 +118,8 @@ class PgCluster:
         self._sac_wanted: dict[PgBackingQueue, None] = {}
         self._sac_held: dict[int, PgBackingQueue] = {}
         self._sac_task: asyncio.Task[None] | None = None
+        # The planner's statistics of leveret.message, looked at from the lease loop (planner_statistics.py).
+        self.planner_statistics = PlannerStatistics(dsn) if dsn else None
 
     # -- start ---------------------------------------------------------------------------------------------
     @classmethod
@@ -484,6 +487,8 @@ class PgCluster:
             await self._reap()
             if self._sac_wanted or self._sac_held:
                 await self._sac_step()
+            if self.planner_statistics is not None:
+                await self.planner_statistics.check(conn)
         return False
 
     async def reap(self) -> None:
@@ -544,6 +549,8 @@ class PgCluster:
                              self._sac_task,
                              self.publisher.task,
                              self.acker.task, self.fetcher.task) if t]
+        if self.planner_statistics is not None:
+            await self.planner_statistics.close()
         if tasks:
             # Cancelled again while running (a cancel that wait_for swallowed: storage/pg/connections.py).
             pending = await stop_tasks(*tasks, timeout=CLOSE_DRAIN_TIMEOUT)
