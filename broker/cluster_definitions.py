@@ -11,8 +11,9 @@ SQLite store. :func:`make_where` is the rule, in broker terms:
 - local: durable classic queues and bindings to them (their messages are in this node's files), a
   delayed-message exchange's reference to its local store, the node's storage-format row.
 
-:class:`DefinitionsFollower` brings the other members' changes in: every ``interval`` it reads the change
-feed (storage/pg/definitions_store.py) past the last version it applied and replays each change through
+:class:`DefinitionsFollower` brings the other members' changes in: when the feed's doorbell rings (a NOTIFY
+in every transaction that changed a definition), and every ``interval`` in case a ring was lost, it reads the
+change feed (storage/pg/definitions_store.py) past the last version it applied and replays each change through
 the broker's ordinary operations (declare, bind, set policy, delete...), inside the store's ``replaying``
 so that they write nothing back. Those operations do what they always do, so a queue deleted on another
 member cancels its consumers here, and a policy set there is applied to this member's queues at once.
@@ -34,8 +35,9 @@ from broker.persistence import NODE_METADATA_KEY, binding_args_hash, untable
 from broker.policy import Policy
 from storage.metadata_store import MetadataStoreError
 from storage.node_storage import NODE_KIND
+from storage.pg.bell import Bell
 from storage.pg.connections import stop_tasks
-from storage.pg.definitions_store import Change, PgDefinitionsStore
+from storage.pg.definitions_store import DEFINITIONS_BELL, Change, PgDefinitionsStore
 from storage.pg.shared_metadata import SplitMetadataStore, Where
 
 log = structlog.get_logger("leveret.cluster")
@@ -191,15 +193,24 @@ class DefinitionsFollower:
         self._task: asyncio.Task[None] | None = None
         self._failing = False
         self._last_catch_up_now = 0.0
+        # Rung by every commit that changed a definition (storage/pg/definitions_store.py DEFINITIONS_BELL):
+        # the feed is read at once, the poll stays for rings lost with a broken session.
+        self._rung = asyncio.Event()
+        self.bell = Bell(self.shared.dsn, DEFINITIONS_BELL, self._rung.set)
 
     def start(self) -> None:
         """Follow from ``version``: the feed's end as it was before the recovery pass read the table (set
         by the caller), so that a change made meanwhile is replayed (replaying is idempotent)."""
         self._task = asyncio.get_running_loop().create_task(self._run())
+        self.bell.start()
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self.interval)
+            try:
+                await asyncio.wait_for(self._rung.wait(), self.interval)
+            except TimeoutError:
+                pass
+            self._rung.clear()
             try:
                 await self.catch_up()
             except MetadataStoreError as exc:  # PostgreSQL out of reach: the store reconnects at the next call
@@ -265,3 +276,4 @@ class DefinitionsFollower:
 
     async def stop(self) -> None:
         await stop_tasks(self._task)  # (re-cancelled while running: a cancel wait_for swallowed would hang)
+        await self.bell.close()

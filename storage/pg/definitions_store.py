@@ -61,6 +61,11 @@ PROBE_TIMEOUT = 2.0
 
 # Its table, leveret.definition, is migration 2 of storage/pg/schema.py.
 
+# The doorbell of the feed: every transaction that changed a definition notifies this channel (delivered when it
+# commits; several in one transaction are one), and each member's follower listens (broker/cluster_definitions.py)
+# and reads the feed at once instead of at its next poll.
+DEFINITIONS_BELL = "leveret_definitions"
+
 _PUT = ("INSERT INTO leveret.definition (kind, key, value, version, writer) "
         "VALUES ($1, $2, $3, nextval('leveret.definition_version'), $4) "
         "ON CONFLICT (kind, key) DO UPDATE SET value = EXCLUDED.value, version = EXCLUDED.version, "
@@ -248,6 +253,8 @@ class PgDefinitionsStore:
             else:
                 status = await conn.execute(_DELETE_PREFIX, kind, SEP.join(key) + SEP, self.writer)
             n += int(status.rsplit(" ", 1)[-1])
+        if n:
+            await conn.execute("SELECT pg_notify($1, '')", DEFINITIONS_BELL)
         return n
 
     @contextmanager
