@@ -98,7 +98,9 @@ async def get_overview(request: web.Request) -> web.Response:
             "connections": len(conns),
             "consumers": len(consumers),
             "exchanges": sum(len(vh.exchanges) + 1 for vh in vhs),
-            "queues": sum(len(vh.queues) for vh in vhs),
+            # (a cluster member's: every queue of the cluster once, the other members' node-local ones too)
+            "queues": sum(len(vh.queues) for vh in vhs)
+            + sum(1 for other in (view.others if view is not None else ()) if other.vhost.name in names),
         },
         "statistics_db_event_queue": 0,
         "node": node.name,

@@ -328,6 +328,10 @@ def test_another_members_classic_queue_and_the_totals_show_the_same_rates_on_eve
         assert 30 <= rates["publish"] <= 50, rates
         assert 45 <= totals <= 75 and totals == vhost, (totals, vhost)
 
+    # Every queue of the cluster counted once in the overview's object totals, on both (b has the classic
+    # queue only as a's answer).
+    assert [Http(m.management_port)("GET", "/api/overview")[1]["object_totals"]["queues"] for m in (a, b)] == [2, 2]
+
     # At rest: the classic queue's counters as its member counts them, on both; every rate back to zero.
     def settled() -> bool:
         (ra, ta, va), (rb, tb, vb) = view(a), view(b)
