@@ -10,10 +10,14 @@ import threading
 import asyncpg
 import pika
 import pytest
+from pamqp import commands as spec
 from test_cluster_definitions import member, passive_exists
 from test_cluster_quorum import PERSISTENT, QUORUM, consume
 from test_management_api import wait_for
 
+from broker.message import Message
+from broker.message_codec import encode_message
+from protocol.fastcodec import build_content_header, shortstr
 from storage.pg.schema import MIGRATIONS, current_version, latest_version, migrate
 
 pytestmark = pytest.mark.leveret_only
@@ -82,6 +86,39 @@ def test_a_member_migrates_a_database_left_at_schema_version_1(start_broker, pg_
     assert wait_for(lambda: passive_exists(b, "queue", queue), 5)
     publish_confirmed(a, queue, [b"one", b"two"])
     assert [body for body, _ in consume(b, queue, 2)] == [b"one", b"two"]
+
+
+def test_messages_a_version_1_cluster_left_are_served_after_the_migration(start_broker, pg_dsn, uid):
+    """A quorum queue's messages stored under schema version 1 (its table of messages is unchanged since) are
+    delivered, in order and with their properties, by a member of this release once an application declares
+    the queue again (version 1 kept definitions in each node's own files, so the new member learns of the queue
+    from the declare, and finds its rows by vhost and name)."""
+    queue = f"{uid}-old"
+    bodies = [b"left-%d" % i for i in range(3)]
+
+    async def leave_messages(conn) -> None:
+        await migrate(conn, MIGRATIONS[:1])
+        qid = await conn.fetchval("INSERT INTO leveret.queue (vhost, name) VALUES ('/', $1) RETURNING queue_id",
+                                  queue)
+        for i, body in enumerate(bodies):
+            props = spec.Basic.Properties(delivery_mode=2, message_id=f"m{i}").marshal()
+            msg = Message("", queue, shortstr("") + shortstr(queue), build_content_header(len(body), props), body)
+            await conn.execute("INSERT INTO leveret.message (seq, queue_id, state, persistent, size, body) "
+                               "VALUES ($1, $2, 0, true, $3, $4)", 1000 + i, qid, len(body), encode_message(msg))
+
+    sql(pg_dsn, leave_messages)
+    a = member(start_broker, pg_dsn, "a")
+    assert sql(pg_dsn, current_version) == latest_version()
+    conn = pika.BlockingConnection(a.pika_params())
+    ch = conn.channel()
+    assert ch.queue_declare(queue, durable=True, arguments=QUORUM).method.message_count == 3
+    got = []
+    for _ in bodies:
+        method, props, body = ch.basic_get(queue, auto_ack=True)
+        assert method is not None, got
+        got.append((body, props.message_id, props.delivery_mode))
+    conn.close()
+    assert got == [(body, f"m{i}", 2) for i, body in enumerate(bodies)]
 
 
 def test_a_member_refuses_a_database_of_a_newer_leveret(start_broker, pg_dsn):
