@@ -228,6 +228,25 @@ def global_message_counts(node: Node, shared: Snapshot | None = None) -> dict[st
     return out
 
 
+def overview_message_stats(node: Node, sampler: RateSampler | None, shared: Snapshot | None) -> dict[str, Any]:
+    """The overview's ``message_stats`` with their rates. On a cluster member (``shared``) the rates are the
+    members' counter growth over their last sampled slot as PostgreSQL holds it (storage/pg/queue_stats.py,
+    schema version 7), summed in member order: the same on every member asked within one slot, where each
+    member's own sampler would take the cluster's sums at its own moments. On one node, the sampler's."""
+    counts = global_message_counts(node, shared)
+    if shared is None:
+        return with_details(counts, sampler, "global")
+    rates = dict.fromkeys(counts, 0.0)
+    for delta in shared.member_deltas:
+        for name, grown in message_counts(delta.growth).items():
+            rates[name] += grown / delta.seconds
+    out: dict[str, Any] = {}
+    for name, value in counts.items():
+        out[name] = value
+        out[name + "_details"] = {"rate": round(rates[name], 1)}
+    return out
+
+
 def message_counts(c: Mapping[str, int]) -> dict[str, int]:
     """``message_stats`` from node-wide counters by name (broker/counters.py GlobalCounters.as_dict)."""
     def n(name: str) -> int:

@@ -30,9 +30,9 @@ from broker.management.common import (
 from broker.management.objects import (
     churn_counts,
     cluster_view,
-    global_message_counts,
     iter_channels,
     iter_consumers,
+    overview_message_stats,
     vhost_message_rates,
     vhost_message_totals,
     with_details,
@@ -89,8 +89,7 @@ async def get_overview(request: web.Request) -> web.Response:
         "disable_stats": False,
         "is_op_policy_updating_enabled": True,
         "enable_queue_totals": True,
-        "message_stats": with_details(global_message_counts(node, view.shared if view is not None else None),
-                                      sampler, "global"),
+        "message_stats": overview_message_stats(node, sampler, view.shared if view is not None else None),
         "churn_rates": with_details(churn_counts(node), sampler, "global"),
         "queue_totals": queue_totals,
         "object_totals": {

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import asyncpg
 
 from storage.pg.connections import close_connection
-from storage.pg.queue_stats import NO_ACTIVITY, Activity, read_activity
+from storage.pg.queue_stats import NO_ACTIVITY, Activity, MemberDelta, read_activity, read_member_deltas
 
 log = logging.getLogger("leveret.pg.queue_figures")
 
@@ -73,6 +73,9 @@ class Snapshot(NamedTuple):
     # Each live member's node-wide counters as it last wrote them (storage/pg/queue_stats.py NODE_FLUSH, at
     # most a flush old): the overview sums them.
     member_counters: dict[str, dict[str, int]]
+    # The live members' node-wide counter growth over their last sampled rate slot (queue_stats.py, schema
+    # version 7), in member order: the overview's message rates, the same on every member asked in one slot.
+    member_deltas: list[MemberDelta]
 
     def counts(self, vhost: str, name: str) -> QueueCounts:
         return self.queues.get((vhost, name), ZERO)
@@ -149,6 +152,7 @@ class PgQueueFigures:
             members = tuple(r[0] for r in await conn.fetch(LIVE_MEMBERS))
             slot, activities = await read_activity(conn, self.rate_slot_ms)
             counters = {r[0]: json.loads(r[1]) for r in await conn.fetch(NODE_COUNTERS, list(members))}
+            deltas = await read_member_deltas(conn, self.rate_slot_ms, members)
         self.counts_taken += 1
         for vhost, name, state, n, nbytes in rows:
             c = queues.setdefault((vhost, name), [0, 0, 0, 0])
@@ -159,7 +163,7 @@ class PgQueueFigures:
                 c[1] += n
                 c[3] += nbytes
         return Snapshot(time.monotonic(), {k: QueueCounts(*v) for k, v in queues.items()}, members,
-                        activities, slot, counters)
+                        activities, slot, counters, deltas)
 
     def _drop(self) -> None:
         if self._conn is not None and not self._conn.is_closed():

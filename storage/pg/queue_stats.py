@@ -131,10 +131,20 @@ DELETE FROM leveret.queue_stats_sample WHERE queue_id IN (SELECT queue_id FROM g
 """
 
 # A member's node-wide counters, as its current run counted them (a restart starts them again, as RabbitMQ's
-# node statistics do): written when they changed. $1 node, $2 the counters (JSON).
-NODE_FLUSH = ("INSERT INTO leveret.node_stats AS s (node, counters) VALUES ($1, $2::jsonb) ON CONFLICT (node) "
-              "DO UPDATE SET counters = excluded.counters, updated_at = now() "
-              "WHERE s.counters IS DISTINCT FROM excluded.counters")
+# node statistics do): the row written when they changed, and a sample once per slot (schema version 7; the
+# first flush of the slot, at now()), from which every member reads the same overview rates. $1 node, $2 the
+# counters (JSON), $3 slot length (ms). Returns the slot.
+NODE_FLUSH = """
+WITH k AS (SELECT floor(extract(epoch FROM now()) * 1000 / $3)::bigint AS slot),
+up AS (INSERT INTO leveret.node_stats AS s (node, counters) VALUES ($1, $2::jsonb) ON CONFLICT (node)
+       DO UPDATE SET counters = excluded.counters, updated_at = now()
+       WHERE s.counters IS DISTINCT FROM excluded.counters RETURNING 1),
+sampled AS (INSERT INTO leveret.node_stats_sample (node, slot_ms, slot, taken_at, counters)
+            SELECT $1, $3, k.slot, now(), $2::jsonb FROM k ON CONFLICT DO NOTHING RETURNING 1)
+SELECT slot FROM k
+"""
+NODE_PRUNE = ("DELETE FROM leveret.node_stats_sample WHERE node = $1 AND (slot < $3::bigint - $4::int "
+              "OR slot_ms <> $2::int)")
 
 # Reading (in storage/pg/queue_figures.py's read-only transaction).
 TOTALS = f"""
@@ -172,6 +182,39 @@ SELECT q.vhost, q.name, NULL, {", ".join(f"g.{c}" for c in RATES)},
        {", ".join(f"coalesce(f.{c}, 0)" for c in FIGURE_RATES)}
   FROM g JOIN leveret.queue q ON q.queue_id = g.queue_id LEFT JOIN f ON f.queue_id = g.queue_id
 """
+
+
+# The live members' two newest samples of their node-wide counters before the current slot (the newest of slot
+# K-1 or K-2), oldest member name first. $1 slot length (ms), $2 the live members.
+NODE_RATES_SQL = """
+WITH k AS (SELECT floor(extract(epoch FROM now()) * 1000 / $1)::bigint AS slot),
+r AS (SELECT d.*, row_number() OVER (PARTITION BY d.node ORDER BY d.slot DESC) AS n
+        FROM leveret.node_stats_sample d, k
+       WHERE d.slot_ms = $1 AND d.slot < k.slot AND d.node = ANY($2::text[]))
+SELECT a.node, extract(epoch FROM a.taken_at - b.taken_at)::float8 AS dt, a.counters AS now, b.counters AS before
+  FROM r a JOIN r b ON b.node = a.node AND b.n = 2, k
+ WHERE a.n = 1 AND a.slot >= k.slot - 2 AND a.taken_at > b.taken_at
+ ORDER BY a.node
+"""
+
+
+class MemberDelta(NamedTuple):
+    """What one member's node-wide counters grew by between its two newest samples, and over how long."""
+
+    node: str
+    seconds: float
+    growth: dict[str, int]  # counter name -> growth (never negative: a restart starts the counters again)
+
+
+async def read_member_deltas(conn: asyncpg.Connection, slot_ms: int, members: Sequence[str]) -> list[MemberDelta]:
+    """The live ``members``' counter growth over their last sampled slot (in the figures' read-only
+    transaction): every member reading in the same slot gets the same list, in the same order."""
+    out = []
+    for r in await conn.fetch(NODE_RATES_SQL, slot_ms, list(members)):
+        now, before = json.loads(r["now"]), json.loads(r["before"])
+        out.append(MemberDelta(r["node"], float(r["dt"]),
+                               {name: max(0, int(v) - int(before.get(name, 0))) for name, v in now.items()}))
+    return out
 
 
 class Activity(NamedTuple):
@@ -220,7 +263,7 @@ class PgQueueStatsWriter:
         self.node = node
         self.collect = collect
         self.collect_node = collect_node
-        self._node_sent: str | None = None  # the node counters' JSON last written
+        self._node_pruned_slot: int | None = None
         self.slot_ms = slot_ms
         self.every = every if every is not None else min(FLUSH_EVERY, slot_ms / 2000)
         self.flushes = 0  # statements that committed (tests)
@@ -266,7 +309,7 @@ class PgQueueStatsWriter:
             self._failing = False
             self._gone -= batch[0]
             self.flushes += 1
-            if node_counters is not None and node_counters != self._node_sent:
+            if node_counters is not None:
                 try:  # apart: the queues' flush above has committed whatever happens here
                     await asyncio.wait_for(self._write_node(node_counters), timeout)
                 except asyncio.CancelledError:
@@ -319,8 +362,10 @@ class PgQueueStatsWriter:
         conn = self._conn
         if conn is None or conn.is_closed():
             conn = self._conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT)
-        await conn.execute(NODE_FLUSH, self.node, counters)
-        self._node_sent = counters
+        slot = int(await conn.fetchval(NODE_FLUSH, self.node, counters, self.slot_ms))
+        if self._node_pruned_slot != slot:
+            await conn.execute(NODE_PRUNE, self.node, self.slot_ms, slot, KEEP_SLOTS)
+            self._node_pruned_slot = slot
 
     def _drop(self) -> None:
         if self._conn is not None and not self._conn.is_closed():

@@ -157,9 +157,21 @@ CREATE TABLE leveret.node_stats (
     updated_at timestamptz NOT NULL DEFAULT now());
 """
 
+# Samples of each member's node-wide counters, one per rate slot (storage/pg/queue_stats.py): the overview's
+# message rates from PostgreSQL's clock, the same on every member asked in one slot (as the queues' in version 4).
+MIGRATION_7 = """
+CREATE TABLE leveret.node_stats_sample (
+    node     text    NOT NULL,
+    slot_ms  integer NOT NULL,                  -- the slot length the member samples by
+    slot     bigint  NOT NULL,                  -- floor(epoch ms of taken_at / slot_ms)
+    taken_at timestamptz NOT NULL,
+    counters jsonb   NOT NULL,                  -- as in leveret.node_stats
+    PRIMARY KEY (node, slot_ms, slot));
+"""
+
 # (version, sql), ascending. Append only: a released migration never changes.
 MIGRATIONS: list[tuple[int, str]] = [(1, MIGRATION_1), (2, MIGRATION_2), (3, MIGRATION_3), (4, MIGRATION_4),
-                                     (5, MIGRATION_5), (6, MIGRATION_6)]
+                                     (5, MIGRATION_5), (6, MIGRATION_6), (7, MIGRATION_7)]
 
 
 class SchemaTooNew(RuntimeError):
