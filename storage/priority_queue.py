@@ -196,6 +196,16 @@ class PriorityBackingQueue:
         for q in self._queues:
             q.set_demand(wanted)
 
+    def hand_back_unused(self) -> None:
+        """Every level's rows reserved only to judge the head go back (a shared store's; see its own), unless
+        a basic.get waits on any level: it waits for every level's round and then takes the highest."""
+        if any(getattr(q, "awaits_fetch", bool)() for q in self._queues):
+            return
+        for q in self._queues:
+            hand_back = getattr(q, "hand_back_unused", None)
+            if hand_back is not None:
+                hand_back()
+
     # -- memory: the budget is shared out evenly between the sub-queues that hold messages ---------------
     def set_ram_budget(self, max_bytes: int | None) -> None:
         busy = [q for q in self._queues if not q.is_empty()] or self._queues

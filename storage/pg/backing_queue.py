@@ -146,6 +146,10 @@ class PgBackingQueue:
         self.last_recount = 0.0
         self.recount_cost = 0.0  # seconds the last recount statement took (spaces doorbell recounts)
         self._fetched_returns = (-1, 0)  # (seq, returns) of the last fetch: ``returns`` answers from it
+        # The head's expiry when this node last handed back rows it had reserved only to judge the head
+        # (hand_back_unused): a one-element tuple, or None when not known. head_expiry answers it while the
+        # buffer is empty, so the owner's TTL timer, not each publish, makes the next reservation.
+        self._head_hint: tuple[int | None] | None = None
         self._fetch_waiters: list[tuple[int, Callable[[], None]]] = []  # ``when_fetched``: (round, callback)
         self.reserve_rounds = 0  # reservations begun for this queue (a waiter waits for one begun after it)
         self._count_waiters: list[tuple[int, Callable[[], None]]] = []  # ``when_counted``: (round, callback)
@@ -253,6 +257,7 @@ class PgBackingQueue:
             return
         if not rows:
             return
+        self._head_hint = None
         self.buffer.extend(rows)
         self.hungry = False
         self.last_take = time.monotonic()
@@ -338,9 +343,26 @@ class PgBackingQueue:
     def head_expiry(self) -> int | None:
         if self.buffer:
             return self.buffer[0].expiry
+        if self._head_hint is not None:
+            return self._head_hint[0]
         if self.len():
             self._want()
         return None
+
+    def awaits_fetch(self) -> bool:
+        """Whether a basic.get waits for a reservation round (when_fetched)."""
+        return bool(self._fetch_waiters)
+
+    def hand_back_unused(self) -> None:
+        """The owner has no consumers, and reserved the head only to judge it (its TTL, a drop-head): hand
+        the rows back at once, so that other members' consumers and basic.gets have them now rather than when
+        the idle prefix goes back (RELEASE_IDLE_AFTER), and keep the head's expiry for :meth:`head_expiry`
+        (the owner's TTL timer comes back for it). A basic.get waiting here keeps them."""
+        if not self.buffer or self.awaits_fetch():
+            return
+        hint = (self.buffer[0].expiry,)
+        self.release_buffer()
+        self._head_hint = hint
 
     def peek(self) -> Any | None:
         if self.buffer:
@@ -362,6 +384,7 @@ class PgBackingQueue:
             self.last_take = time.monotonic()
             self._op("ack", dropped)
         if not self.buffer and self.len():
+            self._head_hint = None  # judged expired (or gone): the head is read again
             self._want()
         return len(dropped), self.buffer[0].expiry if self.buffer else None
 
@@ -374,6 +397,7 @@ class PgBackingQueue:
         if out:
             self.last_take = time.monotonic()
         if not self.buffer and self.len():
+            self._head_hint = None  # judged expired (or gone): the head is read again
             self._want()
         return out
 
