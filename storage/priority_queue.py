@@ -196,6 +196,12 @@ class PriorityBackingQueue:
         for q in self._queues:
             q.set_demand(wanted)
 
+    def set_consumed(self, present: bool) -> None:
+        for q in self._queues:
+            set_consumed = getattr(q, "set_consumed", None)
+            if set_consumed is not None:
+                set_consumed(present)
+
     def hand_back_unused(self) -> None:
         """Every level's rows reserved only to judge the head go back (a shared store's; see its own), unless
         a basic.get waits on any level: it waits for every level's round and then takes the highest."""

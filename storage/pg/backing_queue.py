@@ -150,6 +150,9 @@ class PgBackingQueue:
         # (hand_back_unused): a one-element tuple, or None when not known. head_expiry answers it while the
         # buffer is empty, so the owner's TTL timer, not each publish, makes the next reservation.
         self._head_hint: tuple[int | None] | None = None
+        # Whether the owner has consumers of the queue on this node (set_consumed): without any, a reservation
+        # made for a basic.get takes one row (workers.py batch_for), not a batch the others would wait for.
+        self.consumed = False
         self._fetch_waiters: list[tuple[int, Callable[[], None]]] = []  # ``when_fetched``: (round, callback)
         self.reserve_rounds = 0  # reservations begun for this queue (a waiter waits for one begun after it)
         self._count_waiters: list[tuple[int, Callable[[], None]]] = []  # ``when_counted``: (round, callback)
@@ -348,6 +351,10 @@ class PgBackingQueue:
         if self.len():
             self._want()
         return None
+
+    def set_consumed(self, present: bool) -> None:
+        """The owner has consumers here (True) or none any more (False)."""
+        self.consumed = present
 
     def awaits_fetch(self) -> bool:
         """Whether a basic.get waits for a reservation round (when_fetched)."""

@@ -72,6 +72,13 @@ SELECT queue_id FROM ins UNION ALL SELECT queue_id FROM leveret.queue WHERE vhos
 """
 
 
+def batch_for(q: PgBackingQueue) -> int:
+    """How many rows to reserve: a batch ahead of the node's consumers; one for a basic.get on a node where
+    nobody consumes the queue (the rest of a batch would wait there, unused, while other nodes' consumers
+    took later messages first)."""
+    return 1 if not q.consumed and q.awaits_fetch() else FETCH_BATCH
+
+
 async def queue_id(conn: asyncpg.Connection, q: PgBackingQueue) -> int:
     """The queue's id in ``leveret.queue``, made on first use (open_queue stays synchronous)."""
     while q.queue_id is None:
@@ -398,12 +405,13 @@ class Fetcher(Worker):
         rgen, pgen, changes = q.rgen, q.pgen, q.changes
         lo, hi = q.priority_range
         q.reserve_rounds += 1
-        records = await self.conn.fetch(RESERVE, qid, lo, hi, FETCH_BATCH, self.node.epoch)
+        batch = batch_for(q)
+        records = await self.conn.fetch(RESERVE, qid, lo, hi, batch, self.node.epoch)
         decode = q.decode
         rows = [Buffered(r[0], r[5] if decode is None else decode(r[5]), r[4], r[2], r[3], max(0, r[6] - 1))
                 for r in sorted(records, key=lambda r: (-r[1], r[0]))]
         q.last_poll = time.monotonic()
-        q.rows_reserved(rows, rgen, pgen, FETCH_BATCH, changes)
+        q.rows_reserved(rows, rgen, pgen, batch, changes)
 
     def _housekeeping(self, now: float) -> None:
         for q in self.node.queues.values():

@@ -330,3 +330,24 @@ def test_three_members_a_node_local_queue_then_a_quorum_queue_past_a_kill9(start
     assert [x for x in bodies if x.startswith(b"a")] == [b"a%d" % i for i in range(40)]
     assert got_one(ch_a, "shared") is None
     conn_a.close()
+
+
+def test_a_basic_get_on_one_member_holds_back_nothing_from_a_consumer_on_another(start_broker, pg_dsn):
+    """A basic.get on b, where nobody consumes, takes the head; the rest must stay in the queue's order for a
+    consumer on a at once. A member reserves ahead of its consumers (a batch of rows); one without consumers,
+    reserving for a get, held the rest of that batch until it went back unused (2 s), so a's consumer got
+    m101.. before m1..m100, 2 s late."""
+    a, b = two(start_broker, pg_dsn)
+    conn, ch = channel(a)
+    ch.queue_declare("got-once", durable=True, arguments=QUORUM)
+    conn.close()
+    assert known_on(b, "got-once")
+    publish_confirmed(a, "got-once", [b"m%d" % i for i in range(200)])
+    conn_b, ch_b = channel(b)
+    first = ch_b.basic_get("got-once", auto_ack=True)
+    assert first[2] == b"m0", first
+    started = time.monotonic()
+    got = consume(a, "got-once", 199, timeout=1.5)
+    took = time.monotonic() - started
+    conn_b.close()
+    assert [body for body, _ in got] == [b"m%d" % i for i in range(1, 200)], (len(got), got[:3], f"{took:.2f} s")
