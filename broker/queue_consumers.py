@@ -12,7 +12,7 @@ This module sits below the queue process and the channel: it knows a consumer's 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -142,6 +142,23 @@ class ConsumerSet:
             active = self._arrival[0] if self._arrival and self._retiring is None else None
             return active is not None and active.has_room()
         return any(c.has_room() for group in self._groups.values() for c in group)
+
+    def room(self, most: int) -> int:
+        """How many more messages the consumers could take now, at most ``most`` (a consumer without a
+        prefetch limit, or acking automatically, counts as ``most``): what a store the cluster's members share
+        reserves ahead for them, so that rows this member's consumers cannot take stay for the others'."""
+        if self.single_active:
+            active = self.active if self._retiring is None else None
+            consumers: Iterable[Consumer] = (active,) if active is not None else ()
+        else:
+            consumers = (c for group in self._groups.values() for c in group)
+        total = 0
+        for c in consumers:
+            if c.has_room():
+                total += most if c.no_ack or not c.prefetch else c.prefetch - c.unacked
+                if total >= most:
+                    return most
+        return total
 
     def __iter__(self) -> Iterator[Consumer]:
         for priority in list(self._priorities):

@@ -163,8 +163,10 @@ class QueueProcess:
         # A store others deliver from too (a cluster's quorum queue): rows it brought in only so that this
         # member could judge the head (TTL, drop-head) go back at once when nobody here consumes.
         self._hand_back_unused: Callable[[], None] | None = getattr(store, "hand_back_unused", None)
-        # ... and is told whether this member has consumers (a get-only member reserves one row at a time).
-        self._store_consumed: Callable[[bool], None] | None = getattr(store, "set_consumed", None)
+        # ... and reserves no more than this member's consumers can take (their free prefetch).
+        set_room = getattr(store, "set_room", None)
+        if set_room is not None:
+            set_room(self.consumers.room)
         self.exclusive_consumer: Consumer | None = None
         self.has_had_consumers = False
         self.deleted = False
@@ -697,8 +699,6 @@ class QueueProcess:
             memory_budget.consumers_changed(self)  # a consumed queue's default budget is larger
             if self._sac_store is not None:
                 self._sac_store.want_single_active(True)
-            if self._store_consumed is not None:
-                self._store_consumed(True)
         if consumer.exclusive:
             self.exclusive_consumer = consumer
         self.has_had_consumers = True
@@ -715,8 +715,6 @@ class QueueProcess:
         if not self.consumers.count:
             memory_budget.consumers_changed(self)
             self.bq.set_demand(False)
-            if self._store_consumed is not None:
-                self._store_consumed(False)
             if self._sac_store is not None:
                 self._sac_store.want_single_active(False)
         if self.auto_delete and not self.consumers.count and self.has_had_consumers and not self.deleted:

@@ -196,11 +196,12 @@ class PriorityBackingQueue:
         for q in self._queues:
             q.set_demand(wanted)
 
-    def set_consumed(self, present: bool) -> None:
+    def set_room(self, room: Callable[[int], int]) -> None:
+        """Every level's reservations are bounded by the consumers' room (a shared store's; see its own)."""
         for q in self._queues:
-            set_consumed = getattr(q, "set_consumed", None)
-            if set_consumed is not None:
-                set_consumed(present)
+            set_room = getattr(q, "set_room", None)
+            if set_room is not None:
+                set_room(room)
 
     def hand_back_unused(self) -> None:
         """Every level's rows reserved only to judge the head go back (a shared store's; see its own), unless

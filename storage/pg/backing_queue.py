@@ -150,9 +150,10 @@ class PgBackingQueue:
         # (hand_back_unused): a one-element tuple, or None when not known. head_expiry answers it while the
         # buffer is empty, so the owner's TTL timer, not each publish, makes the next reservation.
         self._head_hint: tuple[int | None] | None = None
-        # Whether the owner has consumers of the queue on this node (set_consumed): without any, a reservation
-        # made for a basic.get takes one row (workers.py batch_for), not a batch the others would wait for.
-        self.consumed = False
+        # How many more messages the owner's consumers here could take (set_room; None: not told): a
+        # reservation takes no more than that (workers.py batch_for), so rows they cannot take stay ready for
+        # other nodes' consumers; a basic.get where nobody consumes takes one row.
+        self.room: Callable[[int], int] | None = None
         self._fetch_waiters: list[tuple[int, Callable[[], None]]] = []  # ``when_fetched``: (round, callback)
         self.reserve_rounds = 0  # reservations begun for this queue (a waiter waits for one begun after it)
         self._count_waiters: list[tuple[int, Callable[[], None]]] = []  # ``when_counted``: (round, callback)
@@ -352,9 +353,10 @@ class PgBackingQueue:
             self._want()
         return None
 
-    def set_consumed(self, present: bool) -> None:
-        """The owner has consumers here (True) or none any more (False)."""
-        self.consumed = present
+    def set_room(self, room: Callable[[int], int]) -> None:
+        """``room(most)``: how many more messages the owner's consumers on this node could take, at most
+        ``most`` (broker/queue_consumers.py ConsumerSet.room)."""
+        self.room = room
 
     def awaits_fetch(self) -> bool:
         """Whether a basic.get waits for a reservation round (when_fetched)."""

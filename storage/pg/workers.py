@@ -73,10 +73,17 @@ SELECT queue_id FROM ins UNION ALL SELECT queue_id FROM leveret.queue WHERE vhos
 
 
 def batch_for(q: PgBackingQueue) -> int:
-    """How many rows to reserve: a batch ahead of the node's consumers; one for a basic.get on a node where
-    nobody consumes the queue (the rest of a batch would wait there, unused, while other nodes' consumers
-    took later messages first)."""
-    return 1 if not q.consumed and q.awaits_fetch() else FETCH_BATCH
+    """How many rows to reserve: what the node's consumers of the queue can take now (their free prefetch),
+    up to a batch; one for a basic.get on a node where nobody has room. Rows reserved beyond that would wait
+    here (for a slow consumer, or unused until the idle prefix goes back) while other nodes' consumers with
+    room got nothing, or got later messages first. Reservations that judge the head where nobody consumes
+    (TTL, drop-head) take a batch, and go back at once (hand_back_unused)."""
+    if q.room is None:
+        return FETCH_BATCH
+    room = q.room(FETCH_BATCH)
+    if room:
+        return room
+    return 1 if q.awaits_fetch() else FETCH_BATCH
 
 
 async def queue_id(conn: asyncpg.Connection, q: PgBackingQueue) -> int:

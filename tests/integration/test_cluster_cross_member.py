@@ -351,3 +351,45 @@ def test_a_basic_get_on_one_member_holds_back_nothing_from_a_consumer_on_another
     took = time.monotonic() - started
     conn_b.close()
     assert [body for body, _ in got] == [b"m%d" % i for i in range(1, 200)], (len(got), got[:3], f"{took:.2f} s")
+
+
+def test_a_slow_consumer_on_one_member_does_not_hold_work_a_free_one_on_another_could_take(start_broker, pg_dsn):
+    """Work-queue fairness across members: a consumer on a that takes a second per message (prefetch 1) and
+    a fast one on b (prefetch 1) share 20 messages as RabbitMQ's consumers with free capacity would, the fast
+    one taking most. A member reserving rows far ahead of what its consumers can take would leave b idle
+    while a's slow consumer works through them one by one."""
+    a, b = two(start_broker, pg_dsn)
+    conn, ch = channel(a)
+    ch.queue_declare("work-q", durable=True, arguments=QUORUM)
+    conn.close()
+    assert known_on(b, "work-q")
+    slow_got: list[bytes] = []
+    fast_got: list[bytes] = []
+    stop = time.monotonic() + 6.0
+
+    def consume_on(m, got: list[bytes], seconds_each: float) -> None:
+        conn, ch = channel(m)
+        ch.basic_qos(prefetch_count=1)
+
+        def on_message(c, method, _props, body) -> None:
+            got.append(body)
+            if seconds_each:
+                time.sleep(seconds_each)
+            c.basic_ack(method.delivery_tag)
+
+        ch.basic_consume("work-q", on_message)
+        while time.monotonic() < stop and len(slow_got) + len(fast_got) < 20:
+            conn.process_data_events(time_limit=0.05)
+        conn.close()
+
+    import threading
+    publish_confirmed(a, "work-q", [b"w%d" % i for i in range(20)])  # a backlog, then the consumers
+    threads = [threading.Thread(target=consume_on, args=(a, slow_got, 1.0)),
+               threading.Thread(target=consume_on, args=(b, fast_got, 0.0))]
+    threads[0].start()
+    time.sleep(0.3)  # the slow one first
+    threads[1].start()
+    for t in threads:
+        t.join(10)
+    assert len(slow_got) + len(fast_got) == 20, (slow_got, fast_got)
+    assert len(fast_got) >= 15, (len(slow_got), len(fast_got))
