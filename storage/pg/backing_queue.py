@@ -6,7 +6,8 @@ per event-loop burst:
 - ``publish`` numbers the message from the node's seq block (so the seq id is PostgreSQL's ordering key and
   known at once) and buffers it; the publisher inserts the burst in one statement and confirms after it commits.
 - ``fetch`` serves a local prefix of rows this node reserved (state 1, owner = the node's epoch); when it is
-  empty it answers None, asks the fetcher for a batch (``FOR UPDATE SKIP LOCKED``, up to 100) and calls
+  empty it answers None, asks the fetcher for a batch (``FOR UPDATE SKIP LOCKED``, up to 100 and no more
+  than the owner's consumers here can take: ``set_room``, workers.py ``batch_for``) and calls
   ``on_available`` when rows arrive. With nothing known to be ready the queue is polled about once a second
   (another node may publish).
 - acks, requeues, purges go to the acker as ops in call order; a requeue also hands the local prefix back, so

@@ -14,8 +14,8 @@ queue's ``members`` and ``online``; and the queues' message counters and rates s
 (storage/pg/queue_stats.py: ``message_stats``, the same on every member asked in the same rate slot).
 
 What "reserved" counts: the rows a member took for its consumers, which includes the small prefix a member
-reserves ahead of its consumers (up to a fetch batch; handed back after 2 s untouched, RELEASE_IDLE_AFTER in
-backing_queue.py). While consumers are busy the unacknowledged figure can therefore run ahead of the messages
+reserves ahead of its consumers (up to their free prefetch, at most a fetch batch; handed back after 2 s
+untouched, RELEASE_IDLE_AFTER in backing_queue.py). While consumers are busy the unacknowledged figure can therefore run ahead of the messages
 actually delivered by up to that prefix; at rest the two agree.
 """
 
