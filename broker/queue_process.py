@@ -348,16 +348,17 @@ class QueueProcess:
         found nothing at hand when it looked acts now: a drop-head when the queue went over its limit (the
         rows were still in the store, or another member's publishes made it overflow), and the TTL check of
         the head (expired: dropped or dead-lettered; else its timer armed), which the deliver loop makes only
-        when there are consumers. With no consumer here, what is left goes back to the store at once (a
-        basic.get waiting keeps it). Then deliveries."""
+        when there are consumers. With no consumer here that has room, what is left goes back to the store at
+        once (a basic.get waiting keeps it). Then deliveries."""
         s = self.settings
         if s.overflow == "drop-head" and (s.max_length is not None or s.max_length_bytes is not None):
             self.maybe_drop_head()
         if self._ttl_possible:
             self.drop_expired_msgs()
-        if not self.consumers.count and self._hand_back_unused is not None:
-            # Held here, the rest would wait for the idle prefix's return (2 s) while other members'
-            # consumers and gets found nothing (a publisher's member reserving to judge the TTL).
+        if self._hand_back_unused is not None and not self.consumers.any_with_room():
+            # Held here, the rows would wait for the idle prefix's return (2 s), or for a full consumer, while
+            # other members' consumers and gets found nothing (a publisher's member reserving to judge the
+            # TTL; a member whose consumers filled their prefetch meanwhile).
             self._hand_back_unused()
         self.schedule_run()
 

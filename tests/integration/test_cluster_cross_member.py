@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import threading
 import time
 
 import pika
@@ -353,16 +354,10 @@ def test_a_basic_get_on_one_member_holds_back_nothing_from_a_consumer_on_another
     assert [body for body, _ in got] == [b"m%d" % i for i in range(1, 200)], (len(got), got[:3], f"{took:.2f} s")
 
 
-def test_a_slow_consumer_on_one_member_does_not_hold_work_a_free_one_on_another_could_take(start_broker, pg_dsn):
-    """Work-queue fairness across members: a consumer on a that takes a second per message (prefetch 1) and
-    a fast one on b (prefetch 1) share 20 messages as RabbitMQ's consumers with free capacity would, the fast
-    one taking most. A member reserving rows far ahead of what its consumers can take would leave b idle
-    while a's slow consumer works through them one by one."""
-    a, b = two(start_broker, pg_dsn)
-    conn, ch = channel(a)
-    ch.queue_declare("work-q", durable=True, arguments=QUORUM)
-    conn.close()
-    assert known_on(b, "work-q")
+def slow_and_fast(slow_member, fast_member, queue: str, n: int) -> tuple[list[bytes], list[bytes]]:
+    """``n`` messages published (confirmed) on ``slow_member`` to ``queue``, then consumed by a consumer there
+    that takes a second per message (prefetch 1), started first, and a fast one on ``fast_member`` (prefetch
+    1), for at most 6 s: what each got."""
     slow_got: list[bytes] = []
     fast_got: list[bytes] = []
     stop = time.monotonic() + 6.0
@@ -377,19 +372,46 @@ def test_a_slow_consumer_on_one_member_does_not_hold_work_a_free_one_on_another_
                 time.sleep(seconds_each)
             c.basic_ack(method.delivery_tag)
 
-        ch.basic_consume("work-q", on_message)
-        while time.monotonic() < stop and len(slow_got) + len(fast_got) < 20:
+        ch.basic_consume(queue, on_message)
+        while time.monotonic() < stop and len(slow_got) + len(fast_got) < n:
             conn.process_data_events(time_limit=0.05)
         conn.close()
 
-    import threading
-    publish_confirmed(a, "work-q", [b"w%d" % i for i in range(20)])  # a backlog, then the consumers
-    threads = [threading.Thread(target=consume_on, args=(a, slow_got, 1.0)),
-               threading.Thread(target=consume_on, args=(b, fast_got, 0.0))]
+    publish_confirmed(slow_member, queue, [b"w%d" % i for i in range(n)])  # a backlog, then the consumers
+    threads = [threading.Thread(target=consume_on, args=(slow_member, slow_got, 1.0)),
+               threading.Thread(target=consume_on, args=(fast_member, fast_got, 0.0))]
     threads[0].start()
     time.sleep(0.3)  # the slow one first
     threads[1].start()
     for t in threads:
         t.join(10)
+    return slow_got, fast_got
+
+
+def test_a_slow_consumer_on_one_member_does_not_hold_work_a_free_one_on_another_could_take(start_broker, pg_dsn):
+    """Work-queue fairness across members: a consumer on a that takes a second per message (prefetch 1) and
+    a fast one on b (prefetch 1) share a backlog of 20 as RabbitMQ's consumers with free capacity would, the
+    fast one taking most. A member reserving rows far ahead of what its consumers can take left b idle (0 of
+    20 in 6 s) while a's slow consumer worked through them one by one."""
+    a, b = two(start_broker, pg_dsn)
+    conn, ch = channel(a)
+    ch.queue_declare("work-q", durable=True, arguments=QUORUM)
+    conn.close()
+    assert known_on(b, "work-q")
+    slow_got, fast_got = slow_and_fast(a, b, "work-q", 20)
+    assert len(slow_got) + len(fast_got) == 20, (slow_got, fast_got)
+    assert len(fast_got) >= 15, (len(slow_got), len(fast_got))
+
+
+def test_a_full_consumer_of_a_ttl_queue_holds_nothing_back_from_a_free_one_on_another_member(start_broker, pg_dsn):
+    """A queue with a message TTL: a member judges its head's expiry whenever its deliveries stop, reserving
+    the head when it has none at hand. Where its consumers are full (prefetch 1, a second a message), what it
+    reserved for that judgement goes back at once, so a free consumer on another member takes the backlog."""
+    a, b = two(start_broker, pg_dsn)
+    conn, ch = channel(a)
+    ch.queue_declare("ttl-work-q", durable=True, arguments={**QUORUM, "x-message-ttl": 60_000})
+    conn.close()
+    assert known_on(b, "ttl-work-q")
+    slow_got, fast_got = slow_and_fast(a, b, "ttl-work-q", 20)
     assert len(slow_got) + len(fast_got) == 20, (slow_got, fast_got)
     assert len(fast_got) >= 15, (len(slow_got), len(fast_got))
