@@ -45,7 +45,7 @@ pytestmark = [pytest.mark.leveret_only, pytest.mark.slow]
 pytest_plugins = ["pg_fixtures"]  # pg_dsn: a fresh database on the session's PostgreSQL
 
 QUEUE = "burst-crash"
-ROUNDS = 12
+ROUNDS = 8  # (the ten rounds issue 15 asks for are test_cluster_quorum.py's; these add the burst case)
 BURST = 200  # messages written to the socket at once
 WINDOW = 1000  # at most this many unconfirmed: several bursts in the broker at every moment
 VOLLEY, VOLLEY_GAP = 3, 0.03  # up to 3 bursts back to back every 30 ms: several bursts in the broker at once
