@@ -160,8 +160,8 @@ class QueueProcess:
             else None
         if self._sac_store is not None:
             store.on_sac_change = lambda _active: self.schedule_run()
-        # A store others deliver from too (a cluster's quorum queue): rows it brought in only so that this
-        # member could judge the head (TTL, drop-head) go back at once when nobody here consumes.
+        # A store others deliver from too (a cluster's quorum queue): rows it brought in that no consumer here
+        # has room for (reserved to judge the head: TTL, drop-head) go back at once.
         self._hand_back_unused: Callable[[], None] | None = getattr(store, "hand_back_unused", None)
         # ... and reserves no more than this member's consumers can take (their free prefetch).
         set_room = getattr(store, "set_room", None)

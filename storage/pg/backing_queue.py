@@ -364,8 +364,8 @@ class PgBackingQueue:
         return bool(self._fetch_waiters)
 
     def hand_back_unused(self) -> None:
-        """The owner has no consumers, and reserved the head only to judge it (its TTL, a drop-head): hand
-        the rows back at once, so that other members' consumers and basic.gets have them now rather than when
+        """None of the owner's consumers here has room (or it has none), and the head was reserved to judge
+        it (its TTL, a drop-head), or for consumers that filled up meanwhile: hand the rows back at once, so that other members' consumers and basic.gets have them now rather than when
         the idle prefix goes back (RELEASE_IDLE_AFTER), and keep the head's expiry for :meth:`head_expiry`
         (the owner's TTL timer comes back for it). A basic.get waiting here keeps them."""
         if not self.buffer or self.awaits_fetch():

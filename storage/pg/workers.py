@@ -76,8 +76,9 @@ def batch_for(q: PgBackingQueue) -> int:
     """How many rows to reserve: what the node's consumers of the queue can take now (their free prefetch),
     up to a batch; one for a basic.get on a node where nobody has room. Rows reserved beyond that would wait
     here (for a slow consumer, or unused until the idle prefix goes back) while other nodes' consumers with
-    room got nothing, or got later messages first. Reservations that judge the head where nobody consumes
-    (TTL, drop-head) take a batch, and go back at once (hand_back_unused)."""
+    room got nothing, or got later messages first. Reservations that judge the head where no consumer has
+    room (TTL, drop-head) take a batch, and go back at once (hand_back_unused). A priority queue's levels are
+    each bounded by the same room (together they may reserve more)."""
     if q.room is None:
         return FETCH_BATCH
     room = q.room(FETCH_BATCH)
