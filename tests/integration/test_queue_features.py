@@ -350,6 +350,22 @@ def test_quorum_queue_refuses_a_consumer_under_global_qos_alone(connect, make_qu
         accepted.close()  # unacked: back to the queue for the next round
 
 
+@pytest.mark.quorum
+@pytest.mark.parametrize("flag", ["if_unused", "if_empty"])
+def test_quorum_queue_refuses_a_conditional_delete(connect, make_queue, flag):
+    """RabbitMQ 3.10 (probed, 3.10.8): queue.delete with if-unused or if-empty on a quorum queue is 540
+    NOT_IMPLEMENTED, however empty or unused the queue is; the queue stays."""
+    q = make_queue(arguments={"x-queue-type": "quorum"}, durable=True)
+    conn = connect()
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as e:
+        conn.channel().queue_delete(q, **{flag: True})
+    assert e.value.reply_code == 540
+    assert e.value.reply_text == (f"NOT_IMPLEMENTED - cannot delete queue '{q}' in vhost '/'. queue.delete "
+                                  f"operations with {flag.replace('_', '-')} flag set are not supported by "
+                                  "quorum queues")
+    assert declare_ok(connect(), q).message_count == 0  # still there
+
+
 def _nack_every_delivery(conn, q: str, expected: int) -> Collector:
     """Consume with manual ack and nack(requeue=True) every delivery; wait for ``expected`` deliveries."""
     got = Collector()
