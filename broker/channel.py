@@ -869,15 +869,26 @@ class Channel:
         name = self._queue_name(m.queue)
         permissions.queue_purge(self.reader.user, self.vhost.name, name)
         queue = self.vhost.queues.lookup(name, self.reader)
-        count = queue.purge()
-        if not m.nowait:
-            self.send(spec.Queue.PurgeOk, message_count=count)
+        count = [queue.purge()]
+        if m.nowait:
+            return
+        # A quorum queue in a cluster purges in PostgreSQL: purge-ok after that, with what it removed.
+        wait = getattr(queue, "purge_count_wait", None)
+        reply = self._answer_later(lambda: self.send(spec.Queue.PurgeOk, message_count=count[0]), CLASS_QUEUE, 30)
+
+        def purged(n: int) -> None:
+            count[0] = n
+            reply()
+
+        if wait is not None and wait(purged):
+            self._hold()
+            return
+        self.send(spec.Queue.PurgeOk, message_count=count[0])
 
     def _queue_delete(self, m: spec.Queue.Delete) -> None:
         name = self._queue_name(m.queue)
         permissions.queue_delete(self.reader.user, self.vhost.name, name)
         queue = self.vhost.queues.get(name)
-        count = 0
         if queue is None and self.vhost.remote is not None:
             self.vhost.remote.refuse(name, "delete")  # another cluster member's queue: 405
         if queue is not None:
@@ -893,9 +904,23 @@ class Channel:
                 raise AMQPError(PRECONDITION_FAILED, f"{where} in use")
             if m.if_empty and queue.message_count():
                 raise AMQPError(PRECONDITION_FAILED, f"{where} not empty")
+            # A quorum queue in a cluster recounts first (as for declare-ok): delete-ok counts what other
+            # members published, not this member's estimate.
+            wait = getattr(queue, "message_count_wait", None)
+            if wait is not None and wait(self._answer_later(lambda: self._delete(queue, m.nowait), CLASS_QUEUE, 40)):
+                self._hold()
+                return
+            self._delete(queue, m.nowait)
+        elif not m.nowait:
+            self.send(spec.Queue.DeleteOk, message_count=0)
+
+    def _delete(self, queue: Any, nowait: bool) -> None:
+        """The end of a queue.delete: delete-ok with the messages the queue held (none if it went meanwhile)."""
+        count = 0
+        if not queue.deleted:
             count = queue.message_count()
             self.vhost.queues.delete(queue)
-        if not m.nowait:
+        if not nowait:
             self.send(spec.Queue.DeleteOk, message_count=count)
 
     def _confirm_select(self, m: spec.Confirm.Select) -> None:

@@ -764,6 +764,13 @@ class QueueProcess:
     def purge(self) -> int:
         return self.bq.purge()
 
+    def purge_count_wait(self, answer: Callable[[int], None]) -> bool:
+        """Whether purge-ok should wait for the purge just made: a store shared by a cluster's members purges
+        in PostgreSQL later, and calls ``answer(count)`` once it has (the rows it removed, other members'
+        publishes included). False (no call): the purge is done, answer now."""
+        when_purged = getattr(self.bq, "when_purged", None)
+        return bool(when_purged is not None and when_purged(answer))
+
     def terminate(self) -> int:
         """The queue is being deleted: cancel consumers (notifying their clients) and drop the messages.
         Publishes still waiting for their fsync are confirmed: the queue has dealt with them."""

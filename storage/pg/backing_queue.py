@@ -156,6 +156,9 @@ class PgBackingQueue:
         # other nodes' consumers; a basic.get where nobody consumes takes one row.
         self.room: Callable[[int], int] | None = None
         self._fetch_waiters: list[tuple[int, Callable[[], None]]] = []  # ``when_fetched``: (round, callback)
+        # ``when_purged``: (the purge op, publishes it dropped here uninserted, callback(count)).
+        self._purge_waiters: list[tuple[Op, int, Callable[[int], None]]] = []
+        self._purge_local = 0
         self.reserve_rounds = 0  # reservations begun for this queue (a waiter waits for one begun after it)
         self._count_waiters: list[tuple[int, Callable[[], None]]] = []  # ``when_counted``: (round, callback)
         self.recount_rounds = 0  # recounts begun for this queue
@@ -498,6 +501,8 @@ class PgBackingQueue:
 
     def ops_failed(self, ops: list[Op]) -> None:
         for op in ops:
+            if op.kind == "purge" and self._purge_waiters:
+                self.purge_done(op, None)
             if op.n and op.pgen == self.pgen:
                 self.requeued -= op.n
                 self.requeued_bytes -= op.nbytes
@@ -505,7 +510,7 @@ class PgBackingQueue:
     # -- queue-wide ---------------------------------------------------------------------------------------------
     def purge(self) -> int:
         n = self.len()
-        self._drop_unflushed()
+        self._purge_local = self._drop_unflushed()
         own = [b.seq for b in self.buffer]
         self.buffer.clear()
         self.rgen += 1
@@ -513,6 +518,23 @@ class PgBackingQueue:
         self._op("purge", own)
         self.purge_op_id = self.last_op_id
         return n
+
+    def when_purged(self, callback: Callable[[int], None]) -> bool:
+        """The purge just made (:meth:`purge`) is an op PostgreSQL carries out later: ``callback(count)`` once
+        it has committed, with the rows its DELETE removed (other members' confirmed publishes included) and
+        the publishes dropped here before they were inserted; with this node's estimate if it failed. So that
+        purge-ok comes after the purge and counts what it purged (RabbitMQ's purge-ok does). False: no call."""
+        if self.closed or self.node.fenced or self.purge_op_id != self.last_op_id:
+            return False
+        self._purge_waiters.append((self.ops[-1], self._purge_local, callback))
+        return True
+
+    def purge_done(self, op: Op, deleted: int | None) -> None:
+        """The acker's word on a purge op: the rows its DELETE removed, or None if it failed."""
+        for waiter in [w for w in self._purge_waiters if w[0] is op]:
+            self._purge_waiters.remove(waiter)
+            _, local, callback = waiter
+            callback(local + deleted if deleted is not None else local)
 
     def delete_and_terminate(self) -> int:
         n = self.len() + len(self.pending)
@@ -532,14 +554,17 @@ class PgBackingQueue:
         self.requeued = self.requeued_bytes = 0
         self.db_ready = self.db_ready_bytes = 0
 
-    def _drop_unflushed(self, delivered_too: bool = False) -> None:
+    def _drop_unflushed(self, delivered_too: bool = False) -> int:
         """Buffered publishes that are dropped before they are inserted: confirmed now (RabbitMQ confirms a
-        purged message too)."""
+        purged message too). Returns how many."""
+        n = 0
         for seq, row in list(self.pub.items()):
             if row.state == 0 or delivered_too:
                 del self.pub[seq]
+                n += 1
                 if row.persistent and row.confirm is not None:
                     self.confirmed.append(row.confirm)
+        return n
 
     def close(self) -> None:
         """Clean stop: the prefix goes back as it was, pending acks go back marked redelivered."""

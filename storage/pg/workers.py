@@ -19,7 +19,7 @@ from typing import Protocol
 
 import asyncpg
 
-from storage.pg.backing_queue import Buffered, PgBackingQueue
+from storage.pg.backing_queue import Buffered, Op, PgBackingQueue
 from storage.pg.progress import Progress
 
 log = logging.getLogger("leveret.pg")
@@ -285,6 +285,7 @@ class Acker(Worker):
                 q.ops_failed(old)
         taken = [(q, [op for op in ops if op.epoch == epoch or op.kind not in ("ack", "requeue", "release")])
                  for q, ops in taken]
+        purged: list[tuple[PgBackingQueue, Op, int]] = []  # purge ops and the rows each deleted
         try:
             for q, _ in taken:
                 await queue_id(self.conn, q)
@@ -316,7 +317,8 @@ class Acker(Worker):
                         else:
                             await flush()
                             if op.kind == "purge":
-                                await self.conn.execute(PURGE, q.queue_id, lo, hi, epoch, op.seqs)
+                                status = await self.conn.execute(PURGE, q.queue_id, lo, hi, epoch, op.seqs)
+                                purged.append((q, op, int(status.rsplit(" ", 1)[-1])))
                             else:
                                 await self.conn.execute(DELETE_ALL, q.queue_id, lo, hi)
                 await flush()
@@ -328,6 +330,8 @@ class Acker(Worker):
         self.done_op = upto
         for q, ops in taken:
             q.ops_committed(ops, 0)
+        for q, op, deleted in purged:
+            q.purge_done(op, deleted)
         self.node.ring({q.queue_id for q, ops in taken
                         if q.queue_id is not None and any(op.kind in ("requeue", "release") for op in ops)})
 
