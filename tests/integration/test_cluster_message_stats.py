@@ -22,7 +22,7 @@ from typing import Any
 
 import pika
 import pytest
-from test_cluster_definitions import member
+from test_cluster_definitions import http_status, member
 from test_cluster_forwarding import channel, drain
 from test_management_api import Http, wait_for
 
@@ -280,6 +280,7 @@ def test_the_overview_shows_the_clusters_traffic_on_every_member(start_broker, p
     assert wait_for(lambda: overview_stats(a) == without_b, 10), overview_stats(a)
     # Back, b counts from zero (its previous run's totals are not added again: they would show as a burst).
     b.start()
+    assert wait_for(lambda: http_status(Http(b.management_port), "/api/overview") is not None, 10)  # (after AMQP)
     assert wait_for(lambda: overview_stats(b) == without_b, 10), overview_stats(b)
     time.sleep(2.5)  # past b's first flush and a's cached reading
     assert overview_stats(a) == without_b
