@@ -1000,3 +1000,34 @@ def load_settings(config_file: str | Path | None = None, overrides: list[tuple[s
 
 def settings_field_names() -> list[str]:
     return [f.name for f in fields(Settings)]
+
+
+# The HTTP API's HTTPS port when management.ssl.* is configured without management.ssl.port (RabbitMQ's).
+MANAGEMENT_HTTPS_PORT = 15671
+
+
+def management_url(settings: Settings) -> str | None:
+    """The URL where a process on this host reaches the HTTP API that ``settings`` configure, or None when
+    it is turned off (management.tcp.port = 0 and no HTTPS). The same choice as broker/server.py's listeners:
+    plain HTTP unless only management.ssl.* is configured, then HTTPS on management.ssl.port (15671). A
+    wildcard or loopback address is reached at 127.0.0.1.
+
+    The container's health check (broker/healthcheck.py) and ``leveret ctl`` (broker/ctl.py) derive their
+    defaults from it, so a broker configured on other ports (LEVERET_* variables, the config file) is the one
+    they talk to, never whatever else answers on 15672."""
+    ssl = settings.management_ssl
+    if settings.management_port and ("management" in settings.http_configured or not ssl.configured):
+        scheme, port, bind = "http", settings.management_port, settings.management_bind or settings.bind
+    elif ssl.configured:
+        scheme, port = "https", ssl.port or MANAGEMENT_HTTPS_PORT
+        bind = ssl.bind or settings.management_bind or settings.bind
+    else:
+        return None
+    return f"{scheme}://{_connect_host(bind)}:{port}"
+
+
+def _connect_host(bind: str) -> str:
+    """Where to connect to reach a listener bound to ``bind``, as a URL's host part."""
+    if bind in ("", "0.0.0.0", "*", "::", "localhost", "127.0.0.1"):
+        return "127.0.0.1"
+    return f"[{bind}]" if ":" in bind else bind
