@@ -20,6 +20,7 @@ import sys
 
 import structlog
 
+from broker import VERSION
 from broker.config import ConfigError, Settings, load_settings
 from broker.logs import FileRotation, configure_logging
 
@@ -101,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return perf.main(argv[1:])
     parser = argparse.ArgumentParser(prog="leveret", description="Leveret, an AMQP 0-9-1 message broker")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}",
+                        help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the broker")
     serve.add_argument("--config", help="configuration file in rabbitmq.conf format "

@@ -33,11 +33,19 @@ DEFAULT_URI = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="leveret-pipeline", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     t = commands.add_parser("traffic", help="per-queue, per-minute traffic and latency from the trace stream")
+    # argparse %-formats help strings: the URI's %2F must be written %%2F (it once crashed --help).
     t.add_argument("--uri", default=os.environ.get("LEVERET_URI", DEFAULT_URI),
-                   help="the broker (its vhost is the trace stream's), default $LEVERET_URI or " + DEFAULT_URI)
-    t.add_argument("--management-uri", help="the broker's HTTP API (default http://<amqp host>:15672)")
+                   help="the broker (its vhost is the trace stream's), default $LEVERET_URI or "
+                        + DEFAULT_URI.replace("%", "%%"))
+    t.add_argument("--management-uri",
+                   help="the broker's HTTP API, where the trace stream's offsets are read (default: the host of "
+                        "--uri, on the HTTP API port of the broker's own configuration as this shell sets it: "
+                        "LEVERET_MANAGEMENT_TCP_PORT, $LEVERET_CONFIG_FILE's management.tcp.port, https on "
+                        "management.ssl.port when only that is set; else 15672). Give it when the broker's "
+                        "HTTP API is configured elsewhere.")
     t.add_argument("--stream", default="trace", help="the stream queue bound to amq.rabbitmq.trace")
     t.add_argument("--out", type=Path, required=True,
                    help="output directory (local): traffic/ and events/ parquet, traffic.png")
@@ -55,6 +63,43 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--no-picture", action="store_true")
     t.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version (its metadata, so it never disagrees with pip's)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("leveret-pipeline")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
+def default_management_uri(uri: str, environ: dict[str, str] | None = None) -> str | None:
+    """The HTTP API for ``--uri`` when ``--management-uri`` is not given: the AMQP host, on the port (and
+    scheme) the broker's configuration gives its HTTP API, read as the broker reads it (LEVERET_* variables,
+    $LEVERET_CONFIG_FILE) when the broker (the ``leveret`` distribution) is installed beside this one, as in the
+    worked example; else from LEVERET_MANAGEMENT_TCP_PORT alone. None: nothing configured, and the connector
+    takes its default (port 15672 of the AMQP host). A worked example whose broker ran on another HTTP port
+    once needed --management-uri without saying so."""
+    import urllib.parse
+
+    env = dict(os.environ if environ is None else environ)
+    host = urllib.parse.urlsplit(uri).hostname or "127.0.0.1"
+    netloc = f"[{host}]" if ":" in host else host
+    try:
+        from broker.config import ConfigError, load_settings, management_url
+    except ImportError:
+        port = env.get("LEVERET_MANAGEMENT_TCP_PORT", "").strip()
+        return f"http://{netloc}:{port}" if port.isdigit() and port != "0" else None
+    try:
+        configured = management_url(load_settings(environ=env))
+    except ConfigError:
+        return None  # the broker reports its own configuration's problems; the connector's default here
+    if configured is None:
+        return None
+    parts = urllib.parse.urlsplit(configured)
+    return f"{parts.scheme}://{netloc}:{parts.port}"
 
 
 def _session(master: str) -> tuple[Any, bool]:
@@ -143,7 +188,8 @@ def traffic(args: argparse.Namespace) -> int:
             print(f"--source-option wants KEY=VALUE, got {item!r}", file=sys.stderr)
             return 2
         options.append((key, value))
-    job = TrafficJob(uri=args.uri, stream=args.stream, out=args.out, management_uri=args.management_uri,
+    management_uri = args.management_uri or default_management_uri(args.uri)
+    job = TrafficJob(uri=args.uri, stream=args.stream, out=args.out, management_uri=management_uri,
                      source_options=tuple(options), checkpoint=args.checkpoint, once=args.once,
                      trigger_seconds=args.trigger, lookback_seconds=args.lookback, duration=args.duration,
                      starting_offsets=args.starting_offsets)
