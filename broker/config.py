@@ -72,6 +72,13 @@ def parse_bytes(value: str) -> int:
     return int(m.group(1)) * _UNITS[m.group(2).lower()]
 
 
+def _body_size(value: str) -> int:
+    n = parse_bytes(value)
+    if not 1024 <= n <= 2**40:
+        raise ValueError(f"{n} is out of range")
+    return n
+
+
 def parse_consumer_max(value: str) -> int | None:
     """consumer_max_per_channel: a positive integer, or ``infinity`` (RabbitMQ's default) for None."""
     if value.strip() == "infinity":
@@ -300,6 +307,10 @@ class Settings:
     collect_statistics_interval: int = 5000
     # The web UI's session idle timeout in minutes (RabbitMQ's management.login_session_timeout, 8 hours).
     login_session_timeout: int = 480
+    # The largest request body an authenticated HTTP API request may send, in bytes (RabbitMQ's
+    # management.http.max_body_size and its default, 20 MB); the definitions import included. Requests not yet
+    # authenticated (the login) may send a few KiB (broker/management/request_bodies.py).
+    management_max_body_size: int = 20_000_000
     # Where `leveret-pipeline traffic --out DIR` writes (traffic.png, _batches.jsonl): the UI's Traffic page shows
     # them (broker/management/traffic.py); None: no such page content.
     traffic_dir: Path | None = None
@@ -604,6 +615,8 @@ KEYS: dict[str, tuple[Callable[[Settings, str, str], None], str]] = {
     "management.listener.ip": (_plain_http(_simple("management_bind", parse_address)), "an IP address"),
     "management.rates_mode": (_only(("basic",), "management rates modes other than basic"), "basic"),
     "management.disable_stats": (_only_false("turning the HTTP API's statistics off"), "false"),
+    "management.http.max_body_size": (_simple("management_max_body_size", _body_size),
+                                      "a size in bytes, at least 1024 (e.g. 20000000, 64MiB)"),
     "management.login_session_timeout": (_simple("login_session_timeout", _int_range(1, 2**31)),
                                          "minutes of idleness before a web UI session ends, at least 1"),
     "leveret.traffic_dir": (_simple("traffic_dir", parse_path), "the --out directory of leveret-pipeline traffic"),

@@ -399,7 +399,7 @@ def _depth_exceeds(value: Any, limit: int) -> bool:
     return False
 
 
-def parse(raw: bytes | str) -> Any:
+def parse(raw: bytes | bytearray | str) -> Any:
     """A definitions document from JSON text. Slow for big documents (about 20 ms per MB): the HTTP API
     calls it in a thread. Raises DefinitionsError for invalid JSON, nesting too deep to parse (the JSON
     decoder recurses once per level) and nesting deeper than ``MAX_DEPTH``."""

@@ -11,6 +11,7 @@ friends hold).
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import platform
 import signal
@@ -232,6 +233,13 @@ class Server:
             for warning in warnings:
                 log.warning(warning)
 
+    def login_guard(self) -> LoginGuard:
+        """The node's one failed-login table and handshake counts: AMQP listeners and the HTTP API share it,
+        so failures through one door delay logins through every other (issue 31)."""
+        if self._guard is None:
+            self._guard = LoginGuard(self.node.settings, self.node.clock)
+        return self._guard
+
     async def _listen_amqp(self, protocol: str, bind: str, port: int,
                            context: ssl.SSLContext | None = None) -> asyncio.base_events.Server:
         """One AMQP listener, plain or over TLS: the same connections (GuardedReader: a Reader under the
@@ -240,9 +248,7 @@ class Server:
         OpenSSL refuses its first bytes), each failure logged with the client's address and the reason; the
         AMQP handshake_timeout starts once TLS is up."""
         loop = asyncio.get_running_loop()
-        if self._guard is None:
-            self._guard = LoginGuard(self.node.settings, self.node.clock)
-        guard = self._guard
+        guard = self.login_guard()
         factory: Any
         if context is None:
             def factory() -> asyncio.Protocol:
@@ -335,7 +341,7 @@ class Server:
         out: list[tuple[str, int, str | None, Any, ssl.SSLContext | None]] = []
         for name, plain_protocol, tls_protocol, port, bind, opts, tls_port, make in (
                 ("management", "http", "https", s.management_port, s.management_bind, s.management_ssl,
-                 HTTPS_PORT, make_app),
+                 HTTPS_PORT, functools.partial(make_app, login_guard=self.login_guard())),
                 ("prometheus", "http/prometheus", "https/prometheus", s.prometheus_port, s.prometheus_bind,
                  s.prometheus_ssl, PROMETHEUS_HTTPS_PORT, metrics.make_app)):
             if port and (name in s.http_configured or not opts.configured):

@@ -1,7 +1,11 @@
 """The aiohttp application of the HTTP API and the web UI: basic authentication against the broker's users,
 or the UI's session cookie (broker/management/login.py; a user needs one of the tags administrator,
 monitoring, policymaker or management), RabbitMQ's JSON error bodies, security headers on every answer,
-the UI's files at ``/`` and ``/ui/`` (broker/management/ui_assets.py) and the routes of each resource module."""
+the UI's files at ``/`` and ``/ui/`` (broker/management/ui_assets.py) and the routes of each resource module.
+
+Before any handler: changes from another site are refused (broker/management/same_site.py), credentials are
+checked (Basic ones after the address's login delay, broker/management/login_delay.py) before a body is read,
+and each request may send only as much as who it is allows (broker/management/request_bodies.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from aiohttp import web
 
+from broker.clock import LoopClock
 from broker.errors import AMQPError
+from broker.guarded_reader import LoginGuard
 from broker.management import (
     bindings,
     connections,
@@ -22,10 +28,13 @@ from broker.management import (
     health,
     limits,
     login,
+    login_delay,
     move,
     overview,
     policies,
     queues,
+    request_bodies,
+    same_site,
     streams,
     traffic,
     ui_assets,
@@ -34,6 +43,7 @@ from broker.management import (
 )
 from broker.management.common import amqp_error, not_authorised, unauthenticated
 from broker.management.objects import RateSampler
+from broker.management.request_bodies import PUBLIC_BODY_LIMIT, allow_body
 from broker.management.sessions import SessionTable
 
 if TYPE_CHECKING:
@@ -46,19 +56,20 @@ MODULES = (overview, health, connections, exchanges, delayed, queues, streams, b
 # Paths answered without credentials (RabbitMQ's UI asks /api/auth before logging in; /api/login checks
 # what it is given itself).
 PUBLIC = ("/api/auth", "/api/login")
-# Sent by the web UI on every request (broker/management/ui/static/api.js).
-UI_HEADER = "X-Leveret-UI"
+UI_HEADER = login.UI_HEADER
 
 
 @web.middleware
 async def auth_middleware(request: web.Request,
                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
     if request.path in PUBLIC or not request.path.startswith("/api/"):
+        # Nobody is known yet: a small body at most (a login), however the request is sent.
+        allow_body(request, PUBLIC_BODY_LIMIT)
         return await handler(request)
     node: Node = request.app["node"]
     creds = login.basic_credentials(request)
     if creds is not None:
-        user = login.admit(request, node.users.check_credentials(*creds))
+        user = login.admit(request, await login_delay.check_login(request, *creds, door=login_delay.BASIC))
     else:
         found = login.session_user(request)
         if found is None:
@@ -68,6 +79,7 @@ async def auth_middleware(request: web.Request,
             raise unauthenticated()
         user = login.admit(request, found[0], challenge=False)
     request["user"] = user
+    allow_body(request, node.settings.management_max_body_size)
     try:
         return await handler(request)
     except AMQPError as exc:
@@ -114,10 +126,16 @@ async def _sample_rates(app: web.Application) -> Any:
     task.cancel()
 
 
-def make_app(node: Node) -> web.Application:
-    app = web.Application(middlewares=[ui_assets.security_headers, error_middleware, auth_middleware],
-                          client_max_size=128 * 1024 * 1024)
+def make_app(node: Node, login_guard: LoginGuard | None = None) -> web.Application:
+    """``login_guard``: the node's failed-login table, shared with its AMQP listeners (the server's); one of
+    the app's own when none is given."""
+    # close_unread_bodies is outermost: it sees every answer, errors and security headers included.
+    app = web.Application(middlewares=[request_bodies.close_unread_bodies, ui_assets.security_headers,
+                                       error_middleware, same_site.same_site_changes, auth_middleware],
+                          # aiohttp's own cap, for any read that bypassed request_bodies (none should)
+                          client_max_size=node.settings.management_max_body_size)
     app["node"] = node
+    app[login_delay.GUARD_KEY] = login_guard or LoginGuard(node.settings, LoopClock())
     app["sessions"] = SessionTable(node.settings.login_session_timeout * 60)
     app["ui_assets"] = ui_assets.load_assets()
     app["sampler"] = RateSampler(node.settings.collect_statistics_interval / 1000)

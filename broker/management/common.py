@@ -13,6 +13,7 @@ from aiohttp import web
 from broker.auth import User
 from broker.errors import AMQPError
 from broker.management.name_filter import name_matcher, page_params
+from broker.management.request_bodies import read_json
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -176,14 +177,11 @@ def respond_list(request: web.Request, items: Iterable[dict[str, Any]]) -> web.R
 
 
 async def body_of(request: web.Request) -> dict[str, Any]:
-    """The JSON object a PUT or POST sent ({} for no body); 400 if it is not an object."""
-    raw = await request.read()
-    if not raw.strip():
+    """The JSON object a PUT or POST sent ({} for no body); 400 if it is not an object. Read within the
+    request's size limit (broker/management/request_bodies.py)."""
+    data = await read_json(request)
+    if data is None:
         return {}
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise bad_request(f"failed to decode JSON: {exc}") from None
     if not isinstance(data, dict):
         raise bad_request("expected a JSON object")
     return data

@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from broker.management.common import node_of, require_admin, respond, vhost_for_write
+from broker.management.common import body_of, node_of, require_admin, respond, vhost_for_write
 from broker.management.exchanges import make_message
 from broker.os_probes import total_memory
 from broker.publish import ROUTED
@@ -102,7 +102,7 @@ async def set_resource_limits(request: web.Request) -> web.Response:
     require_admin(request)
     node = node_of(request)
     try:
-        body = await request.json()
+        body = await body_of(request)
         disk = body.get("disk_free_limit")
         memory = body.get("vm_memory_high_watermark")
         if (disk is not None and (not isinstance(disk, int) or disk < 0)) or \

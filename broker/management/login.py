@@ -16,7 +16,9 @@ import structlog
 from aiohttp import web
 
 from broker.auth import User, is_loopback
+from broker.management import login_delay
 from broker.management.common import API_TAGS, bad_request, not_authorised, respond, unauthenticated
+from broker.management.request_bodies import read_json
 from broker.management.sessions import COOKIE, CSRF_HEADER, Session, SessionTable
 
 if TYPE_CHECKING:
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("leveret.management")
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+UI_HEADER = "X-Leveret-UI"  # sent by the web UI on every request (broker/management/ui/static/api.js)
 
 
 def basic_credentials(request: web.Request) -> tuple[str, str] | None:
@@ -93,21 +96,16 @@ def _set_cookie(response: web.Response, request: web.Request, token: str, max_ag
 
 
 async def post_login(request: web.Request) -> web.Response:
-    """Credentials as JSON or a form; answered with the session cookie and the CSRF token."""
-    try:
-        if request.content_type == "application/json":
-            body = await request.json()
-        else:
-            body = dict(await request.post())
-    except ValueError:
-        raise bad_request("expected a JSON object or a form") from None
+    """Credentials as JSON (a body of at most a few KiB: nobody is known yet), checked after the address's
+    login delay; answered with the session cookie and the CSRF token."""
+    door = login_delay.UI if request.headers.get(UI_HEADER) else login_delay.LOGIN_FORM
+    body = await read_json(request)
     if not isinstance(body, dict):
-        raise bad_request("expected a JSON object or a form")
+        raise bad_request("expected a JSON object")
     name, password = body.get("username"), body.get("password")
     if not isinstance(name, str) or not isinstance(password, str):
         raise bad_request("username and password are required")
-    node: Node = request.app["node"]
-    user = admit(request, node.users.check_credentials(name, password), challenge=False)
+    user = admit(request, await login_delay.check_login(request, name, password, door), challenge=False)
     table: SessionTable = request.app["sessions"]
     token, session = table.create(user.name, user.password_hash)
     response = respond({"name": user.name, "tags": list(user.tags), "csrf_token": session.csrf})

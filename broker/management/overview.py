@@ -3,7 +3,6 @@ RabbitMQ UI and tools ask for (``/api/auth``, ``/api/extensions``, ``/api/featur
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import platform
 import resource
@@ -13,14 +12,17 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from broker import PRODUCT, VERSION
-from broker.cluster import ClusterError, safe_dsn
+from broker.cluster import ClusterError
 from broker.exchange_types import EXCHANGE_TYPES
+from broker.management import redact
 from broker.management.common import (
+    MONITOR_TAGS,
     bad_request,
     body_of,
     node_of,
     not_found,
     require_admin,
+    require_tags,
     respond,
     sees_all,
     unavailable,
@@ -172,10 +174,14 @@ async def all_nodes(node: Node) -> list[dict[str, Any]]:
 
 
 async def get_nodes(request: web.Request) -> web.Response:
+    """Needs the monitoring tag, as RabbitMQ's rabbit_mgmt_wm_nodes: the data directory, pid, listeners and
+    log files are not a management user's to see."""
+    require_tags(request, MONITOR_TAGS, "monitoring")
     return respond(await all_nodes(node_of(request)))
 
 
 async def get_node(request: web.Request) -> web.Response:
+    require_tags(request, MONITOR_TAGS, "monitoring")
     for info in await all_nodes(node_of(request)):
         if info["name"] == request.match_info["node"]:
             return respond(info)
@@ -204,22 +210,9 @@ async def forget_node(request: web.Request) -> web.Response:
 
 async def get_environment(request: web.Request) -> web.Response:
     """Leveret's ``/api/leveret/environment``: the settings in force (behind ``leveret ctl environment``, as
-    ``rabbitmqctl environment`` shows the application environment); the default user's password left out."""
+    ``rabbitmqctl environment`` shows the application environment), secrets hidden (broker/management/redact.py)."""
     require_admin(request)
-    out: dict[str, Any] = {}
-    settings = node_of(request).settings
-    for f in dataclasses.fields(settings):
-        if f.name in ("default_pass", "startup_warnings"):
-            continue
-        value = getattr(settings, f.name)
-        if f.name == "cluster_dsn" and value:
-            value = safe_dsn(value)  # never the database password
-        if isinstance(value, set):
-            value = sorted(value)
-        elif not isinstance(value, (str, int, float, list, dict)) and value is not None:
-            value = str(value)  # a Path, or any type a setting may take later: shown, never a 500
-        out[f.name] = value
-    return respond(out)
+    return respond(redact.settings_view(node_of(request).settings))
 
 
 async def get_whoami(request: web.Request) -> web.Response:
