@@ -17,16 +17,22 @@ due time (columns: ``id``, ``due``, ``due_ms``, ``delay_ms``, ``routing_key``, `
 ``persistent``, ``properties`` or ``properties.NAME``); ``cancel_delayed EXCHANGE ID`` cancels one (the id
 as listed), ``purge_delayed EXCHANGE`` all of them.
 
-The API is found at ``--url`` (default ``$LEVERET_CTL_URL`` or ``http://127.0.0.1:15672``), with
-``--username`` / ``--password`` (default ``$LEVERET_CTL_USERNAME`` / ``$LEVERET_CTL_PASSWORD`` or
-guest / guest). Over HTTPS (an ``https://`` URL: ``management.ssl.*``), the server's certificate is checked
+The API is found at ``--url``, by default ``$LEVERET_CTL_URL``, else where the broker's own configuration puts
+it: ctl reads the settings ``leveret serve`` reads (``--config FILE`` or ``$LEVERET_CONFIG_FILE``, then the
+``LEVERET_*`` variables: ``management.tcp.port`` / ``.ip``, HTTPS on ``management.ssl.port`` when only
+``management.ssl.*`` is set), so in the shell that configured a broker, ctl talks to that broker and not to
+whatever answers on 15672. ``--username`` / ``--password`` default to ``$LEVERET_CTL_USERNAME`` /
+``$LEVERET_CTL_PASSWORD``, else the configuration's ``default_user`` / ``default_pass`` (guest / guest). When
+the API cannot be reached, the one-line error names the URL and where it came from (exit 69). Over HTTPS (an ``https://`` URL: ``management.ssl.*``), the server's certificate is checked
 against ``--cacert FILE`` (``$LEVERET_CTL_CACERT``; else the system's CAs), ``--cert`` / ``--key`` give a
 client certificate (for ``management.ssl.verify = verify_peer``), ``--insecure`` checks nothing (as curl's
 ``-k`` and rabbitmqadmin's ``--ssl-insecure``). ``-p`` names the vhost as in rabbitmqctl. Output is an aligned table, or JSON with
-``--formatter json``. Exit codes: 0 done, 1 refused by the broker, 2 usage, 64 an info column the verb does
-not have (the error names the ones it has, as rabbitmqctl's usage errors), 65 a bad argument (a vhost that
-does not exist, a fraction out of range), 67 no such user, 69 broker unreachable (or, for ``await_startup``,
-not up in time; for ``rotate_logs``, no on-demand log rotation in Leveret).
+``--formatter json``. Exit codes, rabbitmqctl's (sysexits): 0 done, 1 refused by the broker, 64 (EX_USAGE) a
+usage error (a missing argument, an unknown option, an info column the verb does not have: the error names
+the ones it has), 65 (EX_DATAERR) a bad argument (a vhost that does not exist, given with ``-p`` or as an
+argument; a fraction out of range), 67 (EX_NOUSER) no such user, 69 (EX_UNAVAILABLE) broker unreachable (or,
+for ``await_startup``, not up in time; for ``rotate_logs``, no on-demand log rotation in Leveret), 78
+(EX_CONFIG) the broker's configuration, read for the defaults, has an error.
 
 The verbs operators type daily, with rabbitmqctl's argument shapes: ``list_user_permissions USER``,
 ``list_topic_permissions [-p VHOST]``, ``list_user_topic_permissions USER``, ``list_vhost_limits [-p VHOST]
@@ -35,7 +41,7 @@ force), ``cluster_status`` (the node and its cluster's other members), ``forget_
 [--global] [--per-connection-delay MS] [--limit N] EXPLANATION``, ``close_all_user_connections USER
 EXPLANATION``, ``set_vm_memory_high_watermark FRACTION | absolute SIZE``, ``set_disk_free_limit SIZE |
 mem_relative MULTIPLE``. rabbitmq-diagnostics' health checks are ``leveret diagnostics ...``
-(DIAGNOSTICS_DOC below).
+(``leveret diagnostics --help``).
 """
 
 from __future__ import annotations
@@ -54,21 +60,28 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from broker.config import ConfigError, Settings, env_name, load_settings, management_url
+
 EX_DATAERR = 65
 EX_NOUSER = 67
 EX_UNAVAILABLE = 69
+EX_CONFIG = 78  # sysexits' EX_CONFIG: the configuration read for the defaults has an error
 
 
 class CtlError(Exception):
-    def __init__(self, message: str, code: int = 1) -> None:
+    """One line for the operator and the exit code; ``status``: the HTTP status the broker answered, if any."""
+
+    def __init__(self, message: str, code: int = 1, status: int | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.status = status
 
 
 class Api:
     def __init__(self, url: str, username: str, password: str, timeout: float = 30.0,
-                 context: ssl.SSLContext | None = None) -> None:
+                 context: ssl.SSLContext | None = None, origin: str = "--url") -> None:
         self.url = url.rstrip("/")
+        self.origin = origin  # where the URL came from, named when it cannot be reached
         self.context = context  # HTTPS: how the server's certificate is checked (None: the system's CAs)
         token = base64.b64encode(f"{username}:{password}".encode()).decode()
         self.headers = {"Authorization": f"Basic {token}", "Content-Type": "application/json"}
@@ -89,11 +102,18 @@ class Api:
                 detail = json.loads(exc.read()).get("reason", "")
             except (ValueError, AttributeError):
                 detail = ""
-            raise CtlError(f"{method} {path}: {exc.code} {exc.reason}" + (f": {detail}" if detail else "")) from None
+            raise CtlError(f"{method} {path}: {exc.code} {exc.reason}" + (f": {detail}" if detail else ""),
+                           status=exc.code) from None
         except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise CtlError(f"cannot reach the broker's HTTP API at {self.url}: {reason}", EX_UNAVAILABLE) from None
+            raise self.unreachable(exc) from None
         return json.loads(raw) if raw.strip() else None
+
+    def unreachable(self, exc: OSError) -> CtlError:
+        """One line naming the URL and where it came from (a user once listed another broker's queues on
+        15672 without noticing which one ctl had talked to)."""
+        reason = getattr(exc, "reason", exc)
+        return CtlError(f"cannot reach the broker's HTTP API at {self.url} (from {self.origin}): {reason}",
+                        EX_UNAVAILABLE)
 
     def get(self, path: str, ok_missing: bool = False) -> Any:
         return self.request("GET", path, ok_missing=ok_missing)
@@ -108,8 +128,7 @@ class Api:
         except urllib.error.HTTPError as exc:
             status, raw = exc.code, exc.read()
         except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise CtlError(f"cannot reach the broker's HTTP API at {self.url}: {reason}", EX_UNAVAILABLE) from None
+            raise self.unreachable(exc) from None
         try:
             return status, json.loads(raw) if raw.strip() else None
         except ValueError:
@@ -758,6 +777,77 @@ def listener_purpose(protocol: str) -> str:
             "https/prometheus": "Prometheus exporter API over TLS (HTTPS)"}.get(protocol, protocol)
 
 
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the broker is and who logs in (ctl and diagnostics): resolved after parsing by
+    :func:`resolve_target`, since the defaults come from the configuration ``--config`` names."""
+    parser.add_argument("--url", default=None,
+                        help="the broker's HTTP API (default $LEVERET_CTL_URL, else where the broker's "
+                             "configuration puts it: management.tcp.port and .ip, or https on management.ssl.port)")
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="the broker's configuration file, read with the LEVERET_* variables as leveret serve "
+                             "reads them, for the defaults of --url, --username and --password (default "
+                             "$LEVERET_CONFIG_FILE)")
+    parser.add_argument("--username", "-u", default=None,
+                        help="default $LEVERET_CTL_USERNAME, else the configuration's default_user (guest)")
+    parser.add_argument("--password", default=None,
+                        help="default $LEVERET_CTL_PASSWORD, else the configuration's default_pass (guest)")
+
+
+def _configuration_origin(settings: Settings) -> str:
+    """How a URL derived from ``settings`` came to be, for the error that names it."""
+    env_keys = ("management.tcp.port", "management.tcp.ip", "management.listener.port", "management.listener.ip",
+                "management.ssl.port", "management.ssl.ip", "listeners.tcp.default")
+    names = [env_name(key) for key in env_keys if env_name(key) in os.environ]
+    parts = [str(path) for path in settings.config_files] + names
+    return "the broker's configuration: " + (", ".join(parts) if parts else "its defaults")
+
+
+def resolve_target(args: argparse.Namespace) -> None:
+    """Fill in ``args.url``, ``args.username``, ``args.password`` (and, over HTTPS, ``args.cacert``) that were
+    not given: the LEVERET_CTL_* variables, else the broker's own settings (the file of ``--config`` or
+    LEVERET_CONFIG_FILE, then the LEVERET_* variables), read only when something is missing. Sets
+    ``args.origin``, where the URL came from."""
+    env = os.environ
+    loaded: list[Settings] = []
+
+    def settings() -> Settings:
+        if not loaded:
+            try:
+                loaded.append(load_settings(args.config))
+            except ConfigError as exc:
+                raise CtlError(f"the broker's configuration, read for the defaults of --url, --username and "
+                               f"--password, has an error (or give them): {exc}", EX_CONFIG) from None
+        return loaded[0]
+
+    if args.url:
+        args.origin = "--url"
+    elif env.get("LEVERET_CTL_URL"):
+        args.url, args.origin = env["LEVERET_CTL_URL"], "LEVERET_CTL_URL"
+    else:
+        url = management_url(settings())
+        if url is None:
+            raise CtlError("the broker's configuration turns its HTTP API off (management.tcp.port = 0 and no "
+                           "management.ssl.*), which ctl talks to: give --url", EX_UNAVAILABLE)
+        args.url, args.origin = url, _configuration_origin(settings())
+        if url.startswith("https:") and args.cacert is None and settings().management_ssl.cacertfile:
+            args.cacert = str(settings().management_ssl.cacertfile)
+    if args.username is None:
+        args.username = env.get("LEVERET_CTL_USERNAME") or settings().default_user
+    if args.password is None:
+        args.password = env.get("LEVERET_CTL_PASSWORD")
+        if args.password is None:
+            args.password = settings().default_pass
+
+
+class _UsageParser(argparse.ArgumentParser):
+    """rabbitmqctl and rabbitmq-diagnostics exit 64 (EX_USAGE) on a usage error, not argparse's 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(EX_USAGE)
+
+
 def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of an ``https://`` --url (ctl and diagnostics)."""
     parser.add_argument("--cacert", default=os.environ.get("LEVERET_CTL_CACERT"), metavar="FILE",
@@ -881,12 +971,8 @@ VERBS = tuple(LISTS) + ACTIONS + tuple(OPERATOR_VERBS)
 
 
 def _ctl_parser() -> argparse.ArgumentParser:
-    ctl = argparse.ArgumentParser(prog="leveret ctl", description=__doc__,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ctl.add_argument("--url", default=os.environ.get("LEVERET_CTL_URL", "http://127.0.0.1:15672"),
-                     help="the broker's HTTP API (default %(default)s)")
-    ctl.add_argument("--username", "-u", default=os.environ.get("LEVERET_CTL_USERNAME", "guest"))
-    ctl.add_argument("--password", default=os.environ.get("LEVERET_CTL_PASSWORD", "guest"))
+    ctl = _UsageParser(prog="leveret ctl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_target_arguments(ctl)
     add_tls_arguments(ctl)
     ctl.add_argument("-p", "--vhost", default=None, help="virtual host (default /)")
     ctl.add_argument("--formatter", choices=("table", "json"), default="table")
@@ -922,12 +1008,26 @@ def run(argv: list[str]) -> int:
     return main(_ctl_parser().parse_intermixed_args(argv))
 
 
+def _missing_vhost(api: Api, args: argparse.Namespace, exc: CtlError) -> CtlError:
+    """A 404 for a request in the ``-p`` vhost: rabbitmqctl's answer when that vhost does not exist (65,
+    naming it) rather than the raw HTTP error; any other 404 stays as it was."""
+    if exc.status != 404 or not args.vhost_given:
+        return exc
+    try:
+        _vhost_exists(api, args.vhost)
+    except CtlError as missing:
+        return missing
+    return exc
+
+
 def main(args: argparse.Namespace) -> int:
     args.vhost_given = args.vhost is not None
     if args.vhost is None:
         args.vhost = "/"
+    api: Api | None = None
     try:
-        api = Api(args.url, args.username, args.password, context=tls_context(args))
+        resolve_target(args)
+        api = Api(args.url, args.username, args.password, context=tls_context(args), origin=args.origin)
         if args.verb in LISTS:
             out = do_list(api, args)
         elif args.verb in OPERATOR_VERBS:
@@ -935,8 +1035,13 @@ def main(args: argparse.Namespace) -> int:
         else:
             out = do_action(api, args)
     except CtlError as exc:
+        if api is not None:
+            try:
+                exc = _missing_vhost(api, args, exc)
+            except CtlError:
+                pass  # the check itself failed: the first error is the one to show
         print(f"Error: {exc}", file=sys.stderr)
-        return exc.code
+        return EX_USAGE if exc.code == 2 else exc.code
     if out and not (args.quiet and args.verb in ACTIONS and args.verb not in ("status", "export_definitions", "list_delayed")):
         print(out)
     return 0
@@ -947,7 +1052,8 @@ def main(args: argparse.Namespace) -> int:
 # Here rather than in a module of its own: the same API client, status and verbs as ctl, over the same HTTP API.
 
 DIAGNOSTICS_DOC = """``leveret diagnostics COMMAND``: rabbitmq-diagnostics' health checks and node reports, over the broker's
-HTTP API (as ``leveret ctl``, whose ``--url`` / ``--username`` / ``--password`` it takes).
+HTTP API (as ``leveret ctl``, whose ``--url`` / ``--username`` / ``--password`` / ``--config`` it takes, with the
+same defaults: the broker's own configuration).
 
     leveret diagnostics ping
     leveret diagnostics check_running
@@ -1188,19 +1294,10 @@ DIAG_COMMANDS: dict[str, Callable[[Api, argparse.Namespace], str]] = {
 }
 
 
-class _DiagParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # rabbitmq-diagnostics' usage errors exit 64, not argparse's 2
-        self.print_usage(sys.stderr)
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        sys.exit(EX_USAGE)
-
-
 def _diag_parser() -> argparse.ArgumentParser:
-    p = _DiagParser(prog="leveret diagnostics", description=DIAGNOSTICS_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", default=os.environ.get("LEVERET_CTL_URL", "http://127.0.0.1:15672"),
-                   help="the broker's HTTP API (default %(default)s)")
-    p.add_argument("--username", "-u", default=os.environ.get("LEVERET_CTL_USERNAME", "guest"))
-    p.add_argument("--password", default=os.environ.get("LEVERET_CTL_PASSWORD", "guest"))
+    p = _UsageParser(prog="leveret diagnostics", description=DIAGNOSTICS_DOC,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_target_arguments(p)
     add_tls_arguments(p)
     p.add_argument("--formatter", choices=("table", "json"), default="table")
     p.add_argument("-q", "--quiet", action="store_true", help="no informational banner")
@@ -1227,7 +1324,9 @@ def diagnostics_run(argv: list[str]) -> int:
 def diagnostics_main(args: argparse.Namespace) -> int:
     args.vhost, args.vhost_given = "/", False  # what the ctl verbs reused here read
     try:
-        api = Api(args.url, args.username, args.password, timeout=args.timeout or 30.0, context=tls_context(args))
+        resolve_target(args)
+        api = Api(args.url, args.username, args.password, timeout=args.timeout or 30.0, context=tls_context(args),
+                  origin=args.origin)
         out = DIAG_COMMANDS[args.command](api, args)
     except CheckFailed as exc:
         if args.formatter == "json" and exc.data is not None:
