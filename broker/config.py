@@ -6,7 +6,7 @@ whole list of keys Leveret reads; ``config/leveret.conf`` shows every key with i
 
 Every problem of a file (and of the environment and command line) is found before start-up stops, and all are
 reported in one message, each with its line: a bad value, an unknown key (a misspelling: no RabbitMQ version
-has it), or a key of a RabbitMQ feature Leveret does not have (clustering, plugins, ...: ``_RABBITMQ_ONLY``,
+has it), or a key of a RabbitMQ feature Leveret does not have (RabbitMQ's Erlang clustering, plugins, ...: ``_RABBITMQ_ONLY``,
 taken from the configuration schemas of RabbitMQ 3.8 to 4.x). With ``leveret.unsupported_keys = warn`` the
 last kind is ignored with one warning listing them, so an existing rabbitmq.conf can be used as is.
 """
@@ -712,7 +712,9 @@ _PATTERNS: list[tuple[str, Callable[[Settings, str, str], None], str]] = [
 # Keys of RabbitMQ (its broker's and its plugins' configuration schemas, 3.8 to 4.x) for features Leveret does
 # not have: the feature (as in "a RabbitMQ key for <feature>") → patterns, each matching whole keys.
 _RABBITMQ_ONLY_KEYS: list[tuple[str, list[str]]] = [
-    ("clustering (Leveret runs as a single node)", [
+    # Not "Leveret runs as a single node": Leveret nodes form a cluster through cluster.postgres.dsn (and the
+    # message says so, since a user reading it otherwise concludes there is no cluster at all).
+    ("RabbitMQ's Erlang clustering (Leveret nodes form a cluster through cluster.postgres.dsn instead)", [
         r"cluster_formation\..+", r"cluster_partition_handling(\..+)?", r"cluster_keepalive_interval",
         r"(cluster|node)_tags\..+", r"mnesia_table_loading_retry_(timeout|limit)", r"queue_(master|leader)_locator",
         r"mirroring_sync_(batch_size|max_throughput)", r"net_ticktime", r"distribution\..+", r"metadata_store\..+",

@@ -106,8 +106,9 @@ def test_a_misspelling_and_a_bad_value_are_reported_with_the_unsupported_keys(tm
         load_settings(p, environ={})
     lines = str(info.value).splitlines()
     assert lines[0] == "5 configuration problems:"
-    assert lines[1] == (f"  {p}:2: 'cluster_formation.peer_discovery_backend' is a RabbitMQ key for clustering "
-                        "(Leveret runs as a single node), not supported by Leveret")
+    assert lines[1] == (f"  {p}:2: 'cluster_formation.peer_discovery_backend' is a RabbitMQ key for RabbitMQ's "
+                        "Erlang clustering (Leveret nodes form a cluster through cluster.postgres.dsn instead), not "
+                        "supported by Leveret")
     assert lines[2].startswith(f"  {p}:3: unknown configuration key 'hearbeat' (did you mean 'heartbeat'?)")
     assert lines[3].startswith(f"  {p}:4: bad value 'lots' for 'channel_max'")
     assert lines[4] == f"  {p}:5: 'mqtt.vhost' is a RabbitMQ key for the MQTT plugin, not supported by Leveret"
@@ -128,9 +129,9 @@ def test_one_problem_is_one_line_as_before(tmp_path):
     p.write_text("cluster_partition_handling = autoheal\n")
     with pytest.raises(ConfigError) as info:
         load_file(Settings(), p)
-    assert str(info.value) == (f"{p}:1: 'cluster_partition_handling' is a RabbitMQ key for clustering (Leveret runs "
-                               "as a single node), not supported by Leveret (set leveret.unsupported_keys = warn "
-                               "to start with it ignored)")
+    assert str(info.value) == (f"{p}:1: 'cluster_partition_handling' is a RabbitMQ key for RabbitMQ's Erlang "
+                               "clustering (Leveret nodes form a cluster through cluster.postgres.dsn instead), not "
+                               "supported by Leveret (set leveret.unsupported_keys = warn to start with it ignored)")
     with pytest.raises(ConfigError, match=r"^command line: 'stomp.listeners.tcp.1' is a RabbitMQ key for the STOMP"):
         load_settings(None, overrides=[("stomp.listeners.tcp.1", "61613")], environ={})
     with pytest.raises(ConfigError, match="'leveret.unsupported_keys'.*error .stop start-up. or warn"):
