@@ -121,7 +121,11 @@ class Node:
                                            tags=new_tags, default_queue_type=default_queue_type,
                                            max_bindings_per_queue=self.settings.max_bindings_per_queue)
             self._attach_storage(vh)
-            log.info("vhost created", vhost=name)
+            # Only a vhost that is new to the node's store is logged: the defaults made in memory before the
+            # store opens, and the vhosts recovery re-creates, are not (every restart once logged "vhost
+            # created"); the server logs a new node's defaults when it first writes them (Server.open_storage).
+            if self.durable_definitions is not None:
+                log.info("vhost created", vhost=name)
         else:
             vh.description = new_description
             vh.tags = new_tags

@@ -167,6 +167,9 @@ class Server:
             if not durable.has_node_metadata:
                 durable.save_node_metadata(self.node.users, self.node.vhosts, self.node.global_parameters,
                                            drop=definitions.METADATA_WRITTEN)
+                if not migrating:  # a new node: its default vhost is created now, once in its life
+                    for name in self.node.vhosts:
+                        log.info("vhost created", vhost=name)
                 if migrating:
                     os.replace(json_path, json_path.with_name(definitions.METADATA_FILE + ".migrated"))
                     log.info("metadata.json migrated into the metadata store", file=str(json_path),
