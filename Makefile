@@ -4,11 +4,18 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-tools test-rabbitmq lint clean
+.PHONY: run test test-fast test-tools test-rabbitmq lint clean
 
-$(STAMP): pyproject.toml setup.py protocol/_codec.pyx
+# `make run` installs the broker and what it needs at run time; `make test` adds the test tools (pytest, the
+# client libraries, Playwright, the linters: several hundred MB more).
+RUN_STAMP := $(VENV)/.installed-run
+$(RUN_STAMP): pyproject.toml setup.py protocol/_codec.pyx
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP)
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
@@ -16,7 +23,7 @@ $(STAMP): pyproject.toml setup.py protocol/_codec.pyx
 # `make run` does not need it. Installed in "compat" editable mode (a path entry): Spark finds `pyspark_*` data
 # source modules with pkgutil.iter_modules, which does not see setuptools' default editable import hook.
 PIPELINE_STAMP := $(VENV)/.pipeline-installed
-$(PIPELINE_STAMP): $(STAMP) pipeline/pyproject.toml
+$(PIPELINE_STAMP): $(RUN_STAMP) pipeline/pyproject.toml
 	$(BIN)/python -m pip install -q -e pipeline --config-settings editable_mode=compat
 	touch $(PIPELINE_STAMP)
 
@@ -26,8 +33,14 @@ RUN_ARGS := $(if $(PORT),--port $(PORT)) $(if $(BIND),--bind $(BIND)) $(if $(DAT
 	$(if $(MANAGEMENT_PORT),--management-port $(MANAGEMENT_PORT)) \
 	$(if $(PROMETHEUS_PORT),--prometheus-port $(PROMETHEUS_PORT)) $(if $(CONFIG),--config $(CONFIG))
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/leveret serve $(RUN_ARGS)
+
+# The Spark side alone, for the worked example (`leveret-pipeline`, pipeline/README.md) beside `make run`.
+.PHONY: pipeline
+pipeline: $(RUN_STAMP)
+	$(BIN)/python -m pip install -q -e pipeline --config-settings editable_mode=compat
+	touch $(PIPELINE_STAMP)
 
 # The system tools the tests use (network namespaces, tmpfs and loop-mounted ext4 images; Java 17 for Spark;
 # libfaketime, which the faketime package brings, for the broker's wall-clock jumps), installed from Debian when
@@ -42,12 +55,23 @@ test-tools:
 	command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then apt-get update -q && apt-get install -y -q $$missing; fi
 
+# The suite in parallel (pytest-xdist; tests/worker_resources.py gives each worker its own ports and subnets):
+# WORKERS processes (3 measured best on 2 cores: the integration tests mostly wait on sockets and fsync). Tests
+# marked `serial` measure rates or timing that tests beside them would distort: they run alone afterwards.
 # The lint (ruff, the import-linter layer contracts, mypy) runs first: a broken layer fails the suite. Then the
 # quorum-queue tests again against a two-member cluster on PostgreSQL (tests/conftest.py, LEVERET_TEST_CLUSTER:
-# each new connection of a test on the next member; about half a minute).
+# each new connection of a test on the next member). Each pass ends with its time per lane.
+WORKERS ?= 3
+PYTEST_PARALLEL := $(BIN)/python -m pytest -n $(WORKERS) --dist loadgroup
 test: $(STAMP) $(PIPELINE_STAMP) test-tools lint
-	$(BIN)/python -m pytest
-	LEVERET_TEST_CLUSTER=2 $(BIN)/python -m pytest -m quorum tests/integration
+	$(PYTEST_PARALLEL) -m 'not long and not serial'
+	$(BIN)/python -m pytest -m 'serial and not long'
+	LEVERET_TEST_CLUSTER=2 $(PYTEST_PARALLEL) -m 'quorum and not long' tests/integration
+
+# The fast lane while you work: the unit tests and the core integration lane (tests/integration/core), in
+# parallel, in about two minutes on 2 cores. One file or test: `.venv/bin/python -m pytest tests/integration/core/test_basic.py`.
+test-fast: $(STAMP)
+	$(PYTEST_PARALLEL) -m 'not long and not serial' tests/unit tests/integration/core
 
 # The integration tests against a real RabbitMQ (installs and starts one on its own ports; not part of CI).
 test-rabbitmq: $(STAMP)

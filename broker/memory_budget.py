@@ -20,13 +20,13 @@ backing queue: a queue type that keeps nothing in RAM answers with no-ops.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 import structlog
 
 from broker.alarms import ResourceMonitor
+from broker.clock import Clock, LoopClock, TimerHandle
 from broker.os_probes import release_free_memory, resident_memory
 
 log = structlog.get_logger("leveret.memory")
@@ -104,12 +104,16 @@ def default_budget(queue: PagedQueue) -> int | None:
 
 
 class MemoryBudget:
-    def __init__(self, node: QueueSource, monitor: ResourceMonitor | None) -> None:
+    def __init__(self, node: QueueSource, monitor: ResourceMonitor | None, clock: Clock | None = None) -> None:
         self.node = node
         self.monitor = monitor
+        # Ticks, and the cost of a pass over the queues that spaces the passes out (PASS_SHARE), are read on
+        # this clock: the server's loop clock, a ManualClock in unit tests (a costly pass is then one that
+        # advances it), so no test of the spacing depends on how loaded the machine is.
+        self.clock: Clock = clock if clock is not None else LoopClock()
         self.limited = False
         self._next_pass = 0.0  # loop time of the next pass over every queue (PASS_SHARE)
-        self._handle: asyncio.TimerHandle | None = None
+        self._handle: TimerHandle | None = None
         self._paging_scheduled = False
         self._ticks = 0
         self._released_at = resident_memory()  # the lowest resident size seen at start or after a release
@@ -128,7 +132,7 @@ class MemoryBudget:
         _pressure = value
 
     def start(self) -> None:
-        self._handle = asyncio.get_event_loop().call_later(INTERVAL, self.tick)
+        self._handle = self.clock.call_later(INTERVAL, self.tick)
 
     def stop(self) -> None:
         if self._handle is not None:
@@ -148,18 +152,18 @@ class MemoryBudget:
                 used = resident_memory()
             self.rebalance(used)
             self._ticks += 1
-            loop = asyncio.get_event_loop()
-            if self._ticks % RELEASE_EVERY == 0 and loop.time() >= self._next_pass:
+            if self._ticks % RELEASE_EVERY == 0 and self.clock.monotonic() >= self._next_pass:
                 # Once a second at most, not every tick: a default only changes when a queue gains or loses
                 # its consumers (told at once: consumers_changed) or its mean message size moves. With many
                 # queues a pass costs more, so the next one waits in proportion (PASS_SHARE).
-                started = time.perf_counter()
+                started = self.clock.monotonic()
                 if not self.limited:
                     self.refresh_default_budgets()
                 self.give_back(used)
-                self._next_pass = loop.time() + (time.perf_counter() - started) / PASS_SHARE
+                finished = self.clock.monotonic()
+                self._next_pass = finished + (finished - started) / PASS_SHARE
         finally:
-            self._handle = asyncio.get_event_loop().call_later(INTERVAL, self.tick)
+            self._handle = self.clock.call_later(INTERVAL, self.tick)
 
     def give_back(self, used: int) -> bool:
         """Hand freed message memory back to the OS once the queues hold much less than they did (module

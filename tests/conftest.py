@@ -42,20 +42,7 @@ if CLUSTER_NODES == 1 or CLUSTER_NODES < 0:
 ROOT = Path(__file__).resolve().parent.parent
 
 
-_ports_given: set[int] = set()
-
-
-def free_port() -> int:
-    """A port free now and not handed out before in this session: the kernel may give a port it just
-    reported free again (seen in CI: a broker's AMQP and Prometheus ports were the same, and its restart
-    failed to bind)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _ports_given:
-            _ports_given.add(port)
-            return port
+from worker_resources import free_port
 
 
 @dataclass
@@ -332,10 +319,78 @@ def uid(request) -> str:
     return f"t-{base}-{os.getpid()}-{time.monotonic_ns() % 10**9}"
 
 
+def pytest_configure(config):
+    import leftovers
+
+    leftovers.mark_owner()
+    leftovers.install_interrupt_handler()
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist), before any worker starts
+        for line in leftovers.clean_up_after_dead_runs():
+            print(f"leftover of a killed test run: {line}")
+
+
+def pytest_unconfigure(config):
+    import leftovers
+
+    leftovers.forget_own_records()
+
+
+def _lane(nodeid: str) -> str:
+    """The lane of a test: ``unit``, ``integration/<area>``, ``ui``, ``pipeline``."""
+    parts = nodeid.split("::", 1)[0].split("/")
+    if len(parts) > 2 and parts[1] == "integration":
+        return f"integration/{parts[2]}" if len(parts) > 3 else "integration"
+    return parts[1] if len(parts) > 2 else parts[0]
+
+
+# Session-wide resources some lanes share inside one worker: a SparkSession (a JVM of ~500 MB and ~25 s to
+# start) and the UI lane's broker and browser. Their tests go to one worker each (xdist's ``loadgroup``), so a
+# parallel run starts each of them once, as a serial run does.
+_SHARED_SESSIONS = {"pipeline": "spark-session", "ui": "ui-session"}
+
+
+def _xdist_group(item) -> str | None:
+    lane = _lane(item.nodeid)
+    if lane in _SHARED_SESSIONS:
+        return _SHARED_SESSIONS[lane]
+    # A module- or class-scoped fixture (a broker of the module's own, say) is set up once per worker that
+    # runs one of the module's tests: keep such a module's tests together.
+    defs = getattr(item, "_fixtureinfo", None)
+    for fixturedefs in (defs.name2fixturedefs.values() if defs is not None else ()):
+        if any(d.scope in ("module", "class", "package") for d in fixturedefs):
+            return item.nodeid.split("::", 1)[0]
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = _xdist_group(item)
+        if group is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
     if not EXTERNAL_URL:
         return
     skip = pytest.mark.skip(reason="Leveret-only behaviour; the suite is pointed at another broker")
     for item in items:
         if "leveret_only" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Time and count per lane (``make test`` prints it at the end of every run; README "Run the tests"):
+    which lane grew is the first question when the suite's time does. Durations are summed over set-up, call
+    and tear-down, across workers (so with ``-n 4`` they add up to about four times the wall time)."""
+    seconds: dict[str, float] = {}
+    tests: dict[str, set[str]] = {}
+    for key in ("passed", "failed", "error", "skipped", "xfailed", "xpassed"):
+        for rep in terminalreporter.stats.get(key, []):
+            nodeid = getattr(rep, "nodeid", "")
+            if not nodeid:
+                continue
+            lane = _lane(nodeid)
+            seconds[lane] = seconds.get(lane, 0.0) + float(getattr(rep, "duration", 0.0) or 0.0)
+            tests.setdefault(lane, set()).add(nodeid)
+    if not seconds:
+        return
+    terminalreporter.write_sep("=", "time per lane (set-up + call + tear-down, summed over workers)")
+    for lane in sorted(seconds, key=seconds.__getitem__, reverse=True):
+        terminalreporter.write_line(f"{seconds[lane]:9.1f} s  {len(tests[lane]):5d} tests  {lane}")

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from itertools import count
 
 import pytest
+from leftovers import record_namespace
+from worker_resources import subnet_octet
 
 _serial = count(1)
 
@@ -47,10 +49,11 @@ def network_namespace() -> Iterator[TestHost]:
     n = next(_serial)
     tag = f"{os.getpid() % 10000}{n}"
     name, host_if, ns_if = f"lvt{tag}", f"lvh{tag}", f"lvn{tag}"
-    octet = (os.getpid() + n) % 250 + 1
+    octet = subnet_octet(n)
     host_addr, ns_addr = f"10.231.{octet}.1", f"10.231.{octet}.2"
     try:
         _ip("netns", "add", name)
+        record_namespace(name)
     except subprocess.CalledProcessError as e:
         pytest.skip(f"cannot create a network namespace here: {e.stderr.strip()}")
     try:

@@ -15,7 +15,6 @@ import glob
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -45,9 +44,9 @@ def find_bin(name: str) -> str:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from worker_resources import free_port
+
+    return free_port()
 
 
 class PgServer:

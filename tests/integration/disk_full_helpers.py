@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pika
 import pika.exceptions
+from leftovers import record_mount
 from rawamqp import (  # tests/ is on sys.path (rootdir conftest)
     ConnectionClosedError,
     FrameTimeout,
@@ -73,6 +74,7 @@ class Volume:
         if not shutil.which("mount"):
             raise MountImpossible("no mount(8) on this machine")
         self.path.mkdir(parents=True, exist_ok=True)
+        record_mount(self.path)  # tests/leftovers.py: unmounted by the next run if this one is killed
         p = _run("mount", "-t", "tmpfs", "-o", f"size={self.size}", "tmpfs", str(self.path))
         if p.returncode != 0:
             text = (p.stdout + p.stderr).strip()
@@ -259,8 +261,8 @@ class _Session:
     # writer thread
     def _write(self) -> None:
         pub = self.pub
-        pub_frame = method_frame(1, commands.Basic.Publish(exchange="", routing_key=pub.queue))
-        props = commands.Basic.Properties(delivery_mode=2)
+        pub_frame = method_frame(1, commands.Basic.Publish(exchange=pub.exchange, routing_key=pub.routing_key))
+        props = commands.Basic.Properties(delivery_mode=2, headers=pub.headers)
         chunk = max(4096, self.client.frame_max - 8)
         while True:
             with pub._cond:
@@ -317,10 +319,16 @@ class Publisher:
     happenings with their time. Sequence numbers start at 1 and keep counting across reconnects.
     """
 
-    def __init__(self, broker, name: str, queue: str, *, window: int = 16) -> None:
+    def __init__(self, broker, name: str, queue: str, *, window: int = 16, exchange: str = "",
+                 routing_key: str | None = None, headers: dict | None = None) -> None:
         self.broker = broker
         self.name = name
         self.queue = queue
+        # Where it publishes: the default exchange to ``queue`` unless told otherwise (an x-delayed-message
+        # exchange bound to ``queue``, with an ``x-delay`` header).
+        self.exchange = exchange
+        self.routing_key = queue if routing_key is None else routing_key
+        self.headers = headers
         self.window = window
         self.next_seq = 1
         self.target = 0

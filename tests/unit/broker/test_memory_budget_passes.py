@@ -6,13 +6,12 @@ sampler's change; bench/RESULTS.md's cost curves)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass, field
 
 import pytest
 
 from broker import memory_budget
+from broker.clock import ManualClock
 from broker.memory_budget import DEFAULT_QUEUE_BUDGET, MemoryBudget, consumers_changed
 
 GiB = 1024 ** 3
@@ -23,13 +22,14 @@ class BudgetedQueue:
     consumer_count: int = 0
     budgets: list[int | None] = field(default_factory=list)
     cost: float = 0.0  # seconds each budget takes to apply (a pass over many queues, in one)
+    clock: ManualClock | None = None  # the budget's clock, advanced by ``cost`` as the budget is applied
 
     def ram_bytes(self) -> int:
         return 0
 
     def set_ram_budget(self, max_bytes: int | None) -> None:
-        if self.cost:
-            time.sleep(self.cost)
+        if self.cost and self.clock is not None:
+            self.clock.advance(self.cost)
         self.budgets.append(max_bytes)
 
     def needs_paging(self) -> bool:
@@ -76,18 +76,19 @@ def test_under_memory_pressure_the_shares_stay() -> None:
 
 
 def test_a_costly_pass_over_the_queues_makes_the_next_wait() -> None:
-    async def main() -> None:
-        q = BudgetedQueue(cost=0.003)  # a pass costs ≥ 3 ms: the next one waits ≥ 0.3 s
-        budget = MemoryBudget(Node([q]), None)
-        try:
-            for _ in range(50):  # ten ticks that could run a pass, within a few milliseconds
-                budget.tick()
-            assert len(q.budgets) == 1, q.budgets
-            await asyncio.sleep(0.003 / memory_budget.PASS_SHARE + 0.05)
-            for _ in range(5):
-                budget.tick()
-            assert len(q.budgets) == 2, q.budgets
-        finally:
-            budget.stop()
-
-    asyncio.run(main())
+    clock = ManualClock()
+    q = BudgetedQueue(cost=0.003, clock=clock)  # a pass costs 3 ms: the next one waits 0.3 s (PASS_SHARE)
+    budget = MemoryBudget(Node([q]), None, clock)
+    wait = 0.003 / memory_budget.PASS_SHARE
+    for _ in range(50):  # ten ticks that could run a pass, at one instant
+        budget.tick()
+    assert len(q.budgets) == 1, q.budgets
+    clock.advance(wait * 0.9)
+    for _ in range(5):
+        budget.tick()
+    assert len(q.budgets) == 1, q.budgets  # not yet
+    clock.advance(wait * 0.2)
+    for _ in range(5):
+        budget.tick()
+    assert len(q.budgets) == 2, q.budgets
+    budget.stop()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -81,9 +80,9 @@ def test_the_compiled_codec_runs_by_default(no_extensions: str | None) -> None:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from worker_resources import free_port as worker_port
+
+    return worker_port()
 
 
 @pytest.mark.parametrize("no_extensions, codec", [("1", "pure-python"), (None, "compiled")])

@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_backing_queue_conformance import VARIANTS, Subject, drain, msg
+
+from tests.unit.storage.test_backing_queue_conformance import VARIANTS, Subject, drain, msg
 
 
 @pytest.fixture(params=list(VARIANTS))

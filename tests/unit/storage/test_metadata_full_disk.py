@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from leftovers import record_mount
 
 from storage.metadata_store import MetadataStore, MetadataWriteError
 
@@ -18,6 +19,7 @@ def small_disk(tmp_path: Path):
     mnt.mkdir()
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
+    record_mount(mnt)
     out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True,
                          check=False)
     if out.returncode != 0:

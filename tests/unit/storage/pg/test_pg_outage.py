@@ -15,12 +15,12 @@ from collections.abc import Callable
 import asyncpg
 import pytest
 from pg_server import PgServer
-from test_pg_cluster import fetch_wait, rows
 
 from storage.metadata_store import MetadataStoreError, MetadataWriteError
 from storage.pg.backing_queue import Op, PgBackingQueue
 from storage.pg.cluster import PgCluster
 from storage.pg.definitions_store import PgDefinitionsStore
+from tests.unit.storage.pg.test_pg_cluster import fetch_wait, rows
 
 pytest_plugins = ["pg_fixtures"]
 

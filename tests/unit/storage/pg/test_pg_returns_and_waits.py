@@ -12,10 +12,10 @@ import asyncio
 import time
 
 import asyncpg
-from test_pg_cluster import fetch_wait
 
 from storage.pg.backing_queue import PgBackingQueue
 from storage.pg.cluster import PgCluster
+from tests.unit.storage.pg.test_pg_cluster import fetch_wait
 
 pytest_plugins = ["pg_fixtures"]
 
