@@ -6,6 +6,11 @@ p50 (solid) and p99 (dotted); deliver→ack p50 and p99. Latency axes are logari
 below, so the 0 ms of a message handed straight to a waiting consumer is drawn): a queue at 2 ms and a
 backlogged one at 2 minutes must both be readable. Only the busiest queues are drawn (a legend of 200 lines
 helps nobody); the summary table lists them all.
+
+The table has a row only for a minute with events, so a queue's minutes are filled in before drawing: a minute
+without a row is 0 messages/s (the line drops to zero; markers stay on the minutes that have rows) and has no
+latency (the latency lines break there). Drawn as they came, a line crossed an idle gap straight from the last
+busy minute to the next, showing ~50 msg/s for minutes in which nothing happened.
 """
 
 from __future__ import annotations
@@ -35,9 +40,39 @@ def _minute_ticks(first: pd.Timestamp, last: pd.Timestamp) -> Any:
     return mdates.MinuteLocator(byminute=range(0, 60, step), tz=dt.UTC)
 
 
+RATE_COLUMNS = ("published", "delivered")
+
+
+def minute_series(frame: pd.DataFrame, first: pd.Timestamp, last: pd.Timestamp) -> tuple[pd.DataFrame, list[int]]:
+    """One queue's rows on every minute from ``first`` to ``last``: a minute without a row counts 0 messages
+    (the rate columns) and no latency (NaN, where a line breaks). Also the positions of the minutes that had
+    a row (where the markers go)."""
+    minutes = pd.date_range(first.floor("min"), last.floor("min"), freq="min")
+    series = frame.assign(minute=frame["minute"].dt.floor("min")).drop_duplicates("minute", keep="last")
+    series = series.set_index("minute").reindex(minutes)
+    had_row = [i for i, present in enumerate(series["queue"].notna()) if present]
+    for column in RATE_COLUMNS:
+        series[column] = series[column].fillna(0)
+    return series.rename_axis("minute").reset_index(), had_row
+
+
 def draw(rows: pa.Table, path: Path, top: int = 6, hours: float = 6.0) -> Path | None:
     """Draw the last ``hours`` of the traffic table ``rows`` (traffic.read_traffic's) to ``path``; None
     when there is nothing to draw."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(rows, top, hours)
+    if fig is None:
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def figure(rows: pa.Table, top: int = 6, hours: float = 6.0) -> Any:
+    """The matplotlib Figure :func:`draw` saves (its lines are what the tests read); None when there is
+    nothing to draw."""
     import matplotlib
     import matplotlib.ticker
 
@@ -56,10 +91,11 @@ def draw(rows: pa.Table, path: Path, top: int = 6, hours: float = 6.0) -> Path |
 
     fig, (rates, waits, acks) = plt.subplots(3, 1, sharex=True, figsize=(11, 9), constrained_layout=True)
     colours = plt.get_cmap("tab10")
+    first, last = frame["minute"].min(), frame["minute"].max()
     for i, (vhost, queue) in enumerate(busiest):
-        series = frame[(frame["vhost"] == vhost) & (frame["queue"] == queue)].sort_values("minute")
+        series, had_row = minute_series(frame[(frame["vhost"] == vhost) & (frame["queue"] == queue)], first, last)
         colour, label = colours(i % 10), _label(vhost, queue, vhosts)
-        style = {"color": colour, "marker": "o", "markersize": 3}
+        style = {"color": colour, "marker": "o", "markersize": 3, "markevery": had_row}
         rates.plot(series["minute"], series["published"] / 60.0, linestyle="-", label=f"{label} published", **style)
         rates.plot(series["minute"], series["delivered"] / 60.0, linestyle="--", label=f"{label} delivered",
                    **style)
@@ -77,7 +113,6 @@ def draw(rows: pa.Table, path: Path, top: int = 6, hours: float = 6.0) -> Path |
         axis.set_yscale("symlog", linthresh=1.0)
         axis.set_ylim(0, max(10.0, axis.get_ylim()[1] * 2))
         axis.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    first, last = frame["minute"].min(), frame["minute"].max()
     # Limits of our own: matplotlib widens a single minute to ±2 years, and ticks per minute over that hang.
     acks.set_xlim(first - pd.Timedelta(seconds=30), last + pd.Timedelta(seconds=30))
     acks.xaxis.set_major_locator(_minute_ticks(first, last))
@@ -88,7 +123,4 @@ def draw(rows: pa.Table, path: Path, top: int = 6, hours: float = 6.0) -> Path |
             axis.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     acks.set_xlabel("minute (UTC)")
     fig.autofmt_xdate()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return fig
