@@ -635,7 +635,7 @@ class Channel:
         (``qos.increment_eventually``). Under RabbitMQ's per-new-consumer meaning the raise never reaches
         the running consumer, so a worker holding as many ETA tasks as its prefetch took nothing else until
         they came due. Taking py-amqp's ``global=false`` as the ``global=true`` kombu sends RabbitMQ gives
-        Celery what it gets on RabbitMQ 3.x (tests/integration/test_celery_eta.py).
+        Celery what it gets on RabbitMQ 3.x (tests/integration/clients/test_celery_eta.py).
         """
         if m.prefetch_size:
             raise AMQPError(NOT_IMPLEMENTED, f"prefetch_size!=0 ({m.prefetch_size})")

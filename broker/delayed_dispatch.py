@@ -56,7 +56,7 @@ RETRY_MIN = 0.01
 RETRY_MAX = 1.0
 # The longest the timer sleeps: it runs on the loop's monotonic clock while due times are wall-clock times, so
 # after a jump of the wall clock it must look again soon (a forward jump of a day left messages that had
-# become due waiting for a timer armed an hour ahead: tests/integration/test_delayed_time.py).
+# become due waiting for a timer armed an hour ahead: tests/integration/delayed/test_delayed_time.py).
 MAX_SLEEP = 1.0
 
 

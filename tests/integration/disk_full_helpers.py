@@ -1,4 +1,4 @@
-"""Helpers of the disk-full lane (tests/integration/test_disk_full.py): a tmpfs volume of the test's own, a
+"""Helpers of the disk-full lane (tests/integration/durability/test_disk_full.py): a tmpfs volume of the test's own, a
 publishing application that records what became of every message, and checks of what a queue holds.
 
 * :class:`Volume` is a tmpfs mounted under the test's ``tmp_path``: its size can be changed on the fly

@@ -67,7 +67,7 @@ def check_supported_keys_took_effect(s: Settings) -> None:
     assert (s.management_port, s.management_bind, s.prometheus_port) == (15672, "0.0.0.0", 15692)
     assert s.collect_statistics_interval == 10_000
     # The TLS listener: port 5671 on the plain listener's address, verify_peer with the file's certificates
-    # (files that do not exist here: reading them is start-up's, tests/integration/test_config_production_file_start.py)
+    # (files that do not exist here: reading them is start-up's, tests/integration/management/test_config_production_file_start.py)
     assert (s.ssl_bind, s.ssl_port) == (None, 5671)
     assert (s.ssl_cacertfile, s.ssl_certfile, s.ssl_keyfile) == (
         Path("/etc/rabbitmq/tls/ca_certificate.pem"), Path("/etc/rabbitmq/tls/server_certificate.pem"),

@@ -60,7 +60,7 @@ def now_utc() -> datetime.datetime:
 
 def check_death(props, *, queue: str, reason: str, exchange: str, routing_keys: list[str],
                 after: datetime.datetime, before: datetime.datetime, **extra: str) -> None:
-    """One ``x-death`` entry, exactly as RabbitMQ writes it (tests/integration/test_dead_letter.py has the
+    """One ``x-death`` entry, exactly as RabbitMQ writes it (tests/integration/policies/test_dead_letter.py has the
     reference): its keys and types, count 1, its time within [after, before] (whole seconds); and the
     ``x-first-death-*``/``x-last-death-*`` headers naming the same death."""
     extra = {key.replace("_", "-"): value for key, value in extra.items()}
@@ -79,7 +79,7 @@ def check_death(props, *, queue: str, reason: str, exchange: str, routing_keys: 
 
 
 def ready(m, queue: str) -> int:
-    """The message count of a passive declare of ``queue`` on ``m`` (which waits for a recount: SCHEMA.md)."""
+    """The message count of a passive declare of ``queue`` on ``m`` (which waits for a recount: storage/pg/SCHEMA.md)."""
     conn, ch = channel(m)
     try:
         return ch.queue_declare(queue, passive=True).method.message_count
@@ -89,7 +89,7 @@ def ready(m, queue: str) -> int:
 
 def test_reject_and_nack_on_one_member_dead_letter_with_x_death_read_on_the_other(start_broker, pg_dsn):
     """basic.reject and basic.nack, requeue=false, made on b of messages published on a: the dead-letter
-    publish is b's (dead-lettering is at-most-once, two commits: SCHEMA.md), into a quorum queue that a reads.
+    publish is b's (dead-lettering is at-most-once, two commits: storage/pg/SCHEMA.md), into a quorum queue that a reads.
     Each copy carries one ``x-death`` entry (reason "rejected", count 1, the queue and the exchange it was
     published to, its routing key), and nothing is left in the queue on either member."""
     a, b = two(start_broker, pg_dsn)
@@ -137,8 +137,8 @@ def test_per_message_expiration_dead_letters_with_nobody_consuming_read_on_the_o
     """A message published on a with ``expiration`` "300" to a quorum queue nobody consumes is dead-lettered
     (reason "expired", its ``original-expiration`` kept in ``x-death`` and the property removed, as RabbitMQ
     does) and read on b. A message behind it without an expiration stays in the queue (per-message TTL, not
-    the queue's), and is there for b as for a: both members' declare-ok count it (SCHEMA.md: the count
-    "includes every message another node confirmed before") and b's first basic.get takes it (SCHEMA.md: a get
+    the queue's), and is there for b as for a: both members' declare-ok count it (storage/pg/SCHEMA.md: the count
+    "includes every message another node confirmed before") and b's first basic.get takes it (storage/pg/SCHEMA.md: a get
     after a publish confirmed by another node "does not answer get-empty"). Nobody consumes on a, so nothing
     there should hold it back from b."""
     a, b = two(start_broker, pg_dsn)
@@ -213,7 +213,7 @@ def test_a_ttl_queue_served_to_a_consumer_on_another_member_than_its_publisher(s
 def test_a_max_length_policy_set_on_one_member_is_enforced_on_the_others_publishes(start_broker, pg_dsn):
     """A policy (max-length 3, reject-publish) set through a's HTTP API on a quorum queue: once b shows it,
     b's 4th confirmed publish is nacked. All four are b's, judged on b's own exact count, so the count is exact
-    here (SCHEMA.md's max-length window is about publishes on two members within milliseconds, or a member
+    here (storage/pg/SCHEMA.md's max-length window is about publishes on two members within milliseconds, or a member
     that opens the queue at the publish: b has it open before). Then a, whose estimate a passive declare has
     brought up to date, nacks one more too: the limit is the queue's."""
     a, b = two(start_broker, pg_dsn)

@@ -282,7 +282,7 @@ def test_delete_if_unused_on_one_member_is_refused_while_the_other_has_a_consume
 
 def test_purge_ok_right_after_another_members_confirmed_publishes_counts_them(start_broker, pg_dsn):
     """3 publishes confirmed on a, then at once queue.purge on b (which has the queue open). RabbitMQ's
-    purge-ok counts the 3 ready messages (a declare-ok on b would: SCHEMA.md, when_counted), and once it is
+    purge-ok counts the 3 ready messages (a declare-ok on b would: storage/pg/SCHEMA.md, when_counted), and once it is
     answered they are gone for everyone: a basic.get on a right after answers get-empty and a's declare-ok
     counts 0."""
     a, b = two(start_broker, pg_dsn)

@@ -2,7 +2,7 @@
 
 Why this test exists: a member stores a quorum queue's publishes of one event-loop burst in ONE PostgreSQL
 transaction (storage/pg/workers.py ``Publisher``: one ``INSERT … FROM unnest(…)`` for every buffered row) and
-confirms them all after it commits. tests/integration/test_cluster_quorum.py's kill -9 rounds publish with
+confirms them all after it commits. tests/integration/cluster/test_cluster_quorum.py's kill -9 rounds publish with
 pika's BlockingConnection, which waits for each confirm, so every transaction there holds one message: a
 member killed while a multi-message transaction is in flight (sent, committing, committed but not yet
 confirmed, confirms half written to the socket) was never exercised. Here a raw AMQP publisher (tests/rawamqp.py)

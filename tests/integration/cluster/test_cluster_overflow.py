@@ -64,16 +64,16 @@ def test_max_length_is_the_queues_across_members(start_broker, pg_dsn, overflow)
 
     assert publish_confirmed(a, "capped", [b"a%d" % i for i in range(LIMIT)]) == [True] * LIMIT
     # b learns of a's publishes from the doorbell's recount, within milliseconds on a quiet machine (the
-    # window SCHEMA.md states); a passive declare waits for one, so b's publishes are judged on the full queue.
+    # window storage/pg/SCHEMA.md states); a passive declare waits for one, so b's publishes are judged on the full queue.
     assert wait_count(b, "capped", LIMIT)
     # Which messages are the oldest is decided by seq, numbered on each member from blocks of one PostgreSQL
-    # sequence, so across members only within about a second (SCHEMA.md: ordering across members; an idle
+    # sequence, so across members only within about a second (storage/pg/SCHEMA.md: ordering across members; an idle
     # member renews its block once a second). b publishes once its block is newer than the one a's went out
     # under, so "the oldest" is a's here (seen in a loaded CI run: b0 dropped, a2 kept).
     time.sleep(1.6)
     from_b = publish_confirmed(b, "capped", [b"b%d" % i for i in range(3)])
     if overflow == "drop-head":
-        # b drops the head rows once its reservation of them arrives, which can be after b's confirms (SCHEMA.md,
+        # b drops the head rows once its reservation of them arrives, which can be after b's confirms (storage/pg/SCHEMA.md,
         # max-length): a drain on a before then could take them first. The queue comes down to its limit.
         assert wait_count(a, "capped", LIMIT)
 

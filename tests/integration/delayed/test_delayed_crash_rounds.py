@@ -12,7 +12,7 @@ there (0 lost) and none twice (0 duplicated: the dispatch is begun durably, the 
 origin id, and a dispatch in doubt after a crash goes only where it is missing; broker/delayed_dispatch.py).
 
 22 rounds run in CI (marker ``slow``); the long run of 100 rounds is marked ``long`` and left out of the default
-selection (pyproject's addopts): ``.venv/bin/python -m pytest -m long tests/integration/test_delayed_crash_rounds.py``.
+selection (pyproject's addopts): ``.venv/bin/python -m pytest -m long tests/integration/delayed/test_delayed_crash_rounds.py``.
 """
 
 from __future__ import annotations

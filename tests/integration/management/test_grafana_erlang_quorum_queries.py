@@ -1,7 +1,7 @@
 """RabbitMQ's stock Grafana dashboards for the runtime and quorum queues ("Erlang-BEAM",
 "Erlang-Distribution", "Erlang-Memory-Allocators", "Erlang-Distributions-Compare",
 "RabbitMQ-Quorum-Queues-Raft") against Leveret, through a real Prometheus, as
-tests/integration/test_grafana_overview_queries.py does for "RabbitMQ-Overview".
+tests/integration/management/test_grafana_overview_queries.py does for "RabbitMQ-Overview".
 
 Each dashboard's expressions are below as strings (every panel target's ``expr``, whitespace folded, an
 expression a dashboard repeats listed once), from rabbitmq-server's

@@ -509,7 +509,7 @@ def test_parameters_and_global_parameters(api, uid):
     assert any(p["vhost"] == vh for p in api("GET", "/api/parameters/vhost-limits")[1])
     assert api("DELETE", path)[0] == 204
     api("DELETE", f"/api/vhosts/{q(vh)}")
-    # Federation is not implemented: refused, not stored (tests/integration/test_limits_enforced.py).
+    # Federation is not implemented: refused, not stored (tests/integration/core/test_limits_enforced.py).
     assert api("PUT", f"/api/parameters/federation-upstream/%2F/{q(uid)}",
                {"value": {"uri": "amqp://elsewhere"}})[0] == 400
     gp = f"/api/global-parameters/{q(uid)}"

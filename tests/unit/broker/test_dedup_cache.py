@@ -1,6 +1,6 @@
 """broker/deduplication.py's cache, and the two places it is used, driven in one process with a ManualClock:
 the queue-level check in broker/delegate.py (every queue type) and the ``x-message-deduplication`` exchange type.
-The broker-process tests (restarts, kill -9, real clients) are tests/integration/test_deduplication.py."""
+The broker-process tests (restarts, kill -9, real clients) are tests/integration/policies/test_deduplication.py."""
 
 from __future__ import annotations
 

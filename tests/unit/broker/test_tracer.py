@@ -1,7 +1,7 @@
 """The firehose (broker/trace.py) on a VHost built directly, with a ManualClock: the trace exchange, what a
 publish, an ack and a dead-lettering put on ``amq.rabbitmq.trace`` (routing keys, header names and field
 types), the message identity, no recursion, tracing off publishing nothing, and a failing tracer never
-failing the publish it traces. Deliveries need a channel: tests/integration/test_trace.py covers them."""
+failing the publish it traces. Deliveries need a channel: tests/integration/management/test_trace.py covers them."""
 
 from __future__ import annotations
 

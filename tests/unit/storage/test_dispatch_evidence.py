@@ -1,6 +1,6 @@
 """The storage half of exactly-once delayed dispatch (storage/dispatch_evidence.py, storage/delay/store.py):
 origin ids kept by queue indexes, segments pinned until a dispatch settles, dispatches in doubt after a crash.
-The broker half and a real kill -9 are tested in tests/integration/test_delayed_in_doubt.py."""
+The broker half and a real kill -9 are tested in tests/integration/delayed/test_delayed_in_doubt.py."""
 
 from __future__ import annotations
 
