@@ -69,8 +69,20 @@ async function login(ev) {
     $("password").value = "";
     loggedIn(who);
   } catch (e) {
-    $("login-error").textContent = "Login failed: " + e.message;
+    $("login-error").textContent = loginFailure(e);
   }
+}
+
+// One sentence for a refused login. The server's reason for wrong credentials is itself "Login failed" (as
+// RabbitMQ's), which the form once showed as "Login failed: Login failed".
+function loginFailure(e) {
+  if (e.status === 401 && (e.message === "Login failed" || !e.message)) {
+    return "Login failed: wrong user name or password.";
+  }
+  if (e.message === "Not management user") {
+    return "Login failed: this user has no management, policymaker, monitoring or administrator tag.";
+  }
+  return "Login failed: " + e.message.replace(/^Login failed:?\s*/i, "");
 }
 
 async function logout() {

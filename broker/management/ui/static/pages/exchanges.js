@@ -1,5 +1,6 @@
-// Exchanges: the list, and one exchange with its bindings both ways and a publish form (routing key,
-// properties, headers, payload as text or base64; the answer says whether the message was routed).
+// Exchanges: the list with RabbitMQ's "Add a new exchange" form, and one exchange with its bindings both ways,
+// an "Add binding from this exchange" form and a publish form (routing key, properties, headers, payload as text
+// or base64; the answer says whether the message was routed).
 import { api, get } from "../api.js";
 import { facts, field, h, replace, section, table } from "../dom.js";
 import { bytes, detail, enc, num, rate } from "../format.js";
@@ -14,7 +15,7 @@ export function exchangeLink(vhost, name) {
 
 export async function mountList(root) {
   const box = h("div");
-  root.append(h("h1", {}, "Exchanges"), box);
+  root.append(h("h1", {}, "Exchanges"), box, addExchangeCard(() => refresh()));
   async function refresh() {
     const data = await get("/api/exchanges?page=1&page_size=500&sort=name");
     replace(box, section(`${data.filtered_count} exchanges`, table("exchanges", [
@@ -33,8 +34,10 @@ export async function mountDetail(root, [vhost, name]) {
   const info = h("div");
   const bindings = h("div");
   const delayed = h("div", { id: "delayed-box" });
+  // The default exchange takes no bindings (403 ACCESS_REFUSED, as in RabbitMQ): no form for it.
+  const bindForm = name === "amq.default" ? null : addBindingCard(vhost, name, () => refresh());
   root.append(h("h1", {}, "Exchange ", h("span", { id: "exchange-name" }, name), h("span", { class: "muted" }, " in " + vhost)),
-    h("div", { class: "grid2" }, info, bindings), delayed, publishCard(base));
+    h("div", { class: "grid2" }, info, bindings), ...(bindForm ? [bindForm] : []), delayed, publishCard(base));
   async function refresh() {
     const [x, src, dst] = await Promise.all([get(base), get(base + "/bindings/source"), get(base + "/bindings/destination")]);
     replace(info, section("Details", facts("exchange-facts", [
@@ -53,6 +56,79 @@ export async function mountDetail(root, [vhost, name]) {
   }
   await refresh();
   return refresh;
+}
+
+// "name = value" lines as an arguments table (typed as the publish form's headers); "" is none.
+function argumentsOf(text) { return parseHeaders(text || ""); }
+
+// RabbitMQ's "Add a new exchange": virtual host, name, type (the node's types), durability, auto-delete,
+// internal and arguments (x-delayed-type, alternate-exchange, ...), declared with PUT /api/exchanges/{vhost}/{name}.
+function addExchangeCard(refresh) {
+  const vhost = h("select", { id: "new-exchange-vhost" });
+  const name = h("input", { id: "new-exchange-name", required: true });
+  const type = h("select", { id: "new-exchange-type" },
+    ["direct", "fanout", "headers", "topic"].map((t) => h("option", { value: t }, t)));
+  const durable = h("select", { id: "new-exchange-durable" },
+    h("option", { value: "true" }, "Durable"), h("option", { value: "false" }, "Transient"));
+  const autoDelete = h("input", { type: "checkbox", id: "new-exchange-auto-delete" });
+  const internal = h("input", { type: "checkbox", id: "new-exchange-internal" });
+  const args = h("textarea", { id: "new-exchange-arguments", placeholder: "name = value (one per line), e.g. alternate-exchange = unrouted" });
+  const result = h("p", { id: "new-exchange-result", role: "status" });
+  get("/api/vhosts").then((vhs) => replace(vhost, vhs.map((v) => h("option", { value: v.name }, v.name)))).catch(() => {});
+  get("/api/overview").then((o) => {
+    const types = (o.exchange_types || []).map((t) => t.name).filter(Boolean);
+    if (types.length) replace(type, types.map((t) => h("option", { value: t, selected: t === "direct" }, t)));
+  }).catch(() => {});
+  const form = h("form", { id: "add-exchange", onsubmit: async (ev) => {
+    ev.preventDefault();
+    result.className = "";
+    try {
+      await api("PUT", "/api/exchanges/" + enc(vhost.value) + "/" + enc(name.value), {
+        type: type.value, durable: durable.value === "true", auto_delete: autoDelete.checked,
+        internal: internal.checked, arguments: argumentsOf(args.value) });
+    } catch (e) {
+      result.className = "error";
+      result.textContent = "Could not declare the exchange: " + e.message;
+      return;
+    }
+    result.className = "ok";
+    result.textContent = "Exchange " + name.value + " declared.";
+    await refresh();
+  } },
+  h("div", { class: "inline" }, field("Virtual host", vhost), field("Name", name), field("Type", type),
+    field("Durability", durable), h("label", {}, autoDelete, " Auto-delete"), h("label", {}, internal, " Internal")),
+  field("Arguments", args), h("button", { type: "submit", id: "add-exchange-button" }, "Add exchange"));
+  return section("Add a new exchange", form, result);
+}
+
+// RabbitMQ's "Add binding from this exchange": to a queue or an exchange, with a routing key and arguments
+// (POST /api/bindings/{vhost}/e/{source}/q|e/{destination}).
+function addBindingCard(vhost, source, refresh) {
+  const kind = h("select", { id: "new-binding-destination-type" },
+    h("option", { value: "q" }, "To queue"), h("option", { value: "e" }, "To exchange"));
+  const destination = h("input", { id: "new-binding-destination", required: true });
+  const key = h("input", { id: "new-binding-routing-key" });
+  const args = h("textarea", { id: "new-binding-arguments", placeholder: "name = value (one per line), e.g. x-match = any" });
+  const result = h("p", { id: "new-binding-result", role: "status" });
+  const form = h("form", { id: "add-binding", onsubmit: async (ev) => {
+    ev.preventDefault();
+    result.className = "";
+    try {
+      await api("POST", "/api/bindings/" + enc(vhost) + "/e/" + enc(source) + "/" + kind.value + "/" +
+        enc(destination.value), { routing_key: key.value, arguments: argumentsOf(args.value) });
+    } catch (e) {
+      result.className = "error";
+      result.textContent = "Could not bind: " + e.message;
+      return;
+    }
+    await refresh();
+    const shown = document.getElementById("new-binding-result") || result;
+    shown.className = "ok";
+    shown.textContent = "Bound to " + destination.value + ".";
+  } },
+  h("div", { class: "inline" }, field("Destination", kind), field("Name", destination), field("Routing key", key)),
+  field("Arguments", args), h("button", { type: "submit", id: "add-binding-button" }, "Bind"));
+  return section("Add binding from this exchange", form, result);
 }
 
 // The messages an x-delayed-message exchange holds (Leveret's /delayed endpoints): due time, cancel.

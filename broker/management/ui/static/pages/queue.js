@@ -1,10 +1,13 @@
-// One queue: figures, consumers, bindings; peek (Leveret: read without taking, so nothing is
-// redelivered or reordered), get (RabbitMQ's: changes the queue), purge and delete (both confirmed).
+// One queue: figures, consumers, bindings and RabbitMQ's "Add binding to this queue"; peek (Leveret: read
+// without taking, so nothing is redelivered or reordered), get (RabbitMQ's: changes the queue), move, purge and
+// delete (both confirmed). A stream's page offers none of peek, get, move and purge: the server refuses them
+// (540 NOT_IMPLEMENTED over AMQP, as RabbitMQ; a stream is read from an offset by a consumer).
 import { api, get } from "../api.js";
 import { facts, field, h, replace, section, table } from "../dom.js";
 import { detail, enc, num, rate, bytes } from "../format.js";
 import { confirmAction } from "../dialog.js";
 import { History, lineChart } from "../chart.js";
+import { parseHeaders } from "./exchanges.js";
 
 export function renderMessage(m, i) {
   const props = Object.entries(m.properties || {}).filter(([k]) => k !== "headers");
@@ -26,10 +29,13 @@ export async function mount(root, [vhost, name], _params, ctx) {
   const bindings = h("div");
   const stream = h("div", { id: "stream-box" });
   const history = new History(["messages_ready", "messages_unacknowledged"]);
+  const isStream = (await get(base)).type === "stream";
   root.append(
     h("h1", {}, "Queue ", h("span", { id: "queue-name" }, name), h("span", { class: "muted" }, " in " + vhost)),
     h("div", { class: "grid2" }, info, h("div", {}, consumers, bindings)), stream,
-    peekCard(base), getCard(base), moveCard(base), dangerCard(base, name, vhost, ctx));
+    addBindingCard(vhost, name, () => refresh()),
+    ...(isStream ? [] : [peekCard(base), getCard(base), moveCard(base)]),
+    dangerCard(base, name, vhost, ctx, { purge: !isStream }));
 
   async function refresh() {
     const [q, bs] = await Promise.all([get(base), get(base + "/bindings")]);
@@ -78,6 +84,32 @@ function streamCard(q) {
       ["Lag", (g) => num(g.lag), { numeric: true }], ["Outstanding", (g) => num(g.outstanding), { numeric: true }],
       ["Consumers", (g) => num(Array.isArray(g.consumers) ? g.consumers.length : g.consumers), { numeric: true }],
     ], q.consumer_groups || [], { empty: "No consumer groups." }));
+}
+
+// RabbitMQ's "Add binding to this queue": from an exchange, with a routing key and arguments.
+function addBindingCard(vhost, queue, refresh) {
+  const source = h("input", { id: "new-binding-source", required: true });
+  const key = h("input", { id: "new-binding-routing-key" });
+  const args = h("textarea", { id: "new-binding-arguments", placeholder: "name = value (one per line)" });
+  const result = h("p", { id: "new-binding-result", role: "status" });
+  const form = h("form", { id: "add-binding", onsubmit: async (ev) => {
+    ev.preventDefault();
+    result.className = "";
+    try {
+      await api("POST", "/api/bindings/" + enc(vhost) + "/e/" + enc(source.value) + "/q/" + enc(queue),
+        { routing_key: key.value, arguments: parseHeaders(args.value) });
+    } catch (e) {
+      result.className = "error";
+      result.textContent = "Could not bind: " + e.message;
+      return;
+    }
+    result.className = "ok";
+    result.textContent = "Bound from " + source.value + ".";
+    await refresh();
+  } },
+  h("div", { class: "inline" }, field("From exchange", source), field("Routing key", key)),
+  field("Arguments", args), h("button", { type: "submit", id: "add-binding-button" }, "Bind"));
+  return section("Add binding to this queue", form, result);
 }
 
 function peekCard(base) {
@@ -139,7 +171,7 @@ function moveCard(base) {
     form, result);
 }
 
-function dangerCard(base, name, vhost, ctx) {
+function dangerCard(base, name, vhost, ctx, { purge: canPurge }) {
   const result = h("p", { id: "danger-result" });
   const purge = h("button", { type: "button", id: "purge", class: "danger", onclick: async () => {
     if (!(await confirmAction(`Purge every ready message of queue “${name}”?`))) {
@@ -168,5 +200,6 @@ function dangerCard(base, name, vhost, ctx) {
       result.textContent = "Delete failed: " + e.message;
     }
   } }, "Delete queue");
-  return section("Purge or delete", h("div", { class: "inline" }, purge, del), result);
+  return section(canPurge ? "Purge or delete" : "Delete", h("div", { class: "inline" }, canPurge ? purge : null, del),
+    result);
 }
