@@ -1,4 +1,4 @@
-"""Leveret's broker: the AMQP 0-9-1 message path from socket to queue and back (see DESIGN.md §1)."""
+"""Leveret's broker: the AMQP 0-9-1 message path from socket to queue and back (see docs/architecture.md)."""
 
 from importlib.metadata import PackageNotFoundError, version
 

@@ -17,7 +17,7 @@ Sources, and where they differ:
   queue drops the duplicate through the backing queue's ``is_duplicate``, after RabbitMQ has settled
   mandatory (no basic.return), and RabbitMQ nacks it to a confirming publisher (the plugin's queue_SUITE
   ``deduplicate_message_confirm``; its issues #21, #67, #72).
-- LavinMQ (cloudamqp/lavinmq ``docs/deduplication.md``, ``src/lavinmq/deduplication.cr``): one cache for both
+- LavinMQ (``cloudamqp/lavinmq/docs/deduplication.md``, ``src/lavinmq/deduplication.cr``): one cache for both
   levels: at most ``x-cache-size`` entries (default 128), oldest evicted first, ``x-cache-ttl`` ms with the
   per-message ``x-cache-ttl`` header overriding it, expired entries dropped when looked at, the header name
   settable with ``x-deduplication-header``; in memory only. Exchange-level is an argument on any exchange.

@@ -9,7 +9,7 @@ What it does, on the node's clock:
 - **Dispatch**: one timer, armed for ``next_due_ms`` (and re-armed after each ``on_durable``, since a record
   is handed out only once durable). When it fires, ``due()`` batches are let go through each exchange's
   ``release_due`` (the one publish path, bindings as they are then).
-- **Exactly once** (research/delayed.md §4.8), for a persistent message and durable target queues:
+- **Exactly once** (docs/decisions/delayed-messages.md), for a persistent message and durable target queues:
   1. a due batch is logged ``BEGUN`` in the store and let go only once that record is fsynced, as one
      *epoch* (storage/dispatch_evidence.py); each persistent message goes out with the origin id
      ``(epoch, seq)`` as its message id, which every queue index keeps with it;

@@ -1,7 +1,8 @@
 """Hands one routed message to every target queue process in one step (RabbitMQ's ``delegate``).
 
 A single node needs no remote batching, so this is where the per-publish fan-out lives, and where credit
-flow accounts each hand-over to a queue (seed 003, DESIGN.md §2). Called by ``VHost.publish`` only.
+flow accounts each hand-over to a queue (docs/decisions/message-path.md). Called by ``VHost.publish``, and by
+broker/cluster_forwarding.py for messages another cluster member already routed.
 
 Being the one place a routed message enters a queue of any type, it is also where queue-level message
 deduplication happens (broker/deduplication.py): a queue whose ``dedup`` is set drops a message whose key it

@@ -1,4 +1,4 @@
-"""The one publish path (DESIGN.md §1; LavinMQ's ``vhost.publish``; in RabbitMQ the work of
+"""The one publish path (docs/decisions/message-path.md; LavinMQ's ``vhost.publish``; in RabbitMQ the work of
 ``rabbit_channel``'s basic.publish clause, ``rabbit_basic`` and ``rabbit_exchange:route``).
 
 Everything that puts a message into the broker goes through :meth:`broker.vhost.VHost.publish`: a channel's

@@ -1,7 +1,7 @@
 """Hand-written codec for the frames every message crosses: basic.publish, content header and body in;
 basic.deliver, basic.get-ok, basic.return, basic.ack / nack out; basic.ack / nack / reject in.
 
-pamqp decodes these correctly but slowly (~8 µs a frame, see STYLE.md); these functions do the same
+pamqp decodes these correctly but slowly (~8 µs a frame; docs/decisions/hot-path-messages.md); these functions do the same
 in well under 1 µs with precompiled structs, and are tested against pamqp. Short strings that only pass
 through (exchange and routing key of a publish) are kept as raw bytes, length octet included, so a
 delivery can reuse them without re-encoding.

@@ -9,7 +9,7 @@ subclasses UnknownMethod, TableTooDeep) and, for the protocol header, :class:`Ba
 reports it as a crash with the input that caused it (exit status non-zero, input saved under
 ``-artifact_prefix``). The frame parser is also checked for split-independence: the same bytes fed whole,
 then in two pieces at a fuzzer-chosen point, then one byte at a time, give the same frames or the same error
-(h11's discipline, see STYLE.md).
+(h11's discipline).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Deliveries → ``pyarrow.RecordBatch`` in the schema Spark asked for.
 
 Why Arrow: Spark takes a Python data source's rows as Arrow batches either way; yielding tuples makes its
-worker convert them one value at a time (measured in the research: about twice the time of handing it
+worker convert them one value at a time (measured while designing it, docs/decisions/spark-pipeline.md: about twice the time of handing it
 batches). The batch's Arrow schema must equal ``to_arrow_schema(schema, timezone="UTC")`` exactly (Spark
 checks), so it is derived from the Spark schema, never written by hand.
 

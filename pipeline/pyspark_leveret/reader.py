@@ -1,7 +1,7 @@
 """The read side of format ``leveret``: ``spark.read`` (LeveretBatchReader) and ``spark.readStream``
 (LeveretStreamReader) of stream queues, by stream offset.
 
-Where each piece runs (research: "Serialization"): the driver-side calls (``initialOffset``,
+Where each piece runs (as PySpark's Python data source runs them): the driver-side calls (``initialOffset``,
 ``latestOffset``, ``partitions``, ``commit``) run in one long-lived Python process per query; ``read`` runs
 on executors in *another*, unpickled, copy of the reader. So readers hold only plain data (the options, the
 schema, a frozen :class:`ReadConfig`), everything a task needs travels in its :class:`StreamPartition`, and

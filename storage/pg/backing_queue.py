@@ -1,4 +1,4 @@
-"""PgBackingQueue: one node's view of a queue whose messages live in PostgreSQL (research postgres-queue.md §3).
+"""PgBackingQueue: one node's view of a queue whose messages live in PostgreSQL (docs/decisions/postgres-cluster.md).
 
 It implements storage.backing_queue.BackingQueue as an *asynchronous store*: every call answers at once from
 memory, and the node's workers (storage/pg/workers.py, one connection each) carry the work to PostgreSQL once

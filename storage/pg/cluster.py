@@ -1,11 +1,11 @@
-"""PgCluster: one node's membership of a Leveret cluster on PostgreSQL (research postgres-queue.md §3.5).
+"""PgCluster: one node's membership of a Leveret cluster on PostgreSQL (docs/decisions/postgres-cluster.md).
 
 A node start takes a new *epoch* (``leveret.node_epoch``), the fencing token its reservations carry. Every
 one of its four connections (lease, publish, fetch, ack) holds the advisory key ``(LEASE_KEY, epoch)`` in
 shared mode from connect on, and only then is the node row inserted: a peer that can take that key
 *exclusively* therefore knows that every session of the node has ended, including one still finishing a
 reservation, and requeues the node's rows (redelivered) and marks it dead. Holding the key on the lease
-session alone lost 50 messages in the research's kill -9 runs (§2.8); registering before the key is held
+session alone lost 50 messages in a prototype's kill -9 runs (docs/decisions/postgres-cluster.md); registering before the key is held
 let a peer reap a node that was still starting. A node that stays connected but stops (SIGSTOP) lets its
 ``lease_until`` pass, and peers terminate its sessions, which frees the key.
 
@@ -65,7 +65,7 @@ HOLDERS = ("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'adv
            "AND objid::bigint = $2 AND objsubid = 2 AND granted AND mode = 'ShareLock' AND pid <> pg_backend_pid()")
 # (ShareLock: the node's own sessions; an ExclusiveLock holder is a peer reaping it, left alone.)
 DOORBELL = "leveret_queue"  # NOTIFY channel; payload: a queue_id that has new ready rows
-RING_EVERY = 0.01  # at most one doorbell statement per 10 ms per node (research §2.6: never one per message)
+RING_EVERY = 0.01  # at most one doorbell statement per 10 ms per node (docs/decisions/postgres-cluster.md: never one per message)
 NEXT_BLOCK = "SELECT nextval('leveret.seq_block')"
 HEARTBEAT = ("UPDATE leveret.node SET lease_until = now() + $2 * interval '1 second' WHERE epoch = $1 "
              "RETURNING dead_at")
@@ -341,7 +341,7 @@ class PgCluster:
 
     # -- doorbell: a commit here wakes the idle fetchers of other nodes at once, not at their next poll ------
     def ring(self, queue_ids: set[int]) -> None:
-        """After a commit made rows ready: NOTIFY, outside that transaction and debounced (research §2.6)."""
+        """After a commit made rows ready: NOTIFY, outside that transaction and debounced (docs/decisions/postgres-cluster.md)."""
         if not queue_ids:
             return
         self._rings |= queue_ids

@@ -20,7 +20,7 @@ Two halves, two ways of talking to PostgreSQL:
   transaction per burst, never one per message; the confirms after it commits), the forwarder (this node's
   rows in batches: ``DELETE … RETURNING`` in a transaction, handed to the broker, which enqueues them locally
   and waits for its own stores, then commit) and the bell (LISTEN, and a debounced NOTIFY after each commit,
-  at most one per target per 10 ms: research/postgres-queue.md §2.6), plus a 1 s poll.
+  at most one per target per 10 ms: docs/decisions/postgres-cluster.md), plus a 1 s poll.
 
 Two more uses, neither needing a table of its own:
 
@@ -65,7 +65,7 @@ DIRECTORY_BELL = "leveret_directory"  # payload: the node whose directory rows c
 FIGURES_ASK = "leveret_figures_ask"
 FIGURES_REPLY = "leveret_figures_reply"
 PAYLOAD_MAX = 7000  # bytes of one NOTIFY payload we send (PostgreSQL's limit is 8000)
-TAKE_BATCH = 500  # rows per forwarder transaction (research §2.2-2.5: batches of 100-500)
+TAKE_BATCH = 500  # rows per forwarder transaction (docs/decisions/postgres-cluster.md: batches of 100-500)
 POLL_INTERVAL = 1.0
 DIRECTORY_POLL = 2.0
 RING_EVERY = 0.01

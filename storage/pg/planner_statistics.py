@@ -1,10 +1,10 @@
-"""The planner's statistics of ``leveret.message``, kept fresh by Leveret (issue 15's "statistics kept fresh by
-Leveret"; research/postgres-queue.md §2.7 (c) and §3.6).
+"""The planner's statistics of ``leveret.message``, kept fresh by Leveret (docs/decisions/postgres-cluster.md:
+a generic plan costed on stale statistics drifted the ack DELETE to a whole-queue scan).
 
 Why: asyncpg prepares every statement, and after five executions PostgreSQL may switch a prepared statement to
 a generic plan costed on the table's statistics *of that moment*. A queue table fills in seconds (a backlog of a
 million rows in half a minute), while autovacuum looks at it once per ``autovacuum_naptime`` (a minute by
-default): the research saw an ack DELETE planned while the table was nearly empty scan the whole queue on every
+default): measurements before the cluster was built saw an ack DELETE planned while the table was nearly empty scan the whole queue on every
 call (0.5 → 17 ms an ack; throughput 3.5k → 200 msg/s, one run in three). The primary key ``seq`` alone
 removes that case (schema.py, SCHEMA.md); the reservation and recount statements still read the queue's index
 on ``(queue_id, priority, seq)``, whose choice rests on the row count the planner believes.

@@ -1,10 +1,10 @@
-"""The three workers that carry a node's queue work to PostgreSQL, one connection each (research §3.3):
+"""The three workers that carry a node's queue work to PostgreSQL, one connection each (docs/decisions/postgres-cluster.md):
 the publisher (one INSERT … unnest() per burst, every queue in it), the acker (acks, requeues, purges of the
 burst in one transaction) and the fetcher (one reservation at a time, for the queues that want rows, and
 the 1 s poll and the periodic recount).
 
 Why separate connections: a fetch's ``FOR UPDATE SKIP LOCKED`` locks rows it skips until it commits, and an
-ack on the same connection would wait behind it (research §2.7). Why ordering between them: an ack must not
+ack on the same connection would wait behind it (docs/decisions/postgres-cluster.md). Why ordering between them: an ack must not
 reach PostgreSQL before the insert of the row it acks, a fetch must follow the requeue before it (or the
 requeued message would not come first again), and a publish after a purge must not be purged; the
 :class:`~storage.pg.progress.Progress` counters below express exactly those waits.

@@ -1,5 +1,5 @@
 """Fixtures of the Spark side (pipeline/): one SparkSession for the whole run, with the small configuration
-measured in ../shared/research/spark.md (local[2], serial GC, C1 only, no UI), and the broker fixtures of
+of docs/decisions/spark-pipeline.md (local[2], serial GC, C1 only, no UI), and the broker fixtures of
 tests/conftest.py.
 
 Spark starts once per pytest process (about 25 s on 2 cores before the first query); tests that need it take

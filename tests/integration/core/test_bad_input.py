@@ -29,7 +29,7 @@ before connection.open: channel.open on ch 1       hard 505 UNEXPECTED_FRAME, 0/
 anything but start-ok after connection.start       socket closed ~3 s later, no connection.close
 =================================================  ======================================================
 
-Where this differs from newer RabbitMQ as described in REFERENCE.md: 3.10 does not tell HTTP or TLS apart
+Where this differs from newer RabbitMQ as its documentation describes it: 3.10 does not tell HTTP or TLS apart
 from a wrong version header, and it drops the socket on an unknown method instead of answering 503.
 """
 

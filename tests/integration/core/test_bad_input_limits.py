@@ -234,7 +234,7 @@ def test_headers_nested_to_the_limit_are_shown_over_http(own_broker, uid):
 
 # -- properties publish does not read, read later -------------------------------------------------------
 #
-# Publish reads only the properties it acts on (DESIGN.md §3), so these messages are accepted; what reads them
+# Publish reads only the properties it acts on (docs/decisions/hot-path-messages.md), so these messages are accepted; what reads them
 # later (dead-lettering, the HTTP API) must not fail on them: a reject that dead-letters one used to close the
 # rejecting consumer's connection with 501, and an HTTP get answered 500 and left the message taken for good.
 

@@ -1,6 +1,6 @@
 """The ``basic`` class against a real broker, through pika's BlockingConnection.
 
-Every behaviour here is what RabbitMQ 3.10 does (REFERENCE.md §1.3 and §4): get/get-ok counts, consumer tags,
+Every behaviour here is what RabbitMQ 3.10 does (docs/decisions/rabbitmq-parity.md): get/get-ok counts, consumer tags,
 exclusive consumers, ack/nack/reject, requeue order, recover, QoS, publish errors, round-robin and priority
 delivery, and the round trip of properties, headers and bodies.
 

@@ -1,6 +1,6 @@
 """Publisher confirms, transactions and direct reply-to against a real broker, through pika.
 
-What is encoded is RabbitMQ 3.10's behaviour (REFERENCE.md §1.3, §1.4 and §4 items 10, 14, 16):
+What is encoded is RabbitMQ 3.10's behaviour (docs/decisions/rabbitmq-parity.md):
 confirm numbering and `multiple` acks, `basic.return` before the confirm of an unroutable mandatory message,
 transactional publishes/acks/rejects, returns before `tx.commit-ok`, the 406s for mixing tx and confirm
 modes, and the rules of the `amq.rabbitmq.reply-to` pseudo-queue.
@@ -631,7 +631,7 @@ def test_reply_to_cannot_be_bound(conn):
     ch = conn.channel()
     with pytest.raises(ChannelClosedByBroker) as ei:
         ch.queue_bind(REPLY_TO, "amq.direct", "rk")
-    # REFERENCE.md says 403; RabbitMQ 3.10 answers 404 "no queue 'amq.rabbitmq.reply-to'"
+    # RabbitMQ's documentation says 403; RabbitMQ 3.10 answers 404 "no queue 'amq.rabbitmq.reply-to'"
     assert ei.value.reply_code in (403, 404)
     assert conn.is_open
 

@@ -1,4 +1,4 @@
-"""Exchange and queue semantics (REFERENCE.md §1.2, §1.4, §4), checked through pika's BlockingConnection.
+"""Exchange and queue semantics (as RabbitMQ 3.10 answers: docs/decisions/rabbitmq-parity.md), checked through pika's BlockingConnection.
 
 Every test here passes against RabbitMQ 3.10 (run with ``LEVERET_TEST_AMQP_URL``); Leveret must give the same
 answers. Errors are checked by reply code *and* by kind: soft errors (403, 404, 405, 406) close only the

@@ -7,7 +7,7 @@ connection.close. Any frame from the client counts as activity, not only heartbe
 heartbeat 0 the broker sends no heartbeats and never times the client out. RabbitMQ skips its heartbeat when it
 sent other frames during the interval, so no test demands heartbeats while the broker is busy talking.
 
-The "0 from one side does not disable heartbeats unless both are 0" rule (REFERENCE.md §4.13) is how
+The "0 from one side does not disable heartbeats unless both are 0" rule is how
 RabbitMQ's own clients choose the value they put in tune-ok; the broker only proposes its value in tune and
 then applies whatever tune-ok says, which is what these tests check.
 """

@@ -1,5 +1,5 @@
 """Queue features: priority queues (``x-max-priority``), consumer priorities (``x-priority``), single active
-consumer, ``x-queue-mode: lazy``, ``x-queue-type: quorum`` with ``x-delivery-limit`` (REFERENCE.md §1.5).
+consumer, ``x-queue-mode: lazy``, ``x-queue-type: quorum`` with ``x-delivery-limit``, as RabbitMQ 3.10 does them.
 
 As RabbitMQ 3.10.8 does it:
 

@@ -1,5 +1,5 @@
 """Dead-lettering: ``x-dead-letter-exchange`` / ``x-dead-letter-routing-key``, the reasons, and the exact
-``x-death`` header (REFERENCE.md §1.5 and §4 items 1 and 15).
+``x-death`` header, as RabbitMQ 3.10 writes it (docs/decisions/rabbitmq-parity.md).
 
 What RabbitMQ 3.10.8 does, and what these tests check:
 

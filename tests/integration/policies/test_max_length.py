@@ -1,4 +1,4 @@
-"""Queue length limits: ``x-max-length``, ``x-max-length-bytes`` and ``x-overflow`` (REFERENCE.md §1.5).
+"""Queue length limits: ``x-max-length``, ``x-max-length-bytes`` and ``x-overflow``, as RabbitMQ 3.10 applies them.
 
 As RabbitMQ 3.10.8 does it:
 

@@ -1,6 +1,6 @@
 """Message TTL (``x-message-ttl``, the ``expiration`` property) and queue expiry (``x-expires``).
 
-Every expectation here was checked against RabbitMQ 3.10.8 (REFERENCE.md §1.5 and §4 item 2):
+Every expectation here was checked against RabbitMQ 3.10.8 (docs/decisions/rabbitmq-parity.md):
 
 * the lower of the queue TTL and the message's ``expiration`` applies; an expired message is never delivered,
   not by ``basic.get`` and not to a consumer that attaches later;

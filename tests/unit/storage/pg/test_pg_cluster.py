@@ -1,6 +1,6 @@
 """Two PgCluster nodes on one PostgreSQL database, in one event loop: shared queues across nodes, requeue
 order, fencing by epoch, and the reaper's rule (a node's reservations go back only when every one of its
-sessions has ended; research postgres-queue.md §2.8, §3.5). A PostgreSQL outage and restart: test_pg_outage.py."""
+sessions has ended; docs/decisions/postgres-cluster.md). A PostgreSQL outage and restart: test_pg_outage.py."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ async def test_the_reaper_requeues_only_when_every_session_has_ended(nodes, admi
     await a.wait_idle()
     await fetch_wait(qa)  # m0 delivered, m1 and m2 in A's prefix: all three reserved by A
     pids = [c.get_server_pid() for c in a.conns]
-    # A's lease session dies alone (the research's first design held the key there only, and lost messages).
+    # A's lease session dies alone (a first design held the key there only, and lost messages).
     await admin.execute("SELECT pg_terminate_backend($1)", pids[0])
     await _backend_gone(admin, pids[:1])
     for _ in range(3):
