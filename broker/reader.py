@@ -438,9 +438,11 @@ class Reader(asyncio.Protocol):
             self.send(method_frame(channel_id, spec.Channel.CloseOk))
 
     def _open_channel(self, channel_id: int) -> None:
+        # Class and method 0 in the close, as RabbitMQ's reader refuses it (its create_channel raises the
+        # not_allowed error with method 'none': the limit is the connection's, not channel.open's fault).
         if self.channel_max and len(self.channels) >= self.channel_max:
             raise AMQPError(NOT_ALLOWED, f"number of channels opened ({len(self.channels)}) has reached the "
-                            f"negotiated channel_max ({self.channel_max})", 20, 10)
+                            f"negotiated channel_max ({self.channel_max})", 0, 0)
         limits.check_channel_open(self, self.node.connections)
         self.channels[channel_id] = Channel(self, channel_id)
         self.node.counters.channels_opened += 1
