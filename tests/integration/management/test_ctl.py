@@ -146,4 +146,4 @@ def test_unreachable_broker_and_usage_errors(ctl):
     out = subprocess.run([sys.executable, "-m", "broker", "ctl", "--url", "http://127.0.0.1:1", "status"],
                          capture_output=True, text=True, timeout=30, check=False, cwd=ROOT)
     assert out.returncode == 69 and "cannot reach" in out.stderr
-    assert run("add_user", "only-one-arg", ok=False).returncode == 2
+    assert run("add_user", "only-one-arg", ok=False).returncode == 64  # rabbitmqctl's EX_USAGE (issue 32)

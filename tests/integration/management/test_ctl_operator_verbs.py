@@ -228,7 +228,7 @@ def test_runtime_limit_changes_show_at_once_in_status_nodes_and_prometheus(node)
 
         assert "fraction" in ctl("set_vm_memory_high_watermark", "1.5", rc=65).stderr
         assert ctl("set_vm_memory_high_watermark", "lots", rc=65).stderr
-        assert ctl("set_vm_memory_high_watermark", "relative", "2GB", rc=2).stderr
+        assert ctl("set_vm_memory_high_watermark", "relative", "2GB", rc=64).stderr
     finally:
         ctl("set_vm_memory_high_watermark", "0.4")
         ctl("set_disk_free_limit", "50MB")

@@ -172,7 +172,7 @@ def test_leveret_ctl_over_https(https_broker, certs):
     out = ctl("--url", url, "--insecure", "environment")
     assert out.returncode == 0 and "management_ssl" in out.stdout and "s3cret-key-pw" not in out.stdout
     out = ctl("--url", url, "--cacert", str(certs.dir / "missing.pem"), "list_vhosts")
-    assert out.returncode == 2 and "--cacert" in out.stderr
+    assert out.returncode == 64 and "--cacert" in out.stderr
     diag = subprocess.run([sys.executable, "-m", "broker", "diagnostics", "--url", url, "--cacert", str(certs.ca),
                            "check_protocol_listener", "https"], cwd=ROOT, capture_output=True, text=True,
                           timeout=60, check=False)
