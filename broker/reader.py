@@ -71,6 +71,9 @@ CAPABILITIES = {
 }
 # Time to wait for connection.close-ok after we sent connection.close.
 CLOSE_OK_TIMEOUT = 3.0
+# After close-ok to the client's connection.close, the longest the socket is left to the client to close
+# (RabbitMQ's CLOSING_TIMEOUT, 30 s, or the heartbeat timeout when that is shorter).
+CLIENT_CLOSE_TIMEOUT = 30.0
 # Fairness: after this many bytes in one turn of the event loop a connection's socket is left alone until
 # the next turn. libuv reads a busy socket up to 32 times per turn; without this, one fast publisher
 # starves every other connection (consumers' acks included) of the loop.
@@ -136,6 +139,8 @@ class Reader(asyncio.Protocol):
         self._pause_reasons: set[object] = set()
         self.has_published = False
         self.blocked_by_alarm = False
+        # close-ok answered the client's connection.close: the socket is left for the client to close.
+        self._close_ok_sent = False
         # When credit flow last paused reading (the clock's monotonic seconds; 0.0: never): "flow" in the
         # management API.
         self.flow_blocked_at = 0.0
@@ -314,9 +319,6 @@ class Reader(asyncio.Protocol):
             if channel is not None:
                 self._channel_frame(channel, frame_type, payload)
                 return
-        if frame_type == FRAME_PUBLISH:
-            self._frames(split_publish(channel_id, payload), None)  # not the hot path: frame by frame
-            return
         if self.state == Reader.CLOSING:
             # After connection.close only close-ok (or the peer's own close) matters.
             if frame_type == FRAME_METHOD and channel_id == 0:
@@ -326,6 +328,9 @@ class Reader(asyncio.Protocol):
                 elif index == spec.Connection.Close.index:
                     self.send(method_frame(0, spec.Connection.CloseOk))
                     self._close_transport()
+            return
+        if frame_type == FRAME_PUBLISH:
+            self._frames(split_publish(channel_id, payload), None)  # not the hot path: frame by frame
             return
         if self.state < Reader.TUNING:  # noqa: SIM102
             # Before login nothing but start-ok is acceptable, and a client that has not logged in gets no
@@ -573,7 +578,7 @@ class Reader(asyncio.Protocol):
             self.send(method_frame(0, spec.Connection.CloseOk))
             log.info("connection closed", **self.log_id, user=self.user.name,
                      reply_code=method.reply_code, reason=method.reply_text)
-            self._close_transport()
+            self._await_client_close()
         elif state == Reader.STARTING and isinstance(method, spec.Connection.StartOk):
             self._start_ok(method)
         elif state == Reader.TUNING and isinstance(method, spec.Connection.TuneOk):
@@ -787,7 +792,35 @@ class Reader(asyncio.Protocol):
         self._timers.append(self.clock.call_later(CLOSE_OK_TIMEOUT, self._close_transport))
 
     def force_close(self, text: str = "closed via management") -> None:
+        if self._close_ok_sent:
+            self._close_transport()  # closed already, waiting for the client to drop the socket
+            return
         self.close_connection(CONNECTION_FORCED, text)
+
+    def _await_client_close(self) -> None:
+        """The client's connection.close is answered: the socket is the client's to close (RabbitMQ's
+        ``close_connection`` leaves it open in state ``closed`` and ignores every frame but close-ok until
+        the client closes it, or for the heartbeat timeout, at most 30 s).
+
+        Closing it here at once would lose frames the client is still writing: a client that sends
+        connection.close ahead of publishes it had buffered (amqplib writes channel 0 before a busy channel's
+        backlog) would get a reset, not close-ok (EPIPE in amqplib's "find high watermark" test). The bytes
+        that follow are read and dropped, whatever paused reading before."""
+        self.state = Reader.CLOSING
+        self._close_ok_sent = True
+        for timer in self._timers:
+            timer.cancel()
+        timeout = self.heartbeat if 0 < self.heartbeat < CLIENT_CLOSE_TIMEOUT else CLIENT_CLOSE_TIMEOUT
+        self._timers = [self.clock.call_later(timeout, self._close_transport)]
+        self._unread = None
+        self._held_frames = None
+        if self._pause_reasons:
+            self._pause_reasons.clear()
+            if self.transport is not None and not self.transport.is_closing():
+                try:
+                    self.transport.resume_reading()
+                except (RuntimeError, AttributeError):
+                    pass
 
     def _cleanup(self) -> None:
         """Release channels (requeueing their unacked messages) and delete the exclusive queues."""
