@@ -4,7 +4,7 @@
 Two Leveret members on one PostgreSQL (bench/cluster_quorum.py's: a throwaway server with fsync on, unless
 ``--dsn``). A classic
 durable queue lives on member A, one consumer on A (manual acks, prefetch 200). The same load runs twice with
-bench.perf's generator (1 KiB persistent messages, publisher confirms with ``--confirm`` outstanding):
+broker.tools.perf's generator (1 KiB persistent messages, publisher confirms with ``--confirm`` outstanding):
 
 - *remote*: the producer connected to member B: every message is forwarded through ``leveret.forward``;
 - *local*: the producer connected to member A itself.
@@ -31,7 +31,7 @@ QUEUE = "fwd-bench"
 
 
 def _perf(consumer_url: str, producer_url: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "bench.perf", "-H", f"{consumer_url},{producer_url}", "-x", "1", "-y", "1",
+    cmd = [sys.executable, "-m", "broker.tools.perf", "-H", f"{consumer_url},{producer_url}", "-x", "1", "-y", "1",
            "-u", QUEUE, "-p", "-s", str(args.size), "-f", "persistent", "-c", str(args.confirm), "-q", "200",
            "-z", str(args.time), "--warmup", str(args.warmup), "--json-out", str(out),
            *(["-r", str(args.rate)] if args.rate else [])]

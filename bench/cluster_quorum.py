@@ -124,10 +124,10 @@ def delete_queue(url: str, queue: str) -> None:
 
 
 def perf(urls: list[str], pairs: int, seconds: int, queue: str) -> dict[str, Any]:
-    """bench/perf.py's S3 load against ``queue`` (a quorum queue, declared first on every node), ``pairs``
+    """broker/tools/perf.py's S3 load against ``queue`` (a quorum queue, declared first on every node), ``pairs``
     publishers and consumers whose connections are spread over ``urls``."""
     declare_everywhere(urls, queue)
-    cmd = [PY, "-m", "bench.perf", "-H", ",".join(urls), "-x", str(pairs), "-y", str(pairs), "-s", "1024",
+    cmd = [PY, "-m", "broker.tools.perf", "-H", ",".join(urls), "-x", str(pairs), "-y", str(pairs), "-s", "1024",
            "-f", "persistent", "-c", "100", "-q", "100", "-p", "-u", queue,
            "-z", str(seconds), "--warmup", "2", "-i", "0", "--json"]
     out = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True, timeout=seconds + 120)

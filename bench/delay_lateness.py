@@ -11,7 +11,7 @@ How: one Leveret (this tree, fresh data dir, started like bench/run_bench.py) wi
 spread evenly over ``--spread`` seconds (default 20 s → 5,000/s) starting ``--lead`` seconds after the start
 (default 30 s, so the whole publish finishes before the first is due; the script prints how long it took),
 published in shuffled order. The body's first 8 bytes are CLOCK_MONOTONIC (ns) of the due time minus an
-offset of 1 s, so bench/amqp.py's consumer (no-ack, latency histogram in µs, 0.1 % precision) records
+offset of 1 s, so broker/tools/amqp_client.py's consumer (no-ack, latency histogram in µs, 0.1 % precision) records
 lateness + 1 s and an early arrival is still visible; the offset is subtracted in the report. The consumer
 runs in the same process as the publisher (publishing ends before dispatch begins).
 
@@ -30,8 +30,8 @@ import time
 
 from pamqp import commands
 
-from bench.amqp import connect, hist_percentiles, hist_value
 from bench.delay_publish import X_DELIVER_AT, Broker, ConfirmPublisher, Encoder, declare_delayed, loadavg
+from broker.tools.amqp_client import connect, hist_percentiles, hist_value
 
 EXCHANGE, QUEUE, KEY = "bench.lateness", "bench.lateness.q", "k"
 OFFSET_NS = 1_000_000_000

@@ -12,7 +12,7 @@ What is measured:
 
 How: one Leveret (this tree, ``python -m broker serve``, free port, own data dir, as bench/run_bench.py),
 a durable ``x-delayed-message`` exchange (``x-delayed-type: direct``) with a durable queue bound; ``--conns``
-publisher connections (bench/amqp.py raw client, confirm window 1000 each) publish until ``--count`` are
+publisher connections (broker/tools/amqp_client.py raw client, confirm window 1000 each) publish until ``--count`` are
 confirmed or ``--budget`` seconds pass, whichever first (N is what was confirmed; the report says it).
 
     .venv/bin/python -m bench.delay_pending [--count 10000000] [--budget 480] [--conns 2]
@@ -29,8 +29,8 @@ import socket
 import sys
 import time
 
-from bench.amqp import connect
 from bench.delay_publish import X_DELAY, Broker, ConfirmPublisher, Encoder, declare_delayed, du_bytes, loadavg
+from broker.tools.amqp_client import connect
 
 EXCHANGE, QUEUE, KEY = "bench.pending", "bench.pending.q", "k"
 YEAR_MS = 365 * 86_400_000

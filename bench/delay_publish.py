@@ -11,7 +11,7 @@ How: one Leveret (this tree, ``python -m broker serve`` on a free port with a fr
 bench/run_bench.py) serves both; the phases alternate ABBA (delayed, plain, plain, delayed by default:
 ``--reps 2``), each ``--seconds`` long after a 1 s warm-up that is not counted; the plain queue is purged after
 each plain phase so that neither side carries the other's backlog in RAM. The rate of a phase = confirms
-received inside the measured window / window length. The client is bench/amqp.py's raw asyncio connection
+received inside the measured window / window length. The client is broker/tools/amqp_client.py's raw asyncio connection
 (uvloop); publish frames are encoded by hand (the x-delay header differs per message). The machine's load
 average is printed at the start and end.
 
@@ -40,8 +40,8 @@ from pathlib import Path
 
 from pamqp import commands
 
-from bench.amqp import Connection, connect
 from bench.run_bench import ROOT, wait_port
+from broker.tools.amqp_client import Connection, connect
 
 _SHORT = struct.Struct(">BHIHH")      # frame type, channel, size, class, method
 _CHDR = struct.Struct(">BHIHHQH")     # frame type, channel, size, class, weight, body size, property flags
@@ -261,7 +261,7 @@ EXCHANGE, DQUEUE, KEY, PQUEUE = "bench.delayed", "bench.delayed.q", "k", "bench.
 def _cpu_s(pid: int | None) -> float:
     if pid is None:
         return 0.0
-    from bench.procstat import read_cpu_s
+    from broker.tools.procstat import read_cpu_s
     return read_cpu_s(pid)
 
 

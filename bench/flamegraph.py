@@ -29,9 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import perf
 from bench.run_bench import ROOT, BaselineLeveret, Leveret, log
 from bench.scenarios import QUICK, scenarios
+from broker.tools import perf
 
 TOP = 25  # functions listed in the summary
 
@@ -120,7 +120,7 @@ def profile(ref: str, scenario_id: str, out_dir: Path, rate: int, port: int) -> 
 # fields from stdin, prints perf's summary line.
 _RUN_PERF = """
 import ast, sys
-from bench import perf
+from broker.tools import perf
 cfg = perf.PerfConfig(**ast.literal_eval(sys.stdin.read()))
 print(perf.summary_line(perf.run(cfg)))
 """

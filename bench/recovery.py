@@ -21,7 +21,7 @@ import time
 
 from pamqp import commands
 
-from bench.amqp import PublishTemplate, connect
+from broker.tools.amqp_client import PublishTemplate, connect
 
 QUEUE = "recovery"
 

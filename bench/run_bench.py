@@ -50,8 +50,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import perf
 from bench.scenarios import FULL, QUICK, Check, Scenario, scenarios
+from broker.tools import perf
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
@@ -605,7 +605,7 @@ def render(info: dict, mode: str, ceiling: list[dict], rows: list[dict], all_res
            *tls_lines(all_res), "", "### Ratio table", "", table(rows), "", "### All runs", "",
            detail_table(all_res), ""]
     if ceiling:
-        out += ["### Load generator ceiling (against bench/sink.py, which discards publishes and streams deliveries)",
+        out += ["### Load generator ceiling (against broker/tools/perf_sink.py, which discards publishes and streams deliveries)",
                 "", "| test | publish msg/s | consume msg/s | generator CPU |", "|---|---:|---:|---:|"]
         for c in ceiling:
             util = c.get("util")

@@ -65,7 +65,7 @@ def start_broker(tmp: Path) -> tuple[subprocess.Popen, str, str]:
 def raw_perf(url: str, prefix: str, n: int, size: int, tmp: Path) -> dict[str, Any]:
     """Fill the stream with ``leveret perf --backlog`` and take its drain rate (step 1)."""
     out = tmp / "perf.json"
-    cmd = [sys.executable, "-m", "bench.perf", "--url", url, "--queue-type", "stream", "--durable",
+    cmd = [sys.executable, "-m", "broker.tools.perf", "--url", url, "--queue-type", "stream", "--durable",
            "--size", str(size), "--confirm", "1000", "--backlog", str(n), "--ack", "--prefetch", "1000",
            "--stream-offset", "first", "--queue-prefix", prefix, "--no-cleanup", "-x", "1", "-y", "1",
            "--json-out", str(out)]

@@ -53,9 +53,9 @@ def _start_broker(data_dir: str) -> tuple[subprocess.Popen, str]:
 
 
 def run_perf(url: str, producers: int, size: int, confirm: int, seconds: int, pid: int | None) -> dict[str, Any]:
-    """``leveret perf`` (bench/perf.py) publishing with confirms into a stream, nobody consuming."""
+    """``leveret perf`` (broker/tools/perf.py) publishing with confirms into a stream, nobody consuming."""
     leveret = Path(sys.executable).with_name("leveret")
-    cmd = [str(leveret), "perf"] if leveret.exists() else [sys.executable, "-m", "bench.perf"]
+    cmd = [str(leveret), "perf"] if leveret.exists() else [sys.executable, "-m", "broker.tools.perf"]
     cmd += ["--url", url, "--producers", str(producers), "--consumers", "0", "--queue-type", "stream",
             "--queue-prefix", "perf-stream", "--size", str(size), "--confirm", str(confirm), "--persistent",
             "--time", str(seconds), "--warmup", "3"]

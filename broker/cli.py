@@ -6,7 +6,7 @@ the broker (``--force-reset``, like ``rabbitmqctl force_reset``, wipes the data 
 operator action, hence a flag and no configuration key);
 ``leveret ctl VERB ...`` operates a running one over its HTTP API (see broker/ctl.py);
 ``leveret diagnostics COMMAND`` runs rabbitmq-diagnostics' health checks against it (also broker/ctl.py);
-``leveret perf [PerfTest's flags]`` is the load generator of bench/perf.py (``leveret perf --help``).
+``leveret perf [PerfTest's flags]`` is the load generator of broker/tools/perf.py (``leveret perf --help``).
 
 Settings come from built-in defaults < the config file < ``LEVERET_…`` environment variables < these flags.
 """
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return ctl.diagnostics_run(argv[1:])
     if argv and argv[0] == "perf":
-        from bench import perf  # the load generator of bench/ (PerfTest-like), any broker by URL
+        from broker.tools import perf  # the PerfTest-like load generator, any broker by URL
 
         return perf.main(argv[1:])
     parser = argparse.ArgumentParser(prog="leveret", description="Leveret, an AMQP 0-9-1 message broker")

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import zipfile
 from pathlib import Path
 
 import pika
@@ -103,8 +104,14 @@ def test_the_wheel_installs_into_a_fresh_venv_and_serves(tmp_path):
     run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(src)])
     wheels = list(dist.glob("leveret-*.whl"))
     assert len(wheels) == 1, wheels
+    # bench/ (the benchmark scenarios) stays in the checkout; `leveret perf` ships as broker/tools/perf.py.
+    names = zipfile.ZipFile(wheels[0]).namelist()
+    assert not [n for n in names if n.split("/")[0] == "bench"], "bench/ is in the wheel"
+    assert "broker/tools/perf.py" in names
     bin_dir = fresh_venv(tmp_path / "venv")
     run([str(bin_dir / "pip"), "install", "-q", str(wheels[0])], env=clean_env())
+    perf_help = run([str(bin_dir / "leveret"), "perf", "--help"], cwd=tmp_path, env=clean_env())
+    assert "--url" in perf_help
 
     site = run([str(bin_dir / "python"), "-c",
                 "import broker, broker.management, os; print(os.path.dirname(broker.__file__))"],

@@ -1,4 +1,4 @@
-"""`leveret perf` speaks PerfTest (issue 16): its letters with PerfTest's meanings, a progress line a second in
+"""`leveret perf` speaks PerfTest (docs/decisions/operator-surface.md): its letters with PerfTest's meanings, a progress line a second in
 PerfTest's shape, the summary at the end, and -C/-D message counts that end the run."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`leveret perf`, the load generator of bench/ (issue 6), runs against a broker given by URL and reports
+"""`leveret perf`, the load generator (broker/tools/perf.py; docs/decisions/performance.md), runs against a broker given by URL and reports
 publish and consume rates and latency percentiles as JSON."""
 
 from __future__ import annotations

@@ -32,10 +32,12 @@ import asyncio
 import ssl
 import struct
 import time
+from typing import Protocol
 from urllib.parse import parse_qs, unquote, urlparse
 
 from pamqp import commands
 from pamqp import frame as pframe
+from pamqp.common import FieldTable
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT = 1, 2, 3, 8
@@ -176,6 +178,12 @@ class PublishTemplate:
         return self.head * n
 
 
+class ConfirmListener(Protocol):
+    """Who hears a confirm-mode channel's basic.ack / basic.nack (perf.py's Publisher)."""
+
+    def on_confirm(self, tag: int, multiple: int, nack: bool) -> None: ...
+
+
 class Connection(asyncio.Protocol):
     """One AMQP connection with one channel. Consumer state is kept here as plain attributes so the delivery
     parser touches no other object per message."""
@@ -214,7 +222,7 @@ class Connection(asyncio.Protocol):
         self.max_offset = -1
         self._redeliv = 0
         # publisher confirms: the publisher object gets on_confirm(tag, multiple, nack)
-        self.confirm_listener = None
+        self.confirm_listener: ConfirmListener | None = None
         self.returned = 0
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------------
@@ -335,6 +343,8 @@ class Connection(asyncio.Protocol):
             self.no_offset += 1
             return
         seen = self.seen
+        if seen is None:  # called only while offsets are recorded
+            return
         idx = off >> 3
         if idx >= len(seen):
             seen.extend(bytes(max(idx + 1 - len(seen), len(seen), 4096)))  # in place: shared by the worker
@@ -361,7 +371,7 @@ class Connection(asyncio.Protocol):
             self._fail(f"undecodable frame: {exc}")
             return
         if isinstance(m, commands.Connection.Start):
-            props = {"product": "leveret-perf", "connection_name": self.name,
+            props: FieldTable = {"product": "leveret-perf", "connection_name": self.name,
                      "capabilities": {"publisher_confirms": True, "basic.nack": True,
                                       "connection.blocked": True, "consumer_cancel_notify": True}}
             self.send(commands.Connection.StartOk(
@@ -379,9 +389,11 @@ class Connection(asyncio.Protocol):
         elif isinstance(m, commands.Connection.Close):
             self.send(commands.Connection.CloseOk(), 0)
             self._fail(f"connection.close {m.reply_code} {m.reply_text}")
-            self.transport.close()
+            if self.transport is not None:
+                self.transport.close()
         elif isinstance(m, commands.Connection.CloseOk):
-            self.transport.close()
+            if self.transport is not None:
+                self.transport.close()
         elif isinstance(m, commands.Connection.Blocked):
             self.blocked = True
         elif isinstance(m, commands.Connection.Unblocked):
@@ -442,6 +454,7 @@ async def connect(url: str, name: str = "leveret-perf", timeout: float = 60.0) -
         await asyncio.wait_for(asyncio.shield(conn.opened), timeout)
         await conn.rpc(commands.Channel.Open(), timeout)
     except BaseException:
-        conn.transport.abort()
+        if conn.transport is not None:
+            conn.transport.abort()
         raise
     return conn

@@ -45,8 +45,8 @@ class ProcSampler(threading.Thread):
         self.interval = interval
         self.rss_peak_kb = 0
         self.rss_start_kb = 0
-        self.cpu_start = None
-        self.cpu_end = None
+        self.cpu_start: float | None = None
+        self.cpu_end: float | None = None
         self.io_start: dict | None = None
         self.io_end: dict | None = None
         self.error: str | None = None
@@ -86,7 +86,7 @@ class ProcSampler(threading.Thread):
     def stop(self) -> dict:
         end = self.sample()  # the RSS once the run is over (a drained backlog: is the memory given back?)
         self._halt.set()
-        out = {"pid": self.pid, "rss_start_kb": self.rss_start_kb, "rss_peak_kb": self.rss_peak_kb,
+        out: dict[str, object] = {"pid": self.pid, "rss_start_kb": self.rss_start_kb, "rss_peak_kb": self.rss_peak_kb,
                "rss_end_kb": end}
         try:
             out["vm_hwm_kb"] = read_status_kb(self.pid).get("VmHWM")

@@ -18,7 +18,7 @@ import struct
 from pamqp import commands
 from pamqp import frame as pframe
 
-from bench.amqp import _U64, PublishTemplate
+from broker.tools.amqp_client import _U64, PublishTemplate
 
 _HEAD = struct.Struct(">BHI")
 
@@ -45,13 +45,14 @@ class SinkProtocol(asyncio.Protocol):
         self.discard = False
         self.streaming = False
         self.paused = False
-        self.transport = None
+        self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         transport.set_write_buffer_limits(high=1 << 20, low=256 << 10)
 
     def _send(self, m, ch: int) -> None:
+        assert self.transport is not None  # set by connection_made before any frame arrives
         self.transport.write(pframe.marshal(m, ch))
 
     def data_received(self, data: bytes) -> None:
@@ -103,6 +104,7 @@ class SinkProtocol(asyncio.Protocol):
         }
         if isinstance(m, C.Connection.Close):
             self._send(C.Connection.CloseOk(), 0)
+            assert self.transport is not None
             self.transport.close()
             return
         make = replies.get(type(m))
@@ -115,6 +117,7 @@ class SinkProtocol(asyncio.Protocol):
 
     def _stream(self) -> None:
         t = self.transport
+        assert t is not None
         while self.streaming and not self.paused and not t.is_closing():
             t.write(self.batch)
 

@@ -1,17 +1,17 @@
-"""``python -m bench.perf``: a PerfTest-like load generator for any AMQP 0-9-1 broker.
+"""``python -m broker.tools.perf``: a PerfTest-like load generator for any AMQP 0-9-1 broker.
 
-    python -m bench.perf --url amqp://guest:guest@127.0.0.1:5672/%2F -x 1 -y 1 -s 16 --time 10
-    python -m bench.perf --url ... -s 1024 --persistent --confirm 100 --ack --prefetch 100
-    python -m bench.perf --url ... --fanout --queues 10 -y 10
-    python -m bench.perf --url ... --backlog 1000000 -s 1024 --ack --prefetch 100
-    python -m bench.perf --url ... --rate 5000 -s 1024 --ack --prefetch 100       # latency at a fixed rate
-    python -m bench.perf --sink ...                                              # the generator's own ceiling
-    python -m bench.perf --url ... --broker-pid PID --json-out result.json
-    python -m bench.perf --url amqps://guest:guest@localhost:5671/%2F --cacert ca.pem ...   # over TLS
-    python -m bench.perf --url ... --queue-type stream --stream-offset first -s 1024 --confirm 1000 --ack -q 1000
-    python -m bench.perf --url ... --queue-type stream --stream-offset first --ack -q 1000 -y 4 \
+    python -m broker.tools.perf --url amqp://guest:guest@127.0.0.1:5672/%2F -x 1 -y 1 -s 16 --time 10
+    python -m broker.tools.perf --url ... -s 1024 --persistent --confirm 100 --ack --prefetch 100
+    python -m broker.tools.perf --url ... --fanout --queues 10 -y 10
+    python -m broker.tools.perf --url ... --backlog 1000000 -s 1024 --ack --prefetch 100
+    python -m broker.tools.perf --url ... --rate 5000 -s 1024 --ack --prefetch 100       # latency at a fixed rate
+    python -m broker.tools.perf --sink ...                                              # the generator's own ceiling
+    python -m broker.tools.perf --url ... --broker-pid PID --json-out result.json
+    python -m broker.tools.perf --url amqps://guest:guest@localhost:5671/%2F --cacert ca.pem ...   # over TLS
+    python -m broker.tools.perf --url ... --queue-type stream --stream-offset first -s 1024 --confirm 1000 --ack -q 1000
+    python -m broker.tools.perf --url ... --queue-type stream --stream-offset first --ack -q 1000 -y 4 \
         --consumer-arg x-stream-group=perf                                       # a consumer group (Leveret)
-    python -m bench.perf --url ... --queue-type stream --stream-offset first --confirm 1000 --ack -q 1000 \
+    python -m broker.tools.perf --url ... --queue-type stream --stream-offset first --confirm 1000 --ack -q 1000 \
         --backlog 1000000 --keep-publishing                      # read a 1 M stream while publishing goes on
 
 Structure: the parent process declares the topology (several control connections in parallel), forks
@@ -19,7 +19,7 @@ Structure: the parent process declares the topology (several control connections
 watches: it flips a shared phase word (GO → MEASURE → [DRAIN] → STOP), samples the workers' counters
 (published in shared memory every 50 ms), the broker's /proc (RSS every 100 ms, CPU time at start and end),
 and for the backlog mode polls the queue depth with passive queue.declare. Workers run uvloop and the raw
-client in bench/amqp.py. The result is one JSON object (stdout, and --json-out).
+client in broker/tools/amqp_client.py. The result is one JSON object (stdout, and --json-out).
 
 Rates are counted over the measurement window only (after --warmup); latency (publish → deliver, from the
 monotonic timestamp at the start of each body) is recorded in the same window.
@@ -28,7 +28,7 @@ Stream queues (``--queue-type stream``): the queues are declared durable with ``
 consumers need ``--ack`` and ``--prefetch`` (RabbitMQ and Leveret refuse a stream consumer without them) and
 start at ``--stream-offset`` (consumer argument ``x-stream-offset``: first, last, next, a number);
 ``--consumer-arg KEY=VALUE`` adds any consumer argument (``x-stream-group=NAME`` for a Leveret consumer
-group). Every delivery's ``x-stream-offset`` header is recorded (see bench/amqp.py) and the result gets a
+group). Every delivery's ``x-stream-offset`` header is recorded (see broker/tools/amqp_client.py) and the result gets a
 ``stream`` object: deliveries with an offset, distinct offsets, ``duplicates`` (an offset delivered again
 without redelivered=true: must be 0 for a consumer group, whose members each get distinct offsets),
 ``redelivered``, ``no_offset`` (deliveries without the header) and ``gaps`` (offsets between the lowest and
@@ -57,7 +57,7 @@ from urllib.parse import quote
 
 from pamqp import commands
 
-from bench.amqp import (
+from broker.tools.amqp_client import (
     HIST_SIZE,
     Connection,
     PublishTemplate,
@@ -67,7 +67,7 @@ from bench.amqp import (
     merge_hists,
     new_hist,
 )
-from bench.procstat import ProcSampler
+from broker.tools.procstat import ProcSampler
 
 INIT, GO, MEASURE, DRAIN, STOP = 0, 1, 2, 3, 4
 # Per-worker counter slots in shared memory.
@@ -256,6 +256,7 @@ class Publisher:
     async def run(self) -> None:
         conn = self.conn
         transport = conn.transport
+        assert transport is not None  # connected before any publisher runs
         templates = self.templates
         single = templates[0] if len(templates) == 1 else None
         ntpl = len(templates)
@@ -348,7 +349,7 @@ async def _start_consumer(conn: Connection, queue: str, idx: int, cfg: PerfConfi
 async def _govern_consumers(consumers: list[tuple[Connection, str, int]], cfg: PerfConfig, stopped: set) -> None:
     """-D and -R: stop reading a consumer's socket once it has its count, or while it is ahead of its rate.
 
-    Deliveries are counted per socket read (bench/amqp.py), so a consumer stops within one read of -D."""
+    Deliveries are counted per socket read (broker/tools/amqp_client.py), so a consumer stops within one read of -D."""
     started: dict[int, float] = {}
     burst = max(1.0, cfg.consumer_rate * 0.01)
     while True:
@@ -598,7 +599,7 @@ LATENCY_QUANTILES = (0.5, 0.75, 0.95, 0.99)
 
 
 def latency_stats(hist) -> list[float] | None:
-    """PerfTest's min/median/75th/95th/99th (µs) of a histogram (bench/amqp.py's buckets); None if empty."""
+    """PerfTest's min/median/75th/95th/99th (µs) of a histogram (broker/tools/amqp_client.py's buckets); None if empty."""
     total = sum(hist)
     if not total:
         return None
@@ -694,7 +695,7 @@ async def _monitor(cfg: PerfConfig, nw: int, counters, phase, procs, sampler, ou
         expected_depth = cfg.backlog * cfg.fan_out()
         ctrl = await connect(cfg.url, name="perf-depth")
         try:
-            last_progress = (time.monotonic(), -1)
+            last_progress: tuple[float, object] = (time.monotonic(), -1)
             depth = 0
             while True:
                 tot = _totals(counters, nw)
@@ -865,7 +866,7 @@ def run(cfg: PerfConfig) -> dict:
     finally:
         phase.value = STOP
         out.pop("_t_setup", None)
-    worker_results = []
+    worker_results: list[dict] = []
     deadline = time.monotonic() + 60
     while len(worker_results) < nw and time.monotonic() < deadline:
         try:
@@ -953,7 +954,7 @@ def _free_port() -> int:
 
 
 def _start_sink(size: int):
-    from bench import sink
+    from broker.tools import perf_sink as sink
     port = _free_port()
     ctx = mp.get_context("fork")
     ready = ctx.Event()
@@ -1107,7 +1108,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def with_cacert(url: str, cacert: str | None) -> str:
-    """``--cacert FILE`` as the URL's ``cacertfile`` query parameter (amqps:// only), for bench/amqp.py."""
+    """``--cacert FILE`` as the URL's ``cacertfile`` query parameter (amqps:// only), for broker/tools/amqp_client.py."""
     if not cacert or not url.startswith("amqps://") or "cacertfile=" in url:
         return url
     return f"{url}{'&' if '?' in url else '?'}cacertfile={quote(os.path.abspath(cacert), safe='/')}"
