@@ -81,6 +81,10 @@ REPLAY_PER_TURN = 500  # held-back frames handled per event-loop turn once the r
 SPEC_QOS_CLIENTS = frozenset({"py-amqp"})
 
 
+def _nothing() -> None:
+    """A deferred reply with nothing of its own to send (the replies waited for a commit: Channel._committed)."""
+
+
 def _random_tag(prefix: str) -> str:
     return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
 
@@ -142,6 +146,14 @@ class Channel:
         self.held: deque[tuple[int, tuple[Any, ...]]] | None = None
         self._hold_paused = False
         self._replay_scheduled = False
+        # Replies on commit (storage/commits.py; _handle_method): the node's commits, and while a method runs,
+        # the writes accepted before it and its replies sent after a write of its own (None between methods);
+        # then, until they are committed, the commit and those replies (_answer_later sends them first).
+        self._commits = reader.node.commits
+        self._accepted_at = 0
+        self._outbox: list[bytes] | None = None
+        self._commit: asyncio.Future[None] | None = None
+        self._commit_outbox: list[bytes] = []
         # Deliveries awaiting ack: delivery tag → (queue, seq_id, consumer or None for basic.get).
         self.next_delivery_tag = 1
         self.unacked: dict[int, tuple[QueueProcess, int, Consumer | None]] = {}
@@ -211,7 +223,12 @@ class Channel:
 
     # -- output ----------------------------------------------------------------------------------------
     def send(self, cls: type, **values: Any) -> None:
-        self.reader.send(method_frame(self.id, cls, **values))
+        frame = method_frame(self.id, cls, **values)
+        outbox = self._outbox
+        if outbox is not None and self._commits.accepted != self._accepted_at:
+            outbox.append(frame)  # after the running method wrote a definition: sent on commit (_handle_method)
+        else:
+            self.reader.send(frame)
 
     # -- deferred replies: the channel's later frames held back ------------------------------------------
     def _answer_later(self, answer: Callable[[], None], class_id: int, method_id: int) -> Callable[[], None]:
@@ -223,7 +240,15 @@ class Channel:
         def run() -> None:
             if self.closing:
                 return
+            commit = self._commit
+            if commit is not None:
+                if not commit.done():
+                    commit.add_done_callback(lambda _f: run())  # the method's writes first (_handle_method)
+                    return
+                self._commit = None
             try:
+                if commit is not None:
+                    self._committed(commit)
                 answer()
             except AMQPError as exc:
                 if exc.class_id is None:
@@ -237,6 +262,16 @@ class Channel:
             self._resume()
 
         return run
+
+    def _committed(self, commit: asyncio.Future[None]) -> None:
+        """The writes of the method whose reply waited (:meth:`_handle_method`) are committed: its replies
+        go out; or they were not within the store's timeout: 541, as a write that fails at once."""
+        outbox, self._commit_outbox = self._commit_outbox, []
+        exc = commit.exception()
+        if exc is not None:
+            raise AMQPError(INTERNAL_ERROR, str(exc))
+        for frame in outbox:
+            self.reader.send(frame)
 
     def _hold(self) -> None:
         """A reply of this channel is deferred (its callback, made by :meth:`_answer_later`, runs later, never
@@ -615,10 +650,32 @@ class Channel:
 
     # -- other methods ---------------------------------------------------------------------------------
     def _handle_method(self, method: Any) -> None:
+        """One method of :attr:`_handlers`, replied on commit: a method that wrote a definition the store
+        commits later (a cluster member's PostgreSQL table, storage/commits.py) has its replies sent after
+        the commit, its channel's later methods held back meanwhile (:meth:`_hold`); the event loop serves
+        everyone else. A store that commits within the call (SQLite) leaves ``accepted`` as it was: the
+        replies go out as the method ends."""
         handler = self._handlers.get(type(method))
         if handler is None:
             raise AMQPError(COMMAND_INVALID, f"method {method.name} not allowed on a channel")
-        handler(method)
+        commits = self._commits
+        accepted = self._accepted_at = commits.accepted
+        outbox: list[bytes] = []
+        self._outbox = outbox
+        try:
+            handler(method)
+        finally:
+            self._outbox = None
+            commit = commits.committed() if commits.accepted != accepted else None
+            if commit is None:
+                for frame in outbox:
+                    self.reader.send(frame)
+        if commit is not None:
+            self._commit, self._commit_outbox = commit, outbox
+            if not self.reply_pending:  # (else the method's own deferred reply waits for the commit: _answer_later)
+                self._hold()
+                answer = self._answer_later(_nothing, method.index >> 16, method.index & 0xFFFF)
+                commit.add_done_callback(lambda _f: answer())
 
     def _queue_name(self, name: str) -> str:
         """RabbitMQ's shortcut: an empty queue name means the queue last declared on this channel."""

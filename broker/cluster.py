@@ -19,6 +19,7 @@ from broker.cluster_forwarding import ClusterForwarding
 from broker.message_codec import decode_message, encode_message
 from broker.queue_types import queue_type_of
 from storage.backing_queue import BackingQueue
+from storage.commits import AllOf
 from storage.metadata_store import MetadataStoreError
 from storage.node_storage import NodeStorage
 from storage.pg.cluster import PgCluster
@@ -168,6 +169,7 @@ class Cluster:
             raise ClusterError(str(exc)) from None
         self.store = SplitMetadataStore(storage.metadata, shared, make_where(self.node))
         storage.metadata = self.store  # type: ignore[assignment]  # the same interface, split
+        self.node.commits = shared  # replies to the methods that write a definition wait for its commit
         self.follower = DefinitionsFollower(self.node, self.store)
         self.follower.version = shared.last_version()
         log.info("cluster member", node=self.node.name, postgres=safe_dsn(self.dsn))
@@ -181,6 +183,8 @@ class Cluster:
                 vh.catch_up = self.follower.catch_up_now
         self.forwarding = ClusterForwarding(self.node, self.dsn)
         await self.forwarding.start()
+        if self.store is not None:  # bind-ok waits for the directory's row too (storage/commits.py)
+            self.node.commits = AllOf(self.store.shared, self.forwarding.directory)
         self.stats.start()
 
     def vhost_added(self, vh: Any) -> None:

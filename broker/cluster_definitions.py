@@ -48,6 +48,10 @@ SHARED_KINDS = frozenset({"vhost", "user", "permission", "topic_permission", "po
                           "parameter", "global_parameter", "exchange"})
 # catch_up_now for publishes routed nowhere at most this often (seconds): a miss within it waits for the poll.
 CATCH_UP_MIN_INTERVAL = 0.005
+# catch_up_now waits at most this long for the feed (seconds); past it, it answers from memory and does not ask
+# again until the server has answered a probe (storage/pg/definitions_store.py), so a frozen PostgreSQL costs
+# the event loop this once, not once per miss.
+CATCH_UP_WAIT = 0.2
 # Queue types whose queues every member serves (their messages are in PostgreSQL).
 SHARED_QUEUE_TYPES = frozenset({"quorum"})
 
@@ -227,16 +231,17 @@ class DefinitionsFollower:
                 self._failing = False
 
     async def catch_up(self) -> int:
-        """Apply every change past ``version`` (the feed is read on a worker thread); returns how many."""
+        """Apply every change past ``version`` (the feed is read on the loop's own connection to PostgreSQL,
+        after this member's writes accepted so far); returns how many."""
         n = 0
         while True:
-            changes = await asyncio.to_thread(self.shared.changes_since, self.version)
+            changes = await self.shared.changes_since_async(self.version)
             if not changes:
                 return n
             n += self._apply(changes)
 
     def catch_up_now(self, rate_limited: bool = False) -> bool:
-        """Apply what the feed holds past ``version`` at once, reading it on the event loop (one query): for a
+        """Apply what the feed holds past ``version`` at once, reading it on the event loop (one query, at most CATCH_UP_WAIT): for a
         client naming a queue or exchange this member does not know, which another member may have declared
         since the last poll (declare on one node, consume on another at once: RabbitMQ's cluster answers
         that from its replicated tables; waiting for the poll here meant a 404). A miss that closes the
@@ -248,14 +253,14 @@ class DefinitionsFollower:
             return False
         self._last_catch_up_now = now
         try:
-            changes = self.shared.changes_since(self.version)
+            changes = self.shared.changes_since(self.version, wait=CATCH_UP_WAIT)
         except MetadataStoreError:
             return False  # PostgreSQL out of reach: the answer stays the 404 it was
         return self._apply(changes) > 0 if changes else False
 
     def _apply(self, changes: list[Change]) -> int:
         """Replay ``changes`` (oldest first) past ``version``; returns how many were the other members'.
-        One read may overlap another (the poll's thread and :meth:`catch_up_now`): what is at or below
+        One read may overlap another (the poll's and :meth:`catch_up_now`'s): what is at or below
         ``version`` is applied already and skipped, so an old change is never replayed over a newer one."""
         n = 0
         with self.store.replaying():

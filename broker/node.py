@@ -35,6 +35,7 @@ from broker.persistence import BackingQueueFactory, DurableDefinitions
 from broker.publish import REPLY_TO_PREFIX
 from broker.topic_permissions import TopicCheckingConnection
 from broker.vhost import VHost
+from storage.commits import COMMITTED_AT_ONCE, Commits
 from storage.node_storage import NodeStorage
 
 if TYPE_CHECKING:
@@ -71,6 +72,9 @@ class Node:
         # writer of every definition into its metadata store (None until then: nothing is written).
         self.storage: NodeStorage | None = None
         self.durable_definitions: DurableDefinitions | None = None
+        # When the definitions written now are committed (storage/commits.py): at once on one node (SQLite
+        # commits within the call); a cluster member's PostgreSQL table commits later, and replies wait for it.
+        self.commits: Commits = COMMITTED_AT_ONCE
         self.users = UserStore()
         self.users.add(settings.default_user, settings.default_pass, list(settings.default_user_tags))
         self.vhosts: dict[str, VHost] = {}

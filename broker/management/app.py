@@ -10,6 +10,7 @@ and each request may send only as much as who it is allows (broker/management/re
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,7 @@ from broker.management.common import amqp_error, not_authorised, unauthenticated
 from broker.management.objects import RateSampler
 from broker.management.request_bodies import PUBLIC_BODY_LIMIT, allow_body
 from broker.management.sessions import SessionTable
+from storage.metadata_store import MetadataWriteError
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -106,6 +108,25 @@ async def error_middleware(request: web.Request,
                                           content_type="application/json") from None
 
 
+@web.middleware
+async def commit_middleware(request: web.Request,
+                            handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """A change answers once what it wrote is committed (storage/commits.py: a cluster member's PostgreSQL
+    table commits after the handler returns; awaited here, the loop serving everyone meanwhile), as RabbitMQ's
+    HTTP API answers a Khepri command on commit. A commit not made within the store's timeout: 500."""
+    response = await handler(request)
+    if request.method not in ("GET", "HEAD", "OPTIONS"):
+        commit = request.app["node"].commits.committed()
+        if commit is not None:
+            try:
+                await commit
+            except MetadataWriteError as exc:
+                raise web.HTTPInternalServerError(text=json.dumps({"error": "Internal Server Error",
+                                                                   "reason": str(exc)}),
+                                                  content_type="application/json") from None
+    return response
+
+
 async def _sample_rates(app: web.Application) -> Any:
     node, sampler = app["node"], app["sampler"]
 
@@ -131,7 +152,8 @@ def make_app(node: Node, login_guard: LoginGuard | None = None) -> web.Applicati
     the app's own when none is given."""
     # close_unread_bodies is outermost: it sees every answer, errors and security headers included.
     app = web.Application(middlewares=[request_bodies.close_unread_bodies, ui_assets.security_headers,
-                                       error_middleware, same_site.same_site_changes, auth_middleware],
+                                       error_middleware, same_site.same_site_changes, auth_middleware,
+                                       commit_middleware],
                           # aiohttp's own cap, for any read that bypassed request_bodies (none should)
                           client_max_size=node.settings.management_max_body_size)
     app["node"] = node

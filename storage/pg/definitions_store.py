@@ -10,12 +10,21 @@ be skipped for ever. So every writing transaction first takes one transaction-le
 then draws its versions: writes of definitions are serialised cluster-wide, which costs nothing measurable
 (they are administrative and rare: declares, bindings, users, policies, never messages).
 
-**Synchronous on purpose.** The broker's metadata store is synchronous by design: a ``queue.declare-ok`` is
-sent after the definition is committed, from a handler that does not wait. asyncpg (the cluster's driver,
-chosen for the message path; research/postgres-queue.md §3.9) is asynchronous, so this store runs its own
-event loop on a private thread and each call waits there for its statements (bounded by ``timeout``). The
-broker's loop waits for the round trip, as it waits for SQLite's fsync on a single node. A lock keeps one
-operation (or one transaction) at a time on the store's one connection, from any thread.
+**Writes commit on the broker's loop, replies wait for the commit.** Called on a running event loop (the
+broker's), a write is accepted at once into an ordered journal, and a task commits the journal on a connection
+of that loop's own, every entry queued meanwhile in one transaction (a group commit); :meth:`committed` (the
+storage/commits.py seam) gives the future the writer's reply waits for. So a slow or frozen PostgreSQL delays
+the replies of the methods that wrote a definition, never the loop: every other connection of the member is
+served meanwhile (a frozen server used to stall them all for the store's timeout). A batch that fails is tried
+again on a new session until it commits (writes are idempotent: the same value put again, a tombstone made
+again); a waiter gives up after ``timeout`` (541 to the client) while the write stays queued, as a Khepri
+command that timed out may still be applied. The change feed is read on the same connection, after the
+journal's writes (:meth:`changes_since_async`).
+
+Called off a loop (the node's start before it serves, a definitions import on a worker thread, tools), the
+store is synchronous, as before: it runs a private event loop on a thread and each call waits there for its
+statements (bounded by ``timeout``). A lock keeps one operation (or one transaction) at a time on that
+connection, from any thread.
 
 Values are msgpack, as in the SQLite store. Errors: a write that fails raises
 :class:`~storage.metadata_store.MetadataWriteError` and changes nothing (the transaction is rolled back);
@@ -33,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -46,6 +56,8 @@ from storage.pg.schema import migrate
 
 T = TypeVar("T")
 
+log = logging.getLogger("leveret.pg.definitions")
+
 # What a statement on a lost, refused or slow connection raises.
 _PG_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
 
@@ -58,6 +70,9 @@ DEFINITIONS_LOCK_ID = 1
 # timeout if shorter), until the server answers (calls fail at once meanwhile).
 PROBE_INTERVAL = 0.5
 PROBE_TIMEOUT = 2.0
+# A journal batch that failed is tried again after RETRY_FIRST seconds, doubling up to RETRY_MAX.
+RETRY_FIRST = 0.1
+RETRY_MAX = 2.0
 
 # Its table, leveret.definition, is migration 2 of storage/pg/schema.py.
 
@@ -99,9 +114,28 @@ def _unpack(raw: bytes) -> Any:
     return msgpack.unpackb(raw, raw=False, strict_map_key=False)
 
 
+_CHANGES = ("SELECT version, kind, key, value, writer FROM leveret.definition WHERE version > $1 "
+            "ORDER BY version LIMIT $2")
+
+
+def _changes(rows: list[asyncpg.Record]) -> list[Change]:
+    return [Change(int(r["version"]), r["kind"], _unkey(r["key"]),
+                   None if r["value"] is None else _unpack(r["value"]), r["writer"]) for r in rows]
+
+
+def _on_a_loop() -> bool:
+    """Whether the caller runs on an event loop (the broker's): its writes go to the journal, never wait."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 class PgDefinitionsStore:
     """The definitions table of a cluster, with the SQLite store's interface (put, delete, delete_prefix,
-    get, items, kinds, transaction) plus the feed (:meth:`changes_since`, :meth:`last_version`).
+    get, items, kinds, transaction) plus the feed (:meth:`changes_since`, :meth:`changes_since_async`,
+    :meth:`last_version`) and the storage/commits.py seam (:attr:`accepted`, :meth:`committed`).
 
     ``writer`` names this member in the rows it writes."""
 
@@ -122,6 +156,16 @@ class PgDefinitionsStore:
         # caller's thread (the broker's event loop), until a probe on the private loop gets an answer again.
         self._unanswered = False
         self._probe: asyncio.Task[None] | None = None
+        # The journal of writes made on the broker's loop (see the module docstring): entries not committed
+        # yet, each with the future its writers wait for; the task committing them; its connection and the
+        # lock that orders the feed's reads after it; the writes accepted so far and the last one's future.
+        self._journal: list[tuple[list[Op], asyncio.Future[None]]] = []
+        self._journal_task: asyncio.Task[None] | None = None
+        self._aconn: asyncpg.Connection | None = None
+        self._alock: asyncio.Lock | None = None
+        self._accepted = 0
+        self._last: asyncio.Future[None] | None = None
+        self._group: list[Op] | None = None  # the writes of an open transaction() on the loop
         try:
             self._run(self._setup())
         except BaseException:
@@ -129,7 +173,9 @@ class PgDefinitionsStore:
             raise
 
     # -- the private loop --------------------------------------------------------------------------------
-    def _run(self, coro: Awaitable[T]) -> T:
+    def _run(self, coro: Awaitable[T], wait: float | None = None) -> T:
+        """``coro`` on the private loop, waited for at most ``wait`` seconds (the store's ``timeout``)."""
+        wait = self.timeout if wait is None else wait
         if self._unanswered:
             close = getattr(coro, "close", None)
             if close is not None:
@@ -138,7 +184,7 @@ class PgDefinitionsStore:
             raise TimeoutError(f"PostgreSQL did not answer within {self.timeout:g} s, and has not answered since")
         future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
         try:
-            return future.result(self.timeout)
+            return future.result(wait)
         except concurrent.futures.TimeoutError:
             future.cancel()
             # The session is in an unknown state (a statement cut off midway): the next call opens a new one.
@@ -147,7 +193,7 @@ class PgDefinitionsStore:
             self._unanswered = True
             self._loop.call_soon_threadsafe(self._drop_connection)
             self._loop.call_soon_threadsafe(self._start_probe)
-            raise TimeoutError(f"PostgreSQL did not answer within {self.timeout:g} s") from None
+            raise TimeoutError(f"PostgreSQL did not answer within {wait:g} s") from None
 
     def _start_probe(self) -> None:
         if self._probe is None:
@@ -186,19 +232,19 @@ class PgDefinitionsStore:
             self.connects += 1
         return self._conn
 
-    def _run_again_if_stale(self, make: Callable[[], Awaitable[T]]) -> T:
+    def _run_again_if_stale(self, make: Callable[[], Awaitable[T]], wait: float | None = None) -> T:
         """``_run(make())``, and once more when it failed on a session opened before this call that is dead
         now (the server restarted since it was last used): the retry opens a new one."""
         before = self.connects
         try:
-            return self._run(make())
+            return self._run(make(), wait)
         except TimeoutError:
             raise  # no answer at all: trying again would only double the wait
         except _PG_ERRORS:
             conn = self._conn
             if self.connects != before or before == 0 or conn is None or not conn.is_closed():
                 raise
-        return self._run(make())
+        return self._run(make(), wait)
 
     async def _setup(self) -> None:
         await migrate(await self._connection())
@@ -220,7 +266,15 @@ class PgDefinitionsStore:
         return self.write([("delete_prefix", kind, prefix, None)])
 
     def write(self, ops: list[Op]) -> int:
-        """Make ``ops`` in the open transaction, or in one of their own; returns the rows changed."""
+        """Make ``ops`` in the open transaction, or in one of their own; returns the rows changed. On the
+        broker's loop the write is accepted into the journal and returns at once (the count is then the
+        number of ops): whoever answers after it waits for :meth:`committed`."""
+        if self._group is not None:
+            self._group.extend(ops)
+            return len(ops)
+        if self._tx is None and _on_a_loop():
+            self._accept(ops)
+            return len(ops)
         with self._lock:
             try:
                 if self._tx is not None:
@@ -241,8 +295,9 @@ class PgDefinitionsStore:
         self.commits += 1
         return n
 
-    async def _execute(self, ops: list[Op]) -> int:
-        conn = await self._connection()
+    async def _execute(self, ops: list[Op], conn: asyncpg.Connection | None = None) -> int:
+        if conn is None:
+            conn = await self._connection()
         n = 0
         for action, kind, key, value in ops:
             if action == "put":
@@ -260,7 +315,25 @@ class PgDefinitionsStore:
     @contextmanager
     def transaction(self, *, keep_on_error: bool = False) -> Iterator[None]:
         """Group writes into one commit; nests (only the outermost commits). ``keep_on_error`` commits what
-        was written before an exception, as the SQLite store does for an import."""
+        was written before an exception, as the SQLite store does for an import. On the broker's loop the
+        writes become one entry of the journal, accepted when the outermost level ends."""
+        if self._tx is None and (self._group is not None or _on_a_loop()):
+            outer = self._group is None
+            if outer:
+                self._group = []
+            try:
+                yield
+            except BaseException:
+                if outer:
+                    group, self._group = self._group, None
+                    if keep_on_error and group:
+                        self._accept(group)
+                raise
+            if outer:
+                group, self._group = self._group, None
+                if group:
+                    self._accept(group)
+            return
         with self._lock:
             if self._depth == 0:
                 try:
@@ -299,11 +372,109 @@ class PgDefinitionsStore:
         if commit:
             self.commits += 1
 
+    # -- the journal (writes made on the broker's loop) -------------------------------------------------------
+    @property
+    def accepted(self) -> int:
+        return self._accepted
+
+    def committed(self) -> asyncio.Future[None] | None:
+        """The storage/commits.py seam: None if every write accepted so far is committed, else a future done
+        when they are (failed with MetadataWriteError after ``timeout``; the writes stay in the journal)."""
+        last = self._last
+        if last is None or last.done():
+            return None
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+
+        def done(_f: object) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        def late() -> None:
+            if not waiter.done():
+                waiter.set_exception(MetadataWriteError(
+                    f"cannot write the cluster's definitions to PostgreSQL: no answer within {self.timeout:g} s "
+                    "(the change is committed when it answers)"))
+
+        last.add_done_callback(done)
+        timer = loop.call_later(self.timeout, late)
+        waiter.add_done_callback(lambda _f: timer.cancel())
+        return waiter
+
+    def _accept(self, ops: list[Op]) -> None:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._journal.append((ops, done))
+        self._accepted += 1
+        self._last = done
+        if self._journal_task is None:
+            self._journal_task = loop.create_task(self._commit_journal())
+
+    async def _commit_journal(self) -> None:
+        """Commit the journal in order, everything queued meanwhile in one transaction, each batch tried again
+        on a new session until it commits (PostgreSQL away or frozen: the writers' replies wait, nobody else)."""
+        try:
+            while self._journal:
+                batch, self._journal = self._journal, []
+                ops = [op for entry_ops, _done in batch for op in entry_ops]
+                pause = RETRY_FIRST
+                while True:
+                    try:
+                        async with self._async_lock():
+                            await asyncio.wait_for(self._commit_async(ops), self.timeout)
+                        break
+                    except _PG_ERRORS as exc:
+                        if pause == RETRY_FIRST:
+                            log.warning("cannot commit the cluster's definitions to PostgreSQL; retrying: %s", exc)
+                        self._drop_async()
+                        await asyncio.sleep(pause)
+                        pause = min(pause * 2, RETRY_MAX)
+                self.commits += 1
+                for _ops, done in batch:
+                    if not done.done():
+                        done.set_result(None)
+        finally:
+            self._journal_task = None
+
+    async def _commit_async(self, ops: list[Op]) -> None:
+        conn = await self._async_connection()
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", DEFINITIONS_LOCK_CLASS, DEFINITIONS_LOCK_ID)
+            await self._execute(ops, conn)
+
+    def _async_lock(self) -> asyncio.Lock:
+        if self._alock is None:
+            self._alock = asyncio.Lock()
+        return self._alock
+
+    async def _async_connection(self) -> asyncpg.Connection:
+        if self._aconn is None or self._aconn.is_closed():
+            self._drop_async()
+            self._aconn = await asyncpg.connect(self.dsn, timeout=self.timeout)
+        return self._aconn
+
+    def _drop_async(self) -> None:
+        if self._aconn is not None:
+            self._aconn.terminate()
+            self._aconn = None
+
+    async def changes_since_async(self, version: int, limit: int = 10_000) -> list[Change]:
+        """:meth:`changes_since` on the broker's loop, after the journal's writes so far (on its connection),
+        bounded by ``timeout``; MetadataStoreError if PostgreSQL does not answer."""
+        try:
+            async with self._async_lock():
+                conn = await asyncio.wait_for(self._async_connection(), self.timeout)
+                rows = await asyncio.wait_for(conn.fetch(_CHANGES, version, limit), self.timeout)
+        except _PG_ERRORS as exc:
+            self._drop_async()
+            raise self._read_error(exc) from None
+        return _changes(rows)
+
     # -- reading -------------------------------------------------------------------------------------------
-    def _read(self, coro_fn: Any, *args: Any) -> Any:
+    def _read(self, coro_fn: Any, *args: Any, wait: float | None = None) -> Any:
         with self._lock:
             try:
-                return self._run_again_if_stale(lambda: coro_fn(*args))
+                return self._run_again_if_stale(lambda: coro_fn(*args), wait)
             except _PG_ERRORS as exc:
                 raise self._read_error(exc) from None
 
@@ -330,15 +501,19 @@ class PgDefinitionsStore:
         rows = self._read(self._fetch, "SELECT coalesce(max(version), 0) AS v FROM leveret.definition")
         return int(rows[0]["v"])
 
-    def changes_since(self, version: int, limit: int = 10_000) -> list[Change]:
+    def changes_since(self, version: int, limit: int = 10_000, wait: float | None = None) -> list[Change]:
         """The rows written after ``version``, oldest first (deletions with ``value`` None), at most
-        ``limit`` of them: ask again from the last one's version for more."""
-        rows = self._read(self._fetch, "SELECT version, kind, key, value, writer FROM leveret.definition "
-                                       "WHERE version > $1 ORDER BY version LIMIT $2", version, limit)
-        return [Change(int(r["version"]), r["kind"], _unkey(r["key"]),
-                       None if r["value"] is None else _unpack(r["value"]), r["writer"]) for r in rows]
+        ``limit`` of them: ask again from the last one's version for more. ``wait``: at most that many
+        seconds (the store's ``timeout``), after which calls fail at once until the server answers again."""
+        return _changes(self._read(self._fetch, _CHANGES, version, limit, wait=wait))
 
     def close(self) -> None:
+        if self._journal_task is not None:
+            if self._journal:
+                log.warning("%d definitions writes not committed at close", len(self._journal))
+            self._journal_task.cancel()
+        self._drop_async()
+
         async def shut() -> None:
             if self._probe is not None:
                 self._probe.cancel()

@@ -195,6 +195,10 @@ class PgDirectory:
         # Questions to other members waiting for their answer (ask): id -> (done, rows gathered so far).
         self._asks: dict[str, tuple[asyncio.Future[None], list[Any]]] = {}
         self._ask_n = 0
+        # Binding rows written without the caller waiting (bind): how many so far, the last one's call; the
+        # reply (queue.bind-ok) waits for it through the storage/commits.py seam (committed).
+        self._accepted = 0
+        self._last: concurrent.futures.Future[Any] | None = None
 
     # -- the private loop ------------------------------------------------------------------------------------
     async def _call(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
@@ -286,8 +290,34 @@ class PgDirectory:
     # -- bindings ------------------------------------------------------------------------------------------
     def bind(self, vhost: str, source: str, queue: str, routing_key: str, args_hash: str, arguments: bytes,
              routing: str) -> None:
-        self._wait(lambda conn: conn.execute(BIND, vhost, source, queue, routing_key, args_hash, arguments,
-                                             routing, self.node))
+        """Write the binding's row, in call order, without waiting: the caller's reply waits for
+        :meth:`committed` (the event loop serves others meanwhile). A row that could not be written makes
+        the directory unavailable for a while and is rewritten when PostgreSQL is back (replace_own)."""
+        future = self._submit(lambda conn: conn.execute(BIND, vhost, source, queue, routing_key, args_hash,
+                                                        arguments, routing, self.node))
+        future.add_done_callback(self._later_done)
+        self._accepted += 1
+        self._last = future
+
+    @property
+    def accepted(self) -> int:
+        """Rows written without waiting so far (storage/commits.py)."""
+        return self._accepted
+
+    def committed(self) -> asyncio.Future[None] | None:
+        """storage/commits.py: None if the rows written so far are in; else a future on the caller's loop,
+        done when they are, or failed, or after ``timeout`` (the row is then rewritten when PostgreSQL is
+        back, as before: a bind-ok never waits longer, and never fails, for the directory)."""
+        last = self._last
+        if last is None or last.done():
+            return None
+        return asyncio.ensure_future(self._settled(last))
+
+    async def _settled(self, future: concurrent.futures.Future[Any]) -> None:
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), self.timeout)
+        except Exception:  # noqa: BLE001 (logged and marked by _later_done; the reply goes on)
+            return
 
     def has_binding(self, vhost: str, source: str, queue: str, routing_key: str, args_hash: str) -> bool:
         async def run(conn: asyncpg.Connection) -> bool:

@@ -16,6 +16,7 @@ from broker.message import Message
 from broker.queue_consumers import Consumer
 from protocol.constants import PRECONDITION_FAILED
 from protocol.fastcodec import build_content_header, shortstr
+from storage.commits import COMMITTED_AT_ONCE
 
 
 class Counters:
@@ -29,7 +30,7 @@ class Connection:
     """What a channel asks of its reader, recording what it writes and the errors it reports."""
 
     def __init__(self, clock: ManualClock, consumer_timeout: int | None = None) -> None:
-        self.node = SimpleNamespace(clock=clock, counters=Counters())
+        self.node = SimpleNamespace(clock=clock, counters=Counters(), commits=COMMITTED_AT_ONCE)
         self.settings = SimpleNamespace(max_message_size=1 << 20, consumer_timeout=consumer_timeout)
         self.vhost = SimpleNamespace(name="/", tracing=None)
         self.writable = True
