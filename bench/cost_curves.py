@@ -75,8 +75,13 @@ class NotRun(Exception):
     """A size that cannot run here (its reason goes into the table)."""
 
 
+def pid_of(broker: Broker) -> int:
+    assert broker.pid is not None, "the broker is not running"
+    return broker.pid
+
+
 def rss_kb(broker: Broker) -> int:
-    return read_status_kb(broker.pid).get("VmRSS", 0)
+    return read_status_kb(pid_of(broker)).get("VmRSS", 0)
 
 
 def settle(broker: Broker, limit: float = 20.0) -> int:
@@ -95,9 +100,9 @@ def settle(broker: Broker, limit: float = 20.0) -> int:
 def idle_cpu(broker: Broker, window: float) -> float:
     """Broker CPU in ms per second over an idle window: what the objects cost when nothing happens (timers,
     heartbeats, per-queue housekeeping)."""
-    c0 = read_cpu_s(broker.pid)
+    c0 = read_cpu_s(pid_of(broker))
     time.sleep(window)
-    return (read_cpu_s(broker.pid) - c0) * 1000 / window
+    return (read_cpu_s(pid_of(broker)) - c0) * 1000 / window
 
 
 def footprint(broker: Broker, n: int, base: Row, window: float) -> Row:
@@ -105,7 +110,7 @@ def footprint(broker: Broker, n: int, base: Row, window: float) -> Row:
     rss = settle(broker)
     row: Row = {"RSS MiB": rss / 1024, "idle CPU ms/s": idle_cpu(broker, window)}
     if n:
-        row["RSS B per object"] = (rss - float(base["RSS MiB"]) * 1024) * 1024 / n
+        row["RSS B per object"] = (rss - float(base["RSS MiB"] or 0) * 1024) * 1024 / n
     return row
 
 
@@ -115,8 +120,8 @@ async def pipelined(url: str, methods: list, barrier) -> None:
     conn = await connect(url, name="cost-curves")
     try:
         for i in range(0, len(methods), 500):
-            conn.transport.write(b"".join(pframe.marshal(m, 1) for m in methods[i:i + 500]))
-            while conn.transport.get_write_buffer_size() > (1 << 20):
+            conn.wire.write(b"".join(pframe.marshal(m, 1) for m in methods[i:i + 500]))
+            while conn.wire.get_write_buffer_size() > (1 << 20):
                 await asyncio.sleep(0.005)
             if conn.error:
                 raise RuntimeError(conn.error)
@@ -214,8 +219,9 @@ def curve_pending(broker: Broker, sizes: list[int], window: float) -> dict[int, 
 def relaunch(broker: Broker, kill: bool) -> float:
     """Stops the broker (SIGTERM / ``rabbitmqctl stop``, or SIGKILL), starts it on the same data and returns
     the seconds from launch until the port accepts; the data directory is kept, unlike ``stop()``."""
-    old = broker.pid
+    old = pid_of(broker)
     if isinstance(broker, Leveret):
+        assert broker.proc is not None
         cmd = Path(f"/proc/{old}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
         broker.proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
         broker.proc.wait(600)

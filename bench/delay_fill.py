@@ -51,7 +51,7 @@ def run(count: int, bucket_ms: int, step_ms: int, minutes: float, max_loaded: in
             inner(at)
             fills.append((time.perf_counter() - t1, getattr(store, "fill_scanned", 0) - scanned))
 
-        store._fill = timed_fill  # type: ignore[method-assign]
+        store._fill = timed_fill  # type: ignore[method-assign, assignment]
         now[0] = t0 + 60_000
         end = now[0] + int(minutes * 60_000)
         handed = 0

@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         broker.spawn()
         while not port_open(broker.port):
-            if broker.proc.poll() is not None:
+            if broker.proc is None or broker.proc.poll() is not None:
                 raise RuntimeError(f"broker exited on restart, see {broker.log_path}")
             if time.monotonic() - t0 > 300:
                 raise RuntimeError("no port after 300 s")

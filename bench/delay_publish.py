@@ -80,6 +80,7 @@ class Broker:
 
     def start(self, timeout: float = 60.0) -> None:
         self.spawn()
+        assert self.proc is not None
         if not wait_port(self.port, timeout) or self.proc.poll() is not None:
             raise RuntimeError(f"Leveret did not start (see {self.log_path})")
 
@@ -235,7 +236,7 @@ class ConfirmPublisher:
                 continue
             n = min(n, room)
             start = self.sent
-            conn.transport.write(b"".join([make(start + i) for i in range(n)]))
+            conn.wire.write(b"".join([make(start + i) for i in range(n)]))
             self.sent += n
             await asyncio.sleep(0)
         while self.confirmed < self.sent and conn.error is None and not self.stopping:

@@ -63,9 +63,9 @@ async def _fill(url: str, n: int, size: int) -> None:
     sent = 0
     while sent < n:
         k = min(1000, n - sent)
-        conn.transport.write(template.batch(k))
+        conn.wire.write(template.batch(k))
         sent += k
-        while conn.transport.get_write_buffer_size() > (4 << 20):
+        while conn.wire.get_write_buffer_size() > (4 << 20):
             await asyncio.sleep(0.001)
         await asyncio.sleep(0)
     while await _depth(url) < n:

@@ -133,7 +133,9 @@ def tls_probe(port: int, cafile: Path) -> str:
     try:
         with socket.create_connection(("127.0.0.1", port), 5) as raw, \
                 ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
-            name, _proto, bits = tls.cipher()
+            cipher = tls.cipher()
+            assert cipher is not None  # a completed handshake has one
+            name, _proto, bits = cipher
             return f"{tls.version()} {name} ({bits} bits)"
     except (OSError, ssl.SSLError) as exc:
         return f"probe failed: {exc}"
@@ -371,7 +373,7 @@ def run_ceiling(processes: int) -> list[dict]:
                       ("1 producer + 1 consumer, 1 KiB, manual ack, 2 processes",
                        {"producers": 1, "consumers": 1, "size": 1024, "manual_ack": True, "processes": 2})]:
         kw.setdefault("processes", processes)
-        cfg = perf.PerfConfig(sink=True, duration=4, warmup=1, **kw)
+        cfg = perf.PerfConfig(sink=True, duration=4, warmup=1, **kw)  # type: ignore[arg-type]  # int/bool fields
         r = perf.run(cfg)
         log(f"ceiling {label}: {perf.summary_line(r)}")
         out.append({"label": label, "publish_rate": r.get("publish_rate"), "consume_rate": r.get("consume_rate"),
@@ -565,7 +567,7 @@ def detail_table(all_res: dict[str, dict[str, dict[str, dict]]]) -> str:
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for sid, per_broker in all_res.items():
         for bname in ("leveret", "rabbitmq"):
-            reps = per_broker.get(bname) or []
+            reps: list[dict] = per_broker.get(bname) or []  # type: ignore[assignment]  # one dict per repetition
             for key, r in [(k if len(reps) == 1 else f"{k} #{i + 1}", r) for i, rr in enumerate(reps)
                            for k, r in rr.items()]:
                 lat = r.get("latency_us") or {}
@@ -694,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
     reference = "RabbitMQ"
     if args.baseline:
         # The reference slot holds Leveret at REF; ratios read "this tree / REF".
-        brokers = {"leveret": Leveret(args.leveret_port),
+        brokers: dict[str, Leveret | RabbitMQ] = {"leveret": Leveret(args.leveret_port),
                    "rabbitmq": BaselineLeveret(args.rabbitmq_port, args.baseline)}
         brokers["rabbitmq"].name = f"leveret@{args.baseline}"
         reference = f"Leveret {args.baseline}"

@@ -20,7 +20,7 @@ class Check:
     run: str            # key of the run in Scenario.runs
     metric: str         # dotted path into the perf result
     better: str         # "higher" or "lower"
-    target: float       # ratio Leveret/RabbitMQ: ≥ target (higher) or ≤ target (lower)
+    target: float | None  # ratio Leveret/RabbitMQ: ≥ target (higher) or ≤ target (lower)
     unit: str = ""
     # Instead of RabbitMQ's value: (run, metric, scale) of Leveret's own runs of this scenario, described by
     # ref_label — for a Leveret-only scenario.

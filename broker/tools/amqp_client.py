@@ -226,6 +226,13 @@ class Connection(asyncio.Protocol):
         self.returned = 0
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------------
+    @property
+    def wire(self) -> asyncio.Transport:
+        """The transport of a connected connection, for callers that write raw batches (bench/)."""
+        if self.transport is None:
+            raise ConnectionError(f"{self.name}: not connected")
+        return self.transport
+
     def connection_made(self, transport) -> None:
         self.transport = transport
         transport.set_write_buffer_limits(high=512 * 1024, low=128 * 1024)
