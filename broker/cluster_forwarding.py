@@ -1,4 +1,4 @@
-"""Node-local queues keep working across a Leveret cluster (issue 15's third point): a message published on
+"""Node-local queues keep working across a Leveret cluster (docs/decisions/postgres-cluster.md): a message published on
 member B to a classic, exclusive or server-named queue that lives on member A, or to a direct reply-to
 channel on A, reaches it, forwarded through PostgreSQL (storage/pg/forwarding.py has the tables and the SQL).
 

@@ -318,9 +318,9 @@ class Settings:
     unsupported_keys: str = "error"
     load_definitions: Path | None = None
     shutdown_timeout: float = 10.0
-    # The horizon of x-delayed-message (issue 14): a longer delay is refused with 406, never delivered at once.
+    # The horizon of x-delayed-message (docs/decisions/delayed-messages.md): a longer delay is refused with 406, never delivered at once.
     delayed_message_max_delay: int = 2 * 365 * 24 * 3_600_000
-    # The delay store's time bucket (issue 14: UTC, an hour by default): pending messages are kept in one file
+    # The delay store's time bucket (docs/decisions/delayed-messages.md: UTC, an hour by default): pending messages are kept in one file
     # set per bucket, deleted once drained. A store keeps the length it was made with (storage/delay/store.py).
     delayed_message_bucket_size: int = 3_600_000
     # The AMQP-over-TLS listener (RabbitMQ's listeners.ssl.default, ssl_options.*; broker/tls.py builds the

@@ -592,7 +592,7 @@ def _number_arg(text: str, what: str, above: float, at_most: float | None) -> fl
     return n
 
 
-# -- the verbs operators type daily (issue 16): permissions, limits, parameters, node state ------------------------
+# -- the verbs operators type daily (docs/decisions/operator-surface.md): permissions, limits, parameters, node state ------------------------
 
 def rows_out(args: argparse.Namespace, columns: list[str], rows: list[dict[str, Any]], banner: str,
              aliases: dict[str, Any] | None = None) -> str:

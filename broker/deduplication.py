@@ -1,7 +1,7 @@
 """Message deduplication: a message whose ``x-deduplication-header`` value was seen before is dropped, at a queue
 (``x-message-deduplication: true``) or at an exchange of type ``x-message-deduplication``; the interface of
-RabbitMQ's rabbitmq-message-deduplication plugin and of LavinMQ, which issue 13's exactly-once Spark writer
-relies on. This module is the cache both levels use, what a message's key is, and the declare arguments;
+RabbitMQ's rabbitmq-message-deduplication plugin and of LavinMQ, which the exactly-once Spark writer relies on
+(docs/decisions/spark-pipeline.md). This module is the cache both levels use, what a message's key is, and the declare arguments;
 broker/delegate.py makes the queue-level check (one place for every queue type), and
 broker/deduplication_exchange.py is the exchange type. storage/deduplication_log.py keeps a cache on disk.
 
@@ -48,7 +48,7 @@ What Leveret does:
 - A message a queue refuses (``x-overflow: reject-publish``, nacked) is not admitted, so its re-publish is
   not a duplicate; likewise at the exchange when a target queue refused it.
 - **Durability**: a durable queue's, stream's or exchange's cache is kept on disk (storage/
-  deduplication_log.py) unless ``x-cache-persistence: memory`` (the plugin's default is memory; issue 13
+  deduplication_log.py) unless ``x-cache-persistence: memory`` (the plugin's default is memory; the Spark writer, docs/decisions/spark-pipeline.md,
   needs caches to survive a restart, so Leveret's is disk); an entry reaches the disk no later than the
   confirm of the message that brought it, so after a ``kill -9`` a confirmed message re-published is still a
   duplicate. A transient queue's or exchange's cache is in memory.

@@ -1,4 +1,4 @@
-"""The node's dispatcher of delayed messages (issue 14): one per delay store, shared by every
+"""The node's dispatcher of delayed messages (docs/decisions/delayed-messages.md): one per delay store, shared by every
 ``x-delayed-message`` exchange of every vhost, which register under their ``xref``.
 
 What it does, on the node's clock:

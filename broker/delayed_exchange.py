@@ -1,4 +1,4 @@
-"""The ``x-delayed-message`` exchange type (issue 14; the rabbitmq-delayed-message-exchange plugin's
+"""The ``x-delayed-message`` exchange type (docs/decisions/delayed-messages.md; the rabbitmq-delayed-message-exchange plugin's
 interface): routes like its ``x-delayed-type`` (direct, fanout, topic or headers), and holds a message whose
 ``x-delay`` / ``x-deliver-at`` asks for a later time in the node's delay store (storage/delay/) until then.
 The header rules are broker/delayed_message.py's; dispatch, confirms and checkpoints broker/delayed_dispatch.py's.
@@ -159,7 +159,7 @@ class DelayedExchange(Exchange):
         stats = self.delayed_stats()
         return 0 if stats is None else stats.count
 
-    # -- operators (HTTP API, Prometheus: issue 14) ---------------------------------------------------------
+    # -- operators (HTTP API, Prometheus: docs/decisions/delayed-messages.md) ---------------------------------------------------------
     @property
     def dispatcher(self) -> DelayDispatcher | None:
         """The node's dispatcher this exchange holds messages with (None without storage, or once closed)."""

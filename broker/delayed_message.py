@@ -1,4 +1,4 @@
-"""When a message published to an ``x-delayed-message`` exchange is due (issue 14): its ``x-delay`` /
+"""When a message published to an ``x-delayed-message`` exchange is due (docs/decisions/delayed-messages.md): its ``x-delay`` /
 ``x-deliver-at`` headers read as the rabbitmq-delayed-message-exchange plugin reads ``x-delay``, and the
 header the delivered message carries. Pure: no clock, no I/O, so every rule is testable alone.
 

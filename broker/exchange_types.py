@@ -5,7 +5,7 @@ A vhost builds every exchange through :func:`make_exchange`, which hands it the 
 :class:`~broker.exchange.ExchangeServices`; the vhost then calls the type's hooks as the exchange lives
 (declare, recover, delete, close). The HTTP API lists :data:`EXCHANGE_TYPES` with each type's ``description``.
 
-How to add an exchange type (say ``x-delayed-message``, issue 14):
+How to add an exchange type (say ``x-delayed-message``, docs/decisions/delayed-messages.md):
 
 1. Write ``broker/<name>_exchange.py`` with a subclass of :class:`broker.exchange.Exchange` that sets
    ``type_name`` (what exchange.declare names) and ``description``, and implements ``route`` (its bindings'

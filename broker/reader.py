@@ -80,8 +80,8 @@ CLIENT_CLOSE_TIMEOUT = 30.0
 READ_BYTES_PER_TURN = 16 * 1024
 # Fairness in work as well as bytes: after a turn's publishes have been handed to this many queues, the
 # frames left wait for the next turn. 16 KiB of small publishes to a fanout of 1,000 queues is 200,000
-# hand-overs (seconds of work) in one turn, during which no consumer's socket is written (issue 19's cost
-# curves: fan-out to 1,000 queues delivered nothing in a 10 s window). About 10-40 ms of work.
+# hand-overs (seconds of work) in one turn, during which no consumer's socket is written (the cost
+# curves, docs/decisions/performance.md: fan-out to 1,000 queues delivered nothing in a 10 s window). About 10-40 ms of work.
 ROUTED_PER_TURN = 2048
 _ACCESS_REQUEST = (30 << 16) | 10
 _RUNNING = 4  # Reader.RUNNING, as a module constant for the hot path

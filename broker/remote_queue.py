@@ -1,4 +1,4 @@
-"""What a cluster member knows of the queues that live on other members (issue 15; broker/cluster_forwarding.py
+"""What a cluster member knows of the queues that live on other members (docs/decisions/postgres-cluster.md; broker/cluster_forwarding.py
 keeps it up to date): a :class:`RemoteQueue` stands for each, and the bindings of shared exchanges to them are
 routed by :class:`RemoteRoutes`, one per vhost, set as the vhost's ``remote`` (``None`` on a single node, where
 none of this costs more than one attribute read on a miss).

@@ -238,7 +238,7 @@ class Server:
 
     def login_guard(self) -> LoginGuard:
         """The node's one failed-login table and handshake counts: AMQP listeners and the HTTP API share it,
-        so failures through one door delay logins through every other (issue 31)."""
+        so failures through one door delay logins through every other (docs/decisions/http-api-limits.md)."""
         if self._guard is None:
             self._guard = LoginGuard(self.node.settings, self.node.clock)
         return self._guard

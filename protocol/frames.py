@@ -55,7 +55,7 @@ class FrameParser:
     ``combine_publish`` (the broker's reader): a basic.publish method frame followed, in what is being split,
     by a content header frame and one body frame of exactly the announced size, all on its channel and all
     well-formed, comes out as one item ``(FRAME_PUBLISH, channel, (method, header, body))``: the common
-    message in one step instead of three (issue 19's "publish + header + body in one pass"). Anything else
+    message in one step instead of three (docs/decisions/performance.md: publish + header + body in one pass). Anything else
     (a body in several frames, an empty body, a frame still incomplete, one that would fail a check) comes out
     frame by frame, so errors are raised where and as they would be without it.
     """

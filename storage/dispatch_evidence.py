@@ -1,4 +1,4 @@
-"""Evidence of delayed-message dispatches in the queues (issue 14: exactly-once dispatch across a crash).
+"""Evidence of delayed-message dispatches in the queues (docs/decisions/delayed-messages.md: exactly-once dispatch across a crash).
 
 The delay store hands a due message out, the broker enqueues it into its target queues, and once the
 queues have it on disk the store logs it DISPATCHED. A crash between the queues' fsync and that log record

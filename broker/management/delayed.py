@@ -1,4 +1,4 @@
-"""``/api/exchanges/{vhost}/{name}/delayed``: the messages an ``x-delayed-message`` exchange holds (issue 14;
+"""``/api/exchanges/{vhost}/{name}/delayed``: the messages an ``x-delayed-message`` exchange holds (docs/decisions/delayed-messages.md;
 Leveret only: the plugin can neither list nor cancel them, its most asked-for missing feature).
 
     GET    .../delayed?page_size=N&after=ID&truncate=B&encoding=auto|base64

@@ -1,4 +1,4 @@
-"""One login delay for every door (issue 31: 1,129 wrong passwords a second got through ``/api/login`` from one
+"""One login delay for every door (docs/decisions/http-api-limits.md: 1,129 wrong passwords a second got through ``/api/login`` from one
 address, and none was logged, while AMQP held the same address to ~7 a second).
 
 HTTP Basic credentials, ``POST /api/login`` (the web UI's and any script's) and AMQP share the node's one

@@ -1,5 +1,5 @@
 """The settings as the HTTP API shows them (``/api/leveret/environment``, ``leveret ctl environment``): every
-setting, secrets never (issue 31: ``ssl_options.password`` was shown).
+setting, secrets never (docs/decisions/http-api-limits.md: ``ssl_options.password`` was shown).
 
 A setting whose name says it is a secret (a password, a secret) shows ``"[hidden]"`` when set, so an operator
 still sees that it is; the default user's password is left out altogether. A PostgreSQL DSN

@@ -1,4 +1,4 @@
-"""Request bodies, bounded before they are read (issue 31: four parallel 100 MiB bodies sent to
+"""Request bodies, bounded before they are read (docs/decisions/http-api-limits.md: four parallel 100 MiB bodies sent to
 ``POST /api/login`` without credentials took ~850 MB that never came back, and raised the memory alarm).
 
 Who may send how much is decided before a byte of the body is read: a request nobody has authenticated yet

@@ -1,4 +1,4 @@
-"""No state change from another site (issue 31: a page on another origin, with the operator's HTTP Basic
+"""No state change from another site (docs/decisions/http-api-limits.md: a page on another origin, with the operator's HTTP Basic
 credentials cached by the browser, auto-submitted a form that created an administrator).
 
 A request that changes state (POST, PUT, DELETE, PATCH) is refused 403 when the browser says it comes from

@@ -1,4 +1,4 @@
-"""The delay store: messages held on disk until a due time, at any horizon (issue 14, QMQ's two-level wheel).
+"""The delay store: messages held on disk until a due time, at any horizon (docs/decisions/delayed-messages.md, QMQ's two-level wheel).
 
 Modules, each with one job:
 

@@ -1,6 +1,6 @@
 """A doorbell: a session of its own that LISTENs on one channel and calls back on each notification, opened
 again (with back-off) whenever it is lost, so that a ring sent while PostgreSQL restarts is only late by the
-caller's poll, which it never replaces (a notification is lost with a broken session; issue 15: "LISTEN/NOTIFY
+caller's poll, which it never replaces (a notification is lost with a broken session; docs/decisions/postgres-cluster.md: "LISTEN/NOTIFY
 as a doorbell, plus polling")."""
 
 from __future__ import annotations

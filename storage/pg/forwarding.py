@@ -1,4 +1,4 @@
-"""Node-local queues across a Leveret cluster, PostgreSQL side (issue 15; broker/cluster_forwarding.py is the
+"""Node-local queues across a Leveret cluster, PostgreSQL side (docs/decisions/postgres-cluster.md; broker/cluster_forwarding.py is the
 broker side): the *directory* of every member's own queues (classic, exclusive, server-named, streams) and
 of their bindings from shared exchanges, and the *forward* table through which a message published on one
 member reaches a queue that lives on another.

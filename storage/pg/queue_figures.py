@@ -1,4 +1,4 @@
-"""The figures of the cluster's shared queues as PostgreSQL holds them (issue 15: "the queue figures identical
+"""The figures of the cluster's shared queues as PostgreSQL holds them (docs/decisions/postgres-cluster.md: "the queue figures identical
 whichever node is asked").
 
 A node's own figures of a shared queue (storage/pg/backing_queue.py) are an estimate: exact for its own work,

@@ -1,5 +1,5 @@
 """The message counters and rates of the cluster's shared queues, kept in PostgreSQL so that every member
-answers the same ``message_stats`` (issue 15: "the queue figures (ready, unacked, rates) identical whichever
+answers the same ``message_stats`` (docs/decisions/postgres-cluster.md: "the queue figures (ready, unacked, rates) identical whichever
 node is asked").
 
 Why in PostgreSQL: each member counts what happens on it (publishes it took, deliveries and acks of its

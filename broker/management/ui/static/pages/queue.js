@@ -71,7 +71,7 @@ export async function mount(root, [vhost, name], _params, ctx) {
   return refresh;
 }
 
-// A stream's offsets and its consumer groups with their lag (Leveret's stream groups, issue 25).
+// A stream's offsets and its consumer groups with their lag (Leveret's stream groups: docs/decisions/streams.md).
 function streamCard(q) {
   return section("Stream",
     facts("stream-facts", [
