@@ -78,8 +78,9 @@ test-rabbitmq: $(STAMP)
 	bash tests/rabbitmq/run-against-rabbitmq.sh
 
 # ruff; the import layers of pyproject.toml's [tool.importlinter] (lint-imports); the types ([tool.mypy]).
-# `python tests/import_graph.py` prints the import graph and any cycle the layers contract reports.
-lint: $(STAMP)
+# `python tests/import_graph.py` prints the import graph and any cycle the layers contract reports. The contracts
+# cover pipeline/ too, so lint needs the Spark side installed.
+lint: $(STAMP) $(PIPELINE_STAMP)
 	$(BIN)/ruff check protocol broker storage tests pipeline
 	$(BIN)/lint-imports
 	$(BIN)/mypy
