@@ -63,6 +63,7 @@ from broker.os_probes import disk_free, max_fds, open_fds, resident_memory, upti
 from broker.queue_types import QuorumQueue, queue_type_of
 from broker.reader import open_connections
 from broker.stream_queue import StreamQueue
+from storage import corruption
 from storage.backing_queue import Figures
 
 if TYPE_CHECKING:
@@ -342,6 +343,7 @@ class RabbitCollector:
                      "started; there is no Erlang VM; the same as leveret_uptime_seconds)", uptime)
         yield _gauge("leveret_uptime_seconds", "Seconds since the broker started", uptime)
         yield from runtime_families(sum(q.ram_bytes() for q in queues))
+        yield _corrupt_records()
         yield _gauge("leveret_vhosts", "Virtual hosts", len(node.vhosts))
         yield _gauge("leveret_users", "Users", len(node.users.users))
         yield _gauge("leveret_exchanges", "Exchanges (all vhosts, without the default exchange)",
@@ -535,6 +537,18 @@ def _gauge(name: str, help_: str, value: float, labels: dict[str, str] | None = 
 def _counter(name: str, help_: str, value: float, labels: dict[str, str] | None = None) -> Metric:
     c = CounterMetricFamily(name, help_, labels=list(labels or {}))
     c.add_metric(list((labels or {}).values()), value)
+    return c
+
+
+def _corrupt_records() -> Metric:
+    """Records found damaged on disk since the start, per store (storage/corruption.py): each was dropped
+    and logged with its file and offset. Every store's series is there from the start, at 0, so an alert on
+    ``increase(...) > 0`` needs no ``absent()``."""
+    c = CounterMetricFamily("leveret_storage_corrupt_records", "Records that failed their check on disk "
+                            "(magic, length or CRC) and were dropped, each logged with its file and offset",
+                            labels=["store"])
+    for store, n in sorted(corruption.counts().items()):
+        c.add_metric([store], n)
     return c
 
 

@@ -94,7 +94,11 @@ class MetadataStore:
         self._pending: list[list[Op]] = []
 
     def _error(self, exc: Exception) -> MetadataStoreError:
-        return MetadataStoreError(f"{self.path} is not a readable metadata database ({exc})")
+        # Refused, never repaired (RabbitMQ does not boot on damaged metadata either): recovery trusts this file to
+        # say which message files belong to which queue, and a guess would delete the messages of the queues it
+        # lost. The operator's ways out are a backup of this file or a reset (the caller appends the latter).
+        return MetadataStoreError(f"{self.path} is not a readable metadata database ({exc}); stop the node and "
+                                  "restore the file from a backup")
 
     def check_integrity(self) -> None:
         """SQLite's ``quick_check`` over every page: damage found now stops the start before recovery

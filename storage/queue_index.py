@@ -177,9 +177,8 @@ class QueueIndex:
         f = self._files.get(seg) or self._open(seg)
         try:
             payload = f.read_payload_hint(body_pos - PUB_SIZE, PUB_SIZE + size_hint + 512)
-        except CorruptRecord as e:
-            log.error("storage: message %d in %s unreadable: %s", seq_id, self.directory, e)
-            return None
+        except CorruptRecord:
+            return None  # reported by the read (storage/corruption.py); the queue drops the message
         return payload[PUB_SIZE:]
 
     def _read(self, seg: int) -> bytes:

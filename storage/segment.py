@@ -10,8 +10,12 @@ Every record, little-endian::
 A record is valid when its magic, a length that fits the file and its CRC all check. Scanning a file
 (``scan``) yields the valid records in order. After an invalid one it searches for the next magic whose
 record validates: if there is one, the bytes between were corruption in the middle of the file, which
-is logged and skipped; if there is none, the file ends in a torn write, which the caller cuts off
-(``AppendFile.open_existing`` truncates it) so that new records follow the last good one.
+is reported and skipped; if there is none, the file ends in a torn write or a damaged last record,
+which is reported too (the two cannot be told apart from the bytes, and after a clean stop or for a
+confirmed record only damage explains it) and which the caller cuts off (``AppendFile.open_existing``
+truncates it) so that new records follow the last good one. Reports go through
+:func:`storage.corruption.report`: one line naming the file and the offset, and the store's corruption
+counter; what the stores then do is the policy stated there (the record is dropped, the others are kept).
 
 ``AppendFile`` buffers appends in memory (one write per burst or per ``FLUSH_AT`` bytes, not per
 record); a :class:`storage.syncer.Syncer`, when given, learns that the file is dirty and fsyncs it with
@@ -33,6 +37,7 @@ import struct
 from collections.abc import Iterator
 from typing import Protocol
 
+from storage import corruption
 from storage.checksum import crc32
 
 log = logging.getLogger("leveret.storage")
@@ -55,6 +60,12 @@ class Syncer(Protocol):
 
 class CorruptRecord(Exception):
     """A record read by position failed its checks (a bad disk, or a file changed under us)."""
+
+
+def _bad(path: str, offset: int, what: str) -> CorruptRecord:
+    """Report a record read by position that fails its check, and the exception its reader raises."""
+    corruption.report(path, offset, what, "not served; dropped")
+    return CorruptRecord(f"{what} at {offset} in {path}")
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
@@ -114,8 +125,12 @@ def scan(data: bytes, name: str = "") -> tuple[list[tuple[int, int, int]], int, 
                 break
             probe += 1
         if probe < 0:
-            break  # torn tail: nothing valid follows
-        log.error("storage: skipped %d corrupt bytes at offset %d of %s", probe - pos, pos, name or "a file")
+            # Torn tail (nothing valid follows): a write cut short, or damage to the last record(s).
+            corruption.report(name or "a file", pos, f"the last {end - pos} bytes fail their check (a torn "
+                              "write or damage) and no valid record follows", "cut off")
+            break
+        corruption.report(name or "a file", pos, f"{probe - pos} bytes fail their check (magic, length or CRC)",
+                          "skipped; the valid records after them are kept")
         skipped += probe - pos
         pos = probe
     return records, good_end, skipped
@@ -157,7 +172,8 @@ class AppendFile:
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         size = os.fstat(fd).st_size
         if size > good_end:
-            log.warning("storage: cut a torn tail of %d bytes from %s", size - good_end, path)
+            log.warning("storage: cut %d bytes at offset %d from %s (reported by the scan)", size - good_end,
+                        good_end, path)
             os.ftruncate(fd, good_end)
             size = good_end
         return cls(path, syncer, fd, size, False)
@@ -248,10 +264,10 @@ class AppendFile:
         """The payload of ``n`` bytes at ``offset``, checked against its record header."""
         data = self.pread(offset - HEADER_SIZE, n + HEADER_SIZE)
         if len(data) != n + HEADER_SIZE:
-            raise CorruptRecord(f"short read at {offset} in {self.path}")
+            raise _bad(self.path, offset - HEADER_SIZE, "short read")
         magic, length, crc = HEADER.unpack_from(data, 0)
         if magic != MAGIC or length != n or crc32(memoryview(data)[HEADER_SIZE:]) != crc:
-            raise CorruptRecord(f"bad record at {offset} in {self.path}")
+            raise _bad(self.path, offset - HEADER_SIZE, "bad record (magic, length or CRC)")
         return data[HEADER_SIZE:]
 
     def read_payload_hint(self, offset: int, hint: int) -> bytes:
@@ -259,15 +275,15 @@ class AppendFile:
         is big enough, two otherwise. Checked like :meth:`read_payload`."""
         data = self.pread(offset - HEADER_SIZE, HEADER_SIZE + hint)
         if len(data) < HEADER_SIZE:
-            raise CorruptRecord(f"short read at {offset} in {self.path}")
+            raise _bad(self.path, offset - HEADER_SIZE, "short read")
         magic, n, crc = HEADER.unpack_from(data, 0)
         if magic != MAGIC:
-            raise CorruptRecord(f"bad record at {offset} in {self.path}")
+            raise _bad(self.path, offset - HEADER_SIZE, "bad record (magic)")
         if n > hint:
             data = self.pread(offset - HEADER_SIZE, HEADER_SIZE + n)
         payload = data[HEADER_SIZE:HEADER_SIZE + n]
         if len(payload) != n or crc32(payload) != crc:
-            raise CorruptRecord(f"bad record at {offset} in {self.path}")
+            raise _bad(self.path, offset - HEADER_SIZE, "bad record (length or CRC)")
         return payload
 
     def read_all(self) -> bytes:
@@ -332,15 +348,16 @@ def write_file_atomically(path: str, payload: bytes) -> None:
     replace_file(path, frame(payload))
 
 
-def read_framed_file(path: str) -> bytes | None:
-    """The payload of a file written by ``write_file_atomically``, or None if missing or invalid."""
+def read_framed_file(path: str, outcome: str = "ignored (the store scans its files instead)") -> bytes | None:
+    """The payload of a file written by ``write_file_atomically``, or None if missing or invalid (reported,
+    with ``outcome``: what the caller does instead)."""
     try:
         with open(path, "rb") as f:
             data = f.read()
     except FileNotFoundError:
         return None
     if _valid_at(data, 0, len(data)) != len(data) - HEADER_SIZE:
-        log.warning("storage: ignoring invalid %s", path)
+        corruption.report(path, 0, "the file fails its check", outcome)
         return None
     return data[HEADER_SIZE:]
 

@@ -67,6 +67,7 @@ import struct
 from collections import deque
 from collections.abc import Callable, Collection, Iterable
 
+from storage import corruption
 from storage.checksum import crc32
 from storage.segment import (
     FLUSH_AT,
@@ -377,7 +378,17 @@ class FileStreamLog:
         self.closed = False
         os.makedirs(os.path.join(directory, "g"), exist_ok=True)
         name_path = os.path.join(directory, "name")
-        if not os.path.exists(name_path):
+        try:
+            with open(name_path, "rb") as f:
+                stored: bytes | None = f.read()
+        except FileNotFoundError:
+            stored = None
+        if stored != name.encode():
+            if stored is not None:
+                # The directory is the digest of the name, so the stream is found whatever the file says; the
+                # file only names a directory left over (finish_recovery): damage there is mended here.
+                corruption.report(name_path, 0, f"holds {stored[:60]!r}, not the stream's name {name!r}",
+                                  "rewritten")
             replace_file(name_path, name.encode())
         self._segs: list[_CSeg] = []
         self._recover()
@@ -414,6 +425,9 @@ class FileStreamLog:
             self._segs.append(seg)
         self._cut_after_gap()
         # Cut the newest entries whose own CRC or message-log payload is bad (walking back over the window).
+        # Known gap (issue 31): damage to an entry or payload inside the window cuts every entry after it too,
+        # confirmed ones included (reported, with the file and offset); telling damage from a write that never
+        # landed (tests/unit/storage/test_stream_write_faults.py) is not done yet.
         window_start = self._mlog.end - VERIFY_WINDOW
         cut: tuple[int, int] | None = None  # (segment index, entry index): drop from here on
         for si in range(len(self._segs) - 1, -1, -1):
@@ -430,8 +444,9 @@ class FileStreamLog:
                 break
         if cut is not None:
             si, i = cut
-            log.warning("storage: stream %r: dropped %d unconfirmed entries whose data did not reach the disk",
-                        self.name, sum(s.count for s in self._segs[si:]) - i)
+            corruption.report(self._segs[si].file.path, i * ENTRY_SIZE,
+                              f"the newest {sum(s.count for s in self._segs[si:]) - i} entries fail their CRC or "
+                              "their payloads do (a crash before they were written, or damage)", "cut off")
             for seg in self._segs[si + 1:]:
                 seg.file.abandon()
                 os.unlink(seg.file.path)
@@ -641,7 +656,9 @@ class FileStreamLog:
                 for k in range(len(data) // ENTRY_SIZE):
                     e = _Entry(data, k * ENTRY_SIZE)
                     if not e.crc_ok:
-                        raise CorruptRecord(f"bad entry {i + k} in {seg.file.path}")
+                        corruption.report(seg.file.path, (i + k) * ENTRY_SIZE, f"entry of offset {seg.first + i + k} "
+                                          "fails its CRC", "skipped")
+                        continue
                     if wanted is None or e.filter in wanted:
                         entries.append((seg.first + i + k, e))
                         if len(out) + len(entries) >= max_records:
@@ -687,20 +704,28 @@ class FileStreamLog:
                     break
                 end = e.pos + e.size
                 k += 1
-            _, data = mlog.read_span(first.pos, end - first.pos + HEADER_SIZE)
+            seg_off, data = mlog.read_span(first.pos, end - first.pos + HEADER_SIZE)
             view = memoryview(data)
             for off, e in entries[j:k]:
                 at = e.pos - first.pos
-                if len(data) < at + e.size:
-                    raise CorruptRecord(f"short read at {e.pos} of the message log")
+                if len(data) < at + HEADER_SIZE + e.size:
+                    self._skip_bad(seg_off + at - HEADER_SIZE, first.pos, off, "short read")
+                    continue
                 magic, n, crc = HEADER.unpack_from(view, at)
                 payload = bytes(view[at + HEADER_SIZE:at + HEADER_SIZE + n])
                 if magic != MAGIC or n != e.size or crc32(payload) != crc:
-                    raise CorruptRecord(f"bad record at {e.pos} of the message log")
+                    self._skip_bad(seg_off + at - HEADER_SIZE, first.pos, off, "bad record (magic, length or CRC)")
+                    continue
                 out.append(StreamRecord(off, e.ts, payload))
             view.release()
             j = k
         return out
+
+    def _skip_bad(self, file_off: int, pos: int, offset: int, what: str) -> None:
+        """A payload that fails its check is reported (its message-log file and offset) and left out."""
+        start, _ = self._mlog.locate(pos)
+        corruption.report(self._mlog._path(start), file_off, f"{what}: the payload of offset {offset} of stream "
+                          f"{self.name!r}", "skipped")
 
     def offset_at(self, timestamp_ms: int) -> int:
         segs = [s for s in self._segs if s.count]

@@ -29,6 +29,7 @@ import os
 import sys
 from collections.abc import Generator, Iterator, Sequence
 
+from storage import corruption
 from storage.checksum import crc32
 from storage.delay.record import IDX, IDX_SIZE, pack_disp, unpack_disp
 from storage.segment import HEADER, HEADER_SIZE, MAGIC, AppendFile, CorruptRecord, scan
@@ -236,11 +237,21 @@ class Bucket:
         else:
             data = os.pread(self._fd(), HEADER_SIZE + n, start)
         if len(data) != HEADER_SIZE + n:
+            corruption.report(self.path(".data"), start, "short read", "not dispatched; dropped")
             raise CorruptRecord(f"short read at {off} in {self.path('.data')}")
         magic, length, crc = HEADER.unpack_from(data, 0)
         if magic != MAGIC or length != n or crc32(memoryview(data)[HEADER_SIZE:]) != crc:
+            corruption.report(self.path(".data"), start, "bad record (magic, length or CRC)", "not dispatched; dropped")
             raise CorruptRecord(f"bad record at {off} in {self.path('.data')}")
         return data[HEADER_SIZE:]
+
+    def index_position(self, entry: tuple[int, int, int, int, int]) -> int:
+        """Where an index entry ``(due_ms, seq, data offset, data length, xref)`` lies in ``.idx`` (-1: not
+        found); only for a report, after damage."""
+        for i, e in enumerate(self.index()):
+            if e == entry:
+                return i * IDX_SIZE
+        return -1
 
     def index(self) -> Iterator[tuple[int, int, int, int, int]]:
         """Every index entry ``(due_ms, seq, data offset, data length, xref)``, in append order, read a

@@ -8,6 +8,14 @@ the number pending::
      "bucket_ms": b,              the bucket length the buckets were made with (kept over configuration)
      "dead": [xref, ...],         dropped exchanges whose entries are still on disk
      "buckets": {start: [data_len, idx_len, disp_len, {xref: [count, bytes, resolved, resolved_bytes]}]}}
+
+It is the one file the store cannot rebuild from the others (the buckets' checkpointed lengths and the dead
+exchanges are nowhere else), so it is written twice: ``checkpoint`` then ``checkpoint.mirror``, each whole or
+not at all. A ``checkpoint`` that fails its CRC (a flipped bit: reported, storage/corruption.py) is read from
+the mirror instead; before, every pending delayed message was lost with it. The mirror is at worst one
+checkpoint older (a crash between the two writes), which recovery handles as after any crash: the WAL
+segments after it are deleted only once both copies are written, so cutting the buckets back to its lengths
+and replaying from its WAL position loses nothing.
 """
 
 from __future__ import annotations
@@ -50,9 +58,20 @@ class Manifest:
         return cls(o["wal"], o["next_seq"], o["bucket_ms"], set(o["dead"]), buckets)
 
     def save(self, path: str) -> None:
-        write_file_atomically(path, self.encode())
+        data = self.encode()
+        write_file_atomically(path, data)
+        write_file_atomically(path + MIRROR, data)
 
     @classmethod
     def load(cls, path: str) -> Manifest | None:
-        data = read_framed_file(path)
+        """The checkpoint, from its mirror when the file fails its check; None when neither exists."""
+        data = read_framed_file(path, "read from its mirror copy")
+        # The mirror is checked even when the checkpoint is good, so that its damage is reported now rather
+        # than found on the day it is needed (the next checkpoint rewrites it).
+        mirror = read_framed_file(path + MIRROR, "the store starts from its WAL alone" if data is None
+                                  else "not needed (the checkpoint is good); rewritten at the next checkpoint")
+        data = data if data is not None else mirror
         return None if data is None else cls.decode(data)
+
+
+MIRROR = ".mirror"

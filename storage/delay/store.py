@@ -51,6 +51,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from storage import corruption
 from storage.delay.bucket import SLICES, Bucket, syncfs
 from storage.delay.manifest import BucketState, Manifest
 from storage.delay.record import (
@@ -120,6 +121,9 @@ class DelayStore:
         self.on_durable_failed: Callable[[int], None] | None = None
         self.dispatched_total = 0
         self.cancelled_total = 0
+        self.corrupt_dropped = 0  # due records dropped because they failed their check (reported)
+        self.checkpoint_failures = 0  # checkpoints append() started that failed (a full disk): retried later
+        self._checkpoint_backoff = 0  # WAL bytes the next inline checkpoint waits for beyond checkpoint_bytes
         # Window loads (_fill): where the window ended at the last one, and what they cost, for tests and
         # benches: index entries examined, entries written to slices, dispatch-log bytes read.
         self._fill_lo = MIN_KEY
@@ -233,8 +237,20 @@ class DelayStore:
         s = self._xstats.setdefault(record.xref, [0, 0])
         s[0] += 1
         s[1] += n
-        if self._wal.bytes_since_roll >= self.checkpoint_bytes:
-            self.checkpoint()
+        if self._wal.bytes_since_roll >= self.checkpoint_bytes + self._checkpoint_backoff:
+            try:
+                self.checkpoint()
+                self._checkpoint_backoff = 0
+            except OSError as e:
+                # Not tried again here before another checkpoint_bytes of WAL (each try costs fsyncs).
+                self._checkpoint_backoff = self._wal.bytes_since_roll
+                # A full disk (or EIO) while checkpointing: the record is appended all the same, kept in the
+                # WAL's buffer and retried by the syncer like any append (confirmed once it is on disk), and
+                # the buckets' buffers are written again at the next checkpoint (the owner's timer, or the
+                # next append here). Raising reached the publisher as 541 INTERNAL_ERROR with a traceback
+                # (issue 31); the classic and stream paths keep the write and block on the disk alarm.
+                self.checkpoint_failures += 1
+                log.error("delay store: checkpoint failed (%s); retried later, the record is kept", e)
         return seq
 
     def _apply(self, payload: bytes, due: int, seq: int, xref: int, framed: bool = False) -> int:
@@ -284,12 +300,31 @@ class DelayStore:
                 continue
             if e[5] in self._dead:
                 continue
-            rec = DelayRecord.decode(self._reader(e[2]).read(e[3], e[4]))
-            if rec.seq != seq:
-                raise CorruptRecord(f"bucket {e[2]}: seq {rec.seq} where the index says {seq}")
+            try:
+                rec = DelayRecord.decode(self._reader(e[2]).read(e[3], e[4]))
+            except CorruptRecord:  # reported by the read
+                self._drop_damaged(e)
+                continue
+            if (rec.seq, rec.due_ms, rec.xref) != (seq, e[0], e[5]):
+                b = self._buckets[e[2]]
+                corruption.report(b.path(".idx"), b.index_position((e[0], seq, e[3], e[4], e[5])),
+                                  f"index entry (due {e[0]}, seq {seq}, exchange {e[5]}) does not match its record "
+                                  f"(due {rec.due_ms}, seq {rec.seq}, exchange {rec.xref})", "not dispatched; dropped")
+                self._drop_damaged(e)
+                continue
             self._inflight[seq] = e
             out.append(DueRecord(rec, e[2], e[4]))
         return out
+
+    def _drop_damaged(self, e: Entry) -> None:
+        """A due entry whose record fails its check (already reported): resolved as cancelled, so that it
+        is counted out of its exchange's pending figures, its bucket can drain, and it never comes out again
+        (storage/corruption.py: damaged records are dropped and reported, the others are served)."""
+        b = self._buckets[e[2]]
+        entries = [(e[0], e[1], e[5], e[4])]
+        b.log_disp(self._syncer, CANCELLED, entries)
+        self._resolve(b, entries)
+        self.corrupt_dropped += 1
 
     def next_due_ms(self) -> int | None:
         """When :meth:`due` may next have something (the owner's timer; call it again after ``on_durable``
