@@ -142,6 +142,9 @@ class UserStore:
 
     def __init__(self) -> None:
         self.users: dict[str, User] = {}
+        # Node-internal AMQP logins, name → (secret, user): a local shovel's connection to this node
+        # (broker/shovel/supervisor.py). Only AMQP's PLAIN/AMQPLAIN accept them; never listed or exported.
+        self.internal: dict[str, tuple[str, User]] = {}
 
     def add(self, name: str, password: str, tags: list[str] | None = None) -> User:
         """Create or update a user with a password (existing permissions are kept)."""
@@ -211,6 +214,9 @@ class UserStore:
             name, password = parse(response)
         except SaslError as exc:
             return str(exc)
+        internal = self.internal.get(name)
+        if internal is not None and hmac.compare_digest(internal[0], password):
+            return internal[1]
         user = self.check_credentials(name, password)
         if user is None:
             return f"{mechanism} login refused: user '{name}' - invalid credentials"

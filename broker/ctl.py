@@ -688,6 +688,57 @@ def list_parameters(api: Api, args: argparse.Namespace) -> str:
                     f'Listing runtime parameters for vhost "{args.vhost}" ...')
 
 
+def set_parameter(api: Api, args: argparse.Namespace) -> str:
+    """``set_parameter [-p VHOST] COMPONENT NAME JSON`` (rabbitmqctl's): a runtime parameter such as a
+    shovel; the node validates it (400 with RabbitMQ's reason, exit 65 here)."""
+    component, name, text = _need(args, 3, "[-p VHOST] COMPONENT NAME JSON")
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise CtlError(f"the value is not JSON: {exc}", EX_DATAERR) from None
+    try:
+        api.request("PUT", f"/api/parameters/{q(component)}/{q(args.vhost)}/{q(name)}", {"value": value})
+    except CtlError as exc:
+        if exc.status == 400:
+            raise CtlError(str(exc), EX_DATAERR) from None
+        raise
+    return "" if args.quiet else (f'Setting runtime parameter "{name}" for component "{component}" to '
+                                  f'"{text}" in vhost "{args.vhost}" ...')
+
+
+def clear_parameter(api: Api, args: argparse.Namespace) -> str:
+    component, name = _need(args, 2, "[-p VHOST] COMPONENT NAME")
+    if api.request("DELETE", f"/api/parameters/{q(component)}/{q(args.vhost)}/{q(name)}", ok_missing=True) \
+            is None and api.get(f"/api/parameters/{q(component)}/{q(args.vhost)}/{q(name)}", ok_missing=True) \
+            is not None:
+        raise CtlError(f"parameter {name} of component {component} was not cleared")
+    return "" if args.quiet else (f'Clearing runtime parameter "{name}" for component "{component}" on vhost '
+                                  f'"{args.vhost}" ...')
+
+
+def shovel_status(api: Api, args: argparse.Namespace) -> str:
+    """``shovel_status``: every shovel of the node (GET /api/shovels), rabbitmqctl shovel_status's columns."""
+    _need(args, 0, "")
+    rows = [{"name": s.get("name"), "vhost": s.get("vhost"), "type": s.get("type"), "state": s.get("state"),
+             "source": s.get("src_uri", ""), "destination": s.get("dest_uri", ""),
+             "termination_reason": s.get("reason", ""), "last_changed": s.get("timestamp")}
+            for s in api.get("/api/shovels") or []]
+    return rows_out(args, ["name", "vhost", "type", "state", "source", "destination", "termination_reason",
+                           "last_changed"], rows, f"Shovel status on node {_node_name(api)}")
+
+
+def restart_shovel(api: Api, args: argparse.Namespace) -> str:
+    (name,) = _need(args, 1, "[-p VHOST] NAME")
+    try:
+        api.request("DELETE", f"/api/shovels/vhost/{q(args.vhost)}/{q(name)}/restart")
+    except CtlError as exc:
+        if exc.status == 404:  # rabbitmqctl's words
+            raise CtlError("Shovel with the given name was not found on the target node "
+                           f"'{_node_name(api)}' and / or virtual host '{args.vhost}'", EX_DATAERR) from None
+        raise
+    return "" if args.quiet else f'Restarting dynamic Shovel {name} in virtual host {args.vhost}'
+
+
 def environment(api: Api, args: argparse.Namespace) -> str:
     """The settings in force (/api/leveret/environment): Leveret's counterpart of the application environment
     ``rabbitmqctl environment`` prints. Every setting, not only the ones a config file set."""
@@ -958,6 +1009,10 @@ OPERATOR_VERBS: dict[str, Callable[[Api, argparse.Namespace], str]] = {
     "list_vhost_limits": list_vhost_limits,
     "list_user_limits": list_user_limits,
     "list_parameters": list_parameters,
+    "set_parameter": set_parameter,
+    "clear_parameter": clear_parameter,
+    "shovel_status": shovel_status,
+    "restart_shovel": restart_shovel,
     "environment": environment,
     "cluster_status": cluster_status,
     "forget_cluster_node": forget_cluster_node,

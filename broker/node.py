@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import os
 import platform
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -33,6 +34,8 @@ from broker.memory_budget import MemoryBudget, set_memory_limit
 from broker.message import Message
 from broker.persistence import BackingQueueFactory, DurableDefinitions
 from broker.publish import REPLY_TO_PREFIX
+from broker.shovel.supervisor import ShovelSupervisor
+from broker.shovel.worker import LocalLogin
 from broker.topic_permissions import TopicCheckingConnection
 from broker.vhost import VHost
 from storage.commits import COMMITTED_AT_ONCE, Commits
@@ -77,6 +80,8 @@ class Node:
         self.commits: Commits = COMMITTED_AT_ONCE
         self.users = UserStore()
         self.users.add(settings.default_user, settings.default_pass, list(settings.default_user_tags))
+        # Dynamic shovels (broker/shovel/): started by the server once it listens, from the vhosts' parameters.
+        self.shovels = ShovelSupervisor(self.name, self.shovel_login, self._shovel_finished)
         self.vhosts: dict[str, VHost] = {}
         self.add_vhost(settings.default_vhost)
         perms = settings.default_permissions
@@ -125,6 +130,7 @@ class Node:
                                            tags=new_tags, default_queue_type=default_queue_type,
                                            max_bindings_per_queue=self.settings.max_bindings_per_queue)
             self._attach_storage(vh)
+            vh.on_parameter = self.shovels.parameter_changed
             # Only a vhost that is new to the node's store is logged: the defaults made in memory before the
             # store opens, and the vhosts recovery re-creates, are not (every restart once logged "vhost
             # created"); the server logs a new node's defaults when it first writes them (Server.open_storage).
@@ -134,6 +140,28 @@ class Node:
             vh.description = new_description
             vh.tags = new_tags
         return vh
+
+    def shovel_login(self, vhost: str) -> LocalLogin:
+        """How a shovel with an ``amqp://`` URI of no host reaches this node: its AMQP listener, as a
+        node-internal user (one per vhost, a random secret never stored) with all permissions on that vhost
+        only (broker/shovel/supervisor.py says why this and not an in-process path)."""
+        listener = next((li for li in self.listeners if li["protocol"] == "amqp"), None)
+        if listener is None:
+            raise OSError("the node has no plain AMQP listener for a local shovel to connect to")
+        host = listener["ip_address"]
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+        name = f"leveret-shovel-{vhost}"
+        entry = self.users.internal.get(name)
+        if entry is None:
+            user = User(name, "", [], permissions={vhost: Permission(".*", ".*", ".*")})
+            entry = self.users.internal[name] = (secrets.token_urlsafe(24), user)
+        return LocalLogin(host, int(listener["port"]), name, entry[0])
+
+    def _shovel_finished(self, vhost: str, name: str) -> None:
+        """A shovel reached src-delete-after: its parameter goes, as RabbitMQ's does."""
+        vh = self.vhosts.get(vhost)
+        if vh is not None:
+            vh.clear_parameter("shovel", name)
 
     def delete_vhost(self, name: str) -> bool:
         """Close the vhost's connections (320), delete its queues and every permission in it. The store
@@ -151,6 +179,7 @@ class Node:
         for q in list(vh.queues):
             vh.queues.delete(q, reason="vhost deleted")
         vh.stop_exchanges(vhost_deleted=True)
+        self.shovels.forget_vhost(name)
         self.users.forget_vhost(name)
         log.info("vhost deleted", vhost=name)
         return True

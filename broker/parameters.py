@@ -3,11 +3,11 @@ only components Leveret acts on are accepted.
 
 RabbitMQ keeps a registry of parameter components; a component no plugin registered is refused with 400
 ``Validation failed\\n\\ncomponent shovel not found\\n`` (rabbit_runtime_parameters:lookup_component), which
-is what a RabbitMQ without the shovel or federation plugin answers. Leveret registers one component,
-``vhost-limits`` (broker/limits.py). Shovels and federation are RabbitMQ plugins Leveret does not implement:
-their parameters are refused with RabbitMQ's text plus a line naming the missing feature, never stored (a
-stored shovel that moves nothing is worse than a refusal). A definitions file carrying them is refused
-before anything in it is applied.
+is what a RabbitMQ without the shovel or federation plugin answers. Leveret registers two components,
+``vhost-limits`` (broker/limits.py) and ``shovel`` (dynamic shovels, broker/shovel/). Federation is a RabbitMQ
+plugin Leveret does not implement: its parameters are refused with RabbitMQ's text plus a line naming the
+missing feature, never stored (a stored upstream that moves nothing is worse than a refusal). A definitions
+file carrying them is refused before anything in it is applied.
 """
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ from typing import Any
 import structlog
 
 from broker import limits
+from broker.shovel import definition as shovel
 
 log = structlog.get_logger("leveret.parameters")
 
 # RabbitMQ plugin components Leveret does not implement → what to call the missing feature.
 NOT_IMPLEMENTED = {
-    "shovel": "shovel (RabbitMQ's rabbitmq_shovel plugin)",
     "federation": "federation (RabbitMQ's rabbitmq_federation plugin)",
     "federation-upstream": "federation (RabbitMQ's rabbitmq_federation plugin)",
     "federation-upstream-set": "federation (RabbitMQ's rabbitmq_federation plugin)",
 }
-COMPONENTS = (limits.VHOST_LIMITS_COMPONENT,)
+COMPONENTS = (limits.VHOST_LIMITS_COMPONENT, shovel.COMPONENT)
 
 
 class ParameterError(ValueError):
@@ -56,6 +56,12 @@ def validate(component: str, name: str, value: Any) -> Any:
         try:
             return limits.validate_vhost_limits(value)
         except limits.LimitError as exc:
+            raise ParameterError(str(exc)) from None
+    if component == shovel.COMPONENT:
+        try:
+            return shovel.validate(name, value)
+        except shovel.InvalidShovel as exc:
+            log.warning("shovel parameter refused", shovel=name, reason=str(exc))
             raise ParameterError(str(exc)) from None
     raise ParameterError(_not_found(component))
 

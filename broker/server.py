@@ -306,6 +306,7 @@ class Server:
             await self.node.cluster.start()
         self._server = await self._listen_amqp("amqp", s.bind, s.port)
         await self._start_http()
+        self.node.shovels.start()  # after the listeners: a local shovel connects to this node's own
         self._log_banner(monitor)
 
     def _log_banner(self, monitor: ResourceMonitor) -> None:
@@ -385,6 +386,7 @@ class Server:
         """Graceful shutdown: stop accepting, close every connection with 320 CONNECTION_FORCED, wait for
         them (at most ``leveret.shutdown_timeout``), run the shutdown hooks, close the HTTP listeners."""
         self.node.stopping = True
+        await self.node.shovels.stop()  # before connections close: no shovel reconnects meanwhile
         for server in (self._server, self._tls_server):
             if server is not None:
                 server.close()

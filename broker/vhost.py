@@ -59,6 +59,9 @@ class VHost:
         # Runtime parameters, (component, name) → value: vhost-limits (broker/limits.py reads them here), and
         # whatever a definitions import carries (federation upstreams, ...).
         self.parameters: dict[tuple[str, str], Any] = {}
+        # Told (vhost, component, name, value or None when cleared) after a parameter changes: the node's
+        # shovel supervisor (broker/shovel/supervisor.py) starts and stops shovels from it.
+        self.on_parameter: Callable[[str, str, str, Any], None] | None = None
         # The one source of time for this vhost's queues, exchanges and dead-lettering (broker/clock.py).
         self.clock: Clock = clock if clock is not None else LoopClock()
         # The node's GlobalCounters (broker/counters.py), if this vhost belongs to a node.
@@ -121,6 +124,8 @@ class VHost:
         if self.durable is not None:
             self.durable.parameter_set(self.name, component, name, value)
         self.parameters[(component, name)] = value
+        if self.on_parameter is not None:
+            self.on_parameter(self.name, component, name, value)
 
     def clear_parameter(self, component: str, name: str) -> bool:
         if (component, name) not in self.parameters:
@@ -128,6 +133,8 @@ class VHost:
         if self.durable is not None:
             self.durable.parameter_cleared(self.name, component, name)
         del self.parameters[(component, name)]
+        if self.on_parameter is not None:
+            self.on_parameter(self.name, component, name, None)
         return True
 
     def apply_policies(self) -> None:

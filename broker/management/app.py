@@ -36,6 +36,7 @@ from broker.management import (
     queues,
     request_bodies,
     same_site,
+    shovels,
     streams,
     traffic,
     ui_assets,
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("leveret.management")
 
 MODULES = (overview, health, connections, exchanges, delayed, queues, streams, bindings, vhosts, users, policies,
-           limits, definitions_api, login, move, traffic)
+           limits, definitions_api, login, move, traffic, shovels)
 # Paths answered without credentials (RabbitMQ's UI asks /api/auth before logging in; /api/login checks
 # what it is given itself).
 PUBLIC = ("/api/auth", "/api/login")

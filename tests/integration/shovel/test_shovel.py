@@ -1,0 +1,215 @@
+"""Dynamic shovels (issue 37) against a real RabbitMQ 3.10.8: parameter validation with RabbitMQ's answers,
+both directions of a move with on-confirm, the status of GET /api/shovels, src-delete-after, restart of
+Leveret, and nothing lost when Leveret is killed -9 or RabbitMQ is stopped in the middle of a move."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+
+import pytest
+
+from tests.integration.shovel.conftest import api, wait_for
+from tests.integration.shovel.helpers import count, drain, params, publish
+
+pytestmark = [pytest.mark.leveret_only, pytest.mark.timeout(300)]
+
+
+def shovel(broker, name: str, value: dict, vhost: str = "%2F") -> tuple[int, object]:
+    return api(broker, "PUT", f"/api/parameters/shovel/{vhost}/{name}", {"value": value})
+
+
+def status_of(broker, name: str) -> dict | None:
+    _, items = api(broker, "GET", "/api/shovels")
+    assert isinstance(items, list)
+    return next((s for s in items if s["name"] == name), None)
+
+
+def running(broker, name: str) -> dict:
+    return wait_for(lambda: (s := status_of(broker, name)) is not None and s["state"] == "running" and s,
+                    60, f"shovel {name} running")
+
+
+# RabbitMQ 3.10.8's answers to the same bodies (rabbitmq_shovel's validation through the HTTP API; RabbitMQ's
+# management escapes < and > as &lt; &gt; in its JSON, Leveret does not).
+INVALID = [
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "dest-queue": "b", "bogus": 1},
+     'Unrecognised terms [{<<"bogus">>,1}] in s1'),
+    ({"src-queue": "a", "dest-uri": "amqp://"}, 'Key "src-uri" not found in s1'),
+    ({"src-uri": "amqp://", "dest-uri": "amqp://"}, "Must specify 'src-exchange' or 'src-queue'"),
+    ({"src-uri": "amqp://", "src-queue": "a", "src-exchange": "x", "dest-uri": "amqp://"},
+     "Cannot specify 'src-exchange' and 'src-queue'"),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "ack-mode": "bogus"},
+     'ack-mode should be one of [<<"no-ack">>,<<"on-publish">>,<<"on-confirm">>], actually was <<"bogus">>'),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "src-delete-after": "x"},
+     'src-delete-after should be a number greater than or equal to 0, "never" or "queue-length", '
+     'actually was <<"x">>'),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "src-delete-after": 5, "ack-mode": "no-ack"},
+     "Cannot specify 'no-ack' and numerical 'delete-after'"),
+    ({"src-uri": "foo://x", "src-queue": "a", "dest-uri": "amqp://"},
+     '"foo://x" not a valid URI: {{unexpected_uri_scheme,"foo"},"foo://x"}'),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "dest-queue": "b", "dest-exchange": "c"},
+     "Cannot specify 'dest-exchange' and 'dest-queue'"),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "src-prefetch-count": "x",
+      "reconnect-delay": "y", "dest-add-forward-headers": "z"},
+     'dest-add-forward-headers should be boolean, actually was <<"z">>\n'
+     'src-prefetch-count should be a number, actually was <<"x">>\n'
+     'reconnect-delay should be a number, actually was <<"y">>'),
+    ({"src-uri": ["amqp://", 3], "src-queue": "a", "dest-uri": "amqp://"}, "src-uri should be binary, actually was 3"),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://",
+      "dest-publish-properties": {"delivery_mode": 2, "bogus": 1}},
+     'Unrecognised terms [{<<"bogus">>,1}] in dest-publish-properties'),
+    ({"src-uri": "amqp://", "src-queue": 5, "dest-uri": "amqp://"}, "src-queue should be binary, actually was 5"),
+]
+
+
+@pytest.mark.parametrize("value,reason", INVALID)
+def test_invalid_parameters_get_rabbitmqs_answer(start_broker, value, reason):
+    b = start_broker()
+    code, body = shovel(b, "s1", value)
+    assert code == 400
+    assert body == {"error": "bad_request", "reason": f"Validation failed\n\n{reason}\n"}
+    assert api(b, "GET", "/api/parameters/shovel/%2F/s1")[0] == 404
+    assert "shovel parameter refused" in b.log_text()
+
+
+def test_rabbitmq_to_leveret_on_confirm_keeps_properties_and_adds_forward_headers(start_broker, rabbit, uid):
+    b = start_broker()
+    n = 2000
+    publish(params("127.0.0.1", rabbit.port), f"{uid}-src", n)
+    code, _ = shovel(b, "in", {"src-uri": rabbit.url, "src-queue": f"{uid}-src", "dest-uri": "amqp://",
+                               "dest-queue": f"{uid}-dst", "dest-add-forward-headers": True,
+                               "dest-add-timestamp-header": True})
+    assert code == 201
+    st = running(b, "in")
+    assert st["type"] == "dynamic" and st["vhost"] == "/" and st["src_queue"] == f"{uid}-src"
+    assert st["dest_queue"] == f"{uid}-dst" and st["src_uri"] == f"amqp://127.0.0.1:{rabbit.port}/%2F"
+    assert "guest" not in st["src_uri"] and st["dest_uri"] == "amqp://"
+    lp = params("127.0.0.1", b.port)
+    wait_for(lambda: count(lp, f"{uid}-dst") == n, 60, "all messages at Leveret")
+    got = drain(lp, f"{uid}-dst")
+    assert [p.message_id for p, _, _ in got] == [str(i) for i in range(n)]
+    props, body, _ = got[7]
+    assert body == b"x" * 64 and props.content_type == "text/plain" and props.correlation_id == "c7"
+    assert props.delivery_mode == 2 and props.headers["n"] == 7 and props.headers["tag"] == "shovel-test"
+    fwd = props.headers["x-shovelled"]
+    assert isinstance(fwd, list) and fwd[0]["shovel-name"] == "in" and fwd[0]["shovel-type"] == "dynamic"
+    assert fwd[0]["src-queue"] == f"{uid}-src" and fwd[0]["dest-queue"] == f"{uid}-dst"
+    assert abs(props.headers["x-shovelled-timestamp"] - time.time()) < 120
+    assert count(params("127.0.0.1", rabbit.port), f"{uid}-src") == 0  # acked at the source after confirms
+
+
+def test_leveret_to_rabbitmq_on_confirm_and_delete_after_queue_length(start_broker, rabbit, uid):
+    b = start_broker()
+    n = 3000
+    lp, rp = params("127.0.0.1", b.port), params("127.0.0.1", rabbit.port)
+    publish(lp, f"{uid}-src", n)
+    code, _ = shovel(b, "out", {"src-uri": "amqp://", "src-queue": f"{uid}-src",
+                                "dest-uri": [f"amqp://guest:guest@127.0.0.1:1", rabbit.url],
+                                "dest-queue": f"{uid}-dst", "src-delete-after": "queue-length",
+                                "src-prefetch-count": 200})
+    assert code == 201
+    wait_for(lambda: api(b, "GET", "/api/parameters/shovel/%2F/out")[0] == 404, 60,
+             "the shovel's parameter removed after queue-length messages")
+    assert status_of(b, "out") is None
+    got = drain(rp, f"{uid}-dst")
+    assert [p.message_id for p, _, _ in got] == [str(i) for i in range(n)]
+    assert got[0][0].headers == {"n": 0, "tag": "shovel-test"}  # no forward headers unless asked
+    assert count(lp, f"{uid}-src") == 0
+    assert "shovel finished" in b.log_text()
+
+
+def test_unreachable_source_reports_terminated_and_retries(start_broker, uid):
+    b = start_broker()
+    code, _ = shovel(b, "bad", {"src-uri": "amqp://guest:secret@127.0.0.1:1", "src-queue": "q",
+                                "dest-uri": "amqp://", "reconnect-delay": 1})
+    assert code == 201
+    st = wait_for(lambda: (s := status_of(b, "bad")) and s["state"] == "terminated" and s, 20, "terminated")
+    assert "127.0.0.1:1" in st["reason"] and "secret" not in st["reason"]
+    assert api(b, "DELETE", "/api/shovels/vhost/%2F/bad/restart")[0] == 204
+    assert api(b, "DELETE", "/api/shovels/vhost/%2F/nope/restart")[0] == 404
+    assert api(b, "DELETE", "/api/parameters/shovel/%2F/bad")[0] == 204
+    assert status_of(b, "bad") is None
+
+
+def test_shovel_survives_a_leveret_restart_and_is_in_the_definitions(start_broker, rabbit, uid):
+    b = start_broker()
+    value = {"src-uri": rabbit.url, "src-queue": f"{uid}-src", "dest-uri": "amqp://", "dest-queue": f"{uid}-dst"}
+    assert shovel(b, "keep", value)[0] == 201
+    running(b, "keep")
+    _, defs = api(b, "GET", "/api/definitions")
+    assert {"vhost": "/", "component": "shovel", "name": "keep", "value": value} in defs["parameters"]
+    b.restart()
+    time.sleep(0.5)
+    running(b, "keep")
+    publish(params("127.0.0.1", rabbit.port), f"{uid}-src", 100)
+    wait_for(lambda: count(params("127.0.0.1", b.port), f"{uid}-dst") == 100, 30, "moved after restart")
+
+
+def _check_all_arrived(got, n: int, prefetch: int) -> int:
+    ids = Counter(int(p.message_id) for p, _, _ in got)
+    missing = [i for i in range(n) if i not in ids]
+    assert not missing, f"{len(missing)} messages lost, first {missing[:10]}"
+    dups = sum(c - 1 for c in ids.values())
+    assert dups <= prefetch, f"{dups} duplicates, more than the {prefetch} that can be in flight"
+    for p, _, _ in got:  # every copy says it was shovelled (the forward header)
+        assert p.headers.get("x-shovelled"), p
+    return dups
+
+
+def _kill9_move(start_broker, rabbit, uid, n: int) -> None:
+    b = start_broker()
+    prefetch = 500
+    rp = params("127.0.0.1", rabbit.port)
+    publish(rp, f"{uid}-src", n, size=200)
+    shovel(b, "mv", {"src-uri": rabbit.url, "src-queue": f"{uid}-src", "dest-uri": "amqp://",
+                     "dest-queue": f"{uid}-dst", "dest-add-forward-headers": True, "reconnect-delay": 1,
+                     "src-prefetch-count": prefetch})
+    lp = params("127.0.0.1", b.port)
+    wait_for(lambda: count(lp, f"{uid}-dst") >= n // 3, 60, "a third moved")
+    b.kill9()
+    b.start()
+    wait_for(lambda: count(rp, f"{uid}-src") == 0 and count(params("127.0.0.1", b.port), f"{uid}-dst") >= n,
+             120, "the move finished after the kill")
+    time.sleep(1)
+    dups = _check_all_arrived(drain(params("127.0.0.1", b.port), f"{uid}-dst"), n, prefetch)
+    print(f"kill -9 of Leveret mid-move: {n} messages, lost 0, duplicates {dups}")
+
+
+@pytest.mark.slow
+def test_kill9_of_leveret_mid_move_loses_nothing(start_broker, rabbit, uid):
+    _kill9_move(start_broker, rabbit, uid, int(os.environ.get("SHOVEL_KILL_MESSAGES", "5000")))
+
+
+@pytest.mark.long
+def test_kill9_of_leveret_mid_move_50000(start_broker, rabbit, uid):
+    _kill9_move(start_broker, rabbit, uid, 50_000)
+
+
+@pytest.mark.slow
+def test_rabbitmq_stopped_and_started_mid_move_loses_nothing(start_broker, rabbit, uid):
+    """Leveret → RabbitMQ; RabbitMQ (the destination) stops gracefully mid-move and starts again."""
+    b = start_broker()
+    n, prefetch = 5000, 500
+    lp = params("127.0.0.1", b.port)
+    publish(lp, f"{uid}-src", n, size=200)
+    shovel(b, "rs", {"src-uri": "amqp://", "src-queue": f"{uid}-src", "dest-uri": rabbit.url,
+                     "dest-queue": f"{uid}-dst", "dest-add-forward-headers": True, "reconnect-delay": 1,
+                     "src-prefetch-count": prefetch})
+    rp = params("127.0.0.1", rabbit.port)
+    wait_for(lambda: _safe_count(rp, f"{uid}-dst") >= n // 4, 60, "a quarter moved")
+    rabbit.stop()
+    st = wait_for(lambda: (s := status_of(b, "rs")) and s["state"] != "running" and s, 30, "not running")
+    assert st["state"] in ("terminated", "starting")
+    rabbit.start()
+    wait_for(lambda: count(lp, f"{uid}-src") == 0 and _safe_count(rp, f"{uid}-dst") >= n, 120, "move finished")
+    dups = _check_all_arrived(drain(rp, f"{uid}-dst"), n, prefetch)
+    print(f"RabbitMQ stopped and started mid-move: {n} messages, lost 0, duplicates {dups}")
+
+
+def _safe_count(p, queue: str) -> int:
+    try:
+        return count(p, queue)
+    except Exception:
+        return -1
