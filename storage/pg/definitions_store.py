@@ -44,6 +44,7 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple, TypeVar
@@ -166,6 +167,11 @@ class PgDefinitionsStore:
         self._accepted = 0
         self._last: asyncio.Future[None] | None = None
         self._group: list[Op] | None = None  # the writes of an open transaction() on the loop
+        # Whether the loop's session was lost (dropped after a failure, or ended by the server) and not made
+        # again since: writes are then refused at once, before anything changes in memory, as before.
+        self._lost = False
+        self._lost_at = 0.0
+        self._answered_at = 0.0  # the last answer on the private loop's session (a read made again since)
         try:
             self._run(self._setup())
         except BaseException:
@@ -273,6 +279,7 @@ class PgDefinitionsStore:
             self._group.extend(ops)
             return len(ops)
         if self._tx is None and _on_a_loop():
+            self._refuse_if_lost()
             self._accept(ops)
             return len(ops)
         with self._lock:
@@ -320,6 +327,7 @@ class PgDefinitionsStore:
         if self._tx is None and (self._group is not None or _on_a_loop()):
             outer = self._group is None
             if outer:
+                self._refuse_if_lost()
                 self._group = []
             try:
                 yield
@@ -401,6 +409,16 @@ class PgDefinitionsStore:
         waiter.add_done_callback(lambda _f: timer.cancel())
         return waiter
 
+    def _refuse_if_lost(self) -> None:
+        """A write while the loop's session to PostgreSQL is lost (the server went away, or did not answer) is
+        refused at once (541): nothing changes in memory, so nothing is made that the cluster never learns of.
+        The feed's next read (every poll) makes a new session when the server is back."""
+        conn = self._aconn
+        if conn is not None and conn.is_closed():
+            self._drop_async()  # ended by the server: lost as of now
+        if self._lost and self._answered_at <= self._lost_at:
+            raise self._write_error(ConnectionError("the session to PostgreSQL is lost"))
+
     def _accept(self, ops: list[Op]) -> None:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
@@ -451,9 +469,12 @@ class PgDefinitionsStore:
         if self._aconn is None or self._aconn.is_closed():
             self._drop_async()
             self._aconn = await asyncpg.connect(self.dsn, timeout=self.timeout)
+            self._lost = False
         return self._aconn
 
     def _drop_async(self) -> None:
+        self._lost = True
+        self._lost_at = time.monotonic()
         if self._aconn is not None:
             self._aconn.terminate()
             self._aconn = None
@@ -474,7 +495,9 @@ class PgDefinitionsStore:
     def _read(self, coro_fn: Any, *args: Any, wait: float | None = None) -> Any:
         with self._lock:
             try:
-                return self._run_again_if_stale(lambda: coro_fn(*args), wait)
+                answer = self._run_again_if_stale(lambda: coro_fn(*args), wait)
+                self._answered_at = time.monotonic()  # the server is there: writes are accepted again
+                return answer
             except _PG_ERRORS as exc:
                 raise self._read_error(exc) from None
 
