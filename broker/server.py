@@ -306,7 +306,9 @@ class Server:
             await self.node.cluster.start()
         self._server = await self._listen_amqp("amqp", s.bind, s.port)
         await self._start_http()
-        self.node.shovels.start()  # after the listeners: a local shovel connects to this node's own
+        # After the listeners: a local shovel connects to this node's own.
+        self.node.shovels.start((vh.name, c, n, v) for vh in self.node.vhosts.values()
+                                for (c, n), v in vh.parameters.items())
         self._log_banner(monitor)
 
     def _log_banner(self, monitor: ResourceMonitor) -> None:

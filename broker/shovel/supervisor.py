@@ -12,7 +12,7 @@ storing a password, where RabbitMQ uses a direct Erlang connection.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import structlog
@@ -51,7 +51,13 @@ class ShovelSupervisor:
         for key in [k for k in self.workers if k[0] == vhost]:
             self._stop_soon(self.workers.pop(key))
 
-    def start(self) -> None:
+    def start(self, parameters: Iterable[tuple[str, str, str, Any]] = ()) -> None:
+        """Start every shovel: those set since the node was made, and those of ``parameters`` (vhost,
+        component, name, value), the parameters the node recovered from its store, which are read into
+        the vhosts without passing through VHost.set_parameter."""
+        for vhost, component, name, value in parameters:
+            if component == COMPONENT and (vhost, name) not in self.workers:
+                self.parameter_changed(vhost, component, name, value)
         self.running = True
         for worker in self.workers.values():
             worker.start()

@@ -74,6 +74,7 @@ class ShovelWorker:
         self._dest: Link | None = None
         self._session: asyncio.Future[None] | None = None
         self._delivered = 0
+        self._session_limit: int | None = None
         self._confirmed_to = 0
         self._forward: dict[str, Any] | None = None
 
@@ -155,6 +156,8 @@ class ShovelWorker:
                 self.left = d.delete_after
             if self.left is not None and self.left <= 0:
                 raise _Finished()
+            # what this session may still move (self.left counts down as acks come; deliveries count up)
+            self._session_limit = self.left
             prefetch = d.prefetch_count if self.left is None else min(d.prefetch_count, self.left)
             if d.ack_mode != "no-ack":
                 await self._src.rpc(method_frame(1, commands.Basic.Qos, prefetch_count=prefetch),
@@ -190,7 +193,7 @@ class ShovelWorker:
         src, dest, d = self._src, self._dest, self.d
         if src is None or dest is None:
             return
-        if self.left is not None and self._delivered >= self.left:
+        if self._session_limit is not None and self._delivered >= self._session_limit:
             src.nack(tag, False, True)  # beyond src-delete-after: back to the source queue
             return
         self._delivered += 1
