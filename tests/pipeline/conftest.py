@@ -14,6 +14,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +52,18 @@ def spark() -> Iterator:
     finally:
         session.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def standalone() -> Iterator:
+    """A Spark standalone cluster for the whole run (tests/pipeline/standalone.py): a master and two workers of
+    one core and 1 GiB each on 127.0.0.1, started once (about 10 s) and stopped at the end."""
+    from standalone import start_cluster
+
+    root = tempfile.mkdtemp(prefix="leveret-standalone-")
+    cluster = start_cluster(Path(root))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,119 @@
+"""The job the standalone-cluster tests submit (``spark-submit --master spark://... leveret_job.py ...``), as
+a user would. It runs the phases it is given in order, each under a Spark job group of the phase's name (so
+the test sees in the REST API which phase runs, and kills an executor in it), and writes a JSON report of what
+each sink holds, read back through Spark (a parquet sink through its ``_spark_metadata`` log, so only
+committed files count).
+
+Phases:
+
+- ``read``: a batch read of stream queue ``--stream`` (``--partitions`` tasks) into parquet at ``<out>/read``.
+- ``stream``: a streaming query from stream queue ``--stream`` to parquet at ``<out>/stream`` with checkpoint
+  ``<out>/stream-checkpoint``, ``trigger(availableNow=True)``, ``--per-trigger`` records per micro-batch.
+- ``write``: ``--rows`` rows (bodies ``r<i>``) in ``--partitions`` tasks published into ``--dedup`` through
+  the default exchange (a de-duplicating stream: a retried task's repeats are dropped there).
+- ``queue``: a streaming query from classic or quorum queue ``--queue`` (the queue source) to parquet at
+  ``<out>/queue``, as ``stream``; the rows keep each message's ``message_id``.
+
+``--hold FILE``: after the work, wait (at most 120 s) for FILE before stopping, so that the test can read the
+application's REST API while it is still up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+
+def sink_report(spark: SparkSession, path: str, key: str) -> dict[str, Any]:
+    sink = spark.read.parquet(path)
+    row = sink.agg(F.count(F.lit(1)).alias("rows"), F.countDistinct(key).alias("distinct"),
+                   F.min(key).alias("min"), F.max(key).alias("max")).collect()[0]
+    return {"rows": row["rows"], "distinct": row["distinct"], "min": row["min"], "max": row["max"]}
+
+
+def run_stream(spark: SparkSession, options: dict[str, str], columns: list[str], out: str, checkpoint: str) -> int:
+    df = spark.readStream.format("leveret").options(**options).load()
+    query = (df.select(*columns).writeStream.format("parquet").option("path", out)
+             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise SystemExit(f"query failed: {query.exception()}")
+    return len([f for f in os.listdir(os.path.join(checkpoint, "commits")) if not f.startswith(".")])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("phases", help="comma-separated: read, stream, write, queue")
+    p.add_argument("--uri", required=True)
+    p.add_argument("--management-uri", required=True)
+    p.add_argument("--stream", help="the stream queue that read and stream read")
+    p.add_argument("--dedup", help="the de-duplicating stream that write publishes into")
+    p.add_argument("--queue", help="the classic or quorum queue that queue reads")
+    p.add_argument("--out", required=True)
+    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--per-trigger", type=int, default=0)
+    p.add_argument("--rows", type=int, default=0)
+    p.add_argument("--report", required=True)
+    p.add_argument("--hold")
+    a = p.parse_args()
+
+    spark = SparkSession.builder.getOrCreate()
+    sc = spark.sparkContext
+    sc.setLogLevel("WARN")
+    from pyspark_leveret import DefaultSource
+
+    # Spark's own discovery (pkgutil) misses an editable install's import hook: register by hand.
+    spark.dataSource.register(DefaultSource)
+    conn = {"uri": a.uri, "managementUri": a.management_uri}
+    report: dict[str, Any] = {"app_id": sc.applicationId}
+    per_trigger = {"maxRecordsPerTrigger": str(a.per_trigger)} if a.per_trigger else {}
+    for phase in a.phases.split(","):
+        sc.setJobGroup(phase, phase)
+        t0 = time.monotonic()
+        out = os.path.join(a.out, phase)
+        if phase == "read":
+            df = spark.read.format("leveret").options(**conn, queue=a.stream, startingOffsets="earliest",
+                                                      minPartitions=str(a.partitions)).load()
+            df.select("offset", "body").write.mode("overwrite").parquet(out)
+            sc.setJobGroup(phase + "-report", phase)
+            result = sink_report(spark, out, "offset")
+        elif phase == "stream":
+            opts = {**conn, "queue": a.stream, "startingOffsets": "earliest", "minPartitions": str(a.partitions),
+                    **per_trigger}
+            batches = run_stream(spark, opts, ["offset", "body"], out, out + "-checkpoint")
+            sc.setJobGroup(phase + "-report", phase)
+            result = {**sink_report(spark, out, "offset"), "batches": batches}
+        elif phase == "queue":
+            opts = {**conn, "queue": a.queue, "minPartitions": str(a.partitions), **per_trigger}
+            batches = run_stream(spark, opts, ["offset", "body", "properties.message_id"], out,
+                                 out + "-checkpoint")
+            sc.setJobGroup(phase + "-report", phase)
+            result = {**sink_report(spark, out, "message_id"), "batches": batches}
+        elif phase == "write":
+            rows = (spark.range(a.rows, numPartitions=a.partitions)
+                    .select(F.concat(F.lit("r"), F.col("id").cast("string")).alias("body")))
+            rows.write.format("leveret").mode("append").options(uri=a.uri, exchange="",
+                                                                  routingKey=a.dedup).save()
+            result = {}
+        else:
+            raise SystemExit(f"unknown phase {phase!r}")
+        result["seconds"] = round(time.monotonic() - t0, 2)
+        report[phase] = result
+    with open(a.report + ".tmp", "w") as f:
+        json.dump(report, f)
+    os.replace(a.report + ".tmp", a.report)
+    if a.hold:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(a.hold) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
