@@ -43,17 +43,21 @@ pipeline: $(RUN_STAMP)
 	touch $(PIPELINE_STAMP)
 
 # The system tools the tests use (network namespaces, tmpfs and loop-mounted ext4 images; Java 17 for Spark;
-# libfaketime, which the faketime package brings, for the broker's wall-clock jumps), installed from Debian when
-# missing (they are on the usual machine already).
+# libfaketime, which the faketime package brings, for the broker's wall-clock jumps; RabbitMQ 3.10, the other end
+# of the shovel tests), installed from Debian when missing (they are on the usual machine already). Installing
+# rabbitmq-server starts Debian's own node on 5672: it is stopped and disabled, the tests start nodes of their own.
 TEST_TOOLS := ip:iproute2 mkfs.ext4:e2fsprogs e2fsck:e2fsprogs losetup:mount mount:mount \
-	java:openjdk-17-jre-headless faketime:faketime prometheus:prometheus chromium:chromium
+	java:openjdk-17-jre-headless faketime:faketime prometheus:prometheus chromium:chromium \
+	rabbitmq-server:rabbitmq-server
 
 # PostgreSQL for the cluster tests (tests/pg_server.py starts its own server): Debian keeps initdb off PATH, in
 # /usr/lib/postgresql/VERSION/bin.
 test-tools:
 	@missing=""; for t in $(TEST_TOOLS); do command -v $${t%%:*} >/dev/null || missing="$$missing $${t##*:}"; done; \
 	command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
-	if [ -n "$$missing" ]; then apt-get update -q && apt-get install -y -q $$missing; fi
+	if [ -n "$$missing" ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; fi; \
+	case "$$missing" in *rabbitmq-server*) service rabbitmq-server stop >/dev/null 2>&1 || true; \
+	  update-rc.d rabbitmq-server disable >/dev/null 2>&1 || true;; esac
 
 # The suite in parallel (pytest-xdist; tests/worker_resources.py gives each worker its own ports and subnets):
 # WORKERS processes (3 measured best on 2 cores: the integration tests mostly wait on sockets and fsync). Tests
