@@ -780,9 +780,8 @@ class Channel:
         if got is None:
             # A queue whose rows are fetched asynchronously (a cluster's quorum queue, in PostgreSQL) may have
             # messages that are not at hand yet: it fetches and calls back, and the answer is sent then.
-            wait = None if waited else getattr(queue, "basic_get_wait", None)
-            if wait is not None and wait(self._answer_later(lambda: self._basic_get(m, waited=True), CLASS_BASIC,
-                                                            70)):
+            if not waited and queue.basic_get_wait(self._answer_later(lambda: self._basic_get(m, waited=True),
+                                                                      CLASS_BASIC, 70)):
                 self._hold()
                 return
             counters.messages_get_empty += 1
@@ -872,9 +871,8 @@ class Channel:
             # A queue whose store is shared by a cluster's members (a quorum queue, in PostgreSQL) recounts first,
             # so the count includes what other members confirmed before this declare; another member's queue
             # asks its member (figures, and the arguments to check). Either calls back then.
-            wait = getattr(queue, "message_count_wait", None)
-            if wait is not None and wait(self._answer_later(lambda: self._declared(queue, owner_checks, m.nowait),
-                                                            CLASS_QUEUE, 10)):
+            if queue.message_count_wait(self._answer_later(lambda: self._declared(queue, owner_checks, m.nowait),
+                                                           CLASS_QUEUE, 10)):
                 self._hold()
                 return
             self._declared(queue, owner_checks, m.nowait)
@@ -937,14 +935,13 @@ class Channel:
         if m.nowait:
             return
         # A quorum queue in a cluster purges in PostgreSQL: purge-ok after that, with what it removed.
-        wait = getattr(queue, "purge_count_wait", None)
         reply = self._answer_later(lambda: self.send(spec.Queue.PurgeOk, message_count=count[0]), CLASS_QUEUE, 30)
 
         def purged(n: int) -> None:
             count[0] = n
             reply()
 
-        if wait is not None and wait(purged):
+        if queue.purge_count_wait(purged):
             self._hold()
             return
         self.send(spec.Queue.PurgeOk, message_count=count[0])
@@ -970,8 +967,7 @@ class Channel:
                 raise AMQPError(PRECONDITION_FAILED, f"{where} not empty")
             # A quorum queue in a cluster recounts first (as for declare-ok): delete-ok counts what other
             # members published, not this member's estimate.
-            wait = getattr(queue, "message_count_wait", None)
-            if wait is not None and wait(self._answer_later(lambda: self._delete(queue, m.nowait), CLASS_QUEUE, 40)):
+            if queue.message_count_wait(self._answer_later(lambda: self._delete(queue, m.nowait), CLASS_QUEUE, 40)):
                 self._hold()
                 return
             self._delete(queue, m.nowait)

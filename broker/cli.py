@@ -43,7 +43,7 @@ def build_settings(args: argparse.Namespace) -> Settings:
         key, value = item.split("=", 1)
         overrides.append((key.strip(), value))
     for attr, key in _FLAG_KEYS.items():
-        value = getattr(args, attr, None)
+        value = getattr(args, attr, None)  # reflection over _FLAG_KEYS: the flags this command declares
         if value is not None:
             overrides.append((key, str(value)))
     settings = load_settings(args.config, overrides)

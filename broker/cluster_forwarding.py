@@ -247,14 +247,14 @@ class VHostLink(RemoteRoutes):
                                            arguments)
 
     def queue_gone(self, q: Any) -> None:
-        if not getattr(q, "remote", False) and not queue_type_of(q.arguments).cluster_shared:
+        if not q.remote and not queue_type_of(q.arguments).cluster_shared:
             self.fw.directory.release(self.vhost, q.name)
 
     def bound_here(self, ex: Exchange, b: Binding) -> None:
         if not ex.durable or ex.name == "":
             return
         q = self.vh.queues.get(b.destination)
-        if q is None or getattr(q, "remote", False) or queue_type_of(q.arguments).cluster_shared:
+        if q is None or q.remote or queue_type_of(q.arguments).cluster_shared:
             return
         try:
             self.fw.directory.bind(self.vhost, ex.name, b.destination, b.routing_key, binding_args_hash(b.arguments),

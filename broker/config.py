@@ -478,7 +478,7 @@ def _set_ssl_cipher(s: Settings, key: str, value: str) -> None:
 
 def _simple(attr: str, parse: Callable[[str], Any]) -> Callable[[Settings, str, str], None]:
     def setter(s: Settings, key: str, value: str) -> None:
-        setattr(s, attr, parse(value))
+        setattr(s, attr, parse(value))  # reflection over the key table: each key names its Settings field
     return setter
 
 
@@ -529,6 +529,7 @@ def _https(attr: str, parse: Callable[[str], Any]) -> Callable[[Settings, str, s
     """One ``management.ssl.*`` / ``prometheus.ssl.*`` key (``versions.N`` and ``ciphers.N`` by N)."""
     def setter(s: Settings, key: str, value: str) -> None:
         opts = s.management_ssl if key.startswith("management.") else s.prometheus_ssl
+        # (reflection over the key table: each key names a field of SslOptions)
         if attr in ("versions", "ciphers"):
             getattr(opts, attr)[key.rsplit(".", 1)[1]] = parse(value)
         else:

@@ -74,4 +74,4 @@ class GlobalCounters:
 
     def as_dict(self) -> dict[str, int]:
         """Every plain counter by name (the histogram ``message_sizes`` is not one)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.type == "int"}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.type == "int"}  # declared fields

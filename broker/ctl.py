@@ -111,7 +111,7 @@ class Api:
     def unreachable(self, exc: OSError) -> CtlError:
         """One line naming the URL and where it came from (a user once listed another broker's queues on
         15672 without noticing which one ctl had talked to)."""
-        reason = getattr(exc, "reason", exc)
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
         return CtlError(f"cannot reach the broker's HTTP API at {self.url} (from {self.origin}): {reason}",
                         EX_UNAVAILABLE)
 

@@ -89,6 +89,10 @@ class DelayedExchange(Exchange):
         underlying_type(arguments).validate_arguments(name, vhost, arguments)
 
     # -- routing: the underlying type's ---------------------------------------------------------------------
+    @property
+    def routes_as(self) -> Exchange:
+        return self._inner
+
     def validate_binding(self, binding: Binding) -> str | None:
         return self._inner.validate_binding(binding)
 

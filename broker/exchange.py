@@ -178,6 +178,12 @@ class Exchange:
                                "broker.exchange_types.make_exchange")
         return self._services
 
+    @property
+    def routes_as(self) -> Exchange:
+        """The exchange whose routing this one does: itself, or the built-in one a type routes through (a
+        delayed-message exchange its ``x-delayed-type``). A cluster's shadow of it routes as this one does."""
+        return self
+
     # -- a type's rules and life (RabbitMQ's rabbit_exchange_type callbacks) ----------------------------------
     @classmethod
     def validate_arguments(cls, name: str, vhost: str, arguments: dict[str, Any]) -> None:

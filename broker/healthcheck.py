@@ -42,8 +42,10 @@ def check(url: str, user: str, password: str, timeout: float = 4.0) -> tuple[boo
             return response.status == 200, f"{response.status} {response.read(200).decode(errors='replace')}"
     except urllib.error.HTTPError as e:
         return False, f"{url}: {e.code} {e.read(200).decode(errors='replace')}"
+    except urllib.error.URLError as e:  # (a refused or unreachable port: its reason is the OSError)
+        return False, f"{url}: {e.reason}"
     except OSError as e:
-        return False, f"{url}: {getattr(e, 'reason', e)}"
+        return False, f"{url}: {e}"
 
 
 def check_amqp_port(settings: Settings, timeout: float = 4.0) -> tuple[bool, str]:

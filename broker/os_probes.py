@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096  # platform: no sysconf on Windows
 # Free disk reported when the data directory's file system cannot be asked (no alarm is raised for it).
 UNKNOWN_DISK_FREE = 1 << 62
 

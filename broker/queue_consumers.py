@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 class ConsumerChannel(Protocol):
     """What a queue asks of the channel a consumer belongs to (broker/channel.py's Channel)."""
 
+    # The channel's shared prefetch (basic.qos global=true; 0: none), and whether the client itself asked for
+    # one: queue types that refuse a global QoS (a stream, a quorum queue) read them when a consumer is added.
+    global_prefetch: int
+    global_qos: bool
+
     def can_deliver(self) -> bool: ...
 
     def can_deliver_no_ack(self) -> bool: ...

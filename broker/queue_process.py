@@ -132,6 +132,7 @@ class QueueProcess:
     # (quorum queues do, for the ``x-delivery-count`` header, whether or not a delivery limit is set).
     type_name: ClassVar[str] = "classic"
     counts_deliveries: ClassVar[bool] = False
+    remote: ClassVar[bool] = False  # a queue of this node (broker/remote_queue.py's stand for other members')
     # Message deduplication (broker/deduplication.py): the queue's cache, set by the queue registry and checked
     # by broker/delegate.py before deliver_or_enqueue; None (no deduplication) costs one attribute read.
     dedup: DedupCache | None = None
@@ -155,18 +156,15 @@ class QueueProcess:
         # A single-active-consumer queue whose store is shared by a cluster's members: only the member holding
         # the queue's lock delivers (its first consumer is the active one), so one consumer is active
         # cluster-wide (storage/pg/cluster.py SAC_KEY).
-        store: Any = bq
-        self._sac_store: Any = store if settings.single_active_consumer and hasattr(store, "want_single_active") \
-            else None
+        # (``bq.shared`` is read here, once: a node-local store's null members are then never called.)
+        self._sac_store: BackingQueue | None = bq if settings.single_active_consumer and bq.shared else None
         if self._sac_store is not None:
-            store.on_sac_change = lambda _active: self.schedule_run()
+            bq.on_sac_change = lambda _active: self.schedule_run()
         # A store others deliver from too (a cluster's quorum queue): rows it brought in that no consumer here
         # has room for (reserved to judge the head: TTL, drop-head) go back at once.
-        self._hand_back_unused: Callable[[], None] | None = getattr(store, "hand_back_unused", None)
+        self._hand_back_unused: Callable[[], None] | None = bq.hand_back_unused if bq.shared else None
         # ... and reserves no more than this member's consumers can take (their free prefetch).
-        set_room = getattr(store, "set_room", None)
-        if set_room is not None:
-            set_room(self.consumers.room)
+        bq.set_room(self.consumers.room)
         self.exclusive_consumer: Consumer | None = None
         self.has_had_consumers = False
         self.deleted = False
@@ -190,10 +188,10 @@ class QueueProcess:
         # A store shared by several nodes (a cluster's quorum queue, storage/pg) counts the returns itself,
         # whichever node delivered the message then: ``returns(seq_id)`` of the message just fetched. Then
         # the dict above holds only the messages delivered here and not yet settled.
-        self._store_returns: Callable[[int], int] | None = getattr(bq, "returns", None)
+        self._store_returns: Callable[[int], int] | None = bq.returns if bq.shared else None
         # Such a store keeps every message as persistent, transient ones too, so a confirm means stored (as a
         # quorum queue confirms every message once a quorum has it).
-        self._persist_all = bool(getattr(bq, "persists_every_message", False))
+        self._persist_all = bq.persists_every_message
         # Publisher confirms waiting for an fsync: the confirm tokens handed to the backing queue.
         self._awaiting_confirm: set[Any] = set()
         # Publishing connections whose reading this queue paused (credit flow).
@@ -621,16 +619,14 @@ class QueueProcess:
         published, or this one's rows are still being reserved); it then reserves at once and calls ``retry``
         when that round is over (at most a second later), and the caller asks ``basic_get`` again and answers
         what that says. False (no call): answer get-empty now."""
-        when_fetched = getattr(self.bq, "when_fetched", None)
-        return bool(when_fetched is not None and not self.deleted and when_fetched(retry))
+        return not self.deleted and self.bq.when_fetched(retry)
 
     def message_count_wait(self, answer: Callable[[], None]) -> bool:
         """Whether a queue.declare-ok should wait before it reads ``message_count``: a store shared by a
         cluster's members (storage/pg) knows other members' publishes only by recounting, so it recounts now and
         calls ``answer`` once that is done (at most a second later), and the count then includes every message
         another member confirmed before the declare came. False (no call): answer now."""
-        when_counted = getattr(self.bq, "when_counted", None)
-        return bool(when_counted is not None and not self.deleted and when_counted(answer))
+        return not self.deleted and self.bq.when_counted(answer)
 
     def peek_messages(self, count: int) -> list[tuple[Message, bool]]:
         """The first ``count`` ready messages and their redelivered flags, in delivery order, left exactly
@@ -768,8 +764,7 @@ class QueueProcess:
         """Whether purge-ok should wait for the purge just made: a store shared by a cluster's members purges
         in PostgreSQL later, and calls ``answer(count)`` once it has (the rows it removed, other members'
         publishes included). False (no call): the purge is done, answer now."""
-        when_purged = getattr(self.bq, "when_purged", None)
-        return bool(when_purged is not None and when_purged(answer))
+        return self.bq.when_purged(answer)
 
     def terminate(self) -> int:
         """The queue is being deleted: cancel consumers (notifying their clients) and drop the messages.

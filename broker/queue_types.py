@@ -51,7 +51,7 @@ from broker.stream_queue import StreamQueueType
 from protocol.constants import NOT_IMPLEMENTED
 from storage.backing_queue import BackingQueue, Figures
 from storage.memory_queue import MemoryBackingQueue
-from storage.priority_queue import PriorityBackingQueue, SharedPriorityBackingQueue
+from storage.priority_queue import PriorityBackingQueue
 
 if TYPE_CHECKING:
     from broker.deduplication import DedupCache
@@ -79,9 +79,8 @@ def new_backing_queue(open_store: OpenStore, name: str, durable: bool, settings:
     process sets its ``on_confirm`` / ``on_available`` callbacks itself."""
     if settings.max_priority:
         levels = [open_store(name, durable, p, None) for p in range(settings.max_priority + 1)]
-        # A cluster's shared store (a priority quorum queue): the wrapper that passes its extra calls on.
-        kind = SharedPriorityBackingQueue if SharedPriorityBackingQueue.shares(levels[0]) else PriorityBackingQueue
-        return kind(settings.max_priority, _message_priority, levels.__getitem__)
+        # (Over a cluster's shared store, a priority quorum queue, it is shared and passes those calls on.)
+        return PriorityBackingQueue(settings.max_priority, _message_priority, levels.__getitem__)
     return open_store(name, durable, None, None)
 
 
@@ -101,6 +100,9 @@ class Queue(PagedQueue, Protocol):
     publisher_channels: set[Any]
     deleted: bool
     type_name: ClassVar[str]
+    # Whether this is another cluster member's queue, seen from here (broker/remote_queue.py's RemoteQueue):
+    # publishing to it forwards; it is not consumed, counted or listed here. False for every queue type's own.
+    remote: ClassVar[bool]
     # Message deduplication (broker/deduplication.py): set by the queue registry, checked by broker/delegate.py
     # before deliver_or_enqueue, so a queue type needs nothing of its own for it.
     dedup: DedupCache | None
@@ -129,6 +131,14 @@ class Queue(PagedQueue, Protocol):
 
     # dequeue
     def basic_get(self, no_ack: bool) -> tuple[int, Message, bool, int] | None: ...
+
+    # replies that may come later: True means the queue calls back once it knows (a cluster's quorum queue asks
+    # PostgreSQL, another member's queue its owner) and the channel answers then; False, answer now
+    def basic_get_wait(self, retry: Callable[[], None]) -> bool: ...
+
+    def message_count_wait(self, answer: Callable[[], None]) -> bool: ...
+
+    def purge_count_wait(self, answer: Callable[[int], None]) -> bool: ...
 
     # info
     def figures(self) -> Figures: ...
@@ -191,7 +201,7 @@ class QuorumQueue(QueueProcess):
         (global) prefetch, unless the consumer has a prefetch of its own (basic.qos global=false before the
         consume): 540, a connection error (probed against 3.10.8). kombu's global=false, which Leveret takes
         as the channel's limit, is not a global QoS the client asked for (Channel.global_qos)."""
-        if getattr(consumer.channel, "global_qos", False) and not consumer.prefetch:
+        if consumer.channel.global_qos and not consumer.prefetch:
             raise AMQPError(NOT_IMPLEMENTED, f"queue '{self.name}' in vhost '{self.vhost.name}' does not "
                             "support global qos")
         super().add_consumer(consumer)

@@ -52,9 +52,7 @@ ROUTING_TYPES: dict[str, type[Exchange]] = {"direct": DirectExchange, "fanout": 
 def routing_type(ex: Exchange) -> str:
     """How ``ex`` routes, as one of the four built-in types (a delayed-message exchange routes as its
     ``x-delayed-type``, a deduplication exchange as the fanout it extends)."""
-    inner = getattr(ex, "_inner", None)
-    if isinstance(inner, Exchange):
-        ex = inner
+    ex = ex.routes_as
     for name, cls in ROUTING_TYPES.items():
         if isinstance(ex, cls):
             return name
@@ -158,6 +156,12 @@ class RemoteQueue:
             self._asking = asyncio.get_running_loop().create_task(self._ask_now())
         return True
 
+    def basic_get_wait(self, retry: Callable[[], None]) -> bool:
+        return False  # (not reached: the registry's lookup refuses another member's queue with 405)
+
+    def purge_count_wait(self, answer: Callable[[int], None]) -> bool:
+        return False  # (not reached, as basic_get_wait)
+
     async def _ask_now(self) -> None:
         assert self._ask_async is not None
         try:
@@ -249,14 +253,11 @@ async def answered(queue: Any) -> None:
     """Until ``queue``'s message count (and a RemoteQueue's owner's answer) may be read without blocking, with
     the event loop free meanwhile: ``message_count_wait`` as a coroutine, for callers that can await (the HTTP
     API's declare, a definitions import). At once for a queue that has them at hand."""
-    wait = getattr(queue, "message_count_wait", None)
-    if wait is None:
-        return
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def on_answer() -> None:
         if not done.done():
             done.set_result(None)
 
-    if wait(on_answer):
+    if queue.message_count_wait(on_answer):
         await done

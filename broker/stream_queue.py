@@ -84,6 +84,8 @@ from storage.stream_log import GroupLog, StreamLog, StreamRecord
 from storage.stream_memory import MemoryStreamLog
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from broker.clock import TimerHandle
 
 # A segment's size when x-stream-max-segment-size-bytes is not given (RabbitMQ's default, 500 MB).
@@ -153,6 +155,7 @@ class StreamQueue:
     """A stream: the members of broker/queue_types.py's Queue over a StreamLog (see the module docstring)."""
 
     type_name: ClassVar[str] = "stream"
+    remote: ClassVar[bool] = False  # a queue of this node (broker/remote_queue.py's stand for other members')
     # HOOK (message deduplication): the stream's cache (broker/deduplication.py), set by the queue registry and
     # checked by broker/delegate.py before deliver_or_enqueue; nothing else here knows of it.
     dedup: Any = None
@@ -333,8 +336,7 @@ class StreamQueue:
             raise AMQPError(PRECONDITION_FAILED, f"consumer prefetch count is not set for '{where}'")
         if consumer.no_ack:
             raise AMQPError(NOT_IMPLEMENTED, f"automatic acknowledgement not supported by stream queues {where}")
-        # The channel's shared (global) prefetch; a test's stand-in channel may have none.
-        if getattr(consumer.channel, "global_prefetch", 0):
+        if consumer.channel.global_prefetch:  # the channel's shared (global) prefetch
             raise AMQPError(PRECONDITION_FAILED, f"{where} does not support global qos")
         args = consumer.arguments
         position = self.start_offset(args.get("x-stream-offset", "next"))
@@ -635,6 +637,16 @@ class StreamQueue:
 
     def reset_expiry_timer(self) -> None:
         """Streams have no x-expires (refused at declare)."""
+
+    # -- replies that may come later (broker/queue_types.py Queue): a stream's figures are at hand ---------------
+    def basic_get_wait(self, retry: Callable[[], None]) -> bool:
+        return False  # (not reached: basic_get refuses first)
+
+    def message_count_wait(self, answer: Callable[[], None]) -> bool:
+        return False
+
+    def purge_count_wait(self, answer: Callable[[int], None]) -> bool:
+        return False  # (not reached: purge refuses first)
 
     # -- figures ---------------------------------------------------------------------------------------------
     def message_count(self) -> int:

@@ -96,6 +96,15 @@ class TraceHost(Protocol):
                 held: bool = False) -> int: ...
 
 
+class TracedChannel(Protocol):
+    """The channel a publish or delivery event names: its connection (``reader``, which the publish path's
+    Publisher declares: None, or a stand-in that is no connection, for a publisher no client drives) and its
+    channel number (read only when ``reader`` is a connection, and so the publisher a channel)."""
+
+    reader: Any
+    id: int
+
+
 def start(vhost: TraceHost, node_name: str) -> None:
     """``rabbitmqctl trace_on``: idempotent."""
     if vhost.tracing is None:
@@ -153,7 +162,7 @@ def _properties(msg: Message, props: Any) -> bytes:
             if span is not None:
                 entries.append(_entry(name, b"F" + msg.header[span[0]:span[1]]))
             continue
-        value = getattr(props, name)
+        value = getattr(props, name)  # reflection over _PROPERTY_NAMES, the properties' declared names
         if value is None:
             continue
         if name == "timestamp" and isinstance(value, datetime.datetime):
@@ -249,10 +258,11 @@ class Tracer:
                 log.exception("trace: deadletter event dropped", vhost=self.vhost.name)
 
     # -- building and publishing a copy -----------------------------------------------------------------------
-    def _channel_fields(self, channel: Any) -> list[bytes]:
+    def _channel_fields(self, channel: TracedChannel | None) -> list[bytes]:
+        """The publishing or consuming channel's fields (none for a publish that is no channel's)."""
         fields = [_entry("vhost", _longstr(self.vhost.name))]
-        reader = getattr(channel, "reader", None)
-        if reader is not None:
+        reader = None if channel is None else channel.reader
+        if channel is not None and reader is not None:
             fields.append(_entry("connection", _longstr(reader.name)))
             fields.append(_entry("channel", _signedint(channel.id)))
             fields.append(_entry("user", _longstr(reader.user.name)))

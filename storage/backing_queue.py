@@ -75,6 +75,22 @@ Contracts:
 - ``delete_and_terminate`` drops everything, ready and pending ack, releases any storage and returns how
   many messages it dropped. ``close`` is a clean shutdown: a durable queue's persistent messages (ready
   and pending ack) come back on the next start, the pending ones as ready and delivered.
+
+A store shared by a cluster's members (storage/pg/backing_queue.py: every member publishes to it and delivers
+from it) needs more of its owner, so the Protocol declares that too, and a store only its own queue process
+uses inherits the null members of :class:`LocalStore` (as RabbitMQ's ``rabbit_backing_queue`` declares every
+callback and a backend answers the ones it has no use for trivially). ``shared`` says which kind a store is,
+read once when the queue process is made, so a node-local queue pays nothing for the others' members:
+- ``persists_every_message``: transient messages are stored and confirmed as persistent ones (a quorum queue).
+- ``returns(seq_id)``: how often the message ``fetch`` just answered went back before, on any member.
+- ``when_fetched(cb)`` / ``when_counted(cb)`` / ``when_purged(cb)``: a basic.get that found nothing at hand,
+  a declare-ok's count and a purge-ok's count may wait for PostgreSQL; True means ``cb`` (``cb(count)`` for
+  a purge) is called once the store knows, False that the owner answers now from what it has.
+- ``set_room(room)``: how many messages the owner's consumers here can take (a reservation takes no more);
+  ``hand_back_unused()`` returns rows reserved only to judge the head; ``awaits_fetch()`` says a basic.get
+  waits for a reservation (the rows are then kept).
+- ``want_single_active(wanted)`` / ``sac_active`` / ``on_sac_change``: a single-active-consumer queue's
+  cluster-wide lock (only the holder delivers).
 """
 
 from __future__ import annotations
@@ -174,3 +190,66 @@ class BackingQueue(Protocol):
         """Which of the delay store's ``seqs`` this queue received as delayed-message dispatches, acked
         since or not (storage/dispatch_evidence.py). Asked only at recovery, for messages in doubt."""
         ...
+
+    # -- a store shared by a cluster's members (the module docstring); LocalStore's null members elsewhere --
+    on_sac_change: Callable[[bool], None] | None
+
+    @property
+    def shared(self) -> bool: ...
+
+    @property
+    def persists_every_message(self) -> bool: ...
+
+    @property
+    def sac_active(self) -> bool: ...
+
+    def returns(self, seq_id: int) -> int: ...
+
+    def when_fetched(self, callback: Callable[[], None]) -> bool: ...
+
+    def when_counted(self, callback: Callable[[], None]) -> bool: ...
+
+    def when_purged(self, callback: Callable[[int], None]) -> bool: ...
+
+    def set_room(self, room: Callable[[int], int]) -> None: ...
+
+    def awaits_fetch(self) -> bool: ...
+
+    def hand_back_unused(self) -> None: ...
+
+    def want_single_active(self, wanted: bool) -> None: ...
+
+
+class LocalStore:
+    """The shared-store members of the Protocol, as a store only its own queue process uses answers them: it
+    is not shared, every answer is at hand (nothing to wait for), and its queue's single active consumer is
+    the queue process's own choice. Memory and variable queues inherit it, so no caller probes for them."""
+
+    shared = False
+    persists_every_message = False
+    sac_active = True
+    on_sac_change: Callable[[bool], None] | None = None
+
+    def returns(self, seq_id: int) -> int:
+        return 0  # the owner counts returns itself (its delivery-count dict)
+
+    def when_fetched(self, callback: Callable[[], None]) -> bool:
+        return False
+
+    def when_counted(self, callback: Callable[[], None]) -> bool:
+        return False
+
+    def when_purged(self, callback: Callable[[int], None]) -> bool:
+        return False
+
+    def set_room(self, room: Callable[[int], int]) -> None:
+        pass
+
+    def awaits_fetch(self) -> bool:
+        return False
+
+    def hand_back_unused(self) -> None:
+        pass
+
+    def want_single_active(self, wanted: bool) -> None:
+        pass

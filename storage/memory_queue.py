@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from storage.backing_queue import Figures
+from storage.backing_queue import Figures, LocalStore
 
 
 class MsgStatus:
@@ -35,7 +35,7 @@ class MsgStatus:
         return self.seq_id < other.seq_id
 
 
-class MemoryBackingQueue:
+class MemoryBackingQueue(LocalStore):
     def __init__(self) -> None:
         self._ready: deque[MsgStatus] = deque()
         self._requeued: list[MsgStatus] = []

@@ -9,6 +9,12 @@ The head of the queue (for TTL: ``head_expiry``, ``dropwhile``, ``fetchwhile``, 
 the highest priority that has a ready message, the one ``fetch`` would take. The sub-queues' ``on_confirm``
 and ``on_available`` are forwarded to this queue's own, which its owner sets like any backing queue's.
 Every member of the BackingQueue Protocol is here, so it runs the conformance suite like the others.
+
+Its levels are all stores of one kind (the node's, or a cluster's shared store for a priority quorum queue),
+and it is shared when they are: the shared-store members pass on to the levels, so a priority quorum queue's
+``x-delivery-count`` counts the returns on every member, its basic.get and declare-ok wait for PostgreSQL's
+rows as a plain one's do, and a single active consumer is single cluster-wide (the lock is the queue's: the
+level 0 store asks for it). Over local levels they are the levels' null members.
 """
 
 from __future__ import annotations
@@ -35,6 +41,11 @@ class PriorityBackingQueue:
         for q in self._queues:
             q.on_confirm = self._sub_confirmed
             q.on_available = self._sub_available
+        level0 = self._queues[0]
+        self.shared = level0.shared
+        self.persists_every_message = level0.persists_every_message
+        self.on_sac_change: Callable[[bool], None] | None = None
+        level0.on_sac_change = self._sac_changed
 
     def _sub_confirmed(self) -> None:
         if self.on_confirm is not None:
@@ -196,22 +207,73 @@ class PriorityBackingQueue:
         for q in self._queues:
             q.set_demand(wanted)
 
+    # -- a store shared by a cluster's members: passed on to the levels -----------------------------------------
     def set_room(self, room: Callable[[int], int]) -> None:
         """Every level's reservations are bounded by the consumers' room (a shared store's; see its own)."""
         for q in self._queues:
-            set_room = getattr(q, "set_room", None)
-            if set_room is not None:
-                set_room(room)
+            q.set_room(room)
+
+    def awaits_fetch(self) -> bool:
+        return any(q.awaits_fetch() for q in self._queues)
 
     def hand_back_unused(self) -> None:
         """Every level's rows reserved only to judge the head go back (a shared store's; see its own), unless
         a basic.get waits on any level: it waits for every level's round and then takes the highest."""
-        if any(getattr(q, "awaits_fetch", bool)() for q in self._queues):
+        if self.awaits_fetch():
             return
         for q in self._queues:
-            hand_back = getattr(q, "hand_back_unused", None)
-            if hand_back is not None:
-                hand_back()
+            q.hand_back_unused()
+
+    def returns(self, seq_id: int) -> int:
+        """How many times the message just fetched went back to the queue before, on any member."""
+        p = seq_id & _MASK
+        return self._queues[p].returns(seq_id >> _SHIFT) if p < len(self._queues) else 0
+
+    def when_fetched(self, callback: Callable[[], None]) -> bool:
+        """Every level reserves now; ``callback`` once all of them are done (each within a second)."""
+        return self._when_all([q.when_fetched for q in self._queues], callback)
+
+    def when_counted(self, callback: Callable[[], None]) -> bool:
+        """Every level recounts now; ``callback`` once all of them are done (each within a second)."""
+        return self._when_all([q.when_counted for q in self._queues], callback)
+
+    def when_purged(self, callback: Callable[[int], None]) -> bool:
+        """False: purge-ok answers the sum of the levels' ``purge`` at once (the levels' PostgreSQL purges are
+        not waited for, as before the levels' calls were declared)."""
+        return False
+
+    @staticmethod
+    def _when_all(asks: list[Callable[[Callable[[], None]], bool]], callback: Callable[[], None]) -> bool:
+        left = 1  # held until every level is asked, so that a level answering at once cannot finish early
+
+        def one_done() -> None:
+            nonlocal left
+            left -= 1
+            if left == 0:
+                callback()
+
+        asked = 0
+        for ask in asks:
+            left += 1
+            if ask(one_done):
+                asked += 1
+            else:
+                left -= 1
+        if not asked:
+            return False
+        one_done()
+        return True
+
+    @property
+    def sac_active(self) -> bool:
+        return self._queues[0].sac_active
+
+    def want_single_active(self, wanted: bool) -> None:
+        self._queues[0].want_single_active(wanted)
+
+    def _sac_changed(self, active: bool) -> None:
+        if self.on_sac_change is not None:
+            self.on_sac_change(active)
 
     # -- memory: the budget is shared out evenly between the sub-queues that hold messages ---------------
     def set_ram_budget(self, max_bytes: int | None) -> None:
@@ -230,70 +292,3 @@ class PriorityBackingQueue:
     def ram_bytes(self) -> int:
         return sum(q.ram_bytes() for q in self._queues)
 
-
-class SharedPriorityBackingQueue(PriorityBackingQueue):
-    """A priority queue whose levels are stores shared by a cluster's members (a quorum queue with
-    ``x-max-priority``, storage/pg/backing_queue.py). Such a store adds calls the queue process looks for
-    (``returns``, ``when_fetched``, ``when_counted``, ``want_single_active``, ``persists_every_message``);
-    passed on to the levels here, a priority quorum queue's ``x-delivery-count`` counts the returns on every
-    member, its basic.get and declare-ok wait for PostgreSQL's rows as a plain one's do, and a single active
-    consumer is single cluster-wide (the lock is the queue's: the level 0 store asks for it)."""
-
-    def __init__(self, max_priority: int, priority_of: Callable[[Any], int],
-                 make_queue: Callable[[int], BackingQueue]) -> None:
-        super().__init__(max_priority, priority_of, make_queue)
-        levels: list[Any] = self._queues
-        self._levels = levels
-        self.persists_every_message = bool(getattr(levels[0], "persists_every_message", False))
-        self.on_sac_change: Callable[[bool], None] | None = None
-        levels[0].on_sac_change = self._sac_changed
-
-    @staticmethod
-    def shares(store: BackingQueue) -> bool:
-        """Whether ``store`` (one level) is a shared store this class is for."""
-        return hasattr(store, "returns") and hasattr(store, "when_fetched")
-
-    def returns(self, seq_id: int) -> int:
-        """How many times the message just fetched went back to the queue before, on any member."""
-        p = seq_id & _MASK
-        return int(self._levels[p].returns(seq_id >> _SHIFT)) if p < len(self._levels) else 0
-
-    def when_fetched(self, callback: Callable[[], None]) -> bool:
-        """Every level reserves now; ``callback`` once all of them are done (each within a second)."""
-        return self._when_all("when_fetched", callback)
-
-    def when_counted(self, callback: Callable[[], None]) -> bool:
-        """Every level recounts now; ``callback`` once all of them are done (each within a second)."""
-        return self._when_all("when_counted", callback)
-
-    def _when_all(self, call: str, callback: Callable[[], None]) -> bool:
-        left = 1  # held until every level is asked, so that a level answering at once cannot finish early
-
-        def one_done() -> None:
-            nonlocal left
-            left -= 1
-            if left == 0:
-                callback()
-
-        asked = 0
-        for level in self._levels:
-            left += 1
-            if getattr(level, call)(one_done):
-                asked += 1
-            else:
-                left -= 1
-        if not asked:
-            return False
-        one_done()
-        return True
-
-    @property
-    def sac_active(self) -> bool:
-        return bool(self._levels[0].sac_active)
-
-    def want_single_active(self, wanted: bool) -> None:
-        self._levels[0].want_single_active(wanted)
-
-    def _sac_changed(self, active: bool) -> None:
-        if self.on_sac_change is not None:
-            self.on_sac_change(active)

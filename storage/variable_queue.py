@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from storage.backing_queue import Figures, new_msg_id
+from storage.backing_queue import Figures, LocalStore, new_msg_id
 from storage.msg_status import INDEX, STORE, Delta, MsgStatus
 from storage.msg_store import MsgStore
 from storage.queue_index import SEGMENT_ENTRIES, IndexEntry, QueueIndex, next_segment_boundary, segment_of
@@ -69,7 +69,7 @@ def _merge(dq: deque[MsgStatus], items: list[MsgStatus]) -> None:
     dq.extendleft(reversed(list(heapq.merge(head, items, key=_seq)) if head else items))
 
 
-class VariableQueue:
+class VariableQueue(LocalStore):
     """A BackingQueue that pages to disk (see the module docstring and ``storage.backing_queue``).
 
     ``store`` / ``transient_store`` are the node's two message stores, ``syncer`` its group-commit

@@ -79,10 +79,10 @@ async def aliveness_test(request: web.Request) -> web.Response:
     vh = vhost_for_write(request)
     name = ALIVENESS_QUEUE
     queue, _created = vh.queues.declare(name, False, False, False, False, {}, None)
-    if getattr(queue, "remote", False):
+    if queue.remote:
         name = f"{ALIVENESS_QUEUE}.{node_of(request).name}"
         queue, _created = vh.queues.declare(name, False, False, False, False, {}, None)
-        if getattr(queue, "remote", False):
+        if queue.remote:
             return failed(f"queue '{name}' is held by another cluster member")
     queue.purge()
     msg = make_message("", name, b"test_message", {})

@@ -24,6 +24,7 @@ def _bad_request(reason: str) -> web.HTTPException:
                               content_type="application/json")
 
 
+# (platform compatibility: POSSESSIVE_REPEAT exists from Python 3.11)
 _REPEATS = (sre_parse.MAX_REPEAT, sre_parse.MIN_REPEAT, getattr(sre_parse, "POSSESSIVE_REPEAT", None))
 
 

@@ -30,8 +30,14 @@ def policy_info(vhost: str, name: str, policy: Policy) -> dict[str, Any]:
     return {**policy.as_json(), "vhost": vhost, "name": name}
 
 
-def _store(request: web.Request) -> str:
-    return "operator_policies" if "operator-policies" in request.path else "policies"
+def _operator(request: web.Request) -> bool:
+    """Whether the request is about operator policies (/api/operator-policies) rather than policies."""
+    return "operator-policies" in request.path
+
+
+def _policies(request: web.Request, vh: Any) -> dict[str, Policy]:
+    """The vhost's policies the request is about (its operator policies, or its policies)."""
+    return vh.operator_policies if _operator(request) else vh.policies
 
 
 def _can_see(request: web.Request) -> None:
@@ -41,23 +47,22 @@ def _can_see(request: web.Request) -> None:
 
 async def list_policies(request: web.Request) -> web.Response:
     _can_see(request)
-    store = _store(request)
     vhs = [vhost_for(request)] if "vhost" in request.match_info else visible_vhosts(request)
     return respond_list(request, (policy_info(vh.name, name, p) for vh in sorted(vhs, key=lambda v: v.name)
-                                  for name, p in sorted(getattr(vh, store).items())))
+                                  for name, p in sorted(_policies(request, vh).items())))
 
 
 async def get_policy(request: web.Request) -> web.Response:
     _can_see(request)
     vh = vhost_for(request)
-    policy = getattr(vh, _store(request)).get(request.match_info["name"])
+    policy = _policies(request, vh).get(request.match_info["name"])
     if policy is None:
         raise not_found()
     return respond(policy_info(vh.name, request.match_info["name"], policy))
 
 
 async def put_policy(request: web.Request) -> web.Response:
-    operator = _store(request) == "operator_policies"
+    operator = _operator(request)
     if operator:
         require_admin(request)
     else:
@@ -69,18 +74,18 @@ async def put_policy(request: web.Request) -> web.Response:
         policy = make_policy(vh.name, name, body, operator)
     except ValueError as exc:
         raise bad_request(str(exc)) from None
-    existed = name in getattr(vh, _store(request))
+    existed = name in _policies(request, vh)
     vh.set_policy(policy, operator)
     return web.Response(status=204 if existed else 201)
 
 
 async def delete_policy(request: web.Request) -> web.Response:
-    if _store(request) == "operator_policies":
+    if _operator(request):
         require_admin(request)
     else:
         require_tags(request, POLICY_TAGS, "policymaker")
     vh = vhost_for(request)
-    if not vh.clear_policy(request.match_info["name"], _store(request) == "operator_policies"):
+    if not vh.clear_policy(request.match_info["name"], _operator(request)):
         raise not_found()
     return web.Response(status=204)
 

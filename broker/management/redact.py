@@ -38,7 +38,7 @@ def settings_view(settings: Settings) -> dict[str, Any]:
     for f in dataclasses.fields(settings):
         if f.name in _LEFT_OUT:
             continue
-        value = getattr(settings, f.name)
+        value = getattr(settings, f.name)  # reflection over the dataclass's declared fields
         if _SECRET_NAME.search(f.name):
             value = HIDDEN if value else None
         elif f.name in _DSN_FIELDS and isinstance(value, str):

@@ -103,6 +103,9 @@ class PgBackingQueue:
     # too, as a quorum queue keeps and confirms every message once a quorum has it: a confirmed message is in
     # PostgreSQL, where every node sees it (and a kill -9 of this node cannot lose it).
     persists_every_message = True
+    # Every member publishes to and delivers from this store: the queue process uses the shared-store members
+    # of the BackingQueue Protocol (storage/backing_queue.py) with it.
+    shared = True
 
     def __init__(self, node: Node, vhost: str, name: str, priority: int | None = None,
                  on_confirm: Callable[[], None] | None = None, encode: Callable[[Any], bytes] | None = None,
