@@ -22,7 +22,7 @@ from storage.backing_queue import BackingQueue
 from storage.commits import AllOf
 from storage.metadata_store import MetadataStoreError
 from storage.node_storage import NodeStorage
-from storage.pg.cluster import PgCluster
+from storage.pg.cluster import NameTaken, PgCluster
 from storage.pg.definitions_store import PgDefinitionsStore
 from storage.pg.forget import Forgotten
 from storage.pg.queue_figures import PgQueueFigures, Snapshot
@@ -106,7 +106,7 @@ class Cluster:
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise ClusterError(f"cannot reach the cluster's PostgreSQL at {safe_dsn(self.dsn)} "
                                f"(cluster.postgres.dsn): {exc}") from None
-        except SchemaTooNew as exc:
+        except (SchemaTooNew, NameTaken) as exc:
             raise ClusterError(str(exc)) from None
 
     def queue_store(self, vhost: str) -> SharedQueueStore:

@@ -58,11 +58,23 @@ class ClientConnection(BlockableConnection, LimitedConnection, TopicCheckingConn
     def force_close(self, text: str = ...) -> None: ...
 
 
+def default_node_name(settings: Settings) -> str:
+    """The node's name when ``leveret.nodename`` is not set: ``leveret@<host>``, as RabbitMQ's is rabbit@<host>.
+    A cluster member on a port other than 5672 is ``leveret-<port>@<host>``: members on one machine must have
+    distinct names (a second start of a running member's name is refused, storage/pg/cluster.py), and their
+    AMQP ports differ anyway, so trying a cluster on one machine needs no name set; the port is as stable across
+    the member's restarts as the name must be (its node-local queues are found by it)."""
+    host = platform.node()
+    if settings.cluster_dsn and settings.port != 5672:
+        return f"leveret-{settings.port}@{host}"
+    return f"leveret@{host}"
+
+
 class Node:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.cluster: Cluster | None = None  # a cluster member's membership (broker/cluster.py)
-        self.name = settings.node_name or f"leveret@{platform.node()}"
+        self.name = settings.node_name or default_node_name(settings)
         self.cluster_name = settings.cluster_name or self.name
         self.rabbitmq_version = RABBITMQ_COMPAT_VERSION
         self.started_at = time.time()

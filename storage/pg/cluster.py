@@ -67,8 +67,24 @@ HOLDERS = ("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'adv
 DOORBELL = "leveret_queue"  # NOTIFY channel; payload: a queue_id that has new ready rows
 RING_EVERY = 0.01  # at most one doorbell statement per 10 ms per node (docs/decisions/postgres-cluster.md: never one per message)
 NEXT_BLOCK = "SELECT nextval('leveret.seq_block')"
+# The runs of a name that neither stopped nor were reaped, and whether any session still holds their epoch's key
+# (pg_locks lists every database's locks: the key is this database's only when its database matches).
+NAMESAKES = ("SELECT n.epoch, n.started_at, n.lease_until > now() AS leased, EXISTS (SELECT 1 FROM pg_locks l "
+             "WHERE l.locktype = 'advisory' AND l.database = (SELECT oid FROM pg_database "
+             "WHERE datname = current_database()) AND l.classid::bigint = $2 AND l.objid::bigint = n.epoch "
+             "AND l.objsubid = 2 AND l.granted AND l.mode = 'ShareLock') AS held "
+             "FROM leveret.node n WHERE n.name = $1 AND n.dead_at IS NULL AND n.stopped_at IS NULL")
+END_SESSIONS = ("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND database = "
+                "(SELECT oid FROM pg_database WHERE datname = current_database()) AND classid::bigint = $1 "
+                "AND objid::bigint = $2 AND objsubid = 2 AND granted AND mode = 'ShareLock'")
 HEARTBEAT = ("UPDATE leveret.node SET lease_until = now() + $2 * interval '1 second' WHERE epoch = $1 "
              "RETURNING dead_at")
+
+
+class NameTaken(Exception):
+    """Another running member of the cluster has this node's name: refused at start, as RabbitMQ refuses a
+    second node with a running node's name (two runs of one name would share its node-local queues' directory
+    and forwarded messages, and each would serve half of them)."""
 
 
 class PgCluster:
@@ -125,7 +141,7 @@ class PgCluster:
     @classmethod
     async def connect(cls, dsn: str, node_name: str, *, lease_seconds: float = 15.0) -> PgCluster:
         """Migrate the schema, take an epoch, hold its key on all four connections, then register."""
-        epoch, conns, block = await _join(dsn, node_name, lease_seconds, migrate=True)
+        epoch, conns, block = await _join(dsn, node_name, lease_seconds, migrate=True, refuse_namesake=True)
         node = cls(node_name, epoch, lease_seconds, conns, dsn)
         node.new_block(block)
         for w in (node.publisher, node.acker, node.fetcher):
@@ -580,10 +596,33 @@ class PgCluster:
         log.info("pg cluster: node %s (epoch %d) stopped", self.node_name, self.epoch)
 
 
-async def _join(dsn: str, node_name: str, lease_seconds: float, *, migrate: bool = False
-                ) -> tuple[int, list[asyncpg.Connection], int]:
+async def _refuse_live_namesake(conn: asyncpg.Connection, node_name: str) -> None:
+    """Raise NameTaken if a run of ``node_name`` is alive: a session still holds its epoch's key and its lease
+    is live. A run whose sessions have all ended (the same node killed -9 and started again) is no obstacle:
+    PostgreSQL ended its sessions with its process, so the restart goes on at once and a peer's reaper (or
+    this node's own, for a lone member) requeues what it held. A run whose key is still held past its lease
+    is hung, or its host died without closing its sockets: its sessions are ended, as a peer's reaper does,
+    so that a member restarted after a host crash does not wait for TCP keepalives. Called under the name's
+    lock (two starts of one name are serialised), before this run's row is inserted."""
+    for row in await conn.fetch(NAMESAKES, node_name, LEASE_KEY):
+        if not row["held"]:
+            continue
+        if row["leased"]:
+            raise NameTaken(
+                f"node name {node_name} is taken by a running member of this cluster (epoch {row['epoch']}, "
+                f"started {row['started_at']:%Y-%m-%d %H:%M:%S%z}): give this node another with "
+                f"leveret.nodename (or LEVERET_NODENAME)")
+        log.warning("pg cluster: an earlier run of node %s (epoch %d) is past its lease: ending its sessions",
+                    node_name, row["epoch"])
+        await conn.execute(END_SESSIONS, LEASE_KEY, row["epoch"])
+
+
+async def _join(dsn: str, node_name: str, lease_seconds: float, *, migrate: bool = False,
+                refuse_namesake: bool = False) -> tuple[int, list[asyncpg.Connection], int]:
     """Open a node's four sessions under a new epoch: (migrate,) draw the epoch, hold its key in shared mode
-    on every session, then register the node row. Returns (epoch, connections, a seq block)."""
+    on every session, then register the node row. Returns (epoch, connections, a seq block).
+    ``refuse_namesake`` (a start, not a reconnect: a fenced run's own old epoch may still look alive): raise
+    NameTaken when another running member has this name."""
     conns: list[asyncpg.Connection] = []
     try:
         conns.append(await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT))
@@ -598,6 +637,8 @@ async def _join(dsn: str, node_name: str, lease_seconds: float, *, migrate: bool
         async with conns[0].transaction():
             # Under the name's lock: a forget of this name (storage/pg/forget.py) runs wholly before or after.
             await conns[0].execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", NAME_LOCK_CLASS, node_name)
+            if refuse_namesake:
+                await _refuse_live_namesake(conns[0], node_name)
             await conns[0].execute(
                 "INSERT INTO leveret.node (epoch, name, lease_pid, lease_until) "
                 "VALUES ($1, $2, pg_backend_pid(), now() + $3 * interval '1 second')",
