@@ -9,6 +9,7 @@ once the node is up, :meth:`Cluster.stop` at shutdown.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import asyncpg
@@ -31,6 +32,8 @@ from storage.pg.schema import SchemaTooNew
 from storage.pg.shared_metadata import SplitMetadataStore
 
 log = structlog.get_logger("leveret.cluster")
+
+CLUSTER_NAME_TIMEOUT = 10.0  # seconds PUT /api/cluster-name waits for PostgreSQL's commit before a 503
 
 
 class ClusterError(Exception):
@@ -108,6 +111,30 @@ class Cluster:
                                f"(cluster.postgres.dsn): {exc}") from None
         except (SchemaTooNew, NameTaken) as exc:
             raise ClusterError(str(exc)) from None
+        pg = self.pg
+        pg.on_cluster_name = self._cluster_name_changed
+        try:
+            self.node.cluster_name = await pg.init_cluster_name(self.node.settings.cluster_name, self.node.name)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            await pg.close()
+            raise ClusterError(f"cannot read the cluster's name from PostgreSQL at {safe_dsn(self.dsn)}: "
+                               f"{exc}") from None
+
+    def _cluster_name_changed(self, name: str) -> None:
+        """The cluster's name changed (on any member): the node reports it (HTTP API, Prometheus, AMQP)."""
+        if name != self.node.cluster_name:
+            log.info("cluster name", name=name)
+        self.node.cluster_name = name
+
+    async def set_cluster_name(self, name: str) -> None:
+        """PUT /api/cluster-name on a member: the cluster's name, for every member (storage/pg/cluster.py).
+        Raises ClusterError when PostgreSQL does not commit it within CLUSTER_NAME_TIMEOUT seconds."""
+        if self.pg is None or self.pg.fenced:
+            raise ClusterError("this member is not connected to the cluster's PostgreSQL")
+        try:
+            await asyncio.wait_for(self.pg.set_cluster_name(name), CLUSTER_NAME_TIMEOUT)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise ClusterError(f"cannot set the cluster's name: {exc or 'PostgreSQL did not answer'}") from None
 
     def queue_store(self, vhost: str) -> SharedQueueStore:
         assert self.pg is not None, "connect() first"

@@ -96,13 +96,15 @@ FLOW_SHOWN_FOR = 5.0
 _STATE_NAMES = ("starting", "starting", "tuning", "opening", "running", "closing", "closed")
 
 
-def server_properties() -> dict[str, Any]:
+def server_properties(cluster_name: str) -> dict[str, Any]:
+    """Connection.Start's server properties; ``cluster_name``: the node's (a member's: the cluster's), as
+    RabbitMQ sends its cluster name."""
     return {
         "product": PRODUCT,
         "version": VERSION,
         "platform": f"Python {platform.python_version()}",
         "capabilities": dict(CAPABILITIES),
-        "cluster_name": f"leveret@{platform.node()}",
+        "cluster_name": cluster_name,
         "copyright": "Copyright (c) the Leveret authors",
         "information": "Licensed under the Apache License 2.0",
     }
@@ -599,7 +601,7 @@ class Reader(asyncio.Protocol):
     def _start(self) -> None:
         self.state = Reader.STARTING
         self.send(method_frame(0, spec.Connection.Start, version_major=0, version_minor=9,
-                               server_properties=server_properties(), mechanisms=" ".join(self._mechanisms()),
+                               server_properties=server_properties(self.node.cluster_name), mechanisms=" ".join(self._mechanisms()),
                                locales="en_US"))
 
     def _mechanisms(self) -> list[str]:

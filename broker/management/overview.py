@@ -230,7 +230,13 @@ async def put_cluster_name(request: web.Request) -> web.Response:
     name = body.get("name")
     if not isinstance(name, str) or not name:
         raise bad_request("name must be a non-empty string")
-    node_of(request).cluster_name = name
+    node = node_of(request)
+    if node.cluster is not None:  # one name for the cluster, in its database (broker/cluster.py)
+        try:
+            await node.cluster.set_cluster_name(name)
+        except ClusterError as exc:
+            raise unavailable(str(exc)) from None
+    node.cluster_name = name
     return web.Response(status=204)
 
 

@@ -77,6 +77,11 @@ NAMESAKES = ("SELECT n.epoch, n.started_at, n.lease_until > now() AS leased, EXI
 END_SESSIONS = ("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND database = "
                 "(SELECT oid FROM pg_database WHERE datname = current_database()) AND classid::bigint = $1 "
                 "AND objid::bigint = $2 AND objsubid = 2 AND granted AND mode = 'ShareLock'")
+# The cluster's name (leveret.cluster_setting, schema version 8): a change is NOTIFYed on this channel in the
+# transaction that makes it (payload: the name), and every heartbeat reads it too (a notification missed while
+# a member was cut off).
+CLUSTER_NAME_BELL = "leveret_cluster_name"
+READ_CLUSTER_NAME = "SELECT value FROM leveret.cluster_setting WHERE key = 'cluster_name'"
 HEARTBEAT = ("UPDATE leveret.node SET lease_until = now() + $2 * interval '1 second' WHERE epoch = $1 "
              "RETURNING dead_at")
 
@@ -112,6 +117,10 @@ class PgCluster:
         self.fence_reason = ""
         self.on_fenced: Callable[[str], None] | None = None
         self.on_reconnected: Callable[[int], None] | None = None
+        # The cluster's name as last read or notified (None until init_cluster_name), and who is told when it
+        # changes (broker/cluster.py: the node's cluster_name, read by the HTTP API, Prometheus, AMQP).
+        self.cluster_name: str | None = None
+        self.on_cluster_name: Callable[[str], None] | None = None
         self.epochs: list[int] = [epoch]  # this node's epochs, oldest first (one more per reconnect)
         self.reconnect_failures = 0  # attempts that failed since the last fence
         self._reconnect_task: asyncio.Task[None] | None = None
@@ -149,6 +158,7 @@ class PgCluster:
         node._lease_task = asyncio.get_running_loop().create_task(node._lease_loop(epoch))
         node._block_task = asyncio.get_running_loop().create_task(node._block_loop(epoch))
         await conns[0].add_listener(DOORBELL, node._doorbell)
+        await conns[0].add_listener(CLUSTER_NAME_BELL, node._cluster_name_bell)
         log.info("pg cluster: node %s joined with epoch %d", node_name, epoch)
         return node
 
@@ -191,6 +201,7 @@ class PgCluster:
         self.new_block(block)
         try:
             await self.lease_conn.add_listener(DOORBELL, self._doorbell)
+            await self.lease_conn.add_listener(CLUSTER_NAME_BELL, self._cluster_name_bell)
             async with self._lease_lock:
                 # Our old sessions are gone from here; any the server still counts (a half-open TCP link)
                 # is ended, so the key is free and the reap below (or the lease loop's next) requeues them.
@@ -398,6 +409,46 @@ class PgCluster:
         if recount:
             self.fetcher.request()
 
+    # -- the cluster's name -----------------------------------------------------------------------------------
+    async def init_cluster_name(self, configured: str | None, default: str) -> str:
+        """The cluster's name at this member's start: ``configured`` (the ``cluster_name`` key) is set for the
+        whole cluster, as RabbitMQ applies its configured cluster_name at boot; without it the stored name is
+        kept, and a new cluster takes ``default`` (its first member's node name, RabbitMQ's default)."""
+        async with self._lease_lock, self.lease_conn.transaction():
+            if configured is not None:
+                await self._write_cluster_name(configured)
+                name = configured
+            else:
+                await self.lease_conn.execute(
+                    "INSERT INTO leveret.cluster_setting (key, value, writer) VALUES ('cluster_name', $1, $2) "
+                    "ON CONFLICT (key) DO NOTHING", default, self.node_name)
+                name = str(await self.lease_conn.fetchval(READ_CLUSTER_NAME))
+        self._cluster_name_is(name)
+        return name
+
+    async def set_cluster_name(self, name: str) -> None:
+        """PUT /api/cluster-name: the cluster's new name, committed and NOTIFYed to every member in one
+        transaction (awaited on the lease session: the loop is not blocked, and the reply waits for the commit)."""
+        async with self._lease_lock, self.lease_conn.transaction():
+            await self._write_cluster_name(name)
+        self._cluster_name_is(name)
+
+    async def _write_cluster_name(self, name: str) -> None:
+        await self.lease_conn.execute(
+            "INSERT INTO leveret.cluster_setting (key, value, writer) VALUES ('cluster_name', $1, $2) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value, writer = excluded.writer, updated_at = now()",
+            name, self.node_name)
+        await self.lease_conn.execute("SELECT pg_notify($1, $2)", CLUSTER_NAME_BELL, name)
+
+    def _cluster_name_bell(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        self._cluster_name_is(payload)
+
+    def _cluster_name_is(self, name: str) -> None:
+        if name != self.cluster_name:
+            self.cluster_name = name
+            if self.on_cluster_name is not None:
+                self.on_cluster_name(name)
+
     async def delete_queue(self, vhost: str, name: str) -> int:
         """Drop the queue's rows (every node's) and its registry row; returns how many messages went."""
         for key, q in list(self.queues.items()):
@@ -500,6 +551,9 @@ class PgCluster:
                                epoch)
                     return True
                 self._last_heartbeat = now
+                name = await conn.fetchval(READ_CLUSTER_NAME)  # a rename missed while cut off
+                if name is not None:
+                    self._cluster_name_is(str(name))
             await self._reap()
             if self._sac_wanted or self._sac_held:
                 await self._sac_step()

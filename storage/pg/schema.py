@@ -169,9 +169,20 @@ CREATE TABLE leveret.node_stats_sample (
     PRIMARY KEY (node, slot_ms, slot));
 """
 
+# The cluster's own settings, one row each (storage/pg/cluster.py): its name (RabbitMQ's cluster_name) is one for
+# the cluster, the same on every member, not each member's own.
+MIGRATION_8 = """
+CREATE TABLE leveret.cluster_setting (
+    key        text PRIMARY KEY,               -- 'cluster_name'
+    value      text NOT NULL,
+    writer     text NOT NULL,                  -- the member that set it
+    updated_at timestamptz NOT NULL DEFAULT now());
+"""
+
 # (version, sql), ascending. Append only: a released migration never changes.
 MIGRATIONS: list[tuple[int, str]] = [(1, MIGRATION_1), (2, MIGRATION_2), (3, MIGRATION_3), (4, MIGRATION_4),
-                                     (5, MIGRATION_5), (6, MIGRATION_6), (7, MIGRATION_7)]
+                                     (5, MIGRATION_5), (6, MIGRATION_6), (7, MIGRATION_7),
+                                     (8, MIGRATION_8)]
 
 
 class SchemaTooNew(RuntimeError):

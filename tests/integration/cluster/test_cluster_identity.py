@@ -93,3 +93,42 @@ def prometheus_identity(b) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{b.prometheus_port}/metrics", timeout=10) as resp:
         text = resp.read().decode()
     return next(x for x in text.splitlines() if x.startswith("rabbitmq_identity_info"))
+
+
+def server_cluster_name(b) -> str:
+    """The cluster_name of the server properties in b's Connection.Start."""
+    conn = pika.BlockingConnection(b.pika_params())
+    try:
+        name = conn._impl.server_properties["cluster_name"]
+        return name.decode() if isinstance(name, bytes) else name
+    finally:
+        conn.close()
+
+
+def names_everywhere(b) -> tuple[str, str, str, str]:
+    """b's cluster name as /api/cluster-name, /api/overview, Prometheus and AMQP report it."""
+    api = Http(b.management_port)
+    return (api("GET", "/api/cluster-name")[1]["name"], api("GET", "/api/overview")[1]["cluster_name"],
+            prometheus_identity(b).split('rabbitmq_cluster="', 1)[1].split('"', 1)[0], server_cluster_name(b))
+
+
+def test_the_cluster_has_one_name_on_every_member_set_through_any(start_broker, pg_dsn):
+    a = member(start_broker, pg_dsn, "first@test")
+    b = member(start_broker, pg_dsn, "second@test")
+    # A new cluster is named after its first member (RabbitMQ's default), and the second takes that name.
+    assert names_everywhere(a) == ("first@test",) * 4
+    assert names_everywhere(b) == ("first@test",) * 4
+    # PUT on one member renames the cluster: the other reports it within a moment, everywhere.
+    assert Http(b.management_port)("PUT", "/api/cluster-name", {"name": "orders-prod"})[0] == 204
+    assert wait_for(lambda: names_everywhere(a) == ("orders-prod",) * 4, 5), names_everywhere(a)
+    assert names_everywhere(b) == ("orders-prod",) * 4
+    # It is the cluster's, kept in PostgreSQL: a member started again (without cluster_name) still has it.
+    a.stop()
+    a.start()
+    assert wait_for(lambda: http_status(Http(a.management_port), "/api/overview") is not None, 10)
+    assert names_everywhere(a) == ("orders-prod",) * 4
+    # The cluster_name key of a member's configuration names the cluster at its start, as RabbitMQ's does.
+    c = member(start_broker, pg_dsn, "third@test", "--set", "cluster_name=from-config")
+    assert names_everywhere(c) == ("from-config",) * 4
+    assert wait_for(lambda: names_everywhere(a) == ("from-config",) * 4, 5), names_everywhere(a)
+    assert wait_for(lambda: names_everywhere(b) == ("from-config",) * 4, 5), names_everywhere(b)
