@@ -11,9 +11,9 @@ A record is valid when its magic, a length that fits the file and its CRC all ch
 (``scan``) yields the valid records in order. After an invalid one it searches for the next magic whose
 record validates: if there is one, the bytes between were corruption in the middle of the file, which
 is reported and skipped; if there is none, the file ends in a torn write or a damaged last record,
-which is reported too (the two cannot be told apart from the bytes, and after a clean stop or for a
-confirmed record only damage explains it) and which the caller cuts off (``AppendFile.open_existing``
-truncates it) so that new records follow the last good one. Reports go through
+which the caller cuts off (``AppendFile.open_existing`` truncates it) so that new records follow the last
+good one. The two are told apart by their shape (:func:`torn_at`): a write cut short leaves a record cut
+short (never confirmed: a warning), damage leaves a whole record that fails its check (reported). Reports go through
 :func:`storage.corruption.report`: one line naming the file and the offset, and the store's corruption
 counter; what the stores then do is the policy stated there (the record is dropped, the others are kept).
 
@@ -97,12 +97,33 @@ def _valid_at(data: bytes | memoryview, pos: int, end: int) -> int:
     return n
 
 
-def scan(data: bytes, name: str = "") -> tuple[list[tuple[int, int, int]], int, int]:
+def torn_at(data: bytes | memoryview, pos: int, end: int) -> bool:
+    """Whether the invalid bytes from ``pos`` to the end of a file are a write cut short rather than damage.
+
+    A write that did not land whole leaves a record cut short: fewer bytes than a header, a header whose
+    length runs past the end (and whose CRC the bytes that are there do not match), or zeros (a file system
+    that extended the file before a power cut wrote its data). A whole record that fails its check is damage:
+    a kill -9 keeps every byte written, and a confirmed record was fsynced whole. One case looks like a cut
+    write and is not: a flipped bit that makes the last record's length run past the end; the bytes that are
+    there then match the header's CRC, which a cut write's cannot."""
+    if end - pos < HEADER_SIZE or not any(data[pos:end]):
+        return True
+    magic, n, crc = HEADER.unpack_from(data, pos)
+    if magic != MAGIC or pos + HEADER_SIZE + n <= end:
+        return False
+    return crc32(data[pos + HEADER_SIZE:end]) != crc
+
+
+def scan(data: bytes, name: str = "", keep_damaged_tail: bool = False) -> tuple[list[tuple[int, int, int]], int, int]:
     """Validate every record of a file's bytes.
 
     Returns ``(records, good_end, skipped)``: ``records`` lists ``(record offset, payload offset,
     payload length)`` of each valid record in order; ``good_end`` is where the last valid record ends
-    (anything after it is a torn tail); ``skipped`` counts bytes of corruption skipped in the middle.
+    (anything after it is a torn tail, to cut); ``skipped`` counts bytes of corruption skipped in the middle.
+    A torn write at the end (:func:`torn_at`) is logged as a warning, not reported as corruption: it was never
+    confirmed. Damage to the last record is reported and, by default, cut with the tail; with
+    ``keep_damaged_tail`` it is skipped and kept in place like damage in the middle (``good_end`` is then the
+    file's end), for a log whose positions must not be reused (the stream message log: storage/stream_store.py).
     """
     view = memoryview(data)
     end = len(data)
@@ -125,9 +146,19 @@ def scan(data: bytes, name: str = "") -> tuple[list[tuple[int, int, int]], int, 
                 break
             probe += 1
         if probe < 0:
-            # Torn tail (nothing valid follows): a write cut short, or damage to the last record(s).
-            corruption.report(name or "a file", pos, f"the last {end - pos} bytes fail their check (a torn "
-                              "write or damage) and no valid record follows", "cut off")
+            # Nothing valid follows: a write cut short (never confirmed), or damage to the last record.
+            if torn_at(view, pos, end):
+                log.warning("storage: cut a torn write of %d bytes at offset %d of %s (a record cut short: never "
+                            "confirmed)", end - pos, pos, name or "a file")
+                break
+            if keep_damaged_tail:
+                corruption.report(name or "a file", pos, f"the last {end - pos} bytes are a whole record that fails "
+                                  "its check (damage, not a torn write)", "skipped; kept in place")
+                skipped += end - pos
+                good_end = end
+                break
+            corruption.report(name or "a file", pos, f"the last {end - pos} bytes are a whole record that fails its "
+                              "check (damage, not a torn write)", "cut off")
             break
         corruption.report(name or "a file", pos, f"{probe - pos} bytes fail their check (magic, length or CRC)",
                           "skipped; the valid records after them are kept")
@@ -172,7 +203,7 @@ class AppendFile:
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         size = os.fstat(fd).st_size
         if size > good_end:
-            log.warning("storage: cut %d bytes at offset %d from %s (reported by the scan)", size - good_end,
+            log.warning("storage: cut %d bytes at offset %d from %s (the scan logged why)", size - good_end,
                         good_end, path)
             os.ftruncate(fd, good_end)
             size = good_end

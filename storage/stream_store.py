@@ -42,11 +42,14 @@ once it holds more than ``COMPACT_AT`` bytes, so it never grows with the stream.
 Durability: an append buffers the payload in the message log, then its entry in the consume log (in that
 order; the syncer writes and fsyncs both in the same generation). ``on_durable(N)`` is called after the fsync
 covering offsets < N; a failed fsync calls ``on_durable_failed``. Recovery at open: a torn tail of the
-message log's last segment and of each consume log (a partial entry or one failing its CRC) is cut off; then
-each stream's newest entries (those whose payload lies in the last ``VERIFY_WINDOW`` bytes of the message
-log, where data not yet fsynced at a crash can be) are checked against the message log, and the consume log
-is cut before the oldest entry whose payload is missing or fails its CRC. Everything confirmed was fsynced,
-so it is never cut: no confirmed offset is ever reused.
+message log's last segment (a record cut short: storage/segment.py's ``torn_at``) and of each consume log (a
+partial entry) is cut off; then each stream's newest entries (those whose payload lies in the last
+``VERIFY_WINDOW`` bytes of the message log, where data not yet fsynced at a crash can be) are checked against
+the message log, and the consume log is cut before the oldest entry that was never written (zeros, or a
+payload whose bytes are not there): that one and every later one were never confirmed. An entry or payload
+that is there whole but fails its check is damage: reported, kept in place and skipped by reads, and the
+entries after it are kept (``FileStreamLog._check_window``). Everything confirmed was fsynced, so it is never
+cut: no confirmed offset is ever reused, and a damaged one stays taken.
 
 Retention removes whole consume-log segments, oldest first, never the one being written; a message-log
 segment is deleted once no stream's consume log references it (every stream's oldest entry lies past it),
@@ -173,7 +176,9 @@ class MessageLog:
             last = self.starts[-1]
             with open(self._path(last), "rb") as f:
                 data = f.read()
-            _, good_end, _ = scan(data, self._path(last))
+            # Damage to the last record is kept in place (skipped): the consume logs' entries after it point
+            # past it, and cutting it would let new payloads take positions that old entries name.
+            _, good_end, _ = scan(data, self._path(last), keep_damaged_tail=True)
             self.active = write_behind(AppendFile.open_existing(self._path(last), syncer, good_end))
         self._files[self.starts[-1]] = self.active
 
@@ -424,42 +429,98 @@ class FileStreamLog:
             seg.count = whole // ENTRY_SIZE
             self._segs.append(seg)
         self._cut_after_gap()
-        # Cut the newest entries whose own CRC or message-log payload is bad (walking back over the window).
-        # Known gap (issue 31): damage to an entry or payload inside the window cuts every entry after it too,
-        # confirmed ones included (reported, with the file and offset); telling damage from a write that never
-        # landed (tests/unit/storage/test_stream_write_faults.py) is not done yet.
+        self._check_window()
+        prev_cum = 0
+        for seg in self._segs:
+            self._load_bounds(seg, prev_cum)
+            prev_cum = seg.last_cum
+
+    def _check_window(self) -> None:
+        """Check the newest entries (those whose payload lies in the last ``VERIFY_WINDOW`` bytes of the message
+        log, where data not fsynced at a crash can be) and their payloads; cut a torn tail, keep damage.
+
+        An entry fails in one of two ways, told apart by what its bytes are, not by where it is:
+
+        * *never written*: the entry is zeros, or its payload's bytes are not in the message log (the file
+          ends before them, or they are zeros). Only a write that had not landed leaves that, and such an entry
+          was never confirmed; nor was any after it, as ``on_durable`` confirms a prefix of the offsets. So the
+          stream is cut before the oldest one (a warning, not corruption: nothing confirmed is lost, and the
+          offsets, never confirmed, are taken again). Later entries can be whole, when a write to a newer
+          message-log segment landed while an older one's failed (tests/unit/storage/test_stream_write_faults.py).
+        * *damaged*: a whole entry that fails its CRC, or a whole payload that fails its record's check: a
+          kill -9 keeps every byte written, and a confirmed entry was fsynced whole, so only damage explains it.
+          It is reported (storage/corruption.py: the file and offset that hold the damage) and kept in place:
+          reads skip it (its offset is simply missing: a stream offset is never given to another message, as
+          a consumer may have read it or stored it as its position), and every entry after it is kept and
+          served. Cutting at the first bad entry is how NATS lost acknowledged messages (nats-server #7549)."""
         window_start = self._mlog.end - VERIFY_WINDOW
-        cut: tuple[int, int] | None = None  # (segment index, entry index): drop from here on
+        cut: tuple[int, int] | None = None  # (segment index, entry index): the oldest never-written entry
+        damaged: list[tuple[int, int, _Entry, str]] = []
         for si in range(len(self._segs) - 1, -1, -1):
             seg = self._segs[si]
             stop = False
             for i in range(seg.count - 1, -1, -1):
                 e = self._entry(seg, i)
-                if not e.crc_ok or not self._payload_ok(e):
+                state = self._entry_state(seg, i, e)
+                if state == "missing":
                     cut = (si, i)
+                elif state != "ok":
+                    damaged.append((si, i, e, state))
                 elif e.pos < window_start:
                     stop = True
                     break
             if stop:
                 break
-        if cut is not None:
-            si, i = cut
-            corruption.report(self._segs[si].file.path, i * ENTRY_SIZE,
-                              f"the newest {sum(s.count for s in self._segs[si:]) - i} entries fail their CRC or "
-                              "their payloads do (a crash before they were written, or damage)", "cut off")
-            for seg in self._segs[si + 1:]:
-                seg.file.abandon()
-                os.unlink(seg.file.path)
-            del self._segs[si + 1:]
-            seg = self._segs[si]
-            seg.count = i
-            os.truncate(seg.file.path, i * ENTRY_SIZE)
-            seg.file.written = i * ENTRY_SIZE
-            seg.file.synced = min(seg.file.synced, seg.file.written)
-        prev_cum = 0
-        for seg in self._segs:
-            self._load_bounds(seg, prev_cum)
-            prev_cum = seg.last_cum
+        for si, i, e, state in damaged:
+            if cut is None or (si, i) < cut:  # after the cut: never confirmed, cut with it
+                self._report_damage(self._segs[si], i, e, state)
+        if cut is None:
+            return
+        si, i = cut
+        log.warning("storage: stream %r: cut %d entries at offset %d whose writes had not landed (a crash before "
+                    "they were written: never confirmed)", self.name, sum(s.count for s in self._segs[si:]) - i,
+                    self._segs[si].first + i)
+        for seg in self._segs[si + 1:]:
+            seg.file.abandon()
+            os.unlink(seg.file.path)
+        del self._segs[si + 1:]
+        seg = self._segs[si]
+        seg.count = i
+        os.truncate(seg.file.path, i * ENTRY_SIZE)
+        seg.file.written = i * ENTRY_SIZE
+        seg.file.synced = min(seg.file.synced, seg.file.written)
+
+    def _entry_state(self, seg: _CSeg, i: int, e: _Entry) -> str:
+        """``"ok"``; ``"missing"`` (the entry or its payload was never written); ``"entry"`` (the entry is
+        damaged) or ``"payload"`` (its payload is)."""
+        if not e.crc_ok:
+            raw = seg.file.pread(i * ENTRY_SIZE, ENTRY_SIZE)
+            return "missing" if not any(raw) else "entry"
+        try:
+            start, off = self._mlog.locate(e.pos)
+            f = self._mlog._file(start)
+            data = f.pread(off - HEADER_SIZE, HEADER_SIZE + e.size)
+        except (CorruptRecord, OSError):
+            return "missing"
+        if len(data) < HEADER_SIZE + e.size or not any(data):
+            return "missing"
+        magic, n, crc = HEADER.unpack_from(data, 0)
+        if magic != MAGIC or n != e.size or crc32(memoryview(data)[HEADER_SIZE:]) != crc:
+            return "payload"
+        return "ok"
+
+    def _report_damage(self, seg: _CSeg, i: int, e: _Entry, state: str) -> None:
+        """Report a damaged entry (its consume-log file) or payload (its message-log file) kept in place. The
+        keys are those the read path reports the same damage under, so it is counted once."""
+        offset = seg.first + i
+        if state == "payload":
+            start, off = self._mlog.locate(e.pos)
+            corruption.report(self._mlog._path(start), off - HEADER_SIZE, f"the payload of offset {offset} of stream "
+                              f"{self.name!r} fails its check", "skipped; the offset stays, the entries after it "
+                              "are kept", store="stream")
+        else:
+            corruption.report(seg.file.path, i * ENTRY_SIZE, f"entry of offset {offset} fails its CRC", "skipped; "
+                              "the offset stays, the entries after it are kept", store="stream")
 
     def _cut_after_gap(self) -> None:
         """Offsets stay contiguous: a segment that ends short of the next one's first offset lost its newest
@@ -478,23 +539,21 @@ class FileStreamLog:
             del self._segs[si + 1:]
             return
 
-    def _payload_ok(self, e: _Entry) -> bool:
-        try:
-            self._mlog.read(e.pos, e.size)
-        except (CorruptRecord, OSError):
-            return False
-        return True
-
     def _load_bounds(self, seg: _CSeg, prev_cum: int) -> None:
         if seg.count == 0:
             seg.base_cum = seg.last_cum = prev_cum
             return
-        a = self._entry(seg, 0)
-        b = self._entry(seg, seg.count - 1)
-        seg.base_cum = a.cum - a.size
-        seg.last_cum = b.cum
-        seg.first_ts, seg.last_ts = a.ts, b.ts
-        seg.min_pos = a.pos
+        # The first and last entries that pass their CRC: a damaged one kept in place (``_check_window``) holds
+        # nothing to trust. Its payload bytes are then left out of the stream's byte count, nothing more.
+        first = next((e for e in (self._entry(seg, k) for k in range(seg.count)) if e.crc_ok), None)
+        if first is None:
+            seg.base_cum = seg.last_cum = prev_cum
+            return
+        last = next(e for e in (self._entry(seg, k) for k in range(seg.count - 1, -1, -1)) if e.crc_ok)
+        seg.base_cum = first.cum - first.size
+        seg.last_cum = last.cum
+        seg.first_ts, seg.last_ts = first.ts, last.ts
+        seg.min_pos = first.pos
 
     def _entry(self, seg: _CSeg, i: int) -> _Entry:
         self.index_reads += 1

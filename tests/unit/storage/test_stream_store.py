@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from storage import corruption
 from storage.node_storage import NodeStorage, message_data
 from storage.stream_store import CLOG, ENTRY_SIZE, MLOG, PLOG, TAIL_BUDGET_BYTES, FileStreamLog, StreamStore
 from storage.syncer import Syncer
@@ -91,22 +92,66 @@ def test_message_log_torn_tail_is_cut(node: Node) -> None:
     check(node.open(), 105)
 
 
-def test_consume_log_torn_entry_is_cut(node: Node) -> None:
+def test_consume_log_torn_entry_is_cut_and_a_damaged_whole_one_is_kept(node: Node) -> None:
+    """Part of an entry is a write cut short: cut, not reported. A whole entry that fails its CRC is damage (a
+    kill -9 keeps every byte written, so no crash leaves one): reported, and kept so that its offset is never
+    given to another message; reads skip it."""
     s = node.open(segment=10**6)
     fill(s, 30)
     node.restart()
     clog = files(node.path / "s", CLOG)[-1]
     with open(clog, "ab") as f:
         f.write(b"\x01" * 17)  # part of an entry
+    before = sum(corruption.counts().values())
     s = node.open()
     assert s.next_offset == 30
     assert clog.stat().st_size == 30 * ENTRY_SIZE
+    assert sum(corruption.counts().values()) == before, "a torn write is not corruption"
     with open(clog, "ab") as f:
         f.write(b"\x02" * ENTRY_SIZE)  # a whole entry whose CRC fails
     node.restart()
     s = node.open()
-    assert s.next_offset == 30
+    assert sum(corruption.counts().values()) == before + 1
+    assert s.next_offset == 31, "the damaged entry keeps its offset"
     check(s, 30)
+    assert s.append(b"31:" + b"p" * 50, 5) == 31
+
+
+def test_damage_inside_the_recovery_window_keeps_the_entries_after_it(node: Node) -> None:
+    """nats-server #7549: a bad record inside the window that recovery checks must not cut the confirmed, intact
+    records after it. One flipped bit in an early payload, one in a later entry: both reported (the file that
+    holds the damage, at the record's offset), both offsets skipped, every other record served, and new
+    appends take new offsets (none reused)."""
+    s = node.open(segment=10**6)
+    fill(s, 20)
+    node.stop()
+    mlog = files(node.path / "messages", MLOG)[-1]
+    rec = 12 + len(b"10:") + 50
+    at = 12 + len(b"0:") + 50  # record 0
+    at += sum(12 + len(b"%d:" % o) + 50 for o in range(1, 5))  # records 1-4: record 5 starts here
+    with open(mlog, "r+b") as f:
+        f.seek(at + rec // 2)
+        byte = f.read(1)[0]
+        f.seek(at + rec // 2)
+        f.write(bytes([byte ^ 0x10]))
+    clog = files(node.path / "s", CLOG)[-1]
+    with open(clog, "r+b") as f:
+        f.seek(12 * ENTRY_SIZE + 9)
+        byte = f.read(1)[0]
+        f.seek(12 * ENTRY_SIZE + 9)
+        f.write(bytes([byte ^ 0x01]))
+    seen = set(corruption._seen)
+    node.start()
+    s = node.open()
+    new = sorted(k for k in corruption._seen - seen)
+    assert new == sorted([(str(mlog), at), (str(clog), 12 * ENTRY_SIZE)]), new
+    assert s.next_offset == 20
+    recs = s.read(0, 100)
+    assert [r.offset for r in recs] == [o for o in range(20) if o not in (5, 12)]
+    assert all(r.payload == b"%d:" % r.offset + b"p" * 50 for r in recs)
+    assert s.append(b"20:" + b"p" * 50, 5) == 20
+    node.restart()
+    assert [r.offset for r in node.open().read(0, 100)] == [o for o in range(21) if o not in (5, 12)]
 
 
 def test_consume_entries_past_the_message_log_are_dropped(node: Node) -> None:
@@ -126,7 +171,9 @@ def test_consume_entries_past_the_message_log_are_dropped(node: Node) -> None:
     check(node.open(), 19)
 
 
-def test_consume_entry_with_bad_payload_crc_is_dropped(node: Node) -> None:
+def test_consume_entry_with_bad_payload_crc_is_skipped_and_reported(node: Node) -> None:
+    """Damage to the newest payload (a whole record failing its CRC, not a write cut short) is reported and
+    skipped; the offset stays taken."""
     s = node.open(segment=10**6)
     fill(s, 10)
     node.stop()
@@ -134,9 +181,13 @@ def test_consume_entry_with_bad_payload_crc_is_dropped(node: Node) -> None:
     with open(last, "r+b") as f:  # flip a byte of the payload of the newest record
         f.seek(last.stat().st_size - 2)
         f.write(b"Z")
+    before = sum(corruption.counts().values())
     node.start()
     s = node.open()
-    assert s.next_offset == 9
+    assert sum(corruption.counts().values()) == before + 1
+    assert s.next_offset == 10
+    check(s, 9)
+    assert s.append(b"10:" + b"p" * 50, 5) == 10
 
 
 def test_pull_log_torn_tail_and_compaction(node: Node) -> None:
