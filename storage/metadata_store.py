@@ -2,7 +2,7 @@
 permissions, policies, operator policies, runtime and global parameters, exchanges, queues, bindings)
 in SQLite, as RabbitMQ keeps all of them in one Mnesia/Khepri database.
 
-Schema: one table, ``defs (kind TEXT, key TEXT, value BLOB, PRIMARY KEY (kind, key))``. The broker
+Schema: one table, ``defs (kind TEXT, key TEXT, value BLOB, crc INTEGER, PRIMARY KEY (kind, key))``. The broker
 decides what a kind and a key are (broker/persistence.py lists them: for example kind ``"queue"``, key
 ``("/", "orders")``; a tuple key is joined with U+001F and comes back as a tuple) and a value is a
 plain dict (or any value) msgpack encodes. Keys of per-vhost kinds start with the vhost, so a vhost's
@@ -27,7 +27,14 @@ memory, so that memory never holds what a restart would not bring back.
 
 A file that is not a SQLite database, or whose pages are damaged, raises :class:`MetadataStoreError` (one
 line naming the file) rather than sqlite3's exception: the node must stop with a message the operator can
-act on, before anything is recovered from the message files this store describes.
+act on, before anything is recovered from the message files this store describes. SQLite checks neither its
+pages' contents nor (silently) its write-ahead log, so damage is looked for three ways: the WAL is checked
+before the database is opened (storage/sqlite_wal.py: a bad frame with committed frames after it), ``PRAGMA
+quick_check`` checks the pages' structure (``check_integrity``), and every row carries a CRC-32 of its kind,
+key and value (``crc``; ``row_crc``), checked when it is read, so that a flipped bit in a definition that
+leaves the page readable is refused rather than believed. A database written before rows had the column is
+migrated at open (checked with quick_check, then every row's checksum added in one transaction). Each of
+these is reported (storage/corruption.py, ``store="metadata"``) and refuses the start.
 """
 
 from __future__ import annotations
@@ -39,6 +46,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import msgpack
+
+from storage import corruption, sqlite_wal
+from storage.checksum import crc32
 
 SEP = "\x1f"
 
@@ -56,6 +66,12 @@ class MetadataWriteError(Exception):
     names the file and SQLite's reason."""
 
 
+def row_crc(kind: str, key: str, value: bytes) -> int:
+    """A row's checksum: CRC-32 (storage/checksum.py) of its kind, key and value, each length-prefixed."""
+    k, y = kind.encode(), key.encode()
+    return crc32(b"".join((len(k).to_bytes(4, "little"), k, len(y).to_bytes(4, "little"), y, value)))
+
+
 def _key(key: str | tuple[str, ...]) -> str:
     return key if isinstance(key, str) else SEP.join(key)
 
@@ -70,6 +86,7 @@ class MetadataStore:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self._check_wal()
         try:
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         except sqlite3.DatabaseError as exc:
@@ -83,7 +100,9 @@ class MetadataStore:
                                          ).fetchone() is not None
             self.was_empty = not has_table or self._db.execute("SELECT 1 FROM defs LIMIT 1").fetchone() is None
             self._db.execute("CREATE TABLE IF NOT EXISTS defs (kind TEXT NOT NULL, key TEXT NOT NULL, "
-                             "value BLOB NOT NULL, PRIMARY KEY (kind, key)) WITHOUT ROWID")
+                             "value BLOB NOT NULL, crc INTEGER, PRIMARY KEY (kind, key)) WITHOUT ROWID")
+            if has_table and "crc" not in [r[1] for r in self._db.execute("PRAGMA table_info(defs)")]:
+                self._add_row_checksums()
         except sqlite3.DatabaseError as exc:
             self._db.close()
             raise self._error(exc) from None
@@ -93,12 +112,61 @@ class MetadataStore:
         self._recording: list[Op] | None = None
         self._pending: list[list[Op]] = []
 
+    def _add_row_checksums(self) -> None:
+        """Migrate a database written before rows carried a checksum (``crc`` column): check its pages first
+        (a damaged row must not be sealed with a checksum of its damage), then add the column and every row's
+        checksum in one transaction. A start that dies half-way leaves the old format, migrated again next time."""
+        rows = [r[0] for r in self._db.execute("PRAGMA quick_check").fetchall()]
+        if rows != ["ok"]:
+            raise MetadataStoreError(f"{self.path} is corrupt (sqlite quick_check: {'; '.join(rows[:3])}); stop "
+                                     "the node and restore the file from a backup")
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute("ALTER TABLE defs ADD COLUMN crc INTEGER")
+            for kind, key, value in self._db.execute("SELECT kind, key, value FROM defs").fetchall():
+                self._db.execute("UPDATE defs SET crc = ? WHERE kind = ? AND key = ?",
+                                 (row_crc(kind, key, value), kind, key))
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def _check_row(self, kind: str, key: str, value: bytes, crc: int | None) -> None:
+        """A row whose checksum does not match was changed under SQLite (a flipped bit in a page SQLite still
+        reads): refused like any damage to this file, since a changed definition would be believed."""
+        if crc != row_crc(kind, key, value):
+            corruption.report(self.path, 0, f"the row ({kind!r}, {key!r}) fails its checksum", "the start is "
+                              "refused", store="metadata")
+            raise MetadataStoreError(f"{self.path} is corrupt (the row {kind!r} {key!r} fails its checksum); stop "
+                                     "the node and restore the file from a backup")
+
     def _error(self, exc: Exception) -> MetadataStoreError:
         # Refused, never repaired (RabbitMQ does not boot on damaged metadata either): recovery trusts this file to
         # say which message files belong to which queue, and a guess would delete the messages of the queues it
         # lost. The operator's ways out are a backup of this file or a reset (the caller appends the latter).
         return MetadataStoreError(f"{self.path} is not a readable metadata database ({exc}); stop the node and "
                                   "restore the file from a backup")
+
+    def _check_wal(self) -> None:
+        """Refuse a write-ahead log that SQLite would silently cut short (storage/sqlite_wal.py): damage to a
+        frame with committed frames after it would lose those definitions without a word, so the start stops
+        with one line naming the file and offset, as damage to the database itself does. Checked before the
+        connection is opened, because opening replays (and may checkpoint) the log."""
+        wal = self.path + "-wal"
+        try:
+            with open(wal, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise self._error(exc) from None
+        at = sqlite_wal.find_damage(data)
+        if at is None:
+            return
+        corruption.report(wal, at, "a WAL frame fails its checksum and committed frames follow it (SQLite would "
+                          "drop them silently)", "the start is refused", store="metadata")
+        raise MetadataStoreError(f"{wal} is damaged at offset {at} (a frame fails its checksum and committed "
+                                 f"frames follow it); stop the node and restore {self.path} and {wal} from a backup")
 
     def check_integrity(self) -> None:
         """SQLite's ``quick_check`` over every page: damage found now stops the start before recovery
@@ -142,8 +210,10 @@ class MetadataStore:
     def _execute(self, op: Op) -> int:
         action, kind, key, value = op
         if action == "put":
-            return self._db.execute("INSERT OR REPLACE INTO defs (kind, key, value) VALUES (?, ?, ?)",
-                                    (kind, _key(key), msgpack.packb(value, use_bin_type=True))).rowcount
+            k = _key(key)
+            packed = msgpack.packb(value, use_bin_type=True)
+            return self._db.execute("INSERT OR REPLACE INTO defs (kind, key, value, crc) VALUES (?, ?, ?, ?)",
+                                    (kind, k, packed, row_crc(kind, k, packed))).rowcount
         if action == "delete":
             return self._db.execute("DELETE FROM defs WHERE kind = ? AND key = ?", (kind, _key(key))).rowcount
         start = SEP.join(key) + SEP
@@ -156,9 +226,12 @@ class MetadataStore:
     # -- reading -------------------------------------------------------------------------------------------
     def get(self, kind: str, key: str | tuple[str, ...]) -> Any | None:
         try:
-            row = self._db.execute("SELECT value FROM defs WHERE kind = ? AND key = ?",
-                                   (kind, _key(key))).fetchone()
-            return None if row is None else msgpack.unpackb(row[0], raw=False, strict_map_key=False)
+            k = _key(key)
+            row = self._db.execute("SELECT value, crc FROM defs WHERE kind = ? AND key = ?", (kind, k)).fetchone()
+            if row is None:
+                return None
+            self._check_row(kind, k, row[0], row[1])
+            return msgpack.unpackb(row[0], raw=False, strict_map_key=False)
         except (sqlite3.DatabaseError, ValueError, msgpack.UnpackException) as exc:
             raise self._error(exc) from None
 
@@ -167,9 +240,12 @@ class MetadataStore:
         composite key (typed Any: its shape is the kind's, known to the caller). Recovery reads
         through this, so a damaged page or record is a :class:`MetadataStoreError`."""
         try:
-            rows = self._db.execute("SELECT key, value FROM defs WHERE kind = ? ORDER BY key", (kind,)).fetchall()
+            rows = self._db.execute("SELECT key, value, crc FROM defs WHERE kind = ? ORDER BY key", (kind,)
+                                    ).fetchall()
+            for k, v, c in rows:
+                self._check_row(kind, k, v, c)
             return [(split_key(k) if SEP in k else k, msgpack.unpackb(v, raw=False, strict_map_key=False))
-                    for k, v in rows]
+                    for k, v, _c in rows]
         except (sqlite3.DatabaseError, ValueError, msgpack.UnpackException) as exc:
             raise self._error(exc) from None
 
