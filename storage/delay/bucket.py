@@ -31,7 +31,7 @@ from collections.abc import Generator, Iterator, Sequence
 
 from storage import corruption
 from storage.checksum import crc32
-from storage.delay.record import IDX, IDX_SIZE, pack_disp, unpack_disp
+from storage.delay.record import IDX, IDX_SIZE, RECORD_HEAD, pack_disp, unpack_disp
 from storage.segment import HEADER, HEADER_SIZE, MAGIC, AppendFile, CorruptRecord, scan
 from storage.syncer import Syncer
 
@@ -89,8 +89,8 @@ class XrefCount:
 
 class Bucket:
     __slots__ = ("_chunk_offs", "_chunks", "_data_buffered", "_frames", "_idx_buf", "_reader", "_sealed", "ahead",
-                 "counts", "data_disk", "dir", "disp", "disp_len", "disp_seen", "idx_disk", "slice_len", "slice_ms",
-                 "split_len", "start")
+                 "counts", "data_disk", "dir", "disp", "disp_len", "disp_seen", "idx_crc", "idx_disk", "slice_len",
+                 "slice_ms", "split_len", "start")
 
     def __init__(self, directory: str, start: int, data_len: int = 0, idx_len: int = 0, disp_len: int = 0,
                  counts: dict[int, XrefCount] | None = None) -> None:
@@ -98,6 +98,7 @@ class Bucket:
         self.start = start
         self.data_disk = data_len  # bytes of .data / .idx on disk (as of the last checkpoint or flush)
         self.idx_disk = idx_len
+        self.idx_crc = 0  # CRC-32 of .idx's first idx_disk bytes (the checkpoint records it: verify_index)
         self.disp_len = disp_len  # .disp length at the last checkpoint (recovery re-counts what follows)
         # ``.data`` not yet written: framed records as they were appended (``_frames``, no copy made), joined
         # every SEAL_EVERY into ``_chunks`` (``_chunk_offs``: where each starts, counted from ``data_disk``;
@@ -194,6 +195,7 @@ class Bucket:
             wrote = True
         self.data_disk += self._data_buffered
         self.idx_disk += len(self._idx_buf)
+        self.idx_crc = crc32(self._idx_buf, self.idx_crc)  # what was written, once per checkpoint (not per append)
         self._chunks = []
         self._chunk_offs = []
         self._sealed = 0
@@ -218,6 +220,50 @@ class Bucket:
                     self.data_disk = size
                 else:
                     self.idx_disk = size - size % IDX_SIZE
+
+    def verify_index(self, want: int | None) -> None:
+        """Recovery, after :meth:`cut_to_checkpoint`: check ``.idx`` against the CRC the checkpoint recorded
+        (``want``; None: a checkpoint of the previous format, which recorded none: the index is taken as it is).
+
+        Index entries carry no checksum of their own (a window load reads them as an array of due times), and
+        a damaged one was blamed on ``.data`` (a bad offset or length) or never found (a due time moved into the
+        future). On a mismatch the index is rebuilt from ``.data``, whose framed records (each with its CRC)
+        hold everything an entry says (due time, seq, exchange; offset and length from the framing), and the
+        first entry that differs is reported against ``.idx``: the index is derived data, so nothing is lost.
+        Costs one read of the index per start (32 bytes per pending record)."""
+        got = 0
+        if self.idx_disk:
+            with open(self.path(".idx"), "rb") as f:
+                idx = f.read(self.idx_disk)
+            got = crc32(idx)
+        else:
+            idx = b""
+        if want is None or got == want:
+            self.idx_crc = got
+            return
+        try:
+            with open(self.path(".data"), "rb") as f:
+                data = f.read(self.data_disk)
+        except FileNotFoundError:
+            data = b""
+        records, _, _ = scan(data, self.path(".data"))
+        rebuilt = bytearray()
+        for _, start, n in records:
+            seq, due, _, xref, _, _, _ = RECORD_HEAD.unpack_from(data, start)
+            rebuilt += IDX.pack(due, seq, start, n, xref)
+        at = next((i for i in range(0, max(len(idx), len(rebuilt)), IDX_SIZE)
+                   if idx[i:i + IDX_SIZE] != rebuilt[i:i + IDX_SIZE]), 0)
+        corruption.report(self.path(".idx"), at, "the index fails the checksum its checkpoint recorded (the first "
+                          "entry that differs from .data is here)", "rebuilt from .data (nothing lost)",
+                          store="delay")
+        fd = os.open(self.path(".idx"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            _pwrite_all(fd, rebuilt, 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.idx_disk = len(rebuilt)
+        self.idx_crc = crc32(rebuilt)
 
     # -- reading --------------------------------------------------------------------------------------------
     def _fd(self) -> int:

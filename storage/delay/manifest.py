@@ -7,7 +7,14 @@ the number pending::
      "next_seq": s,               seqs below it were handed out
      "bucket_ms": b,              the bucket length the buckets were made with (kept over configuration)
      "dead": [xref, ...],         dropped exchanges whose entries are still on disk
-     "buckets": {start: [data_len, idx_len, disp_len, {xref: [count, bytes, resolved, resolved_bytes]}]}}
+     "buckets": {start: [data_len, idx_len, disp_len, {xref: [count, bytes, resolved, resolved_bytes]}, idx_crc]}}
+
+``idx_crc`` is the CRC-32 of the bucket's ``.idx`` up to ``idx_len``: index entries carry no checksum of their
+own (they are read as an array), so recovery checks each bucket's index against it and, when it fails, rebuilds
+the index from ``.data``, whose framed records hold everything an entry says (storage/delay/bucket.py,
+``Bucket.verify_index``). A checkpoint written before it existed has four items per bucket: the bucket's index
+is then taken as it is, and the next checkpoint records its CRC (a data directory of the previous format starts
+as before and is migrated by its first checkpoint).
 
 It is the one file the store cannot rebuild from the others (the buckets' checkpointed lengths and the dead
 exchanges are nowhere else), so it is written twice: ``checkpoint`` then ``checkpoint.mirror``, each whole or
@@ -33,6 +40,7 @@ class BucketState:
     idx_len: int
     disp_len: int
     counts: dict[int, XrefCount]
+    idx_crc: int | None = None  # None: a checkpoint of the previous format (not recorded)
 
 
 @dataclass(slots=True)
@@ -46,14 +54,16 @@ class Manifest:
     def encode(self) -> bytes:
         return json.dumps({
             "wal": self.wal, "next_seq": self.next_seq, "bucket_ms": self.bucket_ms, "dead": sorted(self.dead),
-            "buckets": {str(s): [b.data_len, b.idx_len, b.disp_len, {str(x): c.to_list() for x, c in b.counts.items()}]
+            "buckets": {str(s): [b.data_len, b.idx_len, b.disp_len, {str(x): c.to_list() for x, c in b.counts.items()},
+                                 b.idx_crc]
                         for s, b in self.buckets.items()},
         }, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> Manifest:
         o = json.loads(data)
-        buckets = {int(s): BucketState(v[0], v[1], v[2], {int(x): XrefCount(*c) for x, c in v[3].items()})
+        buckets = {int(s): BucketState(v[0], v[1], v[2], {int(x): XrefCount(*c) for x, c in v[3].items()},
+                                       v[4] if len(v) > 4 else None)
                    for s, v in o["buckets"].items()}
         return cls(o["wal"], o["next_seq"], o["bucket_ms"], set(o["dead"]), buckets)
 

@@ -12,8 +12,10 @@ A *record* (the payload of one framed WAL record and of one framed ``.data`` rec
     offset 32  u32  props_len  raw content-header properties length
     offset 36  rk_len bytes routing key, props_len bytes properties, then the body (the rest)
 
-An *index entry* (``.idx``; fixed size and unframed, so a file is read as an array; no CRC because after a
-crash the file is cut to its checkpointed length and rebuilt from the WAL)::
+An *index entry* (``.idx``; fixed size and unframed, so a file is read as an array; no CRC of its own: after a
+crash the file is cut to its checkpointed length and rebuilt from the WAL, and the checkpoint records the CRC of
+each bucket's whole index, checked at recovery, which rebuilds a damaged index from ``.data``:
+storage/delay/manifest.py, ``Bucket.verify_index``)::
 
     i64 due_ms | u64 seq | u64 data offset (of the payload) | u32 data length | u32 xref      (32 bytes)
 

@@ -141,6 +141,7 @@ class DelayStore:
         for start, st in m.buckets.items():
             b = Bucket(self._bdir, start, st.data_len, st.idx_len, st.disp_len, st.counts)
             b.cut_to_checkpoint()
+            b.verify_index(st.idx_crc)
             self._add_bucket(b)
         orphans = set()
         for name in os.listdir(self._bdir):
@@ -617,7 +618,7 @@ class DelayStore:
         kept = {s: b for s, b in self._buckets.items() if s not in set(drained)}
         self._dead = {x for x in self._dead if any(x in b.counts for b in kept.values())}
         m = Manifest(first, self._next_seq, self.bucket_ms, set(self._dead),
-                     {s: BucketState(b.data_disk, b.idx_disk, b.disp_len, b.counts) for s, b in kept.items()})
+                     {s: BucketState(b.data_disk, b.idx_disk, b.disp_len, b.counts, b.idx_crc) for s, b in kept.items()})
         m.save(self._mpath)
         self._wal.delete_below(first)
         for s in drained:
