@@ -34,9 +34,16 @@ class LeveretDataSource(DataSource):
         return LeveretBatchReader(dict(self.options), schema)
 
     def streamReader(self, schema: Any) -> Any:
-        from pyspark_leveret.reader import LeveretStreamReader
+        from pyspark_leveret.reader import LeveretStreamReader, ReadConfig, queue_type
 
-        return LeveretStreamReader(dict(self.options), schema)
+        options = dict(self.options)
+        config = ReadConfig.from_options(options)
+        if len(config.queues) == 1 and queue_type(config) in ("classic", "quorum"):
+            # A classic or quorum queue: a destructive read, acked after its batch commits (queue_source.py).
+            from pyspark_leveret.queue_source import LeveretQueueStreamReader
+
+            return LeveretQueueStreamReader(options, schema, config)
+        return LeveretStreamReader(options, schema)
 
     def writer(self, schema: Any, overwrite: bool) -> Any:
         from pyspark_leveret.writer import LeveretBatchWriter

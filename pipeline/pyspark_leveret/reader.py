@@ -157,6 +157,18 @@ class ReadConfig:
         return {q: api.stream_stats(q) for q in self.queues}
 
 
+def queue_type(config: ReadConfig) -> str:
+    """The ``type`` of the (single) queue read, as the HTTP API's queue object gives it: ``stream``,
+    ``classic`` or ``quorum``."""
+    name = config.queues[0]
+    try:
+        return str(ManagementAPI(config.endpoint).queue(name).get("type") or "classic")
+    except ManagementError as exc:
+        if exc.status == 404:
+            raise ManagementError(f"no queue '{name}' in vhost '{config.endpoint.vhost}'", 404) from exc
+        raise
+
+
 @dataclass
 class StreamPartition(InputPartition):
     """One task's work: offsets ``[start, end)`` of ``queue``. Plain data (pickled to the executor)."""

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pika
 import pytest
 from pyspark_leveret.reader import LeveretBatchReader
 from pyspark_leveret.schema import READ_STRUCT
@@ -70,19 +71,48 @@ def stream_bodies(broker: Any, queue: str) -> list[bytes]:
     return table.column("body").to_pylist() if table.num_rows else []
 
 
+def fill_queue(broker: Any, queue: str, n: int, queue_type: str = "classic") -> None:
+    """``n`` messages with message ids ``0..n-1`` in a classic or quorum queue (waits until all are there)."""
+    conn = pika.BlockingConnection(broker.pika_params())
+    try:
+        ch = conn.channel()
+        ch.queue_declare(queue, durable=True, arguments={"x-queue-type": queue_type})
+        for i in range(n):
+            ch.basic_publish("", queue, f"q{i}".encode(), pika.BasicProperties(message_id=str(i)))
+        wait_for(f"{n} messages in {queue}",
+                 lambda: ch.queue_declare(queue, passive=True).method.message_count >= n, 60, step=0.2)
+    finally:
+        conn.close()
+
+
+def queue_depth(broker: Any, queue: str) -> int:
+    conn = pika.BlockingConnection(broker.pika_params())
+    try:
+        ok = conn.channel().queue_declare(queue, passive=True)
+        return int(ok.method.message_count) + int(ok.method.consumer_count)
+    finally:
+        conn.close()
+
+
 def read_and_write_round(cluster: StandaloneCluster, broker: Any, name: str, tmp: Path,
-                         rows: int = 12_000) -> dict[str, Any]:
+                         rows: int = 12_000, queued: int = 30_000) -> dict[str, Any]:
     """One application: (a) a batch read of a stream into parquet, (c) a batch write of ``rows`` rows into a
-    de-duplicating stream, an executor killed mid-phase in each. Returns what the REST API said."""
+    de-duplicating stream, (3) a streaming read of ``queued`` messages off a classic queue (the queue source)
+    into parquet, an executor killed mid-phase in each. Returns what the REST API said."""
     src = declare_stream(broker, f"{name}-src")
     dedup = declare_stream(broker, f"{name}-dedup", **{"x-message-deduplication": True,
                                                        "x-cache-size": rows * 2})
     fill(broker, src, rows, size=100)
+    classic = f"{name}-q"
+    fill_queue(broker, classic, queued)
+    commits = tmp / "out" / "queue-checkpoint" / "commits"
     t0 = time.monotonic()
-    sub = cluster.submit(job_args(broker, "read,write", tmp / "out", "--stream", src, "--dedup", dedup,
-                                  "--rows", str(rows), "--partitions", "8"), name, hold=True)
+    sub = cluster.submit(job_args(broker, "read,write,queue", tmp / "out", "--stream", src, "--dedup", dedup,
+                                  "--queue", classic, "--rows", str(rows), "--partitions", "8",
+                                  "--per-trigger", "3000"), name, hold=True)
     killed = [kill_busy_executor(cluster, sub, phase_half_done(sub, "read", on_each=True)),
-              kill_busy_executor(cluster, sub, phase_half_done(sub, "write"))]
+              kill_busy_executor(cluster, sub, phase_half_done(sub, "write")),
+              kill_busy_executor(cluster, sub, lambda: commits.exists() and len(os.listdir(commits)) >= 1)]
     try:
         wait_for("the job's report", lambda: sub.report_path.exists() or sub.process.poll() is not None, 300,
                  step=0.2)
@@ -96,11 +126,15 @@ def read_and_write_round(cluster: StandaloneCluster, broker: Any, name: str, tmp
     assert stream_info(broker, dedup)["next_offset"] == rows, "the de-duplicating stream kept a repeat"
     bodies = stream_bodies(broker, dedup)
     assert len(bodies) == rows and set(bodies) == {f"r{i}".encode() for i in range(rows)}
+    # The queue source: every message once (rows = distinct ids = 30,000; ids 0..29,999), the queue empty.
+    q = report["queue"]
+    assert (q["rows"], q["distinct"]) == (queued, queued), q
+    assert queue_depth(broker, classic) == 0
     return {"killed": killed, "read_tasks": read_tasks, "executors": executors, "report": report,
             "seconds": time.monotonic() - t0}
 
 
-def test_read_and_write_on_two_executors_with_executors_killed(standalone, broker, uid, tmp_path):
+def test_read_write_and_queue_source_on_two_executors_with_executors_killed(standalone, broker, uid, tmp_path):
     got = read_and_write_round(standalone, broker, uid, tmp_path)
     print(f"read+write round: {got['seconds']:.1f} s from submit; killed executors {got['killed']}; "
           f"read tasks by executor {got['read_tasks']}; job {got['report']}")
@@ -109,7 +143,7 @@ def test_read_and_write_on_two_executors_with_executors_killed(standalone, broke
     assert {"0", "1"} <= set(got["read_tasks"]), got["read_tasks"]
     assert sum(got["read_tasks"].values()) >= 8
     assert {e["hostPort"].split(":")[0] for e in got["executors"]} == {"127.0.0.1"}
-    assert sum(1 for e in got["executors"] if not e["isActive"]) == 2  # the two killed JVMs
+    assert sum(1 for e in got["executors"] if not e["isActive"]) == len(got["killed"])  # the killed JVMs
 
 
 def stream_round(cluster: StandaloneCluster, broker: Any, name: str, tmp: Path, rows: int = 12_000,
