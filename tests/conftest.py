@@ -343,16 +343,20 @@ def _lane(nodeid: str) -> str:
     return parts[1] if len(parts) > 2 else parts[0]
 
 
-# Session-wide resources some lanes share inside one worker: a SparkSession (a JVM of ~500 MB and ~25 s to
-# start) and the UI lane's broker and browser. Their tests go to one worker each (xdist's ``loadgroup``), so a
-# parallel run starts each of them once, as a serial run does.
-_SHARED_SESSIONS = {"pipeline": "spark-session", "ui": "ui-session"}
+# Session-wide resources some tests share inside one worker: the local SparkSession (a JVM of ~500 MB and ~25 s
+# to start), the Spark standalone cluster (a master and two workers) and the UI lane's broker and browser. The
+# tests of each go to one worker (xdist's ``loadgroup``), so a parallel run starts each of them once, as a serial
+# run does, and the two Spark groups run beside each other on different workers.
+_SHARED_FIXTURES = {"spark": "spark-session", "standalone": "spark-standalone"}
 
 
 def _xdist_group(item) -> str | None:
     lane = _lane(item.nodeid)
-    if lane in _SHARED_SESSIONS:
-        return _SHARED_SESSIONS[lane]
+    if lane == "ui":
+        return "ui-session"
+    for fixture, group in _SHARED_FIXTURES.items():
+        if fixture in getattr(item, "fixturenames", ()):
+            return group
     # A module- or class-scoped fixture (a broker of the module's own, say) is set up once per worker that
     # runs one of the module's tests: keep such a module's tests together.
     defs = getattr(item, "_fixtureinfo", None)
