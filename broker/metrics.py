@@ -62,6 +62,7 @@ from broker.metrics_runtime import RaftFigures, raft_families, runtime_families
 from broker.os_probes import disk_free, max_fds, open_fds, resident_memory, uptime_seconds
 from broker.queue_types import QuorumQueue, queue_type_of
 from broker.reader import open_connections
+from broker.shovel.metrics import shovel_families
 from broker.stream_queue import StreamQueue
 from storage import corruption
 from storage.backing_queue import Figures
@@ -313,6 +314,7 @@ class RabbitCollector:
         yield from self._streams([q for q in queues if isinstance(q, StreamQueue)])
         yield from self._delayed([ex for vh in list(node.vhosts.values()) for ex in list(vh.exchanges.values())
                                   if isinstance(ex, DelayedExchange)])
+        yield from shovel_families(node.shovels.workers.values())
         # -- resources --------------------------------------------------------------------------------------
         mem = resident_memory()
         mem_limit = node.memory_limit

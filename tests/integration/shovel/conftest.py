@@ -4,6 +4,7 @@ helpers to publish and drain numbered messages with pika."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 import urllib.request
 from base64 import b64encode
@@ -11,7 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.conftest import BrokerProcess
 from tests.integration.shovel.rabbit_node import RabbitNode
+from tests.worker_resources import free_port
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +26,20 @@ def rabbit() -> Iterator[RabbitNode]:
         yield node
     finally:
         node.cleanup()
+
+
+@pytest.fixture(scope="module")
+def leveret(tmp_path_factory) -> Iterator[BrokerProcess]:
+    """One Leveret for the module's tests that only talk to its HTTP API (the validation answers): 13 broker
+    starts less, each of them seconds on a loaded 2-core machine. Tests that kill or restart a Leveret, or
+    need its queues to themselves, take ``start_broker``."""
+    tmp = tmp_path_factory.mktemp("shovel-leveret")
+    b = BrokerProcess(host="127.0.0.1", port=free_port(), data_dir=tmp / "data", log_path=tmp / "broker.log")
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop(signal.SIGKILL)
 
 
 def api(broker, method: str, path: str, body: object | None = None) -> tuple[int, object]:

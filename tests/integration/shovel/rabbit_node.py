@@ -81,7 +81,7 @@ class RabbitNode:
     def _su(self, command: str, **kw) -> subprocess.CompletedProcess:
         return subprocess.run(["su", "rabbitmq", "-s", "/bin/bash", "-c",
                                f". {self.base}/env; cd {self.base}; HOME=/var/lib/rabbitmq {command}"],
-                              capture_output=True, text=True, **kw)
+                              check=False, capture_output=True, text=True, **kw)
 
     def ctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         quoted = " ".join("'" + a.replace("'", "'\\''") + "'" for a in args)
@@ -89,8 +89,8 @@ class RabbitNode:
 
     def start(self, timeout: float = 90) -> None:
         subprocess.run(["su", "rabbitmq", "-s", "/bin/bash", "-c",
-                        f". {self.base}/env; cd {self.base}; HOME=/var/lib/rabbitmq nohup {RABBITMQ_SERVER} "
-                        f">> {self.base}/log/stdout 2>&1 &"], check=True)
+                        (f". {self.base}/env; cd {self.base}; HOME=/var/lib/rabbitmq nohup {RABBITMQ_SERVER} "
+                         f">> {self.base}/log/stdout 2>&1 &")], check=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.ctl("await_startup", "--timeout", "5", timeout=30).returncode == 0:
