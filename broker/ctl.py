@@ -172,7 +172,7 @@ LISTS: dict[str, dict[str, Any]] = {
                                 "messages_unacknowledged", "message_bytes", "message_bytes_ready",
                                 "message_bytes_unacknowledged", "messages_paged_out", "memory", "message_stats",
                                 "idle_since", "message_deduplication_cache_info",
-                                # stream queues (broker/management/objects.py's stream_fields)
+                                # stream queues (broker/stream_queue.py's info_items)
                                 "leader", "members", "online", "readers", "first_offset", "offset", "last_offset",
                                 "next_offset", "committed_offset", "segments", "stream_bytes", "consumer_groups"]},
     "list_exchanges": {"path": "/api/exchanges/{vhost}", "default": ["name", "type"], "title": "exchanges",

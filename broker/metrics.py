@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -60,10 +60,9 @@ from broker.delayed_dispatch import DelayDispatcher, Lateness
 from broker.delayed_exchange import DelayedExchange
 from broker.metrics_runtime import RaftFigures, raft_families, runtime_families
 from broker.os_probes import disk_free, max_fds, open_fds, resident_memory, uptime_seconds
-from broker.queue_types import QuorumQueue, queue_type_of
+from broker.queue_types import Queue, queue_type_of
 from broker.reader import open_connections
 from broker.shovel.metrics import shovel_families
-from broker.stream_queue import StreamQueue
 from storage import corruption
 from storage.backing_queue import Figures
 
@@ -183,14 +182,13 @@ STREAM_GROUP_GAUGES = (
 )
 
 
-def stream_values(q: StreamQueue) -> dict[str, int]:
-    """The per-stream metrics of one stream queue, read from its log now."""
-    log = q.log
+def stream_values(items: dict[str, Any]) -> dict[str, int]:
+    """The per-stream metrics of one stream queue, from its info items (StreamQueue.info_items) read now."""
     return {
-        "leveret_stream_first_offset": log.first_offset,
-        "leveret_stream_next_offset": log.next_offset,
-        "leveret_stream_segments": log.segment_count,
-        "leveret_stream_bytes": log.bytes,
+        "leveret_stream_first_offset": items["first_offset"],
+        "leveret_stream_next_offset": items["next_offset"],
+        "leveret_stream_segments": items["segments"],
+        "leveret_stream_bytes": items["stream_bytes"],
     }
 
 
@@ -254,7 +252,7 @@ def queue_values(q: QueueProcess, shared: Snapshot | None = None) -> dict[str, i
     }
 
 
-def raft_figures(q: QuorumQueue) -> RaftFigures:
+def raft_figures(q: QueueProcess) -> RaftFigures:
     """What broker/metrics_runtime.py's Raft families are made of, for one quorum queue, read now."""
     s = q.stats
     return RaftFigures(q.vhost.name, q.name, s.published, s.acked, q.awaiting_confirm(), q.figures().messages)
@@ -309,9 +307,9 @@ class RabbitCollector:
         yield from self._message_sizes()
         # -- queues ---------------------------------------------------------------------------------------
         yield from self._queues(queues)
-        yield from raft_families((raft_figures(q) for q in queues if isinstance(q, QuorumQueue)),
+        yield from raft_families((raft_figures(q) for q in queues if q.capabilities.raft),
                                  self.per_object)
-        yield from self._streams([q for q in queues if isinstance(q, StreamQueue)])
+        yield from self._streams([q for q in queues if q.capabilities.offsets])
         yield from self._delayed([ex for vh in list(node.vhosts.values()) for ex in list(vh.exchanges.values())
                                   if isinstance(ex, DelayedExchange)])
         yield from shovel_families(node.shovels.workers.values())
@@ -443,26 +441,26 @@ class RabbitCollector:
         yield from gauges
         yield from counters
 
-    def _streams(self, streams: list[StreamQueue]) -> Iterable[Metric]:
+    def _streams(self, streams: list[Queue]) -> Iterable[Metric]:
+        """The leveret_stream_* series, from each stream's info items (broker/queue_info.py)."""
+        infos = [(q, q.info_items(self.node.name)) for q in streams]
         if not self.per_object:
             for name, help_, summed in STREAM_GAUGES:
                 if summed:
-                    yield _gauge(name, help_, sum(stream_values(q)[name] for q in streams))
+                    yield _gauge(name, help_, sum(stream_values(items)[name] for _q, items in infos))
             return
         gauges = [GaugeMetricFamily(name, help_, labels=["vhost", "queue"]) for name, help_, _s in STREAM_GAUGES]
         groups = [GaugeMetricFamily(name, help_, labels=["vhost", "queue", "group"])
                   for name, help_ in STREAM_GROUP_GAUGES]
         committed, lag = groups
-        for q in streams:
-            values = stream_values(q)
+        for q, items in infos:
+            values = stream_values(items)
             labels = [q.vhost.name, q.name]
             for g, (name, _h, _s) in zip(gauges, STREAM_GAUGES):
                 g.add_metric(labels, values[name])
-            nxt = values["leveret_stream_next_offset"]
-            for group_name, group in sorted(q.groups().items()):
-                done = group.committed
-                committed.add_metric([*labels, group_name], done)
-                lag.add_metric([*labels, group_name], nxt - done)
+            for group in items["consumer_groups"]:  # sorted by name; lag = next_offset - committed_offset
+                committed.add_metric([*labels, group["name"]], group["committed_offset"])
+                lag.add_metric([*labels, group["name"]], group["lag"])
         yield from gauges
         yield from groups
 

@@ -30,6 +30,7 @@ from broker.message import Message
 from broker.publish import ROUTED
 from broker.queue_args import QueueSettings
 from broker.queue_consumers import Consumer, ConsumerSet
+from broker.queue_info import CLASSIC, QueueCapabilities
 from protocol.properties import Long, with_properties
 from storage.backing_queue import BackingQueue, Figures
 
@@ -133,6 +134,7 @@ class QueueProcess:
     type_name: ClassVar[str] = "classic"
     counts_deliveries: ClassVar[bool] = False
     remote: ClassVar[bool] = False  # a queue of this node (broker/remote_queue.py's stand for other members')
+    capabilities: ClassVar[QueueCapabilities] = CLASSIC  # (broker/queue_info.py)
     # Message deduplication (broker/deduplication.py): the queue's cache, set by the queue registry and checked
     # by broker/delegate.py before deliver_or_enqueue; None (no deduplication) costs one attribute read.
     dedup: DedupCache | None = None
@@ -756,6 +758,10 @@ class QueueProcess:
         """The queue's message figures (ready, unacked, their bytes, paged out), for the HTTP API and metrics:
         asked of the backing queue at a scrape or a request, never per message."""
         return self.bq.figures()
+
+    def info_items(self, node_name: str) -> dict[str, Any]:
+        """The items this type adds to a queue's info (broker/queue_info.py): none beyond the common ones."""
+        return {}
 
     def purge(self) -> int:
         return self.bq.purge()

@@ -46,6 +46,7 @@ from broker.errors import AMQPError
 from broker.memory_budget import PagedQueue
 from broker.queue_args import QueueSettings
 from broker.queue_consumers import Consumer, ConsumerSet
+from broker.queue_info import QUORUM, QueueCapabilities
 from broker.queue_process import QueueHost, QueueOwner, QueueProcess, QueueStats
 from broker.stream_queue import StreamQueueType
 from protocol.constants import NOT_IMPLEMENTED
@@ -103,6 +104,9 @@ class Queue(PagedQueue, Protocol):
     # Whether this is another cluster member's queue, seen from here (broker/remote_queue.py's RemoteQueue):
     # publishing to it forwards; it is not consumed, counted or listed here. False for every queue type's own.
     remote: ClassVar[bool]
+    # What the type offers and which info items it reports (broker/queue_info.py): the HTTP API, ctl and
+    # metrics read these instead of switching on classes.
+    capabilities: ClassVar[QueueCapabilities]
     # Message deduplication (broker/deduplication.py): set by the queue registry, checked by broker/delegate.py
     # before deliver_or_enqueue, so a queue type needs nothing of its own for it.
     dedup: DedupCache | None
@@ -144,6 +148,8 @@ class Queue(PagedQueue, Protocol):
     def figures(self) -> Figures: ...
 
     def message_count(self) -> int: ...
+
+    def info_items(self, node_name: str) -> dict[str, Any]: ...
 
     # lifecycle
     def apply_settings(self, settings: QueueSettings) -> None: ...
@@ -195,6 +201,7 @@ class QuorumQueue(QueueProcess):
 
     type_name = "quorum"
     counts_deliveries = True
+    capabilities = QUORUM
 
     def add_consumer(self, consumer: Consumer) -> None:
         """RabbitMQ 3.10 refuses a consumer of a quorum queue on a channel whose client asked for a shared

@@ -40,6 +40,7 @@ from broker.exchange import (
     TopicExchange,
 )
 from broker.message import Message
+from broker.queue_info import CLASSIC, QueueCapabilities
 from broker.queue_process import ACCEPTED, CONFIRM_LATER
 from protocol.constants import RESOURCE_LOCKED
 
@@ -77,6 +78,7 @@ class RemoteQueue:
     """A queue of another member (see the module docstring)."""
 
     remote: ClassVar[bool] = True
+    capabilities: ClassVar[QueueCapabilities] = CLASSIC  # (as a node-local queue of its owner is classic)
     type_name: ClassVar[str] = "classic"
     dedup = None
     exclusive_owner = None
@@ -158,6 +160,9 @@ class RemoteQueue:
 
     def basic_get_wait(self, retry: Callable[[], None]) -> bool:
         return False  # (not reached: the registry's lookup refuses another member's queue with 405)
+
+    def info_items(self, node_name: str) -> dict[str, Any]:
+        return {}  # (the HTTP API shows what its owner answers: broker/management/objects.py)
 
     def purge_count_wait(self, answer: Callable[[int], None]) -> bool:
         return False  # (not reached, as basic_get_wait)

@@ -65,6 +65,7 @@ from broker.errors import AMQPError
 from broker.message import Message
 from broker.queue_args import QueueSettings, parse_duration, refuse_unless_lasting
 from broker.queue_consumers import Consumer, ConsumerSet
+from broker.queue_info import STREAM, QueueCapabilities
 from broker.queue_process import (
     ACCEPTED,
     CONFIRM_LATER,
@@ -156,6 +157,7 @@ class StreamQueue:
 
     type_name: ClassVar[str] = "stream"
     remote: ClassVar[bool] = False  # a queue of this node (broker/remote_queue.py's stand for other members')
+    capabilities: ClassVar[QueueCapabilities] = STREAM  # (broker/queue_info.py)
     # HOOK (message deduplication): the stream's cache (broker/deduplication.py), set by the queue registry and
     # checked by broker/delegate.py before deliver_or_enqueue; nothing else here knows of it.
     dedup: Any = None
@@ -655,6 +657,68 @@ class StreamQueue:
 
     def figures(self) -> Figures:
         return Figures(self.message_count(), 0, self.log.bytes, 0, 0)
+
+    def info_items(self, node_name: str) -> dict[str, Any]:
+        """What a stream adds to its queue object (``type`` is "stream"; ``messages`` and ``messages_ready``
+        are the messages retained, ``next_offset - first_offset``, as RabbitMQ 3.10 counts them).
+
+        RabbitMQ's names where its ``rabbit_stream_queue`` info keys or ``rabbitmq-streams stream_status``
+        columns have one: ``leader``, ``members``, ``online``, ``readers``, ``first_offset``, ``offset`` (the
+        last offset written), ``committed_offset`` (one node has nothing to replicate: the last offset written,
+        where osiris shows its last committed chunk) and ``segments``. Leveret's for the rest: ``last_offset``
+        (``offset`` under a plainer name; -1 for a stream never written), ``next_offset`` (what the next
+        publish gets: the end, exclusive, of what a reader such as the Spark source can read now),
+        ``stream_bytes`` (payload bytes retained, what ``x-max-length-bytes`` limits) and ``consumer_groups``
+        (:meth:`group_info`). The HTTP API shows them; the leveret_stream_* series are read from them."""
+        log = self.log
+        first, nxt = log.first_offset, log.next_offset
+        members = self.group_consumers()
+        return {
+            "leader": node_name,
+            "members": [node_name],
+            "online": [node_name],
+            "readers": self.consumers.count,
+            "first_offset": first,
+            "offset": nxt - 1,
+            "last_offset": nxt - 1,
+            "next_offset": nxt,
+            "committed_offset": nxt - 1,
+            "segments": log.segment_count,
+            "stream_bytes": log.bytes,
+            "consumer_groups": [self.group_info(name, group, members)
+                                for name, group in sorted(self.groups().items())],
+        }
+
+    def group_info(self, name: str, group: GroupLog, members: dict[str, int] | None = None) -> dict[str, Any]:
+        """One consumer group (Leveret's, QMQ's pull log): ``committed_offset`` (every offset below it is
+        acked), ``cursor`` (the next offset the group pulls), ``outstanding`` (pulled, not acked), ``lag``
+        (``next_offset - committed_offset``: what the group has still to settle, retention's losses included)
+        and ``consumers`` (its members now; RabbitMQ's column name in ``list_stream_consumer_groups``)."""
+        nxt = self.log.next_offset
+        committed = group.committed
+        counts = self.group_consumers() if members is None else members
+        return {
+            "vhost": self.vhost.name,
+            "stream": self.name,
+            "name": name,
+            "committed_offset": committed,
+            "cursor": group.cursor,
+            "outstanding": len(group.outstanding()),
+            "lag": nxt - committed,
+            "consumers": counts.get(name, 0),
+            "next_offset": nxt,
+        }
+
+    def group_consumers(self) -> dict[str, int]:
+        """Consumers per group name (the ``x-stream-group`` argument of the stream's consumers)."""
+        out: dict[str, int] = {}
+        for consumer in list(self.consumers):
+            name = consumer.arguments.get("x-stream-group")
+            if isinstance(name, (bytes, bytearray)):
+                name = bytes(name).decode(errors="replace")
+            if isinstance(name, str):
+                out[name] = out.get(name, 0) + 1
+        return out
 
     def origins_held(self, seqs: set[int]) -> set[int]:
         """A stream keeps no message ids: a delayed message in doubt after a crash is appended again (at

@@ -26,7 +26,6 @@ from broker.management.common import (
 from broker.management.exchanges import CONFIRM_TIMEOUT, HttpConfirm
 from broker.message import Message
 from broker.publish import PENDING, REFUSED, ROUTED
-from broker.stream_queue import StreamQueue
 from protocol.fastcodec import shortstr
 
 if TYPE_CHECKING:
@@ -54,7 +53,7 @@ async def move_messages(request: web.Request) -> web.Response:
         raise not_found(f"no queue '{destination}' in vhost '{vh.name}'")
     if dest is src:
         raise bad_request("destination is the source queue")
-    if isinstance(src, StreamQueue):
+    if not src.capabilities.basic_get:
         raise bad_request("a stream's messages are read from an offset, not moved")
     user = user_of(request)
     permissions.basic_get(user, vh.name, src.name)

@@ -25,7 +25,6 @@ from broker.json_values import json_safe
 from broker.persistence import untable
 from broker.queue_types import queue_type_of
 from broker.reader import open_connections
-from broker.stream_queue import StreamQueue
 from broker.tls import connection_tls_info
 from storage.backing_queue import Figures
 
@@ -39,7 +38,6 @@ if TYPE_CHECKING:
     from broker.reader import Reader
     from broker.vhost import VHost
     from storage.pg.queue_figures import Snapshot
-    from storage.stream_log import GroupLog
 
 DEFAULT_EXCHANGE_PATH = "amq.default"
 
@@ -500,9 +498,8 @@ def queue_info(node: Node, q: QueueProcess, sampler: RateSampler | None = None,
         info["owner_pid_details"] = {"name": q.exclusive_owner.name}
     if q.dedup is not None:  # the plugin shows it in backing_queue_status; the queue object is where it is read
         info["message_deduplication_cache_info"] = q.dedup.info()
-    if isinstance(q, StreamQueue):
-        info.update(stream_fields(node, q))
-    elif shared is not None and is_shared(q):
+    info.update(q.info_items(node.name))  # the items its type adds (a stream's offsets: broker/queue_info.py)
+    if shared is not None and is_shared(q):
         # Every live member serves a shared queue (RabbitMQ's quorum queue fields: its members, those online);
         # its leader is the member that reports it to Prometheus (Snapshot.leader), the same on every member.
         info["members"] = list(shared.members)
@@ -606,73 +603,6 @@ def other_member_queue_info(q: OtherMemberQueue) -> dict[str, Any]:
         info[name] = value
         info[name + "_details"] = {"rate": float(rates.get(name, 0.0))}
     return info
-
-
-# -- streams --------------------------------------------------------------------------------------------------------
-
-def stream_fields(node: Node, q: StreamQueue) -> dict[str, Any]:
-    """What a stream queue adds to its queue object (``type`` is "stream"; ``messages`` and
-    ``messages_ready`` are the messages retained, ``next_offset - first_offset``, as RabbitMQ 3.10 counts them).
-
-    RabbitMQ's names where its ``rabbit_stream_queue`` info keys or ``rabbitmq-streams stream_status`` columns
-    have one: ``leader``, ``members``, ``online``, ``readers``, ``first_offset``, ``offset`` (the last offset
-    written), ``committed_offset`` (one node has nothing to replicate: the last offset written, where osiris
-    shows its last committed chunk) and ``segments``. Leveret's for the rest: ``last_offset`` (``offset`` under
-    a plainer name; -1 for a stream never written), ``next_offset`` (what the next publish gets: the end,
-    exclusive, of what a reader such as the Spark source can read now), ``stream_bytes`` (payload bytes
-    retained, what ``x-max-length-bytes`` limits) and ``consumer_groups`` (:func:`stream_group_info`)."""
-    log = q.log
-    first, nxt = log.first_offset, log.next_offset
-    members = group_consumers(q)
-    return {
-        "leader": node.name,
-        "members": [node.name],
-        "online": [node.name],
-        "readers": q.consumers.count,
-        "first_offset": first,
-        "offset": nxt - 1,
-        "last_offset": nxt - 1,
-        "next_offset": nxt,
-        "committed_offset": nxt - 1,
-        "segments": log.segment_count,
-        "stream_bytes": log.bytes,
-        "consumer_groups": [stream_group_info(q, name, group, members)
-                            for name, group in sorted(q.groups().items())],
-    }
-
-
-def group_consumers(q: StreamQueue) -> dict[str, int]:
-    """Consumers per group name (the ``x-stream-group`` argument of the stream's consumers)."""
-    out: dict[str, int] = {}
-    for consumer in list(q.consumers):
-        name = consumer.arguments.get("x-stream-group")
-        if isinstance(name, (bytes, bytearray)):
-            name = bytes(name).decode(errors="replace")
-        if isinstance(name, str):
-            out[name] = out.get(name, 0) + 1
-    return out
-
-
-def stream_group_info(q: StreamQueue, name: str, group: GroupLog, members: dict[str, int] | None = None
-                      ) -> dict[str, Any]:
-    """One consumer group of a stream (Leveret's, QMQ's pull log): ``committed_offset`` (every offset below
-    it is acked), ``cursor`` (the next offset the group pulls), ``outstanding`` (pulled, not acked), ``lag``
-    (``next_offset - committed_offset``: what the group has still to settle, retention's losses included) and
-    ``consumers`` (its members now; RabbitMQ's column name in ``list_stream_consumer_groups``)."""
-    nxt = q.log.next_offset
-    committed = group.committed
-    counts = group_consumers(q) if members is None else members
-    return {
-        "vhost": q.vhost.name,
-        "stream": q.name,
-        "name": name,
-        "committed_offset": committed,
-        "cursor": group.cursor,
-        "outstanding": len(group.outstanding()),
-        "lag": nxt - committed,
-        "consumers": counts.get(name, 0),
-        "next_offset": nxt,
-    }
 
 
 # -- exchanges and bindings ------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@ and ``POST .../get`` with RabbitMQ's ack modes, and Leveret's ``POST .../peek`` 
 ``GET /api/queues?page=...`` is filtered, sorted and paged before the page's objects are built
 (broker/management/listing.py). Everything goes through the vhost's queue registry and the
 queue process, as the AMQP methods do. A stream queue's object (``"type": "stream"``) adds its offsets,
-segments and consumer groups (broker/management/objects.py's ``stream_fields``); its groups alone are at
+segments and consumer groups (broker/stream_queue.py's ``info_items``); its groups alone are at
 ``/api/stream-groups`` (broker/management/streams.py)."""
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from broker.management.objects import (
     queue_consumer_details,
     queue_info,
 )
-from broker.stream_queue import StreamQueue
 from protocol.frames import FrameError
 from protocol.properties import decode_properties
 
@@ -257,7 +256,7 @@ async def peek_messages(request: web.Request) -> web.Response:
     encoding = body.get("encoding", "auto")
     if encoding not in ("auto", "base64"):
         raise bad_request("encoding must be auto or base64")
-    if isinstance(q, StreamQueue):
+    if not q.capabilities.basic_get:
         raise web.HTTPMethodNotAllowed(
             "POST", [], text='{"error":"Method Not Allowed","reason":"a stream is read from an offset, '
             'not peeked"}', content_type="application/json")

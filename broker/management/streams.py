@@ -10,7 +10,7 @@ no such resource, its nearest being ``rabbitmq-streams list_stream_consumer_grou
         it forward to N (never back); 204. 409 while the group has consumers (their acks own its progress);
         the user needs read permission on the stream, as a consumer does.
 
-Each row (broker/management/objects.py's ``stream_group_info``)::
+Each row (broker/stream_queue.py's ``StreamQueue.group_info``)::
 
     {"vhost": "/", "stream": "events", "name": "billing", "committed_offset": 120, "cursor": 130,
      "outstanding": 10, "lag": 380, "consumers": 2, "next_offset": 500}
@@ -48,15 +48,14 @@ from broker.management.common import (
     vhost_for_write,
     visible_vhosts,
 )
-from broker.management.objects import group_consumers, stream_group_info
 from broker.stream_queue import StreamQueue
 from broker.vhost import VHost
 
 
 def _rows(q: StreamQueue) -> Iterator[dict[str, Any]]:
-    members = group_consumers(q)
+    members = q.group_consumers()
     for name, group in sorted(q.groups().items()):
-        yield stream_group_info(q, name, group, members)
+        yield q.group_info(name, group, members)
 
 
 async def list_stream_groups(request: web.Request) -> web.Response:
@@ -82,7 +81,7 @@ async def stream_group(request: web.Request) -> web.Response:
     group = q.groups().get(name)
     if group is None:
         raise not_found(f"no consumer group '{name}' on stream '{q.name}'")
-    return respond(stream_group_info(q, name, group, group_consumers(q)))
+    return respond(q.group_info(name, group))
 
 
 async def commit_stream_group(request: web.Request) -> web.Response:
