@@ -42,8 +42,8 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Protocol
 
 import msgpack
 
@@ -78,6 +78,48 @@ def _key(key: str | tuple[str, ...]) -> str:
 
 def split_key(key: str) -> tuple[str, ...]:
     return tuple(key.split(SEP))
+
+
+class Metadata(Protocol):
+    """What the node asks of its metadata store (NodeStorage.metadata; broker/persistence.py and
+    broker/definitions.py write through it), declared so that the two stores are one type to mypy: the SQLite
+    :class:`MetadataStore` of a node, and a cluster member's storage/pg/shared_metadata.py
+    ``SplitMetadataStore``, which broker/cluster.py installs in its place (the definitions every member shares
+    in PostgreSQL, the rest here). Writes raise :class:`MetadataWriteError` and change nothing."""
+
+    path: str
+    was_empty: bool
+
+    @property
+    def commits(self) -> int:
+        """Commits made (each one fsync), for tests and the curious."""
+        ...
+
+    def put(self, kind: str, key: str | tuple[str, ...], value: Any) -> None: ...
+
+    def delete(self, kind: str, key: str | tuple[str, ...]) -> bool: ...
+
+    def delete_prefix(self, kind: str, prefix: tuple[str, ...]) -> int: ...
+
+    def get(self, kind: str, key: str | tuple[str, ...]) -> Any | None: ...
+
+    def items(self, kind: str) -> list[tuple[Any, Any]]: ...
+
+    def kinds(self) -> list[str]: ...
+
+    def transaction(self, *, keep_on_error: bool = False) -> AbstractContextManager[None]: ...
+
+    def open_batch(self) -> list[Op]: ...
+
+    def recording(self, ops: list[Op]) -> AbstractContextManager[None]: ...
+
+    def apply(self, ops: Sequence[Op]) -> None: ...
+
+    def discard(self, ops: Sequence[Op]) -> None: ...
+
+    def check_integrity(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class MetadataStore:
@@ -176,7 +218,10 @@ class MetadataStore:
         except sqlite3.DatabaseError as exc:
             raise self._error(exc) from None
         if rows != ["ok"]:
-            raise MetadataStoreError(f"{self.path} is corrupt (sqlite quick_check: {'; '.join(rows[:3])})")
+            what = "; ".join(r.replace("\n", " ") for r in rows[:3])
+            corruption.report(self.path, 0, f"sqlite quick_check: {what}", "the start is refused", store="metadata")
+            raise MetadataStoreError(f"{self.path} is corrupt (sqlite quick_check: {what}); stop the node and restore "
+                                     "the file from a backup")
 
     # -- writing -------------------------------------------------------------------------------------------
     def put(self, kind: str, key: str | tuple[str, ...], value: Any) -> None:

@@ -22,6 +22,8 @@ from typing import Any
 import msgpack
 from pamqp import encode as amqp_encode
 
+from storage.metadata_store import row_crc
+
 SEP = "\x1f"
 # Kinds the node's metadata is kept under since the migration (broker/persistence.py).
 NODE_METADATA_KINDS = ("vhost", "user", "permission", "topic_permission", "policy", "operator_policy", "parameter",
@@ -56,8 +58,14 @@ def _key(key: str | tuple[str, ...]) -> str:
 
 
 def _put(db: sqlite3.Connection, kind: str, key: str | tuple[str, ...], value: Any) -> None:
-    db.execute("INSERT OR REPLACE INTO defs (kind, key, value) VALUES (?, ?, ?)",
-               (kind, _key(key), msgpack.packb(value, use_bin_type=True)))
+    """One row, as the node writes it: in a table with the ``crc`` column (a database this node wrote, turned
+    back by ``downgrade``) with its checksum, which the store checks at every read (storage/metadata_store.py)."""
+    packed = msgpack.packb(value, use_bin_type=True)
+    if any(r[1] == "crc" for r in db.execute("PRAGMA table_info(defs)")):
+        db.execute("INSERT OR REPLACE INTO defs (kind, key, value, crc) VALUES (?, ?, ?, ?)",
+                   (kind, _key(key), packed, row_crc(kind, _key(key), packed)))
+        return
+    db.execute("INSERT OR REPLACE INTO defs (kind, key, value) VALUES (?, ?, ?)", (kind, _key(key), packed))
 
 
 def new_old_sqlite(data_dir: Path, queues: list[tuple[str, str]] = (),
