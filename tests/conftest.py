@@ -366,6 +366,7 @@ def _xdist_group(item) -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the markers into the groups it schedules
 def pytest_collection_modifyitems(config, items):
     for item in items:
         group = _xdist_group(item)
