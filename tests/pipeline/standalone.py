@@ -31,7 +31,7 @@ import pyspark
 from worker_resources import free_port
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
-SMALL_JVM = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+SMALL_JVM = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xshare:auto -XX:-UsePerfData -Xss512k"
 JOBS = Path(__file__).resolve().parent / "jobs"
 
 
@@ -70,41 +70,54 @@ def wait_for(what: str, predicate: Callable[[], Any], timeout: float, step: floa
 
 @dataclass
 class Submission:
-    """One ``spark-submit`` (client mode: the driver is this process), its UI port and its log."""
+    """One ``spark-submit`` (client mode: the driver is this process), its log and its report.
+
+    The application's id and REST API come from what the job itself wrote when its SparkContext was up
+    (``<report>.started``: ``sc.applicationId`` and ``sc.uiWebUrl``), not from the UI port asked for: Spark
+    binds the next port when that one is taken, and its REST API would then be another application's or none."""
 
     process: subprocess.Popen[bytes]
-    ui_port: int
     log_path: Path
     report_path: Path
-    hold_path: Path
     app: str | None = None
+    ui_url: str | None = None
 
     @property
     def ui(self) -> str:
-        return f"http://127.0.0.1:{self.ui_port}/api/v1"
+        return f"{self.ui_url}/api/v1"
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def app_id(self) -> str | None:
+    def started(self) -> bool:
+        """Whether the driver's SparkContext is up (and its id and UI known); an AssertionError if the driver
+        exited before."""
         if self.app is None:
-            try:
-                apps = _get_json(f"{self.ui}/applications")
-            except (OSError, ValueError):  # not up yet, or "Spark is starting up" (not JSON)
-                return None
-            self.app = apps[0]["id"] if apps else None
-        return self.app
+            path = Path(f"{self.report_path}.started")
+            if not path.exists():
+                if self.process.poll() is not None:
+                    raise AssertionError(f"spark-submit exited {self.process.returncode} before its SparkContext "
+                                         f"was up:\n{self.log_text()[-4000:]}")
+                return False
+            info = json.loads(path.read_text())
+            self.app, self.ui_url = info["app_id"], str(info["ui"]).rstrip("/")
+        return True
 
-    def running_groups(self) -> set[str]:
-        """The job groups of the application's running jobs (the job script names each phase's jobs)."""
-        app = self.app_id()
-        if app is None:
-            return set()
-        try:
-            jobs = _get_json(f"{self.ui}/applications/{app}/jobs?status=running")
-        except (OSError, ValueError):
-            return set()
-        return {j.get("jobGroup", "") for j in jobs}
+    def app_id(self) -> str | None:
+        return self.app if self.started() else None
+
+    def report(self) -> dict[str, Any]:
+        """The report so far (the job rewrites it after every phase), ``{}`` before the first phase ends."""
+        return dict(json.loads(self.report_path.read_text())) if self.report_path.exists() else {}
+
+    def state(self) -> str:
+        """What the REST API says now (running jobs, executors) and the log's tail: for a failure's message."""
+        running = [{k: j.get(k) for k in ("jobId", "jobGroup", "status", "numActiveTasks", "numCompletedTasks",
+                                          "numFailedTasks")} for j in self.jobs("running")]
+        execs = [{k: e.get(k) for k in ("id", "isActive", "activeTasks", "completedTasks", "failedTasks")}
+                 for e in self.executors()]
+        return (f"app {self.app}, exit {self.process.poll()}, running jobs {running}, executors {execs}, "
+                f"report {self.report()}\n{self.log_text()[-3000:]}")
 
     def jobs(self, status: str | None = None) -> list[dict[str, Any]]:
         app = self.app_id()
@@ -150,11 +163,6 @@ class Submission:
                                  ) from None
         assert code == 0, f"spark-submit exited {code}:\n{self.log_text()[-6000:]}"
         return json.loads(self.report_path.read_text())
-
-    def release(self) -> None:
-        """Let a job started with ``hold=True`` end (it waits for this file after its work, so its REST API
-        can be read while it is still up)."""
-        self.hold_path.write_text("go")
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Signal the driver (the spark-submit JVM) and then whatever of its session is left (its Python)."""
@@ -255,15 +263,14 @@ class StandaloneCluster:
             out[args.get("--executor-id", "?")] = pid
         return out
 
-    def submit(self, job_args: Sequence[str], name: str, hold: bool = False,
-               conf: dict[str, str] | None = None) -> Submission:
+    def submit(self, job_args: Sequence[str], name: str, conf: dict[str, str] | None = None) -> Submission:
         """``spark-submit --master spark://... tests/pipeline/jobs/leveret_job.py <job_args>``: two executors
         of one core and 512 MiB, the driver's UI on a port of its own (its REST API), the job's report to
         ``<name>.json``."""
         ui_port = free_port()
-        report, hold_path = self.root / f"{name}.json", self.root / f"{name}.hold"
-        report.unlink(missing_ok=True)
-        hold_path.unlink(missing_ok=True)
+        report = self.root / f"{name}.json"
+        for stale in (report, Path(f"{report}.started")):
+            stale.unlink(missing_ok=True)
         settings = {
             "spark.ui.port": str(ui_port), "spark.ui.showConsoleProgress": "false",
             "spark.driver.memory": "512m", "spark.executor.memory": "512m", "spark.executor.cores": "1",
@@ -275,19 +282,19 @@ class StandaloneCluster:
             "spark.scheduler.minRegisteredResourcesRatio": "1.0",  # start once both executors are there
             "spark.scheduler.maxRegisteredResourcesWaitingTime": "60s",
             "spark.sql.warehouse.dir": str(self.root / "warehouse"),
+            "spark.sql.adaptive.enabled": "false",  # plans of a few tasks: nothing for it to coalesce
+            "spark.sql.streaming.noDataMicroBatches.enabled": "false",
             **(conf or {}),
         }
         cmd = [str(SPARK_HOME / "bin" / "spark-submit"), "--master", self.url, "--name", name]
         for key, value in settings.items():
             cmd += ["--conf", f"{key}={value}"]
         cmd += [str(JOBS / "leveret_job.py"), *job_args, "--report", str(report)]
-        if hold:
-            cmd += ["--hold", str(hold_path)]
         log_path = self.root / f"{name}.log"
         log = open(log_path, "ab")  # noqa: SIM115 (the child keeps it)
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env(), cwd=self.root,
                                 start_new_session=True)
-        sub = Submission(proc, ui_port, log_path, report, hold_path)
+        sub = Submission(proc, log_path, report)
         self.submissions.append(sub)
         return sub
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +34,30 @@ def job_args(broker: Any, phases: str, out: Path, *extra: str) -> list[str]:
             "--out", str(out), *extra]
 
 
-def kill_busy_executor(cluster: StandaloneCluster, sub: Submission, ready: Any = None,
-                       timeout: float = 120.0) -> str:
-    """SIGKILL the JVM of one of the application's executors while it runs a task, once ``ready()`` says the
-    job is mid-way (some output done, some not); returns the killed executor's id."""
+START_SECONDS = 300.0  # spark-submit to a SparkContext with its executors: 40-80 s on 2 busy cores
+PHASE_SECONDS = 240.0  # a phase reaching the point where the kill is due, the kill's retry done
+
+
+def _count(path: Path) -> int:
+    return len([f for f in os.listdir(path) if not f.startswith(".")]) if path.exists() else 0
+
+
+def kill_executor_in(cluster: StandaloneCluster, sub: Submission, phase: str, ready: Any) -> str:
+    """SIGKILL the JVM of an executor that runs a task of ``phase`` (the job group the job script gives the
+    phase's jobs), once ``ready()`` says the phase is mid-way; returns the killed executor's id.
+
+    The conditions are the application's own: its id and REST API from the job (not a UI port guessed), a
+    running job of ``phase``'s group and no other group's, an active executor of *this* application with a task
+    running (its JVM found among the workers' children by ``--app-id``). A phase that ends first fails the test
+    (the report names it) rather than letting a kill land elsewhere."""
+    wait_for(f"{sub.log_path.name}: the SparkContext up", sub.started, START_SECONDS, step=0.2)
+    app = sub.app_id()
+
     def busy() -> tuple[str, int] | None:
-        if sub.process.poll() is not None:
-            raise AssertionError(f"the job ended before an executor could be killed:\n{sub.log_text()[-3000:]}")
-        app = sub.app_id()
-        if app is None or (ready is not None and not ready()):
+        if sub.process.poll() is not None or phase in sub.report():
+            raise AssertionError(f"phase {phase} ended before an executor could be killed in it: {sub.state()}")
+        running = sub.jobs("running")
+        if not running or not all(of_phase(j, phase) for j in running) or not ready():
             return None
         pids = cluster.executor_pids(app)
         for row in sub.executors():
@@ -49,19 +65,34 @@ def kill_busy_executor(cluster: StandaloneCluster, sub: Submission, ready: Any =
                 return row["id"], pids[row["id"]]
         return None
 
-    executor, pid = wait_for("an executor running a task", busy, timeout, step=0.05)
+    try:
+        executor, pid = wait_for(f"an executor running a task of phase {phase}", busy, PHASE_SECONDS, step=0.05)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {sub.state()}") from None
     os.kill(pid, signal.SIGKILL)
     return executor
 
 
-def phase_half_done(sub: Submission, group: str, on_each: bool = False) -> Any:
-    """A ``ready`` for kill_busy_executor: a job of ``group`` is running and has completed a task (with
-    ``on_each``: every executor alive has completed one, which for the first phase means of this phase)."""
+def of_phase(job: dict[str, Any], phase: str) -> bool:
+    """Whether a job (the REST API's) is one of ``phase``'s: its job group, or for a streaming query (whose
+    jobs Spark puts in a group of the query's run id) the query's name, which its description starts with."""
+    return job.get("jobGroup") == phase or str(job.get("description") or "").split("\n", 1)[0] == phase
+
+
+def tasks_done_on_each(sub: Submission, phase: str) -> Any:
+    """A ``ready``: a job of ``phase`` has completed a task and every executor alive has completed one (for
+    the first phase: one of this phase), so both executors are known to read before one is killed."""
     def ready() -> bool:
-        if not any(j.get("jobGroup") == group and j.get("numCompletedTasks", 0) >= 1 for j in sub.jobs("running")):
+        if not any(of_phase(j, phase) and j.get("numCompletedTasks", 0) >= 1 for j in sub.jobs("running")):
             return False
-        return not on_each or all(e.get("completedTasks", 0) >= 1 for e in sub.executors() if e.get("isActive"))
+        return all(e.get("completedTasks", 0) >= 1 for e in sub.executors() if e.get("isActive"))
     return ready
+
+
+def task_done(sub: Submission, phase: str) -> Any:
+    """A ``ready``: a running job of ``phase`` has completed a task (some of its output is there, some not)."""
+    return lambda: any(of_phase(j, phase) and j.get("numCompletedTasks", 0) >= 1
+                       for j in sub.jobs("running"))
 
 
 def stream_bodies(broker: Any, queue: str) -> list[bytes]:
@@ -94,102 +125,102 @@ def queue_depth(broker: Any, queue: str) -> int:
         conn.close()
 
 
-def read_and_write_round(cluster: StandaloneCluster, broker: Any, name: str, tmp: Path,
-                         rows: int = 12_000, queued: int = 30_000) -> dict[str, Any]:
-    """One application: (a) a batch read of a stream into parquet, (c) a batch write of ``rows`` rows into a
-    de-duplicating stream, (3) a streaming read of ``queued`` messages off a classic queue (the queue source)
-    into parquet, an executor killed mid-phase in each. Returns what the REST API said."""
+@dataclass
+class Sizes:
+    rows: int  # offsets in the source stream (read and stream) and rows written into the de-duplicating one
+    queued: int  # messages in the classic queue (the queue source)
+    per_trigger: int  # the stream's micro-batch (at least 3 batches: one committed before each kill)
+    queue_per_trigger: int
+
+
+DEFAULT = Sizes(rows=4_000, queued=4_000, per_trigger=800, queue_per_trigger=1_000)
+LONG = Sizes(rows=12_000, queued=30_000, per_trigger=2_500, queue_per_trigger=3_000)  # the issue's sizes
+
+
+def cluster_round(cluster: StandaloneCluster, broker: Any, name: str, tmp: Path, size: Sizes) -> dict[str, Any]:
+    """Two spark-submits. The first application runs four phases, an executor JVM killed -9 mid-phase in each:
+    (a) ``read``, a batch read of a stream into parquet; (c) ``write``, a batch write into a de-duplicating
+    stream; ``queue``, the queue source off a classic queue into parquet; (b) ``stream``, a streaming query
+    from the stream into parquet with a checkpoint, whose driver is then killed -9 between a batch's offsets
+    and its commit. The second application runs (b) again from its checkpoint to the end. Returns what the
+    REST API said and the reports."""
     src = declare_stream(broker, f"{name}-src")
     dedup = declare_stream(broker, f"{name}-dedup", **{"x-message-deduplication": True,
-                                                       "x-cache-size": rows * 2})
-    fill(broker, src, rows, size=100)
+                                                       "x-cache-size": size.rows * 2})
+    fill(broker, src, size.rows, size=100)
     classic = f"{name}-q"
-    fill_queue(broker, classic, queued)
-    commits = tmp / "out" / "queue-checkpoint" / "commits"
+    fill_queue(broker, classic, size.queued)
+    out = tmp / "out"
+    stream_offsets, stream_commits = out / "stream-checkpoint" / "offsets", out / "stream-checkpoint" / "commits"
+    queue_commits = out / "queue-checkpoint" / "commits"
+    common = ["--stream", src, "--dedup", dedup, "--queue", classic, "--rows", str(size.rows), "--partitions", "8"]
     t0 = time.monotonic()
-    sub = cluster.submit(job_args(broker, "read,write,queue", tmp / "out", "--stream", src, "--dedup", dedup,
-                                  "--queue", classic, "--rows", str(rows), "--partitions", "8",
-                                  "--per-trigger", "3000"), name, hold=True)
-    killed = [kill_busy_executor(cluster, sub, phase_half_done(sub, "read", on_each=True)),
-              kill_busy_executor(cluster, sub, phase_half_done(sub, "write")),
-              kill_busy_executor(cluster, sub, lambda: commits.exists() and len(os.listdir(commits)) >= 1)]
-    try:
-        wait_for("the job's report", lambda: sub.report_path.exists() or sub.process.poll() is not None, 300,
-                 step=0.2)
-        read_tasks = sub.successful_tasks_by_executor("read")
-        executors = sub.executors()
-    finally:
-        sub.release()
-    report = sub.wait(60)
-    read = report["read"]
-    assert (read["rows"], read["distinct"], read["min"], read["max"]) == (rows, rows, 0, rows - 1), read
-    assert stream_info(broker, dedup)["next_offset"] == rows, "the de-duplicating stream kept a repeat"
+    first = cluster.submit(job_args(broker, "read,write,queue,stream", out, *common, "--per-trigger",
+                                    str(size.per_trigger), "--queue-per-trigger", str(size.queue_per_trigger),
+                                    "--stream-trigger", "processing"), f"{name}-1")
+    killed = [kill_executor_in(cluster, first, "read", tasks_done_on_each(first, "read")),
+              kill_executor_in(cluster, first, "write", task_done(first, "write")),
+              kill_executor_in(cluster, first, "queue", lambda: _count(queue_commits) >= 1),
+              kill_executor_in(cluster, first, "stream", lambda: _count(stream_commits) >= 1)]
+    # The first three phases are over (the stream phase runs): the read's tasks per executor, while the
+    # driver's REST API is up.
+    report = first.report()
+    read_tasks = first.successful_tasks_by_executor("read")
+
+    # The driver, mid-batch: a batch after the executor's kill planned (its offsets written) and not committed.
+    def mid_batch() -> bool:
+        if first.process.poll() is not None:
+            raise AssertionError(f"the query's driver exited before it was killed: {first.state()}")
+        done = _count(stream_commits)
+        if done * size.per_trigger >= size.rows:
+            raise AssertionError(f"the query read everything before its driver was killed: {first.state()}")
+        return done >= 2 and _count(stream_offsets) > done
+
+    def lost() -> list[dict[str, Any]] | None:
+        rows = first.executors()
+        return rows if sum(1 for e in rows if not e.get("isActive")) >= len(killed) else None
+
+    executors = wait_for("the killed executors seen lost", lost, PHASE_SECONDS)
+    wait_for("a stream batch planned and not committed", mid_batch, PHASE_SECONDS, step=0.02)
+    first.kill(signal.SIGKILL)
+    at_kill = (_count(stream_offsets), _count(stream_commits))
+    second = cluster.submit(job_args(broker, "stream", out, "--stream", src, "--per-trigger", str(size.per_trigger),
+                                     "--partitions", "8"), f"{name}-2")
+    restarted = second.wait(START_SECONDS + PHASE_SECONDS)["stream"]
+
+    for phase, got in (("read", report["read"]), ("stream", restarted)):  # every offset once in each sink
+        assert (got["rows"], got["distinct"], got["min"], got["max"]) == (size.rows, size.rows, 0, size.rows - 1), \
+            (phase, got)
+    assert stream_info(broker, dedup)["next_offset"] == size.rows, "the de-duplicating stream kept a repeat"
     bodies = stream_bodies(broker, dedup)
-    assert len(bodies) == rows and set(bodies) == {f"r{i}".encode() for i in range(rows)}
-    # The queue source: every message once (rows = distinct ids = 30,000; ids 0..29,999), the queue empty.
-    q = report["queue"]
-    assert (q["rows"], q["distinct"]) == (queued, queued), q
+    assert len(bodies) == size.rows and set(bodies) == {f"r{i}".encode() for i in range(size.rows)}
+    q = report["queue"]  # the queue source: every message once (distinct message ids), the queue empty
+    assert (q["rows"], q["distinct"]) == (size.queued, size.queued), q
     assert queue_depth(broker, classic) == 0
     return {"killed": killed, "read_tasks": read_tasks, "executors": executors, "report": report,
-            "seconds": time.monotonic() - t0}
+            "restarted": restarted, "at_driver_kill": at_kill, "seconds": time.monotonic() - t0}
 
 
-def test_read_write_and_queue_source_on_two_executors_with_executors_killed(standalone, broker, uid, tmp_path):
-    got = read_and_write_round(standalone, broker, uid, tmp_path)
-    print(f"read+write round: {got['seconds']:.1f} s from submit; killed executors {got['killed']}; "
-          f"read tasks by executor {got['read_tasks']}; job {got['report']}")
-    # Both executors read: the read's tasks succeeded on both original executors (0 and 1), and on the
-    # executor the worker started in place of the killed one.
+def check_round(got: dict[str, Any]) -> None:
+    # Both executors read: the read's tasks succeeded on both original executors (0 and 1).
     assert {"0", "1"} <= set(got["read_tasks"]), got["read_tasks"]
     assert sum(got["read_tasks"].values()) >= 8
     assert {e["hostPort"].split(":")[0] for e in got["executors"]} == {"127.0.0.1"}
     assert sum(1 for e in got["executors"] if not e["isActive"]) == len(got["killed"])  # the killed JVMs
+    offsets, commits = got["at_driver_kill"]
+    assert offsets > commits >= 2, got["at_driver_kill"]  # the driver died mid-batch
+    assert got["restarted"]["batches"] > commits
 
 
-def stream_round(cluster: StandaloneCluster, broker: Any, name: str, tmp: Path, rows: int = 12_000,
-                 per_trigger: int = 2500) -> dict[str, Any]:
-    """(b) A streaming query from a stream to parquet with a checkpoint: an executor killed mid-batch, then
-    the driver (spark-submit) killed mid-query, then the query submitted again from its checkpoint."""
-    src = declare_stream(broker, f"{name}-s")
-    fill(broker, src, rows, size=100)
-    args = job_args(broker, "stream", tmp / "out", "--stream", src, "--per-trigger", str(per_trigger),
-                    "--partitions", "2")
-    commits = tmp / "out" / "stream-checkpoint" / "commits"
-
-    def committed() -> int:
-        return len([f for f in os.listdir(commits) if not f.startswith(".")]) if commits.exists() else 0
-
-    t0 = time.monotonic()
-    first = cluster.submit(args, f"{name}-1")
-    killed = kill_busy_executor(cluster, first, lambda: committed() >= 1)
-    # The driver, mid-query: a later batch running (an executor busy) and the query not done.
-    wait_for("a later batch running", lambda: committed() >= 2 and any(
-        e.get("activeTasks", 0) > 0 for e in first.executors()) or first.process.poll() is not None, 180,
-        step=0.05)
-    assert first.process.poll() is None, f"the query ended before its driver was killed:\n{first.log_text()[-3000:]}"
-    at_kill = committed()
-    first.kill(signal.SIGKILL)
-    second = cluster.submit(args, f"{name}-2")
-    report = second.wait(300)["stream"]
-    assert (report["rows"], report["distinct"], report["min"], report["max"]) == (rows, rows, 0, rows - 1), \
-        report
-    return {"killed": killed, "commits_at_driver_kill": at_kill, "report": report,
-            "seconds": time.monotonic() - t0}
-
-
-def test_stream_to_parquet_with_executor_and_driver_killed(standalone, broker, uid, tmp_path):
-    got = stream_round(standalone, broker, uid, tmp_path)
-    print(f"stream round: {got['seconds']:.1f} s; {got}")
-    assert got["commits_at_driver_kill"] < got["report"]["batches"]
+def test_executors_killed_in_four_phases_and_driver_restarted(standalone, broker, uid, tmp_path):
+    got = cluster_round(standalone, broker, uid, tmp_path, DEFAULT)
+    print(f"cluster round: {got['seconds']:.1f} s from the first submit; killed executors {got['killed']}; "
+          f"read tasks by executor {got['read_tasks']}; offsets/commits at the driver's kill "
+          f"{got['at_driver_kill']}; first {got['report']}; restarted {got['restarted']}")
+    check_round(got)
 
 
 @pytest.mark.long
 @pytest.mark.parametrize("round_", range(LONG_ROUNDS))
-def test_long_read_and_write_rounds(standalone, broker, uid, tmp_path, round_):
-    read_and_write_round(standalone, broker, uid, tmp_path)
-
-
-@pytest.mark.long
-@pytest.mark.parametrize("round_", range(LONG_ROUNDS))
-def test_long_stream_rounds(standalone, broker, uid, tmp_path, round_):
-    stream_round(standalone, broker, uid, tmp_path)
+def test_long_rounds(standalone, broker, uid, tmp_path, round_):
+    check_round(cluster_round(standalone, broker, uid, tmp_path, LONG))

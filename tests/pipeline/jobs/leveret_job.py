@@ -1,6 +1,7 @@
 """The job the standalone-cluster tests submit (``spark-submit --master spark://... leveret_job.py ...``), as
-a user would. It runs the phases it is given in order, each under a Spark job group of the phase's name (so
-the test sees in the REST API which phase runs, and kills an executor in it), and writes a JSON report of what
+a user would. It runs the phases it is given in order, each under a Spark job group of the phase's name (a
+streaming query's jobs: the query named after the phase, its name first in their description), so the test
+sees in the REST API which phase runs and kills an executor in it, and writes a JSON report of what
 each sink holds, read back through Spark (a parquet sink through its ``_spark_metadata`` log, so only
 committed files count).
 
@@ -14,8 +15,12 @@ Phases:
 - ``queue``: a streaming query from classic or quorum queue ``--queue`` (the queue source) to parquet at
   ``<out>/queue``, as ``stream``; the rows keep each message's ``message_id``.
 
-``--hold FILE``: after the work, wait (at most 120 s) for FILE before stopping, so that the test can read the
-application's REST API while it is still up.
+At start the job writes ``<report>.started`` (JSON: the application's id and its UI's URL as Spark bound it,
+so the test reads the REST API of this application and no other, even if the UI port it asked for was taken),
+and after every phase the report so far (``<report>``, replaced atomically), so the test sees a phase end.
+
+``--stream-trigger processing``: the ``stream`` phase runs with the default trigger and never ends by itself
+(its driver is to be killed mid-query); ``availableNow`` (the default) ends once caught up.
 """
 
 from __future__ import annotations
@@ -37,10 +42,20 @@ def sink_report(spark: SparkSession, path: str, key: str) -> dict[str, Any]:
     return {"rows": row["rows"], "distinct": row["distinct"], "min": row["min"], "max": row["max"]}
 
 
-def run_stream(spark: SparkSession, options: dict[str, str], columns: list[str], out: str, checkpoint: str) -> int:
+def write_json(path: str, value: dict[str, Any]) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(value, f)
+    os.replace(path + ".tmp", path)
+
+
+def run_stream(spark: SparkSession, name: str, options: dict[str, str], columns: list[str], out: str,
+               checkpoint: str, available_now: bool = True) -> int:
+    """A streaming query named ``name``: Spark runs its jobs under a job group of the query's run id and a
+    description that starts with the query's name (not under the phase's job group)."""
     df = spark.readStream.format("leveret").options(**options).load()
-    query = (df.select(*columns).writeStream.format("parquet").option("path", out)
-             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    writer = (df.select(*columns).writeStream.queryName(name).format("parquet").option("path", out)
+              .option("checkpointLocation", checkpoint))
+    query = (writer.trigger(availableNow=True) if available_now else writer).start()
     query.awaitTermination()
     if query.exception() is not None:
         raise SystemExit(f"query failed: {query.exception()}")
@@ -58,9 +73,10 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--per-trigger", type=int, default=0)
+    p.add_argument("--queue-per-trigger", type=int, default=0, help="the queue phase's (default: --per-trigger)")
     p.add_argument("--rows", type=int, default=0)
     p.add_argument("--report", required=True)
-    p.add_argument("--hold")
+    p.add_argument("--stream-trigger", choices=("availableNow", "processing"), default="availableNow")
     a = p.parse_args()
 
     spark = SparkSession.builder.getOrCreate()
@@ -71,6 +87,7 @@ def main() -> None:
     # Spark's own discovery (pkgutil) misses an editable install's import hook: register by hand.
     spark.dataSource.register(DefaultSource)
     conn = {"uri": a.uri, "managementUri": a.management_uri}
+    write_json(a.report + ".started", {"app_id": sc.applicationId, "ui": sc.uiWebUrl})
     report: dict[str, Any] = {"app_id": sc.applicationId}
     per_trigger = {"maxRecordsPerTrigger": str(a.per_trigger)} if a.per_trigger else {}
     for phase in a.phases.split(","):
@@ -86,12 +103,15 @@ def main() -> None:
         elif phase == "stream":
             opts = {**conn, "queue": a.stream, "startingOffsets": "earliest", "minPartitions": str(a.partitions),
                     **per_trigger}
-            batches = run_stream(spark, opts, ["offset", "body"], out, out + "-checkpoint")
+            batches = run_stream(spark, phase, opts, ["offset", "body"], out, out + "-checkpoint",
+                                 available_now=a.stream_trigger == "availableNow")
             sc.setJobGroup(phase + "-report", phase)
             result = {**sink_report(spark, out, "offset"), "batches": batches}
         elif phase == "queue":
-            opts = {**conn, "queue": a.queue, "minPartitions": str(a.partitions), **per_trigger}
-            batches = run_stream(spark, opts, ["offset", "body", "properties.message_id"], out,
+            queue_limit = a.queue_per_trigger or a.per_trigger
+            opts = {**conn, "queue": a.queue, "minPartitions": str(a.partitions),
+                    **({"maxRecordsPerTrigger": str(queue_limit)} if queue_limit else {})}
+            batches = run_stream(spark, phase, opts, ["offset", "body", "properties.message_id"], out,
                                  out + "-checkpoint")
             sc.setJobGroup(phase + "-report", phase)
             result = {**sink_report(spark, out, "message_id"), "batches": batches}
@@ -105,13 +125,7 @@ def main() -> None:
             raise SystemExit(f"unknown phase {phase!r}")
         result["seconds"] = round(time.monotonic() - t0, 2)
         report[phase] = result
-    with open(a.report + ".tmp", "w") as f:
-        json.dump(report, f)
-    os.replace(a.report + ".tmp", a.report)
-    if a.hold:
-        deadline = time.monotonic() + 120
-        while not os.path.exists(a.hold) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        write_json(a.report, report)
     spark.stop()
 
 
