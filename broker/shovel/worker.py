@@ -270,11 +270,15 @@ class ShovelWorker:
 
     # -- status --------------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        """GET /api/shovels' object (rabbit_shovel_mgmt's fields for a dynamic amqp091 shovel)."""
+        """GET /api/shovels' object (rabbit_shovel_mgmt's fields for a dynamic amqp091 shovel), plus Leveret's
+        own ``messages_published``/``messages_acked`` (the metrics' counters; RabbitMQ 3.10's status has no
+        count, and the web UI's Shovels page shows how far a move has gone from them)."""
         d = self.d
         out: dict[str, Any] = {"node": self.node_name,
                                "timestamp": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since)),
-                               "name": d.name, "vhost": d.vhost, "type": "dynamic", "state": self.state}
+                               "name": d.name, "vhost": d.vhost, "type": "dynamic", "state": self.state,
+                               "ack_mode": d.ack_mode, "messages_published": self.published,
+                               "messages_acked": self.acked}
         if self.state == "terminated":
             out["reason"] = self.reason
         if self.state == "running":

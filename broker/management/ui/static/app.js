@@ -9,6 +9,7 @@ import * as exchanges from "./pages/exchanges.js";
 import * as connections from "./pages/connections.js";
 import * as admin from "./pages/admin.js";
 import * as traffic from "./pages/traffic.js";
+import * as shovels from "./pages/shovels.js";
 
 const ROUTES = [
   [/^\/$/, overview.mount, "overview"],
@@ -23,6 +24,7 @@ const ROUTES = [
   [/^\/vhosts$/, admin.mountVhosts, "vhosts"],
   [/^\/policies$/, admin.mountPolicies, "policies"],
   [/^\/traffic$/, traffic.mount, "traffic"],
+  [/^\/shovels$/, shovels.mount, "shovels"],
 ];
 
 const state = { user: null, refresh: null, timer: null, generation: 0 };
