@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from broker import limits
 from broker.deduplication import open_cache, queue_settings
 from broker.errors import AMQPError
+from broker.exchange import DurableStore
 from broker.memory_budget import default_budget
 from broker.queue_args import effective_settings, validate_arguments
 from broker.queue_process import QueueHost, QueueOwner, QueueProcess
 from broker.queue_types import OpenStore, memory_store, queue_type_of
+from broker.topology import CatchUp, Topology
 from protocol.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED
 
 if TYPE_CHECKING:
@@ -27,14 +29,27 @@ if TYPE_CHECKING:
 Reader = QueueOwner
 
 
+class Definitions(DurableStore, Protocol):
+    """Where the registry writes a durable queue's definition (broker/persistence.py's DurableDefinitions;
+    broker/vhost.py's VHostDefinitions adds what the vhost writes). Raises if it cannot, and nothing changes."""
+
+    def queue_declared(self, vhost: str, q: QueueProcess) -> None: ...
+
+    def queue_deleted(self, vhost: str, name: str) -> None: ...
+
+
 class VHost(QueueHost, Protocol):
     """What the registry asks of its vhost (broker/vhost.py's VHost) beyond what its queues do, declared here so
     that the registry need not import the layer above it."""
 
-    durable: Any  # broker/persistence.py DurableDefinitions, or None
+    @property
+    def durable(self) -> Definitions | None:
+        """None for a vhost that keeps nothing (unit tests, before the node's storage is open)."""
+        ...
+
     default_queue_type: str  # of a queue declared without x-queue-type (RabbitMQ's vhost default queue type)
-    remote: Any  # a cluster member's VHostLink (broker/cluster_forwarding.py): other members' queues; else None
-    catch_up: Any  # a cluster member's DefinitionsFollower.catch_up_now (read the feed now); else None
+    remote: Topology  # the other members' queues (broker/topology.py): LocalTopology on a single node
+    catch_up: CatchUp  # a cluster member's DefinitionsFollower.catch_up_now (read the feed now); else never_behind
 
     def policies_for_queue(self, name: str, queue_type: str = ...) -> tuple[Policy | None, Policy | None]: ...
 
@@ -132,11 +147,10 @@ class QueueRegistry:
     def lookup(self, name: str, reader: Reader | None = None) -> QueueProcess:
         """The queue, or 404; with ``reader``, 405 if another connection owns it exclusively."""
         q = self._queues.get(name)
-        if q is None and self.vhost.catch_up is not None and self.vhost.catch_up():
+        if q is None and self.vhost.catch_up():
             q = self._queues.get(name)  # a shared queue declared on another cluster member since the last poll
         if q is None:
-            if self.vhost.remote is not None:  # 405 naming the member whose queue it is
-                self.vhost.remote.refuse(name, "use")
+            self.vhost.remote.refuse(name, "use")  # 405 naming the member whose queue it is, if it is
             raise AMQPError(NOT_FOUND, f"no queue '{name}' in vhost '{self.vhost.name}'")
         if reader is not None:
             self.check_exclusive_access(q, reader)
@@ -170,8 +184,7 @@ class QueueRegistry:
         part of the check that needs the answer is appended there, to be run once the queue's
         ``message_count_wait`` called back (else the answer is asked synchronously here)."""
         if passive:
-            remote = self.vhost.remote.find(name) if self.vhost.remote is not None and name not in self._queues \
-                else None
+            remote = self.vhost.remote.find(name) if name not in self._queues else None
             if remote is not None:  # another cluster member's queue: it exists (figures are its member's)
                 if remote.exclusive:
                     raise self._locked(name)
@@ -186,8 +199,7 @@ class QueueRegistry:
             raise AMQPError(ACCESS_REFUSED,
                             f"queue name '{name}' contains reserved prefix 'amq.*'")
         existing = self._queues.get(name)
-        if existing is None and self.vhost.catch_up is not None and queue_type_of(arguments).cluster_shared \
-                and self.vhost.catch_up():
+        if existing is None and queue_type_of(arguments).cluster_shared and self.vhost.catch_up():
             # A cluster's shared queue another member may have declared since the last poll of the definitions:
             # the feed is read now, so this declare is checked against it (406 if inequivalent) instead of
             # making a second queue process and overwriting the other member's definition.
@@ -202,12 +214,12 @@ class QueueRegistry:
                                                auto_delete, server_named)
         if exclusive:
             durable = False  # RabbitMQ ignores durable on exclusive queues
-        if self.vhost.remote is not None:  # a cluster member: the name is one queue cluster-wide
-            remote = self.vhost.remote.claim(name, durable, exclusive, arguments, owner_checks)
-            if remote is not None:
-                if remote.exclusive or exclusive:
-                    raise self._locked(name)
-                return remote, False
+        # A cluster member: the name is one queue cluster-wide (another member's, or now claimed for this one).
+        remote = self.vhost.remote.claim(name, durable, exclusive, arguments, owner_checks)
+        if remote is not None:
+            if remote.exclusive or exclusive:
+                raise self._locked(name)
+            return remote, False
         q = self._create(name, durable, reader if exclusive else None, auto_delete, arguments)
         if exclusive:
             assert reader is not None, "an exclusive queue is declared by a connection"
@@ -217,8 +229,7 @@ class QueueRegistry:
                 self.vhost.durable.queue_declared(self.vhost.name, q)
             except BaseException:  # not written (a full disk, the cluster's PostgreSQL out of reach): not made
                 del self._queues[name]
-                if self.vhost.remote is not None:
-                    self.vhost.remote.queue_gone(q)  # its directory row too
+                self.vhost.remote.queue_gone(q)  # its directory row too (a cluster member's)
                 raise
         return q, True
 
@@ -277,8 +288,7 @@ class QueueRegistry:
         if self._queues.get(q.name) is not q:
             return 0
         del self._queues[q.name]
-        if self.vhost.remote is not None:
-            self.vhost.remote.queue_gone(q)
+        self.vhost.remote.queue_gone(q)
         if self.vhost.counters is not None:
             self.vhost.counters.queues_deleted += 1
         if q.durable and self.vhost.durable is not None:

@@ -891,9 +891,8 @@ class Channel:
         if m.exchange == "":
             raise AMQPError(ACCESS_REFUSED, "operation not permitted on the default exchange")
         topic_permissions.check_bind(self.reader.user, self.vhost, m.exchange, m.routing_key)
-        remote = self.vhost.remote
-        if remote is None or self.vhost.queues.get(name) is not None or \
-                not remote.bound_remotely(m.exchange, name, m.routing_key, dict(m.arguments or {})):
+        if self.vhost.queues.get(name) is not None or \
+                not self.vhost.remote.bound_remotely(m.exchange, name, m.routing_key, dict(m.arguments or {})):
             # (In a cluster, a binding another member made for its queue is already there: bind-ok.)
             self.vhost.queues.lookup(name, self.reader)
             self.vhost.bind(m.exchange, name, QUEUE, m.routing_key, dict(m.arguments or {}))
@@ -909,13 +908,9 @@ class Channel:
         queue = self.vhost.queues.get(name)
         if queue is not None:
             self.vhost.queues.check_exclusive_access(queue, self.reader)
-        remote = self.vhost.remote
-        if remote is not None:
-            remote.unbinding = None
-        self.vhost.unbind(m.exchange, name, QUEUE, m.routing_key, dict(m.arguments or {}))
-        if remote is not None and remote.unbinding is not None:
+        unbinding = self.vhost.unbind(m.exchange, name, QUEUE, m.routing_key, dict(m.arguments or {}))
+        if unbinding is not None:
             # Another cluster member's queue: unbind-ok once that member has carried the unbind out.
-            unbinding, remote.unbinding = remote.unbinding, None
             answer = self._answer_later(lambda: self._unbound(unbinding), CLASS_QUEUE, 50)
             unbinding.add_done_callback(lambda _f: answer())
             self._hold()
@@ -950,7 +945,7 @@ class Channel:
         name = self._queue_name(m.queue)
         permissions.queue_delete(self.reader.user, self.vhost.name, name)
         queue = self.vhost.queues.get(name)
-        if queue is None and self.vhost.remote is not None:
+        if queue is None:
             self.vhost.remote.refuse(name, "delete")  # another cluster member's queue: 405
         if queue is not None:
             self.vhost.queues.check_exclusive_access(queue, self.reader)

@@ -161,7 +161,9 @@ class _Sink:
 
 class VHostLink(RemoteRoutes):
     """One vhost's side of the cluster: the remote queues and routes (RemoteRoutes), and the hooks the vhost
-    and its queue registry call when this member's own queues and bindings come and go."""
+    and its queue registry call when this member's own queues and bindings come and go. The vhost layer's
+    :class:`~broker.topology.Topology` for a cluster member (set with ``VHost.use_topology``): an adapter over
+    storage/pg/forwarding.py's directory, here because storage/ does not import broker/."""
 
     def __init__(self, fw: ClusterForwarding, vh: VHost) -> None:
         super().__init__(vh.name)
@@ -169,9 +171,7 @@ class VHostLink(RemoteRoutes):
         self.vh = vh
         self.negative: dict[str, float] = {}
         self.lookup = self._lookup
-        # The owner's carrying out of the last queue.unbind of another member's queue made here (unbind_remote),
-        # for the channel that made it to wait for before unbind-ok (it takes it and sets this back to None).
-        self.unbinding: asyncio.Future[None] | None = None
+        # The owners' carrying out of the unbinds of their queues made here (unbind_remote), held until done.
         self._unbinds: set[asyncio.Future[None]] = set()
 
     # -- other members' queues ---------------------------------------------------------------------------
@@ -196,6 +196,13 @@ class VHostLink(RemoteRoutes):
         """A queue of another member named ``name`` (asking the directory, not the cache of misses)."""
         self.negative.pop(name, None)
         return self.queue(name)
+
+    def has_queue(self, name: str) -> bool:
+        return name in self.queues
+
+    def bindings_to(self, source: str, queue: str) -> list[Binding]:
+        shadow = self.shadows.get(source)
+        return [] if shadow is None else [b for b in shadow.bindings.values() if b.destination == queue]
 
     # -- this member's queues and bindings (hooks) ---------------------------------------------------------
     def claim(self, name: str, durable: bool, exclusive: bool, arguments: dict[str, Any],
@@ -268,16 +275,15 @@ class VHostLink(RemoteRoutes):
             self.fw.directory.unbind(self.vhost, b.source, b.destination, b.routing_key,
                                      binding_args_hash(b.arguments))
 
-    def unbind_remote(self, b: Binding) -> None:
+    def unbind_remote(self, b: Binding) -> asyncio.Future[None] | None:
         """queue.unbind of another member's queue (no binding of it here): stop routing it here at once, drop
         its directory row, and have the owner remove it from its exchange and store (a request row in the
-        forward table, which the owner carries out within milliseconds). Returns at once: :attr:`unbinding` is
-        then done once the owner has taken the request (or after 2 s), or fails with a 541 if the request
-        could not be written; the channel waits for it before unbind-ok. (Called by VHost.unbind, which has no
-        way to return it.)"""
+        forward table, which the owner carries out within milliseconds). Returns at once a future that is done
+        once the owner has taken the request (or after 2 s), or fails with a 541 if the request could not be
+        written; the channel waits for it before unbind-ok (VHost.unbind passes it on)."""
         q = self.find(b.destination)
         if q is None:
-            return  # nobody's queue: unbinding what is not bound succeeds
+            return None  # nobody's queue: unbinding what is not bound succeeds
         if q.exclusive:
             raise self.vh.queues._locked(q.name)
         self.forget_binding(b.source, b.destination, b.routing_key, b.arguments)
@@ -289,9 +295,10 @@ class VHostLink(RemoteRoutes):
         except DirectoryUnavailable as exc:  # as a definitions write that fails: 541 INTERNAL_ERROR (reader.py)
             raise MetadataWriteError(f"cannot unbind queue '{q.name}' of cluster member '{q.node}' now (the "
                                      f"cluster's PostgreSQL does not answer): {exc}") from None
-        done = self.unbinding = asyncio.ensure_future(self._unbound(q, taken))
-        self._unbinds.add(done)  # (held until done: a caller that does not wait, the HTTP API, still logs)
+        done = asyncio.ensure_future(self._unbound(q, taken))
+        self._unbinds.add(done)  # (held until done: a caller that does not wait still logs)
         done.add_done_callback(self._unbind_over)
+        return done
 
     async def _unbound(self, q: RemoteQueue, taken: asyncio.Future[bool]) -> None:
         try:
@@ -305,8 +312,6 @@ class VHostLink(RemoteRoutes):
 
     def _unbind_over(self, done: asyncio.Future[None]) -> None:
         self._unbinds.discard(done)
-        if self.unbinding is done:
-            self.unbinding = None  # nobody took it
         if not done.cancelled() and done.exception() is not None:
             log.warning("an unbind of another member's queue failed", vhost=self.vhost, error=str(done.exception()))
 
@@ -389,7 +394,7 @@ class ClusterForwarding:
         link = self.links.get(vh.name)
         if link is None or link.vh is not vh:
             link = self.links[vh.name] = VHostLink(self, vh)
-        vh.remote = link
+        vh.use_topology(link)
         if self._started:
             self.directory_changed()
 
@@ -397,7 +402,7 @@ class ClusterForwarding:
         self._started = False
         self.node.forward_reply = None
         for vh in self.node.vhosts.values():
-            vh.remote = None
+            vh.use_topology(None)
         for task in (self._reload_task, self._resync_task):
             if task is not None:
                 task.cancel()

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
 from broker import delegate, permissions, topic_permissions
-from broker.amqqueue import QueueRegistry
+from broker.amqqueue import Definitions, QueueRegistry
 from broker.clock import Clock, LoopClock
 from broker.counters import MESSAGE_SIZE_BOUNDS
 from broker.dead_letter import deaths_of, is_cycle
@@ -26,10 +26,13 @@ from broker.message import Message
 from broker.policy import Policy, best_match
 from broker.publish import REPLY_TO_PREFIX, ROUTED, Publisher, ReplyTo, check_properties, property_flags
 from broker.queue_args import effective_settings
+from broker.topology import LOCAL, CatchUp, Topology, never_behind
 from broker.trace import TRACE_EXCHANGE
 from protocol.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED
 
 if TYPE_CHECKING:
+    import asyncio
+
     from broker.auth import User
     from broker.counters import GlobalCounters
     from broker.queue_process import QueueProcess
@@ -39,6 +42,28 @@ log = structlog.get_logger("leveret.vhost")
 
 STANDARD_EXCHANGES = (("amq.direct", "direct"), ("amq.fanout", "fanout"), ("amq.topic", "topic"),
                       ("amq.headers", "headers"), ("amq.match", "headers"))
+
+
+class VHostDefinitions(Definitions, Protocol):
+    """Where a vhost writes its durable exchanges, bindings, policies and runtime parameters, and its registry
+    its queues (broker/persistence.py's DurableDefinitions): each write is made first, and raises if it cannot,
+    so that nothing changes in memory that a restart would not bring back."""
+
+    def exchange_declared(self, vhost: str, ex: Exchange) -> None: ...
+
+    def exchange_deleted(self, vhost: str, name: str) -> None: ...
+
+    def binding_added(self, vh: VHost, b: Binding) -> None: ...
+
+    def binding_removed(self, vhost: str, b: Binding) -> None: ...
+
+    def policy_set(self, vhost: str, policy: Policy, operator: bool) -> None: ...
+
+    def policy_cleared(self, vhost: str, name: str, operator: bool) -> None: ...
+
+    def parameter_set(self, vhost: str, component: str, name: str, value: Any) -> None: ...
+
+    def parameter_cleared(self, vhost: str, component: str, name: str) -> None: ...
 
 
 def _fmt(value: Any) -> str:
@@ -70,7 +95,7 @@ class VHost:
         self.replies = replies
         # Where durable exchanges, queues and bindings are written (broker/persistence.py), once the
         # node's storage is open; None for a vhost that keeps nothing (tests, before start).
-        self.durable: Any = None
+        self.durable: VHostDefinitions | None = None
         self.exchanges: dict[str, Exchange] = {}
         self.queues = QueueRegistry(self)
         # What every exchange of this vhost is built with (broker/exchange_types.py).
@@ -91,12 +116,20 @@ class VHost:
         # leveret.max_bindings_per_queue (the node sets it): bindings that may end at one queue, or at one
         # exchange for exchange-to-exchange bindings; 0: no limit (RabbitMQ has none).
         self.max_bindings_per_queue = max_bindings_per_queue
-        # A cluster member's view of the queues of the other members and the hooks for its own (a
-        # broker/cluster_forwarding.py VHostLink); None on a single node.
-        self.remote: Any = None
+        # The other members' queues and the hooks for this member's own (broker/topology.py): a cluster
+        # member's broker/cluster_forwarding.py VHostLink, else LocalTopology. Set with use_topology, which
+        # keeps ``clustered`` with it: the one thing the publish path tests per message.
+        self.remote: Topology = LOCAL
+        self.clustered = False
         # A cluster member's "read the definitions feed now" (DefinitionsFollower.catch_up_now, set by the
         # node): asked before a name this member does not know is answered with 404 or routed nowhere.
-        self.catch_up: Callable[..., bool] | None = None
+        self.catch_up: CatchUp = never_behind
+
+    def use_topology(self, topology: Topology | None) -> None:
+        """This vhost's view of the other members (a cluster member's, once its forwarding starts), or None:
+        this node alone again (LocalTopology)."""
+        self.remote = topology if topology is not None else LOCAL
+        self.clustered = topology is not None
 
     # -- policies and runtime parameters -------------------------------------------------------------------
     def policies_for_queue(self, name: str, queue_type: str = "classic") -> tuple[Policy | None, Policy | None]:
@@ -151,7 +184,7 @@ class VHost:
 
     def lookup_exchange(self, name: str) -> Exchange:
         ex = self.exchanges.get(name)
-        if ex is None and self.catch_up is not None and self.catch_up():
+        if ex is None and self.catch_up():
             ex = self.exchanges.get(name)  # declared on another cluster member since the feed was read
         if ex is None:
             raise AMQPError(NOT_FOUND, f"no exchange '{name}' in vhost '{self.name}'")
@@ -233,8 +266,7 @@ class VHost:
             for binding in other.bindings_to(EXCHANGE, name):
                 self._unbind(other, binding)
         ex.on_delete()
-        if self.remote is not None:
-            self.remote.exchange_gone(name)
+        self.remote.exchange_gone(name)
 
     def stop_exchanges(self, vhost_deleted: bool = False) -> None:
         """The node stops (each exchange's ``close``: what is durable stays for ``on_recover``) or this vhost
@@ -266,33 +298,34 @@ class VHost:
         if ex.add_binding(binding):
             if self.durable is not None:
                 self.durable.binding_added(self, binding)
-            if self.remote is not None and kind == QUEUE:
+            if kind == QUEUE:
                 self.remote.bound_here(ex, binding)
 
     def unbind(self, source: str, destination: str, kind: str, routing_key: str,
-               arguments: dict[str, Any]) -> None:
-        """Idempotent: unbinding what is not bound succeeds."""
+               arguments: dict[str, Any]) -> asyncio.Future[None] | None:
+        """Idempotent: unbinding what is not bound succeeds. In a cluster, the unbind of another member's queue
+        is that member's to carry out: the future is done once it has (unbind-ok waits for it); else None."""
         if source == "" or (kind == EXCHANGE and destination == ""):
             raise AMQPError(ACCESS_REFUSED, "operation not permitted on the default exchange")
         ex = self.exchanges.get(source)
-        if ex is None and self.catch_up is not None and self.catch_up():
+        if ex is None and self.catch_up():
             ex = self.exchanges.get(source)  # declared on another cluster member since the last poll
         if ex is None:
-            return
+            return None
         binding = Binding(source, destination, kind, routing_key, arguments)
         existing = ex.bindings.get(binding.key)
-        if existing is None and self.catch_up is not None and self.catch_up():
+        if existing is None and self.catch_up():
             ex = self.exchanges.get(source) or ex  # bound on another cluster member since the last poll
             existing = ex.bindings.get(binding.key)
         if existing is not None:
             self._unbind(ex, existing)
-        elif self.remote is not None and kind == QUEUE and self.queues.get(destination) is None:
-            self.remote.unbind_remote(binding)  # another cluster member's queue: removed there
+        elif kind == QUEUE and self.queues.get(destination) is None:
+            return self.remote.unbind_remote(binding)  # another cluster member's queue: removed there
+        return None
 
     def _unbind(self, ex: Exchange, binding: Binding) -> None:
         ex.remove_binding(binding.key)
-        if self.remote is not None:
-            self.remote.unbound_here(binding)
+        self.remote.unbound_here(binding)
         if self.durable is not None:
             self.durable.binding_removed(self.name, binding)
         if ex.auto_delete and not ex.bindings and self.exchanges.get(ex.name) is ex:
@@ -309,23 +342,23 @@ class VHost:
     # -- routing ----------------------------------------------------------------------------------------
     def route(self, exchange: Exchange, msg: Message) -> list[QueueProcess]:
         """The queues a message published to ``exchange`` reaches (each once)."""
-        remote = self.remote
+        clustered = self.clustered  # (one attribute test per message on a single node, as ever)
         if exchange.name == "":
             if msg.extra_keys is None:
                 q = self.queues.get(msg.routing_key)
-                if q is None and remote is not None:
-                    q = remote.queue(msg.routing_key)
+                if q is None and clustered:
+                    q = self.remote.queue(msg.routing_key)
                 return [q] if q is not None else []
             names = {msg.routing_key, *msg.extra_keys}
-            get = self.queues.get if remote is None else self._local_or_remote
+            get = self._local_or_remote if clustered else self.queues.get
             return [q for q in map(get, names) if q is not None]
         queue_names: set[str] = set()
         more: set[str] = set()
         keys = (msg.routing_key,) if msg.extra_keys is None else (msg.routing_key, *msg.extra_keys)
         for key in keys:
             exchange.route(key, msg, queue_names, more)
-        if remote is not None:  # bindings to other members' queues (broker/remote_queue.py)
-            remote.route(exchange.name, keys, msg, queue_names)
+        if clustered:  # bindings to other members' queues (broker/remote_queue.py)
+            self.remote.route(exchange.name, keys, msg, queue_names)
         ae = exchange.alternate_exchange
         if ae and not queue_names and not more:
             more.add(ae)
@@ -343,13 +376,13 @@ class VHost:
                 found_x: set[str] = set()
                 for key in keys:
                     ex.route(key, msg, found_q, found_x)
-                if remote is not None:
-                    remote.route(name, keys, msg, found_q)
+                if clustered:
+                    self.remote.route(name, keys, msg, found_q)
                 if not found_q and not found_x and ex.alternate_exchange:
                     found_x.add(ex.alternate_exchange)
                 queue_names |= found_q
                 more |= found_x - visited
-        get = self.queues.get if remote is None else self._local_or_remote
+        get = self._local_or_remote if clustered else self.queues.get
         return [q for q in map(get, queue_names) if q is not None]
 
     def _local_or_remote(self, name: str) -> Any:
@@ -391,9 +424,9 @@ class VHost:
                     result = ROUTED
             elif msg.extra_keys is None:
                 q = self.queues.get(key)
-                if q is None and self.remote is not None:
+                if q is None and self.clustered:
                     q = self.remote.queue(key)  # another cluster member's (broker/remote_queue.py)
-                    if q is None and self.catch_up is not None and self.catch_up(rate_limited=True):
+                    if q is None and self.catch_up(rate_limited=True):
                         q = self.queues.get(key)  # a shared queue declared on another member just now
                 queues = [q] if q is not None else None
             else:

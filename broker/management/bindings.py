@@ -58,7 +58,7 @@ def _endpoints(request: web.Request, vh: VHost) -> tuple[str, str, str]:
 
 def _other_members(vh: VHost, queue: str) -> bool:
     """Whether ``queue`` is another cluster member's node-local queue (as the directory was last read)."""
-    return vh.remote is not None and vh.queues.get(queue) is None and queue in vh.remote.queues
+    return vh.queues.get(queue) is None and vh.remote.has_queue(queue)
 
 
 def _between(vh: VHost, source: str, destination: str, kind: str) -> list[Binding]:
@@ -67,9 +67,7 @@ def _between(vh: VHost, source: str, destination: str, kind: str) -> list[Bindin
         return []
     found = [b for b in ex.bindings.values() if b.kind == kind and b.destination == destination]
     if kind == QUEUE and _other_members(vh, destination):  # its bindings, as its member made them
-        shadow = vh.remote.shadows.get(source)
-        if shadow is not None:
-            found += [b for b in shadow.bindings.values() if b.destination == destination]
+        found += vh.remote.bindings_to(source, destination)
     return found
 
 
@@ -125,14 +123,10 @@ async def delete_binding(request: web.Request) -> web.Response:
     else:
         permissions.exchange_bind(user, vh.name, b.destination, b.source)
     topic_permissions.check_bind(user, vh, b.source, b.routing_key)
-    remote = vh.remote
-    if remote is not None:
-        remote.unbinding = None
-    vh.unbind(b.source, b.destination, b.kind, b.routing_key, b.arguments)
-    if remote is not None and remote.unbinding is not None:
+    unbinding = vh.unbind(b.source, b.destination, b.kind, b.routing_key, b.arguments)
+    if unbinding is not None:
         # Another cluster member's queue: answered once that member has carried the unbind out, as unbind-ok
         # is (broker/cluster_forwarding.py VHostLink.unbind_remote); the event loop serves others meanwhile.
-        unbinding, remote.unbinding = remote.unbinding, None
         await unbinding
     return web.Response(status=204)
 

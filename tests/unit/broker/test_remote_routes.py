@@ -1,8 +1,8 @@
-"""Routing to other cluster members' queues (broker/remote_queue.py), in memory: a vhost whose ``remote`` holds
+"""Routing to other cluster members' queues (broker/remote_queue.py), in memory: a vhost whose topology holds
 RemoteQueues and the shadow bindings of its exchanges routes to them beside its own queues, through direct,
 topic, fanout and headers exchanges, exchange-to-exchange hops, CC, the default exchange and its miss look-up,
 and falls back to the alternate exchange only when neither matched; a confirm is CONFIRM_LATER (the forward's
-commit sends it). A vhost without ``remote`` routes as it always did. Direct reply-to keys name their member."""
+commit sends it). A vhost without one (LocalTopology) routes as it always did. Direct reply-to keys name their member."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def remote_vhost(*bindings: tuple[str, str, str, dict[str, Any], str]) -> tuple[
     queues = {name: RemoteQueue("/", name, "a@x", True, False, fw.forward, lambda: False, lambda r: None)
               for name in ("ra", "rb", "rc")}
     routes.replace(queues, bindings)
-    vh.remote = routes
+    vh.use_topology(routes)  # (the routing part of a cluster member's Topology: all these tests use)
     return vh, routes, fw
 
 
@@ -48,15 +48,15 @@ def names(qs: list[Any]) -> set[str]:
 
 
 def test_shared_exchanges_route_to_remote_queues_beside_local_ones() -> None:
-    vh, _routes, _fw = remote_vhost(("t", "topic", "order.*", {}, "ra"), ("f", "fanout", "", {}, "rb"),
+    vh, routes, _fw = remote_vhost(("t", "topic", "order.*", {}, "ra"), ("f", "fanout", "", {}, "rb"),
                                     ("h", "headers", "", {"x-match": "any", "k": "v"}, "rc"),
                                     ("t", "topic", "nobody.*", {}, "unknown-queue"))
-    routes, vh.remote = vh.remote, None  # this member's own topology first (its directory hooks are the link's)
+    vh.use_topology(None)  # this member's own topology first (its directory hooks are the link's)
     for name, kind in (("t", "topic"), ("f", "fanout"), ("h", "headers")):
         vh.declare_exchange(name, kind, False, True, False, False, {})
     vh.queues.declare("local", False, False, False, False, {}, None)
     vh.bind("t", "local", "queue", "order.#", {})
-    vh.remote = routes
+    vh.use_topology(routes)
     assert names(vh.route(vh.exchanges["t"], msg("t", "order.eu"))) == {"ra", "local"}
     assert names(vh.route(vh.exchanges["t"], msg("t", "order.eu.x"))) == {"local"}
     assert names(vh.route(vh.exchanges["f"], msg("f", ""))) == {"rb"}
@@ -67,13 +67,13 @@ def test_shared_exchanges_route_to_remote_queues_beside_local_ones() -> None:
 
 
 def test_exchange_hops_cc_and_the_alternate_exchange() -> None:
-    vh, _routes, _fw = remote_vhost(("inner", "direct", "k", {}, "ra"), ("ae", "fanout", "", {}, "rb"))
-    routes, vh.remote = vh.remote, None
+    vh, routes, _fw = remote_vhost(("inner", "direct", "k", {}, "ra"), ("ae", "fanout", "", {}, "rb"))
+    vh.use_topology(None)
     vh.declare_exchange("inner", "direct", False, True, False, False, {})
     vh.declare_exchange("ae", "fanout", False, True, False, False, {})
     vh.declare_exchange("outer", "direct", False, True, False, False, {"alternate-exchange": "ae"})
     vh.bind("outer", "inner", "exchange", "k", {})
-    vh.remote = routes
+    vh.use_topology(routes)
     assert names(vh.route(vh.exchanges["outer"], msg("outer", "k"))) == {"ra"}  # outer → inner → a's queue
     assert names(vh.route(vh.exchanges["outer"], msg("outer", "other"))) == {"rb"}  # nothing: the AE
     m = msg("", "ra")
@@ -103,7 +103,7 @@ def test_publish_forwards_and_confirms_later_and_a_miss_is_looked_up_once() -> N
 
 def test_a_vhost_without_remote_routes_as_before() -> None:
     vh = VHost("/")
-    assert vh.remote is None
+    assert not vh.clustered and vh.remote.queue("none") is None  # LocalTopology
     assert vh.route(vh.default_exchange, msg("", "none")) == []
     assert vh.publish(vh.default_exchange, msg("", "none"), False) == 0
 

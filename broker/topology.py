@@ -1,0 +1,159 @@
+"""What the vhost layer needs of the other members of a cluster, declared (docs/architecture.md, "Seams").
+
+A vhost (broker/vhost.py), its queue registry (broker/amqqueue.py), the channel and the HTTP API's bindings ask
+one object about the queues and bindings that live on other members: :class:`Topology`. A single node has
+:class:`LocalTopology`, which knows of no other member, so the callers hold no ``is not None`` branch and mypy
+checks every call; a cluster member has broker/cluster_forwarding.py's ``VHostLink``, which implements it over
+storage/pg/forwarding.py's directory (an adapter in broker/: storage/ never imports broker/).
+
+The hot path does not call the null object: :attr:`broker.vhost.VHost.clustered`, a bool set with the topology
+(``VHost.use_topology``), is what routing tests per message, as it tested ``remote is not None`` before.
+
+The definitions feed is the second thing a member may be behind on: :class:`CatchUp` is asked before a name
+this member does not know is answered with 404 or routed nowhere (broker/cluster_definitions.py
+``DefinitionsFollower.catch_up_now``); :func:`never_behind` is a single node's.
+
+This module sits below broker/amqqueue.py and broker/vhost.py in the layers (pyproject.toml) and imports only
+what lies below them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from broker.exchange import Binding, Exchange
+    from broker.message import Message
+
+# Another member's queue as this member sees it (broker/remote_queue.py's RemoteQueue): handed back where a
+# queue of this node would be (routing, a declare of a name another member holds). Typed by the queue seam
+# (broker/queue_types.py's Queue) once RemoteQueue is declared to satisfy it; Any until then.
+OtherMembersQueue = Any
+
+
+class Topology(Protocol):
+    """The other members' queues and bindings, and the hooks a member's own come and go through."""
+
+    # -- other members' queues -------------------------------------------------------------------------------
+    def queue(self, name: str) -> OtherMembersQueue | None:
+        """Routing: another member's queue ``name`` (as last read, else looked up; misses are cached)."""
+        ...
+
+    def find(self, name: str) -> OtherMembersQueue | None:
+        """Another member's queue ``name``, asked of the directory past the cache of misses (a declare)."""
+        ...
+
+    def has_queue(self, name: str) -> bool:
+        """Whether ``name`` is another member's queue as the directory was last read (no look-up: the HTTP
+        API's listing of bindings)."""
+        ...
+
+    def claim(self, name: str, durable: bool, exclusive: bool, arguments: dict[str, Any],
+              owner_checks: list[Callable[[], None]] | None = None) -> OtherMembersQueue | None:
+        """queue.declare of a name not here: claim it cluster-wide (None: it is this member's to make), or
+        answer the member's queue that holds it (its equivalence checks made now or appended to
+        ``owner_checks``)."""
+        ...
+
+    def refuse(self, name: str, action: str) -> None:
+        """Raise 405 if ``name`` is another member's queue (``action``: what only its member can do)."""
+        ...
+
+    def route(self, exchange: str, keys: Iterable[str], msg: Message, queue_names: set[str]) -> None:
+        """Add the other members' queues that ``exchange``'s bindings to them select to ``queue_names``."""
+        ...
+
+    def bindings_to(self, source: str, queue: str) -> list[Binding]:
+        """The bindings from ``source`` to another member's queue ``queue``, as its member made them."""
+        ...
+
+    def bound_remotely(self, source: str, queue: str, routing_key: str, arguments: dict[str, Any]) -> bool:
+        """Whether the member that owns ``queue`` made this binding (a redeclare from here is bind-ok)."""
+        ...
+
+    def unbind_remote(self, b: Binding) -> asyncio.Future[None] | None:
+        """Unbind another member's queue (no binding of it here): its member carries it out. The future is
+        done once it has (unbind-ok waits for it); None if no other member has that queue."""
+        ...
+
+    # -- this member's own queues and bindings (hooks) -----------------------------------------------------
+    def queue_gone(self, q: Any) -> None:
+        """A queue of this member was deleted (or its declare was not written): its name is free again."""
+        ...
+
+    def bound_here(self, ex: Exchange, b: Binding) -> None:
+        """A binding of this member's queue was made: the other members route to it."""
+        ...
+
+    def unbound_here(self, b: Binding) -> None:
+        """A binding of this member was removed."""
+        ...
+
+    def exchange_gone(self, name: str) -> None:
+        """An exchange was deleted: the bindings from it to this member's queues go too."""
+        ...
+
+
+class LocalTopology:
+    """A single node's :class:`Topology`: there are no other members. Every question answers "none", every
+    hook does nothing; nothing here is on the publish path (``VHost.clustered`` is False)."""
+
+    __slots__ = ()
+
+    def queue(self, name: str) -> None:
+        return None
+
+    def find(self, name: str) -> None:
+        return None
+
+    def has_queue(self, name: str) -> bool:
+        return False
+
+    def claim(self, name: str, durable: bool, exclusive: bool, arguments: dict[str, Any],
+              owner_checks: list[Callable[[], None]] | None = None) -> None:
+        return None
+
+    def refuse(self, name: str, action: str) -> None:
+        return None
+
+    def route(self, exchange: str, keys: Iterable[str], msg: Message, queue_names: set[str]) -> None:
+        return None
+
+    def bindings_to(self, source: str, queue: str) -> list[Binding]:
+        return []
+
+    def bound_remotely(self, source: str, queue: str, routing_key: str, arguments: dict[str, Any]) -> bool:
+        return False
+
+    def unbind_remote(self, b: Binding) -> None:
+        return None
+
+    def queue_gone(self, q: Any) -> None:
+        return None
+
+    def bound_here(self, ex: Exchange, b: Binding) -> None:
+        return None
+
+    def unbound_here(self, b: Binding) -> None:
+        return None
+
+    def exchange_gone(self, name: str) -> None:
+        return None
+
+
+LOCAL = LocalTopology()  # stateless: every single-node vhost shares it
+
+
+class CatchUp(Protocol):
+    """Read the cluster's definitions feed now (a name may have been declared on another member since the
+    last poll); True if it was read, so the caller looks the name up again. ``rate_limited``: for publishes
+    routed nowhere, at most so often."""
+
+    def __call__(self, rate_limited: bool = False) -> bool: ...
+
+
+def never_behind(rate_limited: bool = False) -> bool:
+    """A single node's :class:`CatchUp`: its definitions are all here."""
+    return False
