@@ -195,7 +195,7 @@ class Cluster:
         except SchemaTooNew as exc:
             raise ClusterError(str(exc)) from None
         self.store = SplitMetadataStore(storage.metadata, shared, make_where(self.node))
-        storage.metadata = self.store  # type: ignore[assignment]  # the same interface, split
+        storage.metadata = self.store  # the same Metadata (storage/metadata_store.py), split
         self.node.commits = shared  # replies to the methods that write a definition wait for its commit
         self.follower = DefinitionsFollower(self.node, self.store)
         self.follower.version = shared.last_version()

@@ -148,8 +148,8 @@ class Server:
                                        delay_bucket_ms=self.node.settings.delayed_message_bucket_size)
             durable = DurableDefinitions(self.node.storage)
             if self.node.cluster is not None:  # a cluster member: shared definitions first (broker/cluster.py)
-                durable.metadata = self.node.cluster.open_definitions(  # type: ignore[assignment]
-                    self.node.storage)  # the MetadataStore interface, split between SQLite and PostgreSQL
+                # the same Metadata (storage/metadata_store.py), split between SQLite and PostgreSQL
+                durable.metadata = self.node.cluster.open_definitions(self.node.storage)
             migrating = self._metadata_doc is not None
             if durable.has_node_metadata:
                 counts = durable.recover_node_metadata(self.node.users, self.node.vhosts, self.node.add_vhost, self.node.global_parameters)

@@ -48,7 +48,7 @@ from storage.data_dir_lock import LOCK_FILE
 from storage.deduplication_log import DIRECTORY as DEDUP_DIRECTORY
 from storage.deduplication_log import DedupLog, log_id, log_ids, remove_files
 from storage.delay import DelayStore
-from storage.metadata_store import MetadataStore
+from storage.metadata_store import Metadata, MetadataStore
 from storage.msg_store import SUFFIX as SEGMENT_SUFFIX
 from storage.msg_store import MsgStore
 from storage.stream_log import StreamLog
@@ -191,7 +191,8 @@ class NodeStorage:
         self._delay_store: DelayStore | None = None
         os.makedirs(data_dir, exist_ok=True)
         self.embed_below = queue_index_embed_msgs_below
-        self.metadata = self._open_metadata(check_metadata_file(data_dir), check_metadata)
+        # SQLite; on a cluster member the split store broker/cluster.py puts here (either is a Metadata).
+        self.metadata: Metadata = self._open_metadata(check_metadata_file(data_dir), check_metadata)
         self.syncer = Syncer(loop)
         self.persistent = MsgStore(os.path.join(data_dir, "msg_store_persistent"), syncer=self.syncer,
                                    loop=loop, file_size_limit=file_size_limit)

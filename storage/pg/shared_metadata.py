@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any, Literal
 
-from storage.metadata_store import MetadataStore, Op
+from storage.metadata_store import Metadata, Op
 from storage.pg.definitions_store import PgDefinitionsStore
 
 Where = Literal["local", "shared", "both"]
@@ -35,7 +35,7 @@ WhereFn = Callable[[str, "str | tuple[str, ...]", Any], Where]
 class SplitMetadataStore:
     """The metadata store of a cluster member (see the module docstring)."""
 
-    def __init__(self, local: MetadataStore, shared: PgDefinitionsStore, where: WhereFn) -> None:
+    def __init__(self, local: Metadata, shared: PgDefinitionsStore, where: WhereFn) -> None:
         self.local = local
         self.shared = shared
         self.where = where
