@@ -211,10 +211,16 @@ class MetadataStore:
                                  f"frames follow it); stop the node and restore {self.path} and {wal} from a backup")
 
     def check_integrity(self) -> None:
-        """SQLite's ``quick_check`` over every page: damage found now stops the start before recovery
-        acts on a partial list of queues (which would take the missing ones' files for orphans)."""
+        """SQLite's ``quick_check`` over every page, then every row's checksum: damage found now stops the
+        start before recovery acts on a partial list of queues (which would take the missing ones' files for
+        orphans). All rows, not only the kinds recovery reads: a flipped bit in a row's kind or key moves it
+        where no read looks (the bit-flip lane turned ``delayed_exchange`` into ``delayed_eychange``, and the
+        delayed exchange's messages went unrouted without a word)."""
         try:
             rows = [r[0] for r in self._db.execute("PRAGMA quick_check").fetchall()]
+            if rows == ["ok"]:
+                for kind, key, value, crc in self._db.execute("SELECT kind, key, value, crc FROM defs"):
+                    self._check_row(kind, key, value, crc)
         except sqlite3.DatabaseError as exc:
             raise self._error(exc) from None
         if rows != ["ok"]:
