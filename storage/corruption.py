@@ -6,7 +6,18 @@ skipped. The rest of its file, and of its queue or stream, is served as usual: a
 record, not the queue (refusing the whole queue would make every intact message unavailable for the sake of
 one that is gone anyway, and NATS truncating a stream at its first bad block lost acknowledged messages that
 were intact, nats-server #7549). The node's metadata is the exception: a damaged definitions database stops
-the start (storage/metadata_store.py), because recovery trusts it to say which message files belong to whom.
+the start (storage/metadata_store.py), because recovery trusts it to say which message files belong to whom:
+damage SQLite reports, a page structure ``quick_check`` rejects, a row whose checksum fails, or a frame of its
+write-ahead log that fails while committed frames follow it (storage/sqlite_wal.py).
+
+Damage is told from a write that never landed by its shape, not its place: a record cut short at the end of a
+file (fewer bytes than its header says, or zeros) is a torn write, never confirmed, cut with a warning and not
+counted; a whole record that fails its check is damage, wherever it lies (a kill -9 keeps every byte written,
+and a confirmed record was fsynced whole). A stream keeps a damaged entry's offset (reads skip it, the next
+message gets a new offset), so an offset is never given to two messages. What no check can see: damage to the
+last frame of SQLite's WAL (nothing after it tells it from a torn write: SQLite drops that one transaction).
+Derived data is rebuilt rather than dropped: a delay bucket's ``.idx`` that fails the CRC its checkpoint recorded
+is reported (at the first entry that differs) and rebuilt from ``.data`` (storage/delay/bucket.py).
 
 :func:`report` writes one ``ERROR`` line naming the store, the file and the byte offset of the damage, and
 counts it per store for Prometheus (``leveret_storage_corrupt_records_total{store=...}``, broker/metrics.py).

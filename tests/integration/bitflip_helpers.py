@@ -122,17 +122,13 @@ class Flip:
 def files_of(data_dir: Path, store: str) -> list[Path]:
     """The non-empty files of one store in a data directory."""
     if store == "metadata":
-        # Known gap (issue 31, not done): SQLite drops WAL frames after one that fails its checksum without a
-        # word, so damage to ``metadata.sqlite-wal`` (a kill -9 leaves one) loses the definitions committed
-        # after it; left out until the broker checks the WAL itself (README, Durability).
-        found = [p for p in data_dir.glob("metadata.sqlite*") if not p.name.endswith(("-shm", "-wal"))]
+        # The database and its write-ahead log (a kill -9 leaves one): the broker checks the log before SQLite
+        # replays it (storage/sqlite_wal.py). The -shm index is rebuilt from the log at every start.
+        found = [p for p in data_dir.glob("metadata.sqlite*") if not p.name.endswith("-shm")]
     else:
         sub = {"msg_store": "msg_store_persistent", "queue_index": "queues", "stream": "streams",
                "delay": "delayed"}[store]
         found = [p for p in (data_dir / sub).rglob("*") if p.is_file()]
-        # Known gap (issue 31, not done): a delay bucket's ``.idx`` entries carry no CRC, and damage to one is
-        # blamed on ``.data`` or not found at all; left out until the index is checked (README, Durability).
-        found = [p for p in found if not (store == "delay" and p.suffix == ".idx")]
     return sorted(p for p in found if p.stat().st_size > 0)
 
 

@@ -26,6 +26,7 @@ import random
 import time
 from pathlib import Path
 
+import pika.exceptions
 import pytest
 from bitflip_helpers import (
     GROUPS,
@@ -55,10 +56,23 @@ def _must_report(flip: Flip) -> bool:
     return flip.store != "metadata"
 
 
+def _in_last_wal_frame(flip: Flip) -> bool:
+    """Whether a flip hit the last frame of SQLite's write-ahead log: nothing follows it to tell damage from a
+    write cut by the crash, so SQLite drops the transaction it ends and the broker cannot know (the residual
+    risk storage/sqlite_wal.py states). Such a round may lose that transaction's definitions unreported."""
+    if not flip.path.name.endswith("-wal"):
+        return False
+    size = flip.path.stat().st_size
+    page = int.from_bytes(flip.path.read_bytes()[8:12], "big") or 4096
+    frame = 24 + page
+    return flip.offset >= 32 + ((size - 32) // frame - 1) * frame
+
+
 def _check_round(start_broker, t: Template, work: Path, base: int, i: int, stores: list[str]) -> None:
     rng = random.Random(base * 100_003 + i)
     data = copy_template(t, work / f"r{i}")
     flips = flip_bits(data, stores, rng)
+    last_wal_frame = any(_in_last_wal_frame(f) for f in flips)
     ctx = f"BITFLIP_SEED={base} BITFLIP_ROUND={i} template={t.how} flips={[str(f) for f in flips]}"
     try:
         b = start_broker(data_dir=data)
@@ -68,12 +82,16 @@ def _check_round(start_broker, t: Template, work: Path, base: int, i: int, store
             return  # refused clearly: one line naming the file and what to do (checked in the text)
         raise AssertionError(f"{ctx}: the broker did not start:\n{text[-3000:]}") from None
     try:
-        got = drain(b, {g: len(t.sent[g]) for g in GROUPS}, due_deadline=max(t.due_at, time.time()) + 2.0)
+        try:
+            got = drain(b, {g: len(t.sent[g]) for g in GROUPS}, due_deadline=max(t.due_at, time.time()) + 2.0)
+        except (pika.exceptions.AMQPError, OSError) as e:  # the round's seed and flips, not pika's traceback alone
+            raise AssertionError(f"{ctx}: draining failed ({e!r}):\n{b.log_text()[-4000:]}") from None
         counter = corrupt_counter(b.prometheus_port)
         log = b.log_text()
     finally:
         b.kill9()
-    found = reports(log)
+    # Only this round's: a broker that refused to start left its lines in the log file the next start appends to.
+    found = [r for r in reports(log) if r[0].startswith(f"{data}/")]
     flipped = {str(f.path): f for f in flips}
     problems: list[str] = []
     for group in GROUPS:
@@ -88,22 +106,15 @@ def _check_round(start_broker, t: Template, work: Path, base: int, i: int, store
                 problems.append(f"{group}: {mid} delivered twice")
             seen.add(mid)
         missing = sorted(set(sent) - seen)
-        if missing:
+        if missing and not last_wal_frame:  # the residual risk above: that transaction may be gone, unreported
             # One flipped bit damages one record, which holds at most one message: each damaged file of the
             # group's stores that was reported excuses one missing message, no more.
             excused = {p for p, _o, _s in found
                        if p in flipped and flipped[p].store != "metadata" and group in STORE_GROUPS[flipped[p].store]}
-            # Known gap (issue 31, not done): damage inside a stream's recovery window still cuts the entries
-            # after it (storage/stream_store.py): a reported stream file excuses any number of missing there.
-            if group == "sq" and excused:
-                continue
             if len(missing) > len(excused):
                 problems.append(f"{group}: {len(missing)} of {len(sent)} missing, {len(excused)} reported damaged "
                                 f"files of its stores could explain only as many ({missing[:5]}...)")
-    stream_flipped = any(f.store == "stream" for f in flips)
-    for path, off, store in found:
-        if store == "stream" and stream_flipped:
-            continue  # the known gap above: the cut is reported on the consume log, the damage on the message log
+    for path, off, _store in found:
         if path not in flipped:
             problems.append(f"a report names {path}@{off}, which was not damaged")
     by_store: dict[str, int] = {}
@@ -123,6 +134,7 @@ def _check_round(start_broker, t: Template, work: Path, base: int, i: int, store
 
 def _run_lane(start_broker, tmp_path: Path, rounds: int, budget_s: float, per_group: int) -> int:
     base = int(os.environ.get("BITFLIP_SEED", "0")) or random.SystemRandom().randrange(1, 1 << 30)
+    print(f"bit-flip lane: BITFLIP_SEED={base}")
     templates = [make_template(start_broker, tmp_path / f"t-{how}", how, base, per_group)
                  for how in ("sigterm", "kill9")]
     wait = max(t.due_at for t in templates) - time.time()
@@ -143,11 +155,19 @@ def _run_lane(start_broker, tmp_path: Path, rounds: int, budget_s: float, per_gr
 
 
 def test_bitflips_are_found_never_delivered_short(start_broker, tmp_path):
+    t0 = time.monotonic()
     done = _run_lane(start_broker, tmp_path, rounds=30, budget_s=70, per_group=24)
+    print(f"bit-flip lane (short): {done} rounds in {time.monotonic() - t0:.0f} s")
     assert done >= 10, f"only {done} rounds in the time budget"
 
 
+# Up to 400 rounds in 20 minutes (BITFLIP_BUDGET_S bounds it, e.g. 300 for a five-minute run), plus the
+# templates: far above the suite's 120 s default timeout.
 @pytest.mark.long
+@pytest.mark.timeout(1500)
 def test_bitflips_are_found_never_delivered_long(start_broker, tmp_path):
-    done = _run_lane(start_broker, tmp_path, rounds=400, budget_s=1200, per_group=40)
-    assert done >= 100, f"only {done} rounds in the time budget"
+    budget = float(os.environ.get("BITFLIP_BUDGET_S", "1200"))
+    t0 = time.monotonic()
+    done = _run_lane(start_broker, tmp_path, rounds=400, budget_s=budget, per_group=40)
+    print(f"bit-flip lane (long): {done} rounds in {time.monotonic() - t0:.0f} s")
+    assert done >= min(100, int(budget / 12)), f"only {done} rounds in the time budget"
