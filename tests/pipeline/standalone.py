@@ -128,6 +128,34 @@ class Submission:
         except (OSError, ValueError):
             return []
 
+    def running_tasks(self, stage_ids: set[int]) -> list[dict[str, Any]]:
+        """The running task attempts (the REST API's task rows, plus ``stageId``/``stageAttemptId``) of the
+        active stages among ``stage_ids``."""
+        app = self.app_id()
+        if app is None:
+            return []
+        out: list[dict[str, Any]] = []
+        try:
+            for stage in _get_json(f"{self.ui}/applications/{app}/stages?status=active"):
+                if stage["stageId"] not in stage_ids:
+                    continue
+                base = f"{self.ui}/applications/{app}/stages/{stage['stageId']}/{stage['attemptId']}"
+                for task in _get_json(f"{base}/taskList?status=RUNNING&length=1000"):
+                    out.append({**task, "stageId": stage["stageId"], "stageAttemptId": stage["attemptId"]})
+        except (OSError, ValueError):
+            return []
+        return out
+
+    def task_status(self, task: dict[str, Any]) -> str | None:
+        """The status now of the task attempt ``task`` (a row of :meth:`running_tasks`)."""
+        app = self.app_id()
+        try:
+            rows = _get_json(f"{self.ui}/applications/{app}/stages/{task['stageId']}/{task['stageAttemptId']}"
+                             f"/taskList?length=1000")
+        except (OSError, ValueError):
+            return None
+        return next((str(r["status"]) for r in rows if r["taskId"] == task["taskId"]), None)
+
     def successful_tasks_by_executor(self, group: str) -> dict[str, int]:
         """``{executor id: tasks that succeeded}`` over the stages of the jobs of job group ``group``."""
         app = self.app_id()

@@ -43,34 +43,42 @@ def _count(path: Path) -> int:
 
 
 def kill_executor_in(cluster: StandaloneCluster, sub: Submission, phase: str, ready: Any) -> str:
-    """SIGKILL the JVM of an executor that runs a task of ``phase`` (the job group the job script gives the
-    phase's jobs), once ``ready()`` says the phase is mid-way; returns the killed executor's id.
+    """SIGKILL the JVM of an executor while it runs a task of ``phase`` (the job group the job script gives the
+    phase's jobs, or the streaming query named after it), once ``ready()`` says the phase is mid-way; returns
+    the killed executor's id.
 
-    The conditions are the application's own: its id and REST API from the job (not a UI port guessed), a
-    running job of ``phase``'s group and no other group's, an active executor of *this* application with a task
-    running (its JVM found among the workers' children by ``--app-id``). A phase that ends first fails the test
-    (the report names it) rather than letting a kill land elsewhere."""
+    The conditions are the application's own: its id and REST API from the job (not a UI port guessed), only
+    jobs of ``phase`` running, and among their active stages' running task attempts the one launched last whose
+    executor is a JVM of *this* application (found among the workers' children by ``--app-id``). That task
+    must then be reported FAILED (lost with its executor): the kill landed mid-task. A phase that ends before
+    fails the test (with the REST API's state) rather than letting a kill land elsewhere."""
     wait_for(f"{sub.log_path.name}: the SparkContext up", sub.started, START_SECONDS, step=0.2)
     app = sub.app_id()
 
-    def busy() -> tuple[str, int] | None:
+    def busy() -> tuple[dict[str, Any], int] | None:
         if sub.process.poll() is not None or phase in sub.report():
-            raise AssertionError(f"phase {phase} ended before an executor could be killed in it: {sub.state()}")
+            raise AssertionError(f"phase {phase} ended before an executor could be killed in it")
         running = sub.jobs("running")
         if not running or not all(of_phase(j, phase) for j in running) or not ready():
             return None
         pids = cluster.executor_pids(app)
-        for row in sub.executors():
-            if row.get("isActive") and row.get("activeTasks", 0) > 0 and row["id"] in pids:
-                return row["id"], pids[row["id"]]
-        return None
+        tasks = [t for t in sub.running_tasks({s for j in running for s in j.get("stageIds", [])})
+                 if t.get("executorId") in pids]
+        if not tasks:
+            return None
+        youngest = max(tasks, key=lambda t: str(t.get("launchTime", "")))  # the most of its run still ahead
+        return youngest, pids[youngest["executorId"]]
 
     try:
-        executor, pid = wait_for(f"an executor running a task of phase {phase}", busy, PHASE_SECONDS, step=0.05)
+        task, pid = wait_for(f"a task of phase {phase} running on an executor", busy, PHASE_SECONDS, step=0.05)
+        os.kill(pid, signal.SIGKILL)
+        wait_for(f"task {task['taskId']} of phase {phase} lost with executor {task['executorId']}",
+                 lambda: sub.task_status(task) not in (None, "RUNNING"), PHASE_SECONDS, step=0.2)
+        status = sub.task_status(task)
+        assert status == "FAILED", f"task {task['taskId']} ended {status}: the kill did not land mid-task"
     except AssertionError as exc:
         raise AssertionError(f"{exc}: {sub.state()}") from None
-    os.kill(pid, signal.SIGKILL)
-    return executor
+    return str(task["executorId"])
 
 
 def of_phase(job: dict[str, Any], phase: str) -> bool:
@@ -133,7 +141,7 @@ class Sizes:
     queue_per_trigger: int
 
 
-DEFAULT = Sizes(rows=4_000, queued=4_000, per_trigger=800, queue_per_trigger=1_000)
+DEFAULT = Sizes(rows=4_000, queued=3_000, per_trigger=1_000, queue_per_trigger=1_000)
 LONG = Sizes(rows=12_000, queued=30_000, per_trigger=2_500, queue_per_trigger=3_000)  # the issue's sizes
 
 

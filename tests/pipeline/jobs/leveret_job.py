@@ -98,14 +98,14 @@ def main() -> None:
             df = spark.read.format("leveret").options(**conn, queue=a.stream, startingOffsets="earliest",
                                                       minPartitions=str(a.partitions)).load()
             df.select("offset", "body").write.mode("overwrite").parquet(out)
-            sc.setJobGroup(phase + "-report", phase)
+            sc.setJobGroup(phase + "-report", phase + " report")
             result = sink_report(spark, out, "offset")
         elif phase == "stream":
             opts = {**conn, "queue": a.stream, "startingOffsets": "earliest", "minPartitions": str(a.partitions),
                     **per_trigger}
             batches = run_stream(spark, phase, opts, ["offset", "body"], out, out + "-checkpoint",
                                  available_now=a.stream_trigger == "availableNow")
-            sc.setJobGroup(phase + "-report", phase)
+            sc.setJobGroup(phase + "-report", phase + " report")
             result = {**sink_report(spark, out, "offset"), "batches": batches}
         elif phase == "queue":
             queue_limit = a.queue_per_trigger or a.per_trigger
@@ -113,7 +113,7 @@ def main() -> None:
                     **({"maxRecordsPerTrigger": str(queue_limit)} if queue_limit else {})}
             batches = run_stream(spark, phase, opts, ["offset", "body", "properties.message_id"], out,
                                  out + "-checkpoint")
-            sc.setJobGroup(phase + "-report", phase)
+            sc.setJobGroup(phase + "-report", phase + " report")
             result = {**sink_report(spark, out, "message_id"), "batches": batches}
         elif phase == "write":
             rows = (spark.range(a.rows, numPartitions=a.partitions)
