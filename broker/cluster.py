@@ -16,6 +16,7 @@ import asyncpg
 import structlog
 
 from broker.cluster_definitions import DefinitionsFollower, make_where
+from broker.cluster_figures import Snapshot
 from broker.cluster_forwarding import ClusterForwarding
 from broker.message_codec import decode_message, encode_message
 from broker.queue_types import queue_type_of
@@ -25,8 +26,8 @@ from storage.metadata_store import MetadataStoreError
 from storage.node_storage import NodeStorage
 from storage.pg.cluster import NameTaken, PgCluster
 from storage.pg.definitions_store import PgDefinitionsStore
-from storage.pg.forget import Forgotten
-from storage.pg.queue_figures import PgQueueFigures, Snapshot
+from storage.pg.forget import Forgotten, NotForgettable
+from storage.pg.queue_figures import PgQueueFigures
 from storage.pg.queue_stats import Counted, PgQueueStatsWriter
 from storage.pg.schema import SchemaTooNew
 from storage.pg.shared_metadata import SplitMetadataStore
@@ -38,6 +39,15 @@ CLUSTER_NAME_TIMEOUT = 10.0  # seconds PUT /api/cluster-name waits for PostgreSQ
 
 class ClusterError(Exception):
     """The node cannot join the cluster (PostgreSQL unreachable, refused, or of a newer schema)."""
+
+
+class CannotForget(Exception):
+    """``Cluster.forget`` of a member that cannot be forgotten: ``unknown`` (never joined), else running or
+    this member. The HTTP API's 404 or 400: raised here, so that broker/management/ need not know storage/pg."""
+
+    def __init__(self, message: str, unknown: bool = False) -> None:
+        super().__init__(message)
+        self.unknown = unknown
 
 
 def safe_dsn(dsn: str) -> str:
@@ -153,12 +163,14 @@ class Cluster:
 
     async def forget(self, name: str) -> Forgotten:
         """``leveret ctl forget_cluster_node NAME``: remove a member that is not running, with its node-local
-        queues and what was forwarded to them (storage/pg/forget.py). Raises NotForgettable (a running, an
+        queues and what was forwarded to them (storage/pg/forget.py). Raises CannotForget (a running, an
         unknown or this member) or ClusterError (PostgreSQL out of reach)."""
         if self.pg is None or self.pg.fenced:
             raise ClusterError("this member is not connected to the cluster's PostgreSQL")
         try:
             gone = await self.pg.forget(name)
+        except NotForgettable as exc:
+            raise CannotForget(str(exc), unknown=exc.unknown) from None
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise ClusterError(f"cannot forget node {name}: {exc}") from None
         log.warning("forgot cluster member", member=name, runs=gone.runs, queues=gone.queues,

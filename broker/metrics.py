@@ -68,9 +68,9 @@ from storage.backing_queue import Figures
 
 if TYPE_CHECKING:
     from broker.channel import Channel
+    from broker.cluster_figures import Snapshot
     from broker.node import Node
     from broker.queue_process import QueueProcess
-    from storage.pg.queue_figures import Snapshot
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PROTOCOL = "amqp091"

@@ -31,13 +31,13 @@ from storage.backing_queue import Figures
 if TYPE_CHECKING:
     from broker.auth import User
     from broker.channel import Channel
+    from broker.cluster_figures import Snapshot
     from broker.exchange import Binding, Exchange
     from broker.node import Node
     from broker.queue_consumers import Consumer
     from broker.queue_process import QueueProcess, QueueStats
     from broker.reader import Reader
     from broker.vhost import VHost
-    from storage.pg.queue_figures import Snapshot
 
 DEFAULT_EXCHANGE_PATH = "amq.default"
 

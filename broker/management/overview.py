@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from broker import PRODUCT, VERSION
-from broker.cluster import ClusterError
+from broker.cluster import CannotForget, ClusterError
 from broker.exchange_types import EXCHANGE_TYPES
 from broker.management import redact
 from broker.management.common import (
@@ -41,7 +41,6 @@ from broker.management.objects import (
 )
 from broker.os_probes import disk_free, open_fds, resident_memory
 from broker.reader import open_connections
-from storage.pg.forget import NotForgettable
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -200,7 +199,7 @@ async def forget_node(request: web.Request) -> web.Response:
         raise bad_request(f"node {node.name} is not a cluster member (cluster.postgres.dsn is not set)")
     try:
         gone = await node.cluster.forget(name)
-    except NotForgettable as exc:
+    except CannotForget as exc:
         raise (not_found(str(exc)) if exc.unknown else bad_request(str(exc))) from None
     except ClusterError as exc:
         raise unavailable(str(exc)) from None

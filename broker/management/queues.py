@@ -48,8 +48,8 @@ from protocol.properties import decode_properties
 log = structlog.get_logger("leveret.management")
 
 if TYPE_CHECKING:
+    from broker.cluster_figures import Snapshot
     from broker.vhost import VHost
-    from storage.pg.queue_figures import Snapshot
 
 ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
 
