@@ -14,8 +14,9 @@ stop; a crashed member's non-durable rows are dropped by any member's poll once 
 
 **The other members' view.** Every member reads the other members' rows after a doorbell (NOTIFY
 ``leveret_directory`` from the writer's commit) and every 2 s, into one :class:`~broker.remote_queue.RemoteRoutes`
-per vhost, set as ``VHost.remote``: proxies (:class:`~broker.remote_queue.RemoteQueue`) and shadow exchanges
-holding the bindings to them, which the vhost's routing runs beside the exchange's own bindings. A
+per vhost, the vhost's topology (``VHost.use_topology``, broker/topology.py): proxies
+(:class:`~broker.remote_queue.RemoteQueue`) and shadow exchanges holding the bindings to them, which the vhost's
+routing runs beside the exchange's own bindings. A
 default-exchange publish to a name nobody here knows looks the name up in PostgreSQL once (a blocking round
 trip, as a declare is), so that an RPC reply published right after the client declared its reply queue
 elsewhere does not depend on the doorbell's timing; a miss is remembered for :data:`NEGATIVE_TTL` seconds or
@@ -55,7 +56,8 @@ once, deletes the binding's directory row (every member stops routing there at i
 and forwards a request row (queue name :data:`UNBIND_REQUEST`) to the owner, which removes the binding from its
 exchange and its own store as an unbind made there would; unbind-ok waits until the owner has taken the row
 (at most 2 s; an owner that is down carries it out when it comes back), the event loop serving others meanwhile
-(:attr:`VHostLink.unbinding`, which the channel waits for). An exclusive queue of another member: 405.
+(the future :meth:`VHostLink.unbind_remote` returns through ``VHost.unbind``, which the channel waits for). An
+exclusive queue of another member: 405.
 
 **A shared queue declared elsewhere a moment ago.** A declare of a quorum queue this member does not know reads
 the definitions feed first (broker/amqqueue.py ``declare``), so a declare racing the feed's poll is

@@ -1,7 +1,7 @@
 """What a cluster member knows of the queues that live on other members (docs/decisions/postgres-cluster.md; broker/cluster_forwarding.py
 keeps it up to date): a :class:`RemoteQueue` stands for each, and the bindings of shared exchanges to them are
-routed by :class:`RemoteRoutes`, one per vhost, set as the vhost's ``remote`` (``None`` on a single node, where
-none of this costs more than one attribute read on a miss).
+routed by :class:`RemoteRoutes`, one per vhost, the routing part of the vhost's topology (broker/topology.py; a
+single node's LocalTopology is never asked: the publish path tests ``VHost.clustered``, one attribute read).
 
 A remote queue is a proxy, never a queue of this node: it is not in the vhost's queue registry (not counted,
 not consumable here; the HTTP API lists it as its owner answers). Publishing to it is what it does:
