@@ -167,6 +167,11 @@ class QueueProcess:
         self._hand_back_unused: Callable[[], None] | None = bq.hand_back_unused if bq.shared else None
         # ... and reserves no more than this member's consumers can take (their free prefetch).
         bq.set_room(self.consumers.room)
+        # ... and deals a publish made here to this member's consumers only for their share of the cluster's
+        # free credit (the rest is left to other members' consumers: issue 35). Not for a single active
+        # consumer: its cluster-wide lock says which member delivers.
+        self._deal: Callable[[], bool] | None = (
+            bq.deal_here if bq.shared and not settings.single_active_consumer else None)
         self.exclusive_consumer: Consumer | None = None
         self.has_had_consumers = False
         self.deleted = False
@@ -320,6 +325,8 @@ class QueueProcess:
             return False
         if self._sac_store is not None and not self._sac_store.sac_active:
             return False  # another member's consumer is the active one: the message goes by the store
+        if self._deal is not None and not self._deal():
+            return False  # other members' consumers' share: the message goes by the store, left to them
         consumer = self.consumers.next_with_room()
         if consumer is None:
             return False

@@ -91,6 +91,8 @@ read once when the queue process is made, so a node-local queue pays nothing for
   waits for a reservation (the rows are then kept).
 - ``want_single_active(wanted)`` / ``sac_active`` / ``on_sac_change``: a single-active-consumer queue's
   cluster-wide lock (only the holder delivers).
+- ``deal_here()``: whether a publish may go straight to a consumer here, or is left in the store for other
+  members' consumers (their share of the free credit: delivery is fair across members).
 """
 
 from __future__ import annotations
@@ -219,6 +221,8 @@ class BackingQueue(Protocol):
 
     def want_single_active(self, wanted: bool) -> None: ...
 
+    def deal_here(self) -> bool: ...
+
 
 class LocalStore:
     """The shared-store members of the Protocol, as a store only its own queue process uses answers them: it
@@ -253,3 +257,6 @@ class LocalStore:
 
     def want_single_active(self, wanted: bool) -> None:
         pass
+
+    def deal_here(self) -> bool:
+        return True  # nobody else delivers from it

@@ -216,6 +216,11 @@ class PriorityBackingQueue:
     def awaits_fetch(self) -> bool:
         return any(q.awaits_fetch() for q in self._queues)
 
+    def deal_here(self) -> bool:
+        """Not dealt: the level a publish goes to is chosen after this answer, so a priority quorum queue's
+        publishing member still delivers straight to its own consumers (a documented difference)."""
+        return True
+
     def hand_back_unused(self) -> None:
         """Every level's rows reserved only to judge the head go back (a shared store's; see its own), unless
         a basic.get waits on any level: it waits for every level's round and then takes the highest."""

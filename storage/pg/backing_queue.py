@@ -37,6 +37,11 @@ from storage.backing_queue import Figures
 # How long reserved rows may sit in the prefix untouched before they go back to the shared queue: a node
 # whose consumers left must not hide messages from the other nodes.
 RELEASE_IDLE_AFTER = 2.0
+# A message the publishing member dealt to other members' consumers (deal_here) is left to them this long
+# after its insert; if none of them reserved it by then, this member's own consumers may (a member whose
+# consumers left or filled up meanwhile does not hold it for long).
+AWAY_GRACE = 0.2
+DEAL_ROOM_MOST = 100  # the local room deal_here weighs is read up to this (a fetch batch)
 
 
 class Node(Protocol):
@@ -58,11 +63,13 @@ class Node(Protocol):
 
     def want_single_active(self, q: PgBackingQueue, wanted: bool) -> None: ...
 
+    def others_room(self, queue_id: int) -> int: ...
+
 
 class Row:
     """A published message not yet committed (in the queue's buffer, or in the publisher's statement)."""
 
-    __slots__ = ("confirm", "expiry", "msg", "persistent", "pgen", "redelivered", "seq", "size", "state")
+    __slots__ = ("away", "confirm", "expiry", "msg", "persistent", "pgen", "redelivered", "seq", "size", "state")
 
     def __init__(self, seq: int, msg: Any, size: int, persistent: bool, expiry: int | None, state: int,
                  confirm: Any) -> None:
@@ -75,6 +82,7 @@ class Row:
         self.redelivered = state == 1
         self.confirm = confirm
         self.pgen = 0  # the queue's purge generation when the publisher took it
+        self.away = False  # dealt to other members' consumers (deal_here): not reserved here for AWAY_GRACE
 
 
 class Buffered(NamedTuple):
@@ -171,6 +179,20 @@ class PgBackingQueue:
         # are the queue's active ones), and who is told when that changes (the queue process).
         self.sac_active = False
         self.on_sac_change: Callable[[bool], None] | None = None
+        # Fair delivery across members (deal_here): the deal's running share of this member, whether the next
+        # publish is dealt away, and when the dealt rows of each commit stop being left to the others (oldest
+        # first), with the timer that hands the due ones to this member's fetcher.
+        self._deal_credit = 0.0
+        self._away_next = False
+        self._away: deque[tuple[float, int, int]] = deque()
+        # Publishes made here since the last credit announcement (storage/pg/cluster.py _announce_credit): a
+        # member that publishes to the queue itself feeds its own consumers and announces no credit.
+        self.published_here = 0
+        self.away_count = 0  # dealt rows committed and still in their grace (a recount leaves them out)
+        # The newest seq of the dealt rows whose grace is over: the reservation made for them takes no newer row
+        # (one just dealt to the others is theirs for its own grace). None: no such reservation is due.
+        self.reserve_below: int | None = None
+        self._away_timer: asyncio.TimerHandle | None = None
 
     # -- publishing --------------------------------------------------------------------------------------------
     def publish(self, msg: Any, size: int, persistent: bool, expiry: int | None = None,
@@ -183,8 +205,14 @@ class PgBackingQueue:
 
     def _add(self, msg: Any, size: int, persistent: bool, expiry: int | None, confirm: Any, state: int) -> int:
         seq = self.node.next_seq()
-        self.pub[seq] = Row(seq, msg, size, persistent, expiry, state, confirm)
-        if state == 0:
+        self.published_here += 1
+        row = self.pub[seq] = Row(seq, msg, size, persistent, expiry, state, confirm)
+        if self._away_next:
+            self._away_next = False
+            row.away = state == 0
+        if row.away:
+            pass  # not counted here, so the publishes after it are still dealt (``len()`` stays 0)
+        elif state == 0:
             self.unflushed_ready += 1
             self.unflushed_bytes += size
         else:
@@ -207,8 +235,13 @@ class PgBackingQueue:
         self.inflight_publish -= 1
         self.changes += 1
         confirmed = False
+        away = newest = 0
         for r in rows:
-            if r.state == 0 and r.pgen == self.pgen:
+            if r.away:  # the other members' share: not counted here (so not reserved) until AWAY_GRACE
+                if r.pgen == self.pgen:
+                    away += 1
+                    newest = max(newest, r.seq)
+            elif r.state == 0 and r.pgen == self.pgen:
                 self.unflushed_ready -= 1
                 self.unflushed_bytes -= r.size
                 self.db_ready += 1
@@ -216,15 +249,81 @@ class PgBackingQueue:
             if r.persistent and r.confirm is not None:
                 self.confirmed.append(r.confirm)
                 confirmed = True
+        if away:
+            self._away.append((time.monotonic() + AWAY_GRACE, away, newest))
+            self.away_count += away
+            if self._away_timer is None:
+                self._away_timer = self.node.loop.call_later(AWAY_GRACE, self._away_due)
         if confirmed and self.on_confirm is not None:
             self.on_confirm()
+
+    # -- fair delivery across members --------------------------------------------------------------------------
+    def deal_here(self) -> bool:
+        """Whether the message being published may go straight to a consumer here (``attempt_delivery``), or
+        is left in PostgreSQL for other members' consumers. RabbitMQ's quorum queue hands messages round-robin
+        to every consumer with credit wherever it is connected; here the publishing member's consumers would
+        take everything it publishes (its delivery is immediate, the others learn of the row by a doorbell),
+        so the member deals: its share of the messages is its consumers' free credit over theirs and the
+        other members' (announced every 0.5 s, storage/pg/cluster.py ``CONSUMERS_BELL``); the rest is
+        inserted ready, rung, and not reserved here for AWAY_GRACE (``rows_committed``)."""
+        if self.queue_id is None or self.room is None:
+            return True
+        others = self.node.others_room(self.queue_id)
+        if others <= 0:
+            return True
+        mine = self.room(DEAL_ROOM_MOST)
+        if mine <= 0:
+            return True
+        self._deal_credit += mine / (mine + others)
+        if self._deal_credit >= 1.0:
+            self._deal_credit -= 1.0
+            return True
+        self._away_next = True
+        return False
+
+    def _away_due(self) -> None:
+        """Dealt rows whose grace is over: if other members' consumers have not reserved them, this member's
+        may. They are looked for by one reservation (``more``), not counted as ready: the others have most
+        likely taken them, and a count that says ready would turn this member's publishes from direct delivery
+        to the store until a reservation or recount put it right."""
+        self._away_timer = None
+        now = time.monotonic()
+        below = None
+        while self._away and self._away[0][0] <= now:
+            _, n, newest = self._away.popleft()
+            self.away_count -= n
+            below = newest
+        if self._away:
+            self._away_timer = self.node.loop.call_at(
+                self.node.loop.time() + max(0.0, self._away[0][0] - now), self._away_due)
+        if below is not None and (self.room is None or self.room(1) > 0):
+            self.reserve_below = max(below, self.reserve_below or 0)
+            self.more = True
+            self._want()
+
+    def take_reserve_below(self) -> int | None:
+        """For the fetcher: the seq bound of its next reservation (``reserve_below``), once; None when rows this
+        member counts as ready are wanted too (those are anyone's, whatever their seq)."""
+        below, self.reserve_below = self.reserve_below, None
+        if self.db_ready or self.requeued or self.unflushed_ready or self._fetch_waiters:
+            return None
+        return below
+
+    def _forget_away(self) -> None:
+        self._away.clear()
+        self.away_count = 0
+        self.reserve_below = None
+        self._away_next = False
+        if self._away_timer is not None:
+            self._away_timer.cancel()
+            self._away_timer = None
 
     def rows_failed(self, rows: list[Row]) -> None:
         """The statement failed (or its outcome is unknown): persistent confirms come back as failed."""
         self.inflight_publish -= 1
         failed = False
         for r in rows:
-            if r.state == 0 and r.pgen == self.pgen:
+            if r.state == 0 and not r.away and r.pgen == self.pgen:
                 self.unflushed_ready -= 1
                 self.unflushed_bytes -= r.size
             if r.persistent and r.confirm is not None:
@@ -553,6 +652,7 @@ class PgBackingQueue:
 
     def _zero_ready(self) -> None:
         self.pgen += 1
+        self._forget_away()
         self.unflushed_ready = self.unflushed_bytes = 0
         self.requeued = self.requeued_bytes = 0
         self.db_ready = self.db_ready_bytes = 0
@@ -574,6 +674,7 @@ class PgBackingQueue:
         self.requeue(list(self.pending))
         self.release_buffer()
         self.closed = True
+        self._forget_away()
         if self._fetch_waiters:
             self.node.loop.call_soon(self._tell_fetched, None)
         if self._count_waiters:
@@ -595,6 +696,7 @@ class PgBackingQueue:
             self.ops = []
         self.db_ready = self.db_ready_bytes = 0
         self.more = False
+        self._forget_away()
         if self._fetch_waiters:
             self.node.loop.call_soon(self._tell_fetched, None)
         if self._count_waiters:
@@ -622,7 +724,9 @@ class PgBackingQueue:
     def recounted(self, ready: int, ready_bytes: int, others: int, others_bytes: int) -> None:
         """A recount (of a moment when no commit for this queue was in flight) replaces the estimates."""
         was_empty = self.len() == 0
-        self.db_ready, self.db_ready_bytes = ready, ready_bytes
+        # Rows dealt to the other members and still in their grace are not counted here (rows_committed);
+        # nor are they by a recount, as far as the others have not taken them yet.
+        self.db_ready, self.db_ready_bytes = max(0, ready - self.away_count), ready_bytes
         self.others_unacked, self.others_unacked_bytes = others, others_bytes
         # Rows another node published, found by the recount: an owner that skips queues whose len() is 0
         # (a priority queue's sub-queues) learns of them here and fetches (which reserves them).

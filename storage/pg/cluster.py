@@ -81,6 +81,12 @@ END_SESSIONS = ("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype =
 # transaction that makes it (payload: the name), and every heartbeat reads it too (a notification missed while
 # a member was cut off).
 CLUSTER_NAME_BELL = "leveret_cluster_name"
+# Fair delivery across members (issue 35): every lease round (0.5 s) a member NOTIFYs, on this channel, the free
+# credit of its consumers of each shared queue (payload "epoch qid:room qid:room ..."); the others keep it for
+# CREDIT_FRESH seconds and the publishing member deals its direct deliveries by it (backing_queue.deal_here).
+CONSUMERS_BELL = "leveret_consumers"
+CREDIT_FRESH = 1.5
+CREDIT_MOST = 100  # a member's announced room per queue is capped here (one fetch batch)
 READ_CLUSTER_NAME = "SELECT value FROM leveret.cluster_setting WHERE key = 'cluster_name'"
 HEARTBEAT = ("UPDATE leveret.node SET lease_until = now() + $2 * interval '1 second' WHERE epoch = $1 "
              "RETURNING dead_at")
@@ -143,6 +149,8 @@ class PgCluster:
         self._sac_wanted: dict[PgBackingQueue, None] = {}
         self._sac_held: dict[int, PgBackingQueue] = {}
         self._sac_task: asyncio.Task[None] | None = None
+        # Other members' consumers' free credit by queue id: {epoch: (room, fresh until)} (CONSUMERS_BELL).
+        self._credit: dict[int, dict[int, tuple[int, float]]] = {}
         # The planner's statistics of leveret.message, looked at from the lease loop (planner_statistics.py).
         self.planner_statistics = PlannerStatistics(dsn) if dsn else None
 
@@ -159,6 +167,7 @@ class PgCluster:
         node._block_task = asyncio.get_running_loop().create_task(node._block_loop(epoch))
         await conns[0].add_listener(DOORBELL, node._doorbell)
         await conns[0].add_listener(CLUSTER_NAME_BELL, node._cluster_name_bell)
+        await conns[0].add_listener(CONSUMERS_BELL, node._consumers_bell)
         log.info("pg cluster: node %s joined with epoch %d", node_name, epoch)
         return node
 
@@ -202,6 +211,7 @@ class PgCluster:
         try:
             await self.lease_conn.add_listener(DOORBELL, self._doorbell)
             await self.lease_conn.add_listener(CLUSTER_NAME_BELL, self._cluster_name_bell)
+            await self.lease_conn.add_listener(CONSUMERS_BELL, self._consumers_bell)
             async with self._lease_lock:
                 # Our old sessions are gone from here; any the server still counts (a half-open TCP link)
                 # is ended, so the key is free and the reap below (or the lease loop's next) requeues them.
@@ -409,6 +419,63 @@ class PgCluster:
         if recount:
             self.fetcher.request()
 
+    # -- fair delivery: the members' consumers' free credit ----------------------------------------------------
+    async def _announce_credit(self, conn: asyncpg.Connection, epoch: int) -> None:
+        """Tell the other members how much the consumers here could take of each shared queue (one NOTIFY per
+        round, none when no consumer here has room), so a publishing member leaves them their share rather than
+        handing every message to its own consumers (backing_queue.deal_here). Single-active-consumer queues
+        are left out: one consumer is active cluster-wide and the lock, not a share, decides. So are queues
+        this member published to since the last round: its own publishes feed its consumers (direct delivery,
+        confirmed at their ack), and dealing the others' publishes to them as well cost two members each
+        publishing and consuming 2.8x their throughput (bench/cluster_quorum.py, 9.3k -> 3.3k msg/s)."""
+        parts: list[str] = []
+        for q in self.queues.values():
+            published, q.published_here = q.published_here, 0
+            if q.queue_id is None or q.room is None or q.closed or q in self._sac_wanted or published:
+                continue
+            room = q.room(CREDIT_MOST)
+            if room > 0:
+                parts.append(f"{q.queue_id}:{room}")
+        # Payloads stay under PostgreSQL's 8,000 bytes: one NOTIFY per chunk, all in one statement.
+        chunks, size, cur = [], 0, [str(epoch)]
+        for part in parts:
+            if size + len(part) > 7000:
+                chunks.append(" ".join(cur))
+                cur, size = [str(epoch)], 0
+            cur.append(part)
+            size += len(part) + 1
+        if len(cur) > 1:
+            chunks.append(" ".join(cur))
+        if chunks:
+            await conn.execute("SELECT pg_notify($1, x) FROM unnest($2::text[]) x", CONSUMERS_BELL, chunks)
+
+    def _consumers_bell(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        if pid == conn.get_server_pid():
+            return  # our own announcement
+        try:
+            epoch_s, *parts = payload.split()
+            epoch = int(epoch_s)
+            until = time.monotonic() + CREDIT_FRESH
+            for part in parts:
+                qid, room = part.split(":")
+                self._credit.setdefault(int(qid), {})[epoch] = (int(room), until)
+        except ValueError:
+            log.warning("pg cluster: unreadable consumer credit announcement %r", payload[:80])
+
+    def others_room(self, queue_id: int) -> int:
+        """The free credit other members' consumers of the queue announced within CREDIT_FRESH seconds."""
+        members = self._credit.get(queue_id)
+        if not members:
+            return 0
+        now = time.monotonic()
+        total = 0
+        for epoch, (room, until) in list(members.items()):
+            if until < now:
+                del members[epoch]
+            else:
+                total += room
+        return total
+
     # -- the cluster's name -----------------------------------------------------------------------------------
     async def init_cluster_name(self, configured: str | None, default: str) -> str:
         """The cluster's name at this member's start: ``configured`` (the ``cluster_name`` key) is set for the
@@ -557,6 +624,7 @@ class PgCluster:
             await self._reap()
             if self._sac_wanted or self._sac_held:
                 await self._sac_step()
+            await self._announce_credit(conn, epoch)
             if self.planner_statistics is not None:
                 await self.planner_statistics.check(conn)
         return False

@@ -51,6 +51,9 @@ UPDATE leveret.message m SET state = 1, owner = $5, delivery_count = m.delivery_
   FROM c WHERE m.seq = c.seq
 RETURNING m.seq, m.priority, m.redelivered, m.expiry, m.size, m.body, m.delivery_count
 """
+# The same, for rows a member dealt to other members' consumers whose grace is over (backing_queue.deal_here):
+# none newer than the newest of them, so rows dealt since stay the others' for their own grace.
+RESERVE_BELOW = RESERVE.replace("AND state = 0 AND", "AND state = 0 AND seq <= $6 AND")
 ACK = "DELETE FROM leveret.message WHERE seq = ANY($1::bigint[]) AND owner = $2"
 REQUEUE = ("UPDATE leveret.message SET state = 0, owner = NULL, redelivered = true "
            "WHERE seq = ANY($1::bigint[]) AND owner = $2")
@@ -418,7 +421,11 @@ class Fetcher(Worker):
         lo, hi = q.priority_range
         q.reserve_rounds += 1
         batch = batch_for(q)
-        records = await self.conn.fetch(RESERVE, qid, lo, hi, batch, self.node.epoch)
+        below = q.take_reserve_below()
+        if below is None:
+            records = await self.conn.fetch(RESERVE, qid, lo, hi, batch, self.node.epoch)
+        else:
+            records = await self.conn.fetch(RESERVE_BELOW, qid, lo, hi, batch, self.node.epoch, below)
         decode = q.decode
         rows = [Buffered(r[0], r[5] if decode is None else decode(r[5]), r[4], r[2], r[3], max(0, r[6] - 1))
                 for r in sorted(records, key=lambda r: (-r[1], r[0]))]
