@@ -67,26 +67,42 @@ def validate(component: str, name: str, value: Any) -> Any:
 
 
 def unsupported(rows: Iterable[Mapping[str, Any]], vhost: str | None = None) -> str | None:
-    """For a definitions import, before anything is applied: why the first parameter of a component
-    Leveret does not have is refused, or None. ``vhost`` is the vhost of a per-vhost file."""
+    """For a definitions import, before anything is applied: why the first parameter is refused (a component
+    Leveret does not have, or a value its component refuses, such as a shovel with an unknown key), or None, so
+    that a file with a bad parameter changes nothing. ``vhost`` is the vhost of a per-vhost file."""
     for row in rows:
         component = row.get("component")
-        if isinstance(component, str) and component not in COMPONENTS:
-            where = vhost if vhost is not None else row.get("vhost", "/")
-            return (f"parameter '{row.get('name')}' of component '{component}' in vhost '{where}': "
-                    + _not_found(component).replace("\n", ": "))
+        if not isinstance(component, str):
+            continue
+        where = vhost if vhost is not None else row.get("vhost", "/")
+        prefix = f"parameter '{row.get('name')}' of component '{component}' in vhost '{where}': "
+        if component not in COMPONENTS:
+            return prefix + _not_found(component).replace("\n", ": ")
+        try:
+            validate(component, str(row.get("name")), row.get("value"))
+        except ParameterError as exc:
+            return prefix + exc.reason
     return None
 
 
 def supported(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The node's metadata file at start: parameters an earlier Leveret stored for components it never
-    acted on (shovels, federation) are dropped with a warning, so that they neither stop the start nor
-    pretend to work."""
+    acted on (federation; shovels before broker/shovel/ existed, stored without the shovel plugin's
+    validation) are dropped with a warning when this Leveret would refuse them, so that they neither stop the
+    start nor pretend to work."""
     kept = []
     for row in rows:
-        if isinstance(row.get("component"), str) and row["component"] not in COMPONENTS:
+        component = row.get("component")
+        if isinstance(component, str) and component not in COMPONENTS:
             log.warning("dropping a stored parameter of a component Leveret does not implement",
-                        component=row["component"], vhost=row.get("vhost"), name=row.get("name"))
-        else:
-            kept.append(row)
+                        component=component, vhost=row.get("vhost"), name=row.get("name"))
+            continue
+        if isinstance(component, str):
+            try:
+                validate(component, str(row.get("name")), row.get("value"))
+            except ParameterError as exc:
+                log.warning("dropping a stored parameter its component refuses", component=component,
+                            vhost=row.get("vhost"), name=row.get("name"), reason=exc.reason)
+                continue
+        kept.append(row)
     return kept
