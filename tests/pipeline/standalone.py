@@ -164,7 +164,11 @@ class Submission:
             if job.get("jobGroup") != group:
                 continue
             for stage in job.get("stageIds", []):
-                for attempt in _get_json(f"{self.ui}/applications/{app}/stages/{stage}?details=true"):
+                try:
+                    attempts = _get_json(f"{self.ui}/applications/{app}/stages/{stage}?details=true")
+                except (OSError, ValueError):
+                    attempts = []  # not there yet: counted at the next look
+                for attempt in attempts:
                     for task in (attempt.get("tasks") or {}).values():
                         if task.get("status") == "SUCCESS":
                             counts[task["executorId"]] = counts.get(task["executorId"], 0) + 1

@@ -42,7 +42,8 @@ def _count(path: Path) -> int:
     return len([f for f in os.listdir(path) if not f.startswith(".")]) if path.exists() else 0
 
 
-def kill_executor_in(cluster: StandaloneCluster, sub: Submission, phase: str, ready: Any) -> str:
+def kill_executor_in(cluster: StandaloneCluster, sub: Submission, phase: str, ready: Any,
+                     choose: Any = None) -> str:
     """SIGKILL the JVM of an executor while it runs a task of ``phase`` (the job group the job script gives the
     phase's jobs, or the streaming query named after it), once ``ready()`` says the phase is mid-way; returns
     the killed executor's id.
@@ -64,6 +65,8 @@ def kill_executor_in(cluster: StandaloneCluster, sub: Submission, phase: str, re
         pids = cluster.executor_pids(app)
         tasks = [t for t in sub.running_tasks({s for j in running for s in j.get("stageIds", [])})
                  if t.get("executorId") in pids]
+        if choose is not None:
+            tasks = choose(tasks)
         if not tasks:
             return None
         youngest = max(tasks, key=lambda t: str(t.get("launchTime", "")))  # the most of its run still ahead
@@ -87,14 +90,19 @@ def of_phase(job: dict[str, Any], phase: str) -> bool:
     return job.get("jobGroup") == phase or str(job.get("description") or "").split("\n", 1)[0] == phase
 
 
-def tasks_done_on_each(sub: Submission, phase: str) -> Any:
-    """A ``ready``: a job of ``phase`` has completed a task and every executor alive has completed one (for
-    the first phase: one of this phase), so both executors are known to read before one is killed."""
-    def ready() -> bool:
-        if not any(of_phase(j, phase) and j.get("numCompletedTasks", 0) >= 1 for j in sub.jobs("running")):
-            return False
-        return all(e.get("completedTasks", 0) >= 1 for e in sub.executors() if e.get("isActive"))
-    return ready
+def both_read(sub: Submission, phase: str) -> Any:
+    """A ``choose`` that keeps both executors reading: only a running task whose executor has already
+    completed a task of ``phase``, and only while the other executors alive have completed one or are running
+    one (which, not killed, completes). Such a moment always comes while tasks are left: the first executor to
+    complete a task takes the next at once while the other runs its first."""
+    def choose(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        done = sub.successful_tasks_by_executor(phase)
+        running = {t["executorId"] for t in tasks}
+        alive = {e["id"] for e in sub.executors() if e.get("isActive")}
+        if len(alive) < 2 or not all(done.get(e, 0) >= 1 or e in running for e in alive):
+            return []
+        return [t for t in tasks if done.get(t["executorId"], 0) >= 1]
+    return choose
 
 
 def task_done(sub: Submission, phase: str) -> Any:
@@ -150,7 +158,8 @@ def cluster_round(cluster: StandaloneCluster, broker: Any, name: str, tmp: Path,
     (a) ``read``, a batch read of a stream into parquet; (c) ``write``, a batch write into a de-duplicating
     stream; ``queue``, the queue source off a classic queue into parquet; (b) ``stream``, a streaming query
     from the stream into parquet with a checkpoint, whose driver is then killed -9 between a batch's offsets
-    and its commit. The second application runs (b) again from its checkpoint to the end. Returns what the
+    and its commit. The second application (submitted while the first runs, started after its driver's kill)
+    runs (b) again from its checkpoint to the end. Returns what the
     REST API said and the reports."""
     src = declare_stream(broker, f"{name}-src")
     dedup = declare_stream(broker, f"{name}-dedup", **{"x-message-deduplication": True,
@@ -166,10 +175,16 @@ def cluster_round(cluster: StandaloneCluster, broker: Any, name: str, tmp: Path,
     first = cluster.submit(job_args(broker, "read,write,queue,stream", out, *common, "--per-trigger",
                                     str(size.per_trigger), "--queue-per-trigger", str(size.queue_per_trigger),
                                     "--stream-trigger", "processing"), f"{name}-1")
-    killed = [kill_executor_in(cluster, first, "read", tasks_done_on_each(first, "read")),
-              kill_executor_in(cluster, first, "write", task_done(first, "write")),
-              kill_executor_in(cluster, first, "queue", lambda: _count(queue_commits) >= 1),
-              kill_executor_in(cluster, first, "stream", lambda: _count(stream_commits) >= 1)]
+    killed = [kill_executor_in(cluster, first, "read", task_done(first, "read"), both_read(first, "read"))]
+    # The driver that restarts (b) from its checkpoint: submitted now, so that its start-up overlaps the
+    # first application's phases (it gets executors only when the first's are gone: the master serves
+    # applications in order); its query starts only after the first driver is dead (--start-after).
+    go = tmp / "restart.go"
+    second = cluster.submit(job_args(broker, "stream", out, "--stream", src, "--per-trigger", str(size.per_trigger),
+                                     "--partitions", "8", "--start-after", str(go)), f"{name}-2")
+    killed += [kill_executor_in(cluster, first, "write", task_done(first, "write")),
+               kill_executor_in(cluster, first, "queue", lambda: _count(queue_commits) >= 1),
+               kill_executor_in(cluster, first, "stream", lambda: _count(stream_commits) >= 1)]
     # The first three phases are over (the stream phase runs): the read's tasks per executor, while the
     # driver's REST API is up.
     report = first.report()
@@ -192,8 +207,7 @@ def cluster_round(cluster: StandaloneCluster, broker: Any, name: str, tmp: Path,
     wait_for("a stream batch planned and not committed", mid_batch, PHASE_SECONDS, step=0.02)
     first.kill(signal.SIGKILL)
     at_kill = (_count(stream_offsets), _count(stream_commits))
-    second = cluster.submit(job_args(broker, "stream", out, "--stream", src, "--per-trigger", str(size.per_trigger),
-                                     "--partitions", "8"), f"{name}-2")
+    go.write_text("go")  # the second driver (up, its executors to come once the first's are gone) starts
     restarted = second.wait(START_SECONDS + PHASE_SECONDS)["stream"]
 
     for phase, got in (("read", report["read"]), ("stream", restarted)):  # every offset once in each sink

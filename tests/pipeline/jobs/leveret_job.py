@@ -19,6 +19,11 @@ At start the job writes ``<report>.started`` (JSON: the application's id and its
 so the test reads the REST API of this application and no other, even if the UI port it asked for was taken),
 and after every phase the report so far (``<report>``, replaced atomically), so the test sees a phase end.
 
+``--start-after FILE``: once the SparkContext is up (and ``<report>.started`` written), wait (at most 600 s) for
+FILE before the first phase: the test submits the job that restarts a query while the query's first driver
+still runs, so that this driver's start-up is not on the lane's clock, and lets it start once it has killed
+the first driver.
+
 ``--stream-trigger processing``: the ``stream`` phase runs with the default trigger and never ends by itself
 (its driver is to be killed mid-query); ``availableNow`` (the default) ends once caught up.
 """
@@ -76,6 +81,7 @@ def main() -> None:
     p.add_argument("--queue-per-trigger", type=int, default=0, help="the queue phase's (default: --per-trigger)")
     p.add_argument("--rows", type=int, default=0)
     p.add_argument("--report", required=True)
+    p.add_argument("--start-after")
     p.add_argument("--stream-trigger", choices=("availableNow", "processing"), default="availableNow")
     a = p.parse_args()
 
@@ -89,6 +95,12 @@ def main() -> None:
     conn = {"uri": a.uri, "managementUri": a.management_uri}
     write_json(a.report + ".started", {"app_id": sc.applicationId, "ui": sc.uiWebUrl})
     report: dict[str, Any] = {"app_id": sc.applicationId}
+    if a.start_after:
+        deadline = time.monotonic() + 600
+        while not os.path.exists(a.start_after):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{a.start_after} did not appear in 600 s")
+            time.sleep(0.1)
     per_trigger = {"maxRecordsPerTrigger": str(a.per_trigger)} if a.per_trigger else {}
     for phase in a.phases.split(","):
         sc.setJobGroup(phase, phase)
