@@ -60,6 +60,11 @@ SNAPSHOT = "clean.snapshot"
 
 
 
+# What a compaction hands back to the loop thread: the file, the moves (msg id, old payload offset, new payload
+# offset, length; None if it failed), the new file's size, and the payload-offset ranges of the old file that
+# held no valid record (damage the scan reported, or a torn tail).
+Compacted = tuple[int, list[tuple[int, int, int, int]] | None, int, list[tuple[int, int]]]
+
 # The current file is replaced by a fresh one when all its records are dead and it is at least this big.
 ROLL_DEAD_CURRENT_ABOVE = 1 << 20
 
@@ -262,7 +267,7 @@ class MsgStore:
                     result = self._compact_file(file)
                 except Exception:
                     log.exception("storage: compaction of file %d failed", file)
-                    result = (file, None, 0)
+                    result = (file, None, 0, [])
                 with self._results_lock:
                     self._results.append(result)
                 loop = self._loop
@@ -274,18 +279,27 @@ class MsgStore:
             finally:
                 self._jobs.task_done()
 
-    def _compact_file(self, file: int) -> tuple[int, list[tuple[int, int, int, int]] | None, int]:
+    def _compact_file(self, file: int) -> Compacted:
         """Worker thread: copy the live records of ``file`` to a new file and rename it over the old one.
         Liveness is checked with single dict reads (atomic under the GIL); a record that dies meanwhile is
-        simply dead in the new file, and the loop thread only adopts locations that did not change."""
+        simply dead in the new file, and the loop thread only adopts locations that did not change.
+
+        A record that fails its check cannot be copied (its msg id is not to be trusted): the scan reports it
+        (storage/corruption.py) and the byte ranges no valid record covers go back with the result, so that the
+        loop thread drops the messages whose locations lie there (see :meth:`_drop_damaged`)."""
         path = self._path(file)
         with open(path, "rb") as fh:
             data = fh.read()
         records, _, _ = scan(data, path)
         moves: list[tuple[int, int, int, int]] = []
+        damaged: list[tuple[int, int]] = []
         out = bytearray()
         locs = self._locs
+        covered = 0
         for rec_off, start, n in records:
+            if rec_off > covered:
+                damaged.append((covered, rec_off))
+            covered = start + n
             lo, hi = ID.unpack_from(data, start)
             msg_id = (hi << 64) | lo
             if locs.get(msg_id) != _loc(file, start, n):
@@ -293,8 +307,10 @@ class MsgStore:
             new_start = len(out) + HEADER_SIZE
             out += data[rec_off:start + n]
             moves.append((msg_id, start, new_start, n))
+        if covered < len(data):
+            damaged.append((covered, len(data)))
         replace_file(path, out, self.durable)  # a partial copy (full disk) never replaces the file
-        return file, moves, len(out)
+        return file, moves, len(out), damaged
 
     def _apply_results(self) -> None:
         with self._results_lock:
@@ -302,12 +318,14 @@ class MsgStore:
         for result in results:
             self._apply(result)
 
-    def _apply(self, result: tuple[int, list[tuple[int, int, int, int]] | None, int]) -> None:
+    def _apply(self, result: Compacted) -> None:
         """Loop thread: adopt a compacted file's new locations and open it in place of the old one."""
-        file, moves, size = result
+        file, moves, size, damaged = result
         self._compacting.discard(file)
         if moves is None or file not in self._files:
             return
+        if damaged:
+            self._drop_damaged(file, damaged)  # before adopting: a new location may lie in an old gap
         locs = self._locs
         live = 0
         for msg_id, old, new, n in moves:
@@ -323,6 +341,29 @@ class MsgStore:
         self.compactions += 1
         if live == 0:
             self._delete_file(file)
+
+    def _drop_damaged(self, file: int, damaged: list[tuple[int, int]]) -> None:
+        """Forget the messages whose records lay in ``damaged`` byte ranges of ``file``, as compacted away.
+
+        After a clean start the store trusts its snapshot and reads no record, so a damaged one may first be met
+        by the compaction of its file, which cannot copy it. Its message is lost (the scan reported the record):
+        kept in the index, its location would point into the rewritten file, at bytes that may be another
+        message's record, or, once that file is deleted, at no file at all (``KeyError`` in :meth:`read`, a 541
+        to the client: the bit-flip lane's seed 654106558, round 18). Dropped here, :meth:`read` answers None
+        and the queue drops the message like any damaged one. A pass over the index, paid only when a
+        compaction met damage; never on the publish or delivery path."""
+        lost = []
+        for msg_id, loc in self._locs.items():
+            if loc >> 64 == file:
+                off = (loc >> 32) & M32
+                if any(lo <= off < hi for lo, hi in damaged):
+                    lost.append(msg_id)
+        for msg_id in lost:
+            del self._locs[msg_id]
+            self._refs.pop(msg_id, None)
+        if lost:
+            log.warning("storage: %d messages whose records in %s failed their check were dropped from %s",
+                        len(lost), self._path(file), self.directory)
 
     def abandon(self) -> None:
         """Release every file without writing (after a failed clean stop: the next start scans)."""
