@@ -94,7 +94,9 @@ class BrokerProcess:
         return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
 
     # -- lifecycle of a broker we started ---------------------------------------------------------------
-    def start(self, timeout: float = 20.0) -> None:
+    # 30 s: a start costs about a second of CPU (imports), and with three xdist workers on two cores a member
+    # of a cluster test once took over 20 s to listen while a kill -9 round ran beside it.
+    def start(self, timeout: float = 30.0) -> None:
         assert self.data_dir is not None and self.log_path is not None
         ports: list[str] = []
         if self.own_http_ports:

@@ -126,7 +126,7 @@ def test_basic_recover_requeue_on_one_member_redelivers_at_once(start_broker, pg
 def test_purge_on_one_member_while_the_other_holds_unacked_and_reserved(start_broker, pg_dsn, ttl):
     """a's consumer (prefetch 5) holds m0..m4 unacked; 20 more are ready. A purge on b answers 20 (RabbitMQ
     counts the ready ones) and none of them is delivered afterwards, on a or b; a's 5, nacked with requeue,
-    come back (redelivered) and are all that is left. With a queue TTL (60 s, nothing expires), a judges
+    come back (redelivered, to a's consumer or b's) and are all that is left. With a queue TTL (60 s, nothing expires), a judges
     the head it has no room to deliver: the rows it reserves for that must be purged as well."""
     a, b = two(start_broker, pg_dsn)
     declared(a, b, "q3", **({"x-message-ttl": ttl} if ttl else {}))
@@ -147,7 +147,11 @@ def test_purge_on_one_member_while_the_other_holds_unacked_and_reserved(start_br
     for c in (on_a, on_b):
         c.conn.close()
     conn_b.close()
-    assert purged == 20 and sorted(after) == sorted((b"m%d" % i, True) for i in range(5)), (
+    # Either consumer may take the requeued five (RabbitMQ hands a requeued message to any consumer with
+    # credit; since delivery is dealt across members by free credit, b's often gets some): what counts is
+    # that they all come back, redelivered, and nothing purged does.
+    got_back = sorted((g[0], g[1]) for g in on_a.got[5:] + on_b.got)
+    assert purged == 20 and got_back == sorted((b"m%d" % i, True) for i in range(5)), (
         f"purge-ok {purged} (expected 20); delivered after the purge and the nack: {after} (expected m0..m4 "
         f"redelivered, nothing purged)")
     print(f"\nready after: {left}")

@@ -71,7 +71,7 @@ def connect(clock: ManualClock, handshake_timeout: float = 100.0) -> tuple[Reade
                                auth_mechanisms=["AMQPLAIN", "PLAIN"], ssl_cert_login_from="distinguished_name")
     node = SimpleNamespace(settings=settings, clock=clock, connections=set(), counters=SimpleNamespace(
         auth_attempts=0, auth_attempts_failed=0, auth_attempts_succeeded=0, connections_closed=0),
-        alarm_state=SimpleNamespace(blocked=set(), active=False), users=Users())
+        alarm_state=SimpleNamespace(blocked=set(), active=False), users=Users(), cluster_name="leveret@test")
     reader = Reader(node)  # type: ignore[arg-type]
     transport = Transport()
     reader.connection_made(transport)  # type: ignore[arg-type]

@@ -6,6 +6,7 @@ out and ``M <body>`` once the dispatch log holding its mark is fsynced."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import sys
 import time
@@ -47,6 +48,9 @@ async def main(data_dir: str, round_no: int) -> None:
     store.on_durable = durable
     marks = MarkWaiter()
     print("READY", flush=True)
+    ready = os.environ.get("DELAY_KILL9_READY")
+    if ready:  # the test kills a random time after this, not after a start-up whose length depends on load
+        os.close(os.open(ready, os.O_CREAT | os.O_WRONLY))  # an empty file; nothing else runs yet
     rng = random.Random(round_no)
     i = 0
     last_checkpoint = time.monotonic()

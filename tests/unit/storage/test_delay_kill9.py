@@ -22,12 +22,18 @@ ROUNDS = int(os.environ.get("LEVERET_DELAY_KILL9_ROUNDS", "20"))
 
 
 def run_round(data_dir: Path, round_no: int, rng: random.Random) -> list[list[str]]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    ready = data_dir.parent / f"ready-{round_no}"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), DELAY_KILL9_READY=str(ready))
     proc = subprocess.Popen([sys.executable, str(HERE / "delay_kill9_writer.py"), str(data_dir), str(round_no)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     # Everything is read by communicate() after the kill: a readline() first would read ahead into a
-    # buffer that communicate() never sees, and lose the lines of the first batch.
-    time.sleep(0.5 + rng.uniform(0.2, 0.9))
+    # buffer that communicate() never sees, and lose the lines of the first batch. So the writer's start is
+    # seen through a file it creates once ready (a start-up on a loaded machine once took longer than the
+    # fixed wait that was here, and the round was killed before READY), and the kill comes a random time later.
+    deadline = time.monotonic() + 60
+    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3 + rng.uniform(0.2, 0.9))
     proc.send_signal(signal.SIGKILL)
     rest, err = proc.communicate()
     assert proc.returncode == -signal.SIGKILL, err

@@ -77,6 +77,13 @@ async def test_a_gone_members_non_durable_row_is_taken_over_its_durable_one_kept
     assert b.claim("/", "durable", True, False) == Owner("gone", True, False)
 
 
+async def committed(directory) -> None:
+    """Wait until the rows the directory wrote without waiting are in."""
+    wait = directory.committed()
+    if wait is not None:
+        await wait
+
+
 async def test_bindings_are_written_and_go_with_their_queue(admin, directory, pg_dsn) -> None:
     await live(admin, "a", "b")
     a = directory("a")
@@ -85,6 +92,7 @@ async def test_bindings_are_written_and_go_with_their_queue(admin, directory, pg
         a.claim("/", "q", False, False)
         a.bind("/", "x", "q", "k.*", "h1", b"args", "topic")
         a.bind("/", "x", "not-mine", "k", "h2", b"", "direct")  # no queue row of a's: not written
+        await committed(a)  # bind writes without waiting; a bind-ok waits for this (storage/commits.py)
         queues, bindings = await fw.others()
         assert [(r.name, r.node) for r in queues] == [("q", "a")]
         assert [(r.source, r.queue, r.routing_key, bytes(r.arguments), r.routing) for r in bindings] == [
@@ -93,6 +101,7 @@ async def test_bindings_are_written_and_go_with_their_queue(admin, directory, pg
         a.bind("/", "y", "q", "", "h3", b"", "fanout")
         a.unbind_source("/", "y")
         a.bind("/", "z", "q", "", "h4", b"", "fanout")
+        await committed(a)
         assert a.lookup("/", "q") is not None  # after the fire-and-forget calls
         assert [r.source for r in (await fw.others())[1]] == ["z"]
         a.release("/", "q")
