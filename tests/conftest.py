@@ -174,7 +174,7 @@ class ClusterBroker(BrokerProcess):
     def log_text(self) -> str:
         return "\n".join(f"--- {n.log_path}\n{n.log_text()}" for n in self.nodes)
 
-    def start(self, timeout: float = 20.0) -> None:
+    def start(self, timeout: float = 30.0) -> None:
         for n in self.nodes:
             n.start(timeout)
         wait_http(self.nodes)
