@@ -417,7 +417,9 @@ class Server:
         log.info("stopped")
 
     async def run_until_signalled(self) -> None:
-        await self.start()
+        # The handlers go in before start(): the HTTP API answers while start() still awaits later steps, and a
+        # SIGTERM in that window killed the process by the signal's default action (a test saw -15 right
+        # after a PUT); now it is a graceful stop once the start is done.
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
 
@@ -430,6 +432,7 @@ class Server:
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig.name)
+        await self.start()
         await stop.wait()
         log.info("shutting down")
         await self.stop()
