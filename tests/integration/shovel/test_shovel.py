@@ -5,10 +5,12 @@ Leveret, and nothing lost when Leveret is killed -9 or RabbitMQ is stopped in th
 from __future__ import annotations
 
 import os
+import threading
 import time
 import urllib.request
 from collections import Counter
 
+import pika
 import pytest
 
 from tests.integration.shovel.conftest import api, wait_for
@@ -216,8 +218,39 @@ def test_kill9_of_leveret_mid_move_50000(start_broker, rabbit, uid):
     _kill9_move(start_broker, rabbit, uid, 50_000)
 
 
+class _SteadyPublisher(threading.Thread):
+    """Publishes numbered confirmed messages into a queue until told to stop: the flow a RabbitMQ stop lands in.
+
+    A fixed batch could be moved entirely while ``rabbitmqctl stop`` was still under way (seen under CI load: the
+    source was empty at the stop), and then nothing was in the middle of the move; a source that is still being
+    fed cannot be."""
+
+    def __init__(self, p: pika.ConnectionParameters, queue: str, start: int) -> None:
+        super().__init__(daemon=True)
+        self.p, self.queue, self.next_id = p, queue, start
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                publish(self.p, self.queue, 50, start=self.next_id, size=200)  # confirmed before it returns
+                self.next_id += 50
+        except BaseException as e:  # noqa: BLE001 (reported by finish())
+            self.error = e
+
+    def finish(self) -> int:
+        """Stop; the number of the first message not published (every one before it is confirmed)."""
+        self.stopping.set()
+        self.join(60)
+        assert not self.is_alive(), "the publisher did not stop"
+        assert self.error is None, f"the publisher failed: {self.error!r}"
+        return self.next_id
+
+
 def _stop_start_move(start_broker, rabbit, uid, n: int) -> None:
-    """Leveret → RabbitMQ; RabbitMQ (the destination) stops gracefully mid-move and starts again."""
+    """Leveret → RabbitMQ; RabbitMQ (the destination) stops gracefully mid-move and starts again, while a
+    producer still publishes into Leveret's source queue."""
     b = start_broker()
     prefetch = 500
     lp = params("127.0.0.1", b.port)
@@ -228,19 +261,23 @@ def _stop_start_move(start_broker, rabbit, uid, n: int) -> None:
     rp = params("127.0.0.1", rabbit.port)
     running(b, "rs")
     wait_for(lambda: count(rp, f"{uid}-dst") >= n // 4, 60, "a quarter moved")
+    producer = _SteadyPublisher(lp, f"{uid}-src", n)
+    producer.start()
     try:
         rabbit.stop()
         st = wait_for(lambda: (s := status_of(b, "rs")) and s["state"] != "running" and s, 30, "not running")
         assert st["state"] in ("terminated", "starting")
+        total = producer.finish()
         at_stop = count(lp, f"{uid}-src")  # the link dropped: Leveret's queue has the unacked ones back
-        assert at_stop > 0, "the move had finished before RabbitMQ stopped: nothing was in the middle of it"
+        assert at_stop > 0, "nothing was left at the source after the stop: the move was not in the middle"
     finally:  # the node is the module's: later tests need it up even if this one failed
+        producer.stopping.set()
         rabbit.start()
-    wait_for(lambda: count(lp, f"{uid}-src") == 0 and count(rp, f"{uid}-dst") >= n, 120, "move finished")
+    wait_for(lambda: count(lp, f"{uid}-src") == 0 and count(rp, f"{uid}-dst") >= total, 120, "move finished")
     time.sleep(1)
-    dups = _check_all_arrived(drain(rp, f"{uid}-dst"), n, prefetch)
-    print(f"RabbitMQ stopped and started mid-move: {n} messages, {at_stop} left at Leveret at the stop, lost 0, "
-          f"duplicates {dups}")
+    dups = _check_all_arrived(drain(rp, f"{uid}-dst"), total, prefetch)
+    print(f"RabbitMQ stopped and started mid-move: {total} messages ({total - n} published during the stop), "
+          f"{at_stop} left at Leveret at the stop, lost 0, duplicates {dups}")
 
 
 @pytest.mark.slow
