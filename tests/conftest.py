@@ -117,10 +117,32 @@ class BrokerProcess:
                 raise RuntimeError(f"broker exited with {self.process.returncode}:\n{self.log_text()}")
             try:
                 with socket.create_connection((self.host, self.port), timeout=0.2):
-                    return
+                    break
             except OSError:
                 time.sleep(0.05)
-        raise RuntimeError(f"broker did not listen on {self.port} within {timeout}s:\n{self.log_text()}")
+        else:
+            raise RuntimeError(f"broker did not listen on {self.port} within {timeout}s:\n{self.log_text()}")
+        # The HTTP listeners open just after the AMQP one: a test that asked its next question over HTTP met
+        # "connection refused" in that moment under CI load. Started means every port of ours listens.
+        for port in self._own_http_ports_to_wait_for():
+            while True:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"broker exited with {self.process.returncode}:\n{self.log_text()}")
+                try:
+                    with socket.create_connection((self.host, port), timeout=0.2):
+                        break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"broker did not listen on HTTP port {port} within {timeout}s:\n"
+                                           f"{self.log_text()}") from None
+                    time.sleep(0.05)
+
+    def _own_http_ports_to_wait_for(self) -> list[int]:
+        """The HTTP ports this fixture chose and the test's arguments did not override (or turn off)."""
+        if not self.own_http_ports:
+            return []
+        chosen = {"--management-port": self.management_port, "--prometheus-port": self.prometheus_port}
+        return [port for flag, port in chosen.items() if port and flag not in self.extra_args]
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
         assert self.process is not None
