@@ -87,9 +87,18 @@ class PgServer:
 
     def resume(self) -> None:
         """Start the server (again) on the same port and data folder; returns once it accepts connections."""
-        self._run(self._pg_ctl, "-D", str(self.data), "-l", str(self.root / "server.log"), "-w", "-t", "60",
-                  "start")
+        try:
+            self._run(self._pg_ctl, "-D", str(self.data), "-l", str(self.root / "server.log"), "-w", "-t", "60",
+                      "start")
+        except RuntimeError as e:  # pg_ctl says only "Examine the log output": the reason is in the log
+            raise RuntimeError(f"{e}\n{self.root / 'server.log'} ends:\n{self._log_tail()}") from None
         self.running = True
+
+    def _log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join((self.root / "server.log").read_text(errors="replace").splitlines()[-lines:])
+        except OSError as e:
+            return f"(unreadable: {e})"
 
     def _pids(self) -> list[int]:
         """The postmaster and every process it started (backends, checkpointer, walwriter...)."""
