@@ -25,6 +25,12 @@ from tests.integration.management.test_management_api import wait_for
 pytestmark = pytest.mark.leveret_only
 pytest_plugins = ["pg_fixtures"]  # pg_dsn: a fresh database on the session's PostgreSQL
 
+# Seconds within which messages returned to the queue (a consumer gone, basic.recover, a nack with requeue) must
+# be delivered again "at once": under 1 s on a quiet machine, but a CI machine (2 cores, load 6-10, brokers and
+# PostgreSQL starting beside) can hold a delivery back for seconds. What the bound rules out is a return that
+# waits for the holder's lease (15 s) to lapse, or never comes.
+AT_ONCE = 5.0
+
 
 class Consumer:
     """A manual-ack consumer on its own connection to ``m``, recording (body, redelivered, x-delivery-count,
@@ -73,7 +79,7 @@ def test_unacked_of_a_consumer_that_goes_away_reach_the_other_member_at_once_in_
     declared(a, b, "q1")
     on_a = Consumer(a, "q1", 10)
     publish_confirmed(a, "q1", [b"m%d" % i for i in range(5)])
-    assert pump([on_a], lambda: len(on_a.got) == 5), on_a.bodies()
+    assert pump([on_a], lambda: len(on_a.got) == 5, 30), on_a.bodies()
     on_b = Consumer(b, "q1", 10)
     pump([on_b], seconds=0.3)
     assert on_b.got == [], "b got messages a's consumer holds unacked"
@@ -88,8 +94,8 @@ def test_unacked_of_a_consumer_that_goes_away_reach_the_other_member_at_once_in_
         expected = expected[1:]
     closed = time.monotonic()
     on_a.conn.close()
-    pump([on_b], lambda: len(on_b.got) >= len(expected), 5)
-    late = [round(g[4] - closed, 2) for g in on_b.got if g[4] - closed > 1.0]
+    pump([on_b], lambda: len(on_b.got) >= len(expected), 30)
+    late = [round(g[4] - closed, 2) for g in on_b.got if g[4] - closed > AT_ONCE]
     print(f"\n{how}: b's x-delivery-count {[g[2] for g in on_b.got]} (RabbitMQ 3.10: 1, a return counted), "
           f"last after {max((g[4] - closed for g in on_b.got), default=0):.2f} s")
     assert [(g[0], g[1]) for g in on_b.got] == [(x, True) for x in expected] and not late, (
@@ -99,22 +105,22 @@ def test_unacked_of_a_consumer_that_goes_away_reach_the_other_member_at_once_in_
 
 def test_basic_recover_requeue_on_one_member_redelivers_at_once(start_broker, pg_dsn):
     """basic.recover(requeue=true) on a's channel holding 5 unacked: RabbitMQ requeues them; each is
-    delivered again, redelivered, once, to a's or b's consumer, within a second."""
+    delivered again, redelivered, once, to a's or b's consumer, at once (AT_ONCE)."""
     a, b = two(start_broker, pg_dsn)
     declared(a, b, "q2")
     on_a = Consumer(a, "q2", 5)
     publish_confirmed(a, "q2", [b"m%d" % i for i in range(5)])
-    assert pump([on_a], lambda: len(on_a.got) == 5), on_a.bodies()
+    assert pump([on_a], lambda: len(on_a.got) == 5, 30), on_a.bodies()
     on_b = Consumer(b, "q2", 10)
     pump([on_b], seconds=0.3)
     assert on_b.got == []
     on_a.got.clear()
     t0 = time.monotonic()
     on_a.ch.basic_recover(requeue=True)
-    pump([on_a, on_b], lambda: len(on_a.got) + len(on_b.got) >= 5, 5)
+    pump([on_a, on_b], lambda: len(on_a.got) + len(on_b.got) >= 5, 30)
     pump([on_a, on_b], seconds=0.3)  # nothing more
     again = sorted(on_a.got + on_b.got, key=lambda g: g[4])
-    late = [round(g[4] - t0, 2) for g in again if g[4] - t0 > 1.0]
+    late = [round(g[4] - t0, 2) for g in again if g[4] - t0 > AT_ONCE]
     print(f"\nafter recover: a {on_a.bodies()}, b {on_b.bodies()}")
     assert sorted(g[0] for g in again) == [b"m%d" % i for i in range(5)] and all(g[1] for g in again) \
         and not late, (f"again: {[(g[0], g[1]) for g in again]}; late (s): {late}")
@@ -132,7 +138,7 @@ def test_purge_on_one_member_while_the_other_holds_unacked_and_reserved(start_br
     declared(a, b, "q3", **({"x-message-ttl": ttl} if ttl else {}))
     on_a = Consumer(a, "q3", 5)
     publish_confirmed(a, "q3", [b"m%d" % i for i in range(5)])
-    assert pump([on_a], lambda: len(on_a.got) == 5), on_a.bodies()
+    assert pump([on_a], lambda: len(on_a.got) == 5, 30), on_a.bodies()
     publish_confirmed(a, "q3", [b"r%d" % i for i in range(20)])
     pump([on_a], seconds=0.5)
     conn_b, ch_b = channel(b)
@@ -170,10 +176,12 @@ def test_delete_on_one_member_cancels_the_consumer_on_the_other(start_broker, pg
     t0 = time.monotonic()
     deleted = ch_b.queue_delete("q4").method.message_count
     conn_b.close()
-    cancelled = pump([on_a], lambda: on_a.cancelled_by_broker, 5)
+    cancelled = pump([on_a], lambda: on_a.cancelled_by_broker, 30)
     took = time.monotonic() - t0
     print(f"\ndelete-ok count {deleted}; a's consumer cancelled: {cancelled} after {took:.2f} s")
-    assert cancelled and took < 2.0, f"a's consumer cancelled by the broker: {cancelled} ({took:.2f} s)"
+    # The follower replays b's delete within its 0.5 s poll (ms with the doorbell); what must not happen is a's
+    # consumer left attached (never cancelled). 10 s: far below the 30 s wait, room for a loaded 2-core machine.
+    assert cancelled and took < 10.0, f"a's consumer cancelled by the broker: {cancelled} ({took:.2f} s)"
     assert on_a.bodies() == [b"m0"], on_a.bodies()
     on_a.conn.close()
     assert deleted == 2, f"b's delete-ok message_count {deleted}; RabbitMQ's is the ready messages (m1, m2): 2"
@@ -195,7 +203,7 @@ def test_consumer_priorities_across_members_deliver_each_message_once(start_brok
     low = Consumer(b, "q5", 50, **{"x-priority": 0})
     pump([high, low], seconds=0.3)
     publish_confirmed(b, "q5", [b"m%d" % i for i in range(30)])
-    pump([high, low], lambda: len(high.got) + len(low.got) >= 30, 5)
+    pump([high, low], lambda: len(high.got) + len(low.got) >= 30, 30)
     pump([high, low], seconds=0.2)
     print(f"\nx-priority 10 on a got {len(high.got)}, x-priority 0 on b (the publisher's member) got "
           f"{len(low.got)} (RabbitMQ: 30 / 0)")
@@ -211,7 +219,7 @@ def test_max_length_bytes_reject_publish_across_members(start_broker, pg_dsn):
     a, b = two(start_broker, pg_dsn)
     declared(a, b, "q6", **{"x-max-length-bytes": 100, "x-overflow": "reject-publish"})
     from_a = publish_confirmed(a, "q6", [b"a%019d" % i for i in range(8)])
-    assert wait_for(lambda: ready(b, "q6") == from_a.count(True), 5), (from_a, ready(b, "q6"))
+    assert wait_for(lambda: ready(b, "q6") == from_a.count(True), 30), (from_a, ready(b, "q6"))
     from_b = publish_confirmed(b, "q6", [b"b%019d" % i for i in range(3)])
     print(f"\na: {from_a}; b: {from_b}")
     assert 5 <= from_a.count(True) <= 6 and from_a[-1] is False, from_a
@@ -238,12 +246,12 @@ def test_nack_multiple_requeue_on_one_member_returns_all_in_order(start_broker, 
     on_b.got.clear()
     t0 = time.monotonic()
     on_b.ch.basic_nack(last_tag, multiple=True, requeue=True)
-    pump([on_b], lambda: len(on_b.got) >= 5, 5)
+    pump([on_b], lambda: len(on_b.got) >= 5, 30)
     pump([on_b], seconds=0.2)
     took = max((g[4] - t0 for g in on_b.got), default=0.0)
     on_b.conn.close()
     assert first == [(b"m%d" % i, False, 0) for i in range(5)], first
-    assert [(g[0], g[1], g[2]) for g in on_b.got] == [(b"m%d" % i, True, 1) for i in range(5)] and took < 1.0, (
+    assert [(g[0], g[1], g[2]) for g in on_b.got] == [(b"m%d" % i, True, 1) for i in range(5)] and took < AT_ONCE, (
         f"after the nack: {[(g[0], g[1], g[2]) for g in on_b.got]} in {took:.2f} s")
 
 
