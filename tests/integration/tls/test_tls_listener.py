@@ -9,6 +9,7 @@ and the broker goes on serving. A certificate file that cannot be read stops sta
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import json
 import os
 import selectors
@@ -253,8 +254,11 @@ def test_a_handshake_that_does_not_finish_is_closed_after_ssl_handshake_timeout(
     partial = socket.create_connection(("127.0.0.1", tls_broker.tls_port), timeout=5)
     partial.sendall(b"\x16\x03\x01\x02\x00" + b"\x01\x00\x01\xfc\x03")
     closed_at: dict[socket.socket, float] = {}
+    # The round trip runs beside the watch, not before it: on a loaded CI machine a TLS round trip can take
+    # longer than the timeout, and a close seen only after it would be timed late.
+    meanwhile = concurrent.futures.ThreadPoolExecutor(1)
     try:
-        round_trip_over_tls(tls_broker, client_context(certs), b"while two handshakes hang")
+        served = meanwhile.submit(round_trip_over_tls, tls_broker, client_context(certs), b"while two handshakes hang")
         with selectors.DefaultSelector() as sel:
             for sock in (silent, partial):
                 sock.setblocking(False)
@@ -269,7 +273,9 @@ def test_a_handshake_that_does_not_finish_is_closed_after_ssl_handshake_timeout(
                     if not data:
                         closed_at[sock] = time.monotonic() - connected  # type: ignore[index]
                         sel.unregister(sock)
+        served.result(timeout=60)
     finally:
+        meanwhile.shutdown(wait=True)
         silent.close()
         partial.close()
     assert set(closed_at) == {silent, partial}, "the broker did not close a stalled handshake"
