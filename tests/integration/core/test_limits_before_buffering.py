@@ -94,8 +94,9 @@ def test_frame_over_frame_max_is_refused_from_its_header_alone(client, size):
     c = client()
     c.send_raw(frame_head(FRAME_METHOD, 1, size))  # and not one octet of the payload
     started = time.monotonic()
-    code, text, class_id, method_id = c.expect_connection_close(2.0)
-    assert time.monotonic() - started < 1.0
+    code, text, class_id, method_id = c.expect_connection_close(30.0)
+    # At once (ms), not after waiting for a payload that never comes; 5 s leaves a loaded CI machine room.
+    assert time.monotonic() - started < 5.0
     assert code == 501 and text.startswith("FRAME_ERROR")
     assert (class_id, method_id) == (0, 0)
 
