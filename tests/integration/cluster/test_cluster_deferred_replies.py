@@ -402,7 +402,7 @@ def test_a_connection_closed_or_dropped_while_a_close_is_held_cleans_up(start_br
         closing.close()
         dropping.close()
     api = Http(b.management_port)
-    assert wait_for(lambda: api("GET", "/api/connections")[1] == [], 5)
+    assert wait_for(lambda: api("GET", "/api/connections")[1] == [], 30)
     assert api("GET", "/api/channels")[1] == []
     log = b.log_text()
     assert "Traceback" not in log and "internal error" not in log, log[-3000:]

@@ -22,7 +22,7 @@ pytest_plugins = ["pg_fixtures"]  # pg_dsn: a fresh database on the session's Po
 def member(start_broker, dsn: str, name: str, *extra: str, **kw):
     """A cluster member, returned once its HTTP API answers too (it starts just after AMQP)."""
     b = start_broker("--set", f"cluster.postgres.dsn={dsn}", "--set", f"leveret.nodename={name}", *extra, **kw)
-    assert wait_for(lambda: http_status(Http(b.management_port), "/api/overview") is not None, 10)
+    assert wait_for(lambda: http_status(Http(b.management_port), "/api/overview") is not None, 30)
     return b
 
 
@@ -50,8 +50,8 @@ def test_topology_declared_on_one_member_is_seen_on_the_other(start_broker, pg_d
     ch.queue_declare("orders", durable=True, arguments={"x-queue-type": "quorum"})
     ch.queue_bind("orders", "orders-x", "order.*")
     ch.queue_declare("local-only", durable=True)  # a classic queue: its messages live on a
-    assert wait_for(lambda: passive_exists(b, "exchange", "orders-x"), 5)
-    assert wait_for(lambda: passive_exists(b, "queue", "orders"), 5)
+    assert wait_for(lambda: passive_exists(b, "exchange", "orders-x"), 30)
+    assert wait_for(lambda: passive_exists(b, "queue", "orders"), 30)
     api_b = Http(b.management_port)
     bindings = wait_for(lambda: [x for x in api_b("GET", "/api/queues/%2F/orders/bindings")[1]
                                  if x["source"] == "orders-x"], 5)
@@ -61,8 +61,8 @@ def test_topology_declared_on_one_member_is_seen_on_the_other(start_broker, pg_d
     ch.exchange_delete("orders-x")
     ch.queue_delete("orders")
     conn.close()
-    assert wait_for(lambda: not passive_exists(b, "exchange", "orders-x"), 5)
-    assert wait_for(lambda: not passive_exists(b, "queue", "orders"), 5)
+    assert wait_for(lambda: not passive_exists(b, "exchange", "orders-x"), 30)
+    assert wait_for(lambda: not passive_exists(b, "queue", "orders"), 30)
 
 
 def test_users_permissions_and_policies_made_through_the_api_apply_on_every_member(start_broker, pg_dsn):
@@ -80,18 +80,18 @@ def test_users_permissions_and_policies_made_through_the_api_apply_on_every_memb
         except pika.exceptions.ProbableAuthenticationError:
             return False
 
-    assert wait_for(alice_can_connect, 5)
+    assert wait_for(alice_can_connect, 30)
     # A policy set on a applies to b's view of a shared queue.
     conn = pika.BlockingConnection(b.pika_params())
     conn.channel().queue_declare("capped", durable=True, arguments={"x-queue-type": "quorum"})
     conn.close()
     assert api_a("PUT", "/api/policies/%2F/cap", {"pattern": "^capped$", "definition": {"max-length": 5},
                                                    "apply-to": "queues"})[0] in (201, 204)
-    effective = wait_for(lambda: api_b("GET", "/api/queues/%2F/capped")[1].get("effective_policy_definition"), 5)
+    effective = wait_for(lambda: api_b("GET", "/api/queues/%2F/capped")[1].get("effective_policy_definition"), 30)
     assert effective == {"max-length": 5}
     # And a user deleted on b can no longer log in on a.
     assert api_b("DELETE", "/api/users/alice")[0] == 204
-    assert wait_for(lambda: api_a("GET", "/api/users/alice")[0] == 404, 5)
+    assert wait_for(lambda: api_a("GET", "/api/users/alice")[0] == 404, 30)
 
 
 def test_a_member_started_later_or_restarted_takes_the_clusters_definitions(start_broker, pg_dsn, tmp_path):
@@ -106,14 +106,14 @@ def test_a_member_started_later_or_restarted_takes_the_clusters_definitions(star
     conn.close()
     b = member(start_broker, pg_dsn, "b@test", data_dir=tmp_path / "fresh")
     api_b = Http(b.management_port)
-    assert wait_for(lambda: http_status(api_b, "/api/vhosts/shop") == 200, 10)
+    assert wait_for(lambda: http_status(api_b, "/api/vhosts/shop") == 200, 30)
     assert api_b("GET", "/api/exchanges/%2F/late-x", auth=("guest", "changed"))[0] == 200
     assert api_b("GET", "/api/overview", auth=("guest", "guest"))[0] == 401
     # A restarted member keeps seeing what changed while it was away.
     b.stop()
     assert api_a("DELETE", "/api/vhosts/shop", auth=("guest", "changed"))[0] == 204
     b.start()
-    assert wait_for(lambda: http_status(api_b, "/api/vhosts/shop") == 404, 10)
+    assert wait_for(lambda: http_status(api_b, "/api/vhosts/shop") == 404, 30)
 
 
 def http_status(api: Http, path: str) -> int | None:

@@ -51,7 +51,7 @@ def test_three_members_share_one_quorum_queue(start_broker, pg_dsn, uid):
     conn = pika.BlockingConnection(nodes[0].pika_params())
     conn.channel().queue_declare(queue, durable=True, arguments=QUORUM)
     conn.close()
-    assert all(wait_for(lambda n=n: passive_exists(n, "queue", queue), 5) for n in nodes)
+    assert all(wait_for(lambda n=n: passive_exists(n, "queue", queue), 30) for n in nodes)
     per_publisher = 300
     sent = {f"a-{i}".encode() for i in range(per_publisher)} | {f"b-{i}".encode() for i in range(per_publisher)}
     got: list[list[tuple[bytes, bool]]] = [[] for _ in nodes]
@@ -83,7 +83,7 @@ def test_a_member_migrates_a_database_left_at_schema_version_1(start_broker, pg_
     conn = pika.BlockingConnection(a.pika_params())
     conn.channel().queue_declare(queue, durable=True, arguments=QUORUM)
     conn.close()
-    assert wait_for(lambda: passive_exists(b, "queue", queue), 5)
+    assert wait_for(lambda: passive_exists(b, "queue", queue), 30)
     publish_confirmed(a, queue, [b"one", b"two"])
     assert [body for body, _ in consume(b, queue, 2)] == [b"one", b"two"]
 

@@ -62,7 +62,7 @@ def test_published_on_one_member_consumed_on_another_in_order(start_broker, pg_d
     a = member(start_broker, pg_dsn, "a@test")
     b = member(start_broker, pg_dsn, "b@test")
     declare(a, "work")
-    assert wait_for(lambda: queue_messages(b, "work") is not None, 5)
+    assert wait_for(lambda: queue_messages(b, "work") is not None, 30)
     conn = pika.BlockingConnection(a.pika_params())
     ch = conn.channel()
     ch.confirm_delivery()
@@ -72,7 +72,7 @@ def test_published_on_one_member_consumed_on_another_in_order(start_broker, pg_d
     got = consume(b, "work", 500)
     assert [body for body, _ in got] == [b"m%d" % i for i in range(500)]
     assert not any(redelivered for _, redelivered in got)
-    assert wait_for(lambda: queue_messages(a, "work") == 0 and queue_messages(b, "work") == 0, 10)
+    assert wait_for(lambda: queue_messages(a, "work") == 0 and queue_messages(b, "work") == 0, 30)
 
 
 def test_publishes_on_two_quiet_members_come_out_in_the_order_they_were_made(start_broker, pg_dsn):
@@ -84,7 +84,7 @@ def test_publishes_on_two_quiet_members_come_out_in_the_order_they_were_made(sta
     a = member(start_broker, pg_dsn, "a@test")
     b = member(start_broker, pg_dsn, "b@test")
     declare(a, "order")
-    assert wait_for(lambda: queue_messages(b, "order") is not None, 5)
+    assert wait_for(lambda: queue_messages(b, "order") is not None, 30)
     channels = []  # a's, then b's
     for m in (a, b):
         conn = pika.BlockingConnection(m.pika_params())
@@ -113,7 +113,7 @@ def test_default_queue_type_quorum_makes_new_queues_shared(start_broker, pg_dsn)
     ch = conn.channel()
     ch.queue_declare("plain", durable=True)
     ch.confirm_delivery()
-    assert wait_for(lambda: queue_messages(b, "plain") is not None, 5)
+    assert wait_for(lambda: queue_messages(b, "plain") is not None, 30)
     for i in range(20):
         ch.basic_publish("", "plain", b"p%d" % i, PERSISTENT)
     conn.close()
@@ -124,13 +124,13 @@ def test_a_message_requeued_on_one_member_is_redelivered_on_the_other(start_brok
     a = member(start_broker, pg_dsn, "a@test")
     b = member(start_broker, pg_dsn, "b@test")
     declare(a, "rq")
-    assert wait_for(lambda: queue_messages(b, "rq") is not None, 5)
+    assert wait_for(lambda: queue_messages(b, "rq") is not None, 30)
     conn = pika.BlockingConnection(a.pika_params())
     ch = conn.channel()
     ch.confirm_delivery()
     ch.basic_publish("", "rq", b"once", PERSISTENT)
     # basic.get on a queue whose rows are in PostgreSQL may answer get-empty while the node fetches them.
-    method, _props, body = wait_for(lambda: got_one(ch, "rq"), 5)
+    method, _props, body = wait_for(lambda: got_one(ch, "rq"), 30)
     assert body == b"once" and not method.redelivered
     ch.basic_nack(method.delivery_tag, requeue=True)
     conn.close()
@@ -158,7 +158,7 @@ def _kill9_round(start_broker, dsn: str, b, queue: str, round_: int) -> tuple[in
     killed with SIGKILL 1-3 s in; b must deliver every confirmed message, those a held marked redelivered.
     Returns (confirmed, redelivered seen)."""
     a = member(start_broker, dsn, f"a{round_}@test")
-    assert wait_for(lambda: queue_messages(a, queue) is not None, 5)
+    assert wait_for(lambda: queue_messages(a, queue) is not None, 30)
     confirmed: list[int] = []
     stop = threading.Event()
     base = round_ * 1_000_000

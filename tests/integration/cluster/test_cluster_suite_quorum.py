@@ -30,13 +30,13 @@ def test_x_delivery_count_counts_returns_made_on_either_member(start_broker, pg_
     b = member(start_broker, pg_dsn, "b@test")
     ch_a, ch_b = channel(a), channel(b)
     ch_a.queue_declare("work", durable=True, arguments=QUORUM)
-    assert wait_for(lambda: _declared(ch_b, "work"), 5)
+    assert wait_for(lambda: _declared(ch_b, "work"), 30)
     ch_a.confirm_delivery()
     ch_a.basic_publish("", "work", b"m", pika.BasicProperties(headers={"app": 1}))
     seen = []
     for i in range(5):  # got on b, a, b, a, b; each one but the last returned with a nack
         ch = ch_b if i % 2 == 0 else ch_a
-        method, props, body = wait_for(lambda ch=ch: got_one(ch, "work"), 5)
+        method, props, body = wait_for(lambda ch=ch: got_one(ch, "work"), 30)
         assert body == b"m" and props.headers["app"] == 1
         seen.append((method.redelivered, props.headers.get("x-delivery-count", 0)))
         if i < 4:
@@ -55,7 +55,7 @@ def test_a_priority_quorum_queue_counts_and_serves_as_the_cluster_does(start_bro
     b = member(start_broker, pg_dsn, "b@test")
     ch_a, ch_b = channel(a), channel(b)
     ch_a.queue_declare("prio", durable=True, arguments={**QUORUM, "x-max-priority": 5})
-    assert wait_for(lambda: _declared(ch_b, "prio"), 5)
+    assert wait_for(lambda: _declared(ch_b, "prio"), 30)
     ch_a.confirm_delivery()
     ch_a.basic_publish("", "prio", b"low", pika.BasicProperties(priority=1))
     ch_a.basic_publish("", "prio", b"high", pika.BasicProperties(priority=4))
@@ -71,7 +71,7 @@ def test_a_priority_quorum_queue_counts_and_serves_as_the_cluster_does(start_bro
     seen = []
     for i in range(5):  # on b, a, b, a, b
         ch = ch_a if i % 2 else ch_b
-        method, props, body = wait_for(lambda ch=ch: got_one(ch, "prio"), 5)
+        method, props, body = wait_for(lambda ch=ch: got_one(ch, "prio"), 30)
         assert body == b"m"
         seen.append((method.redelivered, (props.headers or {}).get("x-delivery-count", 0)))
         if i < 4:
@@ -90,18 +90,18 @@ def test_the_delivery_limit_holds_across_members(start_broker, pg_dsn):
     ch_a.queue_bind("dead", "dlx")
     ch_a.queue_declare("work", durable=True,
                        arguments={**QUORUM, "x-delivery-limit": 2, "x-dead-letter-exchange": "dlx"})
-    assert wait_for(lambda: _declared(ch_b, "work") and _declared(ch_b, "dead"), 5)
+    assert wait_for(lambda: _declared(ch_b, "work") and _declared(ch_b, "dead"), 30)
     ch_a.confirm_delivery()
     ch_a.basic_publish("", "work", b"poison")
     counts = []
     for i in range(3):  # delivered on b, a, b: the third return is one too many
         ch = ch_b if i % 2 == 0 else ch_a
-        method, props, body = wait_for(lambda ch=ch: got_one(ch, "work"), 5)
+        method, props, body = wait_for(lambda ch=ch: got_one(ch, "work"), 30)
         assert body == b"poison"
         counts.append((props.headers or {}).get("x-delivery-count", 0))
         ch.basic_nack(method.delivery_tag, requeue=True)
     assert counts == [0, 1, 2]
-    _method, props, body = wait_for(lambda: got_one(ch_a, "dead"), 5)  # dead-lettered by b, read on a
+    _method, props, body = wait_for(lambda: got_one(ch_a, "dead"), 30)  # dead-lettered by b, read on a
     assert body == b"poison"
     (death,) = props.headers["x-death"]
     assert (death["queue"], death["reason"], death["count"]) == ("work", "delivery_limit", 1)

@@ -34,7 +34,7 @@ def queue_type(api: Http, vhost: str, name: str) -> str | None:
 def test_the_nodes_default_type_applies_to_what_it_can(start_broker):
     b = start_broker("--set", "default_queue_type=quorum")
     api = Http(b.management_port)
-    assert wait_for(lambda: http_up(api), 10)
+    assert wait_for(lambda: http_up(api), 30)
     conn = pika.BlockingConnection(b.pika_params())
     ch = conn.channel()
     ch.queue_declare("jobs", durable=True)
@@ -43,7 +43,7 @@ def test_the_nodes_default_type_applies_to_what_it_can(start_broker):
     ch.queue_declare("mine", exclusive=True)
     ch.queue_declare("fleeting", durable=True, auto_delete=True)
     ch.queue_declare("explicit", durable=True, arguments={"x-queue-type": "classic"})
-    assert wait_for(lambda: queue_type(api, "%2F", "jobs"), 5) == "quorum"
+    assert wait_for(lambda: queue_type(api, "%2F", "jobs"), 30) == "quorum"
     assert api("GET", "/api/queues/%2F/jobs")[1]["arguments"].get("x-queue-type") == "quorum"
     for name in ("scratch", "mine", "fleeting", "explicit"):
         assert queue_type(api, "%2F", name) == "classic", name
@@ -51,10 +51,10 @@ def test_the_nodes_default_type_applies_to_what_it_can(start_broker):
     # taken again after the nack, on connections of their own: on other members when b is a cluster.)
     publisher = pika.BlockingConnection(b.pika_params())
     publisher.channel().basic_publish("", "jobs", b"x")
-    method, _props, _body = wait_for(lambda: got_one(ch, "jobs"), 5)
+    method, _props, _body = wait_for(lambda: got_one(ch, "jobs"), 30)
     ch.basic_nack(method.delivery_tag, requeue=True)
     ch2 = publisher.channel()
-    method, props, _body = wait_for(lambda: got_one(ch2, "jobs"), 5)
+    method, props, _body = wait_for(lambda: got_one(ch2, "jobs"), 30)
     assert method.redelivered and props.headers.get("x-delivery-count") == 1
     publisher.close()
     conn.close()
@@ -63,7 +63,7 @@ def test_the_nodes_default_type_applies_to_what_it_can(start_broker):
 def test_a_vhosts_default_type(start_broker):
     b = start_broker()
     api = Http(b.management_port)
-    assert wait_for(lambda: http_up(api), 10)
+    assert wait_for(lambda: http_up(api), 30)
     assert api("PUT", "/api/vhosts/shop", {"default_queue_type": "quorum"})[0] in (201, 204)
     assert api("PUT", "/api/permissions/shop/guest", {"configure": ".*", "write": ".*", "read": ".*"})[0] in (201, 204)
     conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", b.port, "shop"))
