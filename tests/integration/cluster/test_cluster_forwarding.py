@@ -155,7 +155,7 @@ def test_direct_reply_to_on_one_node_is_unchanged(start_broker):
         cid = uuid.uuid4().hex
         ch.basic_publish("", "solo-req", b"x", pika.BasicProperties(reply_to="amq.rabbitmq.reply-to",
                                                                      correlation_id=cid))
-        assert wait_for(lambda: conn.process_data_events(time_limit=0.05) or replies, 10)
+        assert wait_for(lambda: conn.process_data_events(time_limit=0.05) or replies, 30)
         conn.close()
     finally:
         stop.set()
@@ -206,7 +206,7 @@ def test_topic_routing_and_mandatory_to_a_remote_queue(start_broker, pg_dsn):
     ch_a.exchange_declare("events", "topic", durable=True)
     ch_a.queue_declare("audit")  # a classic queue: its messages live on a
     ch_a.queue_bind("audit", "events", "order.*.created")
-    assert wait_for(lambda: passive_exists(b, "exchange", "events"), 5)  # the shared definition reached b
+    assert wait_for(lambda: passive_exists(b, "exchange", "events"), 30)  # the shared definition reached b
     conn_b, ch_b = channel(b)
     returned: list[bytes] = []
     ch_b.add_on_return_callback(lambda c, m, p, body: returned.append(body))
@@ -274,13 +274,13 @@ def test_a_queue_deleted_by_its_member_stops_receiving(start_broker, pg_dsn):
     ch_a.exchange_declare("feed", "direct", durable=True)
     ch_a.queue_declare("gone-soon")
     ch_a.queue_bind("gone-soon", "feed", "k")
-    assert wait_for(lambda: passive_exists(b, "exchange", "feed"), 5)
+    assert wait_for(lambda: passive_exists(b, "exchange", "feed"), 30)
     conn_b, ch_b = channel(b)
     ch_b.confirm_delivery()
-    assert wait_for(lambda: _routed(ch_b, "feed", "k"), 5)
+    assert wait_for(lambda: _routed(ch_b, "feed", "k"), 30)
     ch_a.queue_delete("gone-soon")
-    assert wait_for(lambda: not _routed(ch_b, "feed", "k"), 5)
-    assert wait_for(lambda: not _routed(ch_b, "", "gone-soon"), 5)
+    assert wait_for(lambda: not _routed(ch_b, "feed", "k"), 30)
+    assert wait_for(lambda: not _routed(ch_b, "", "gone-soon"), 30)
     conn_a.close()
     conn_b.close()
 
