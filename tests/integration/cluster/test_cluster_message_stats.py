@@ -125,7 +125,7 @@ def members_with_queue(start_broker, pg_dsn, slot_ms: int = 1000) -> tuple[Any, 
     conn, ch = channel(a)
     ch.queue_declare(QUEUE, durable=True, arguments=QUORUM)
     conn.close()
-    assert wait_for(lambda: Http(b.management_port)("GET", f"/api/queues/%2F/{QUEUE}")[0] == 200, 5)
+    assert wait_for(lambda: Http(b.management_port)("GET", f"/api/queues/%2F/{QUEUE}")[0] == 200, 30)
     return a, b
 
 
@@ -178,7 +178,7 @@ def test_message_stats_and_rates_are_the_same_on_every_member(start_broker, pg_d
         sa, sb = both(a, b)
         return counts(sa) == counts(sb) == expected and rates(sa) == rates(sb) == dict.fromkeys(COUNTS, 0.0)
 
-    assert wait_for(settled, 10), both(a, b)
+    assert wait_for(settled, 30), both(a, b)
     sa, sb = both(a, b)
     assert sa == sb
 
@@ -217,7 +217,7 @@ def test_a_queue_busy_on_one_member_is_not_idle_on_the_other(start_broker, pg_ds
             time.sleep(0.5)
         assert len(looks) >= 6, looks
         assert all(la is None and lb is None for la, lb in looks), looks
-    assert wait_for(lambda: idle_since(a) is not None and idle_since(b) is not None, 10)
+    assert wait_for(lambda: idle_since(a) is not None and idle_since(b) is not None, 30)
 
 
 FIGURES = ("messages", "messages_ready", "messages_unacknowledged")
@@ -273,16 +273,16 @@ def test_the_overview_shows_the_clusters_traffic_on_every_member(start_broker, p
         return {name: stats.get(name) for name in ("publish", "confirm", "deliver_get", "get_no_ack", "redeliver")}
 
     want = {"publish": 30, "confirm": 30, "deliver_get": 30, "get_no_ack": 30, "redeliver": 0}  # (auto-ack gets)
-    assert wait_for(lambda: overview_stats(a) == overview_stats(b) == want, 10), (overview_stats(a),
+    assert wait_for(lambda: overview_stats(a) == overview_stats(b) == want, 30), (overview_stats(a),
                                                                                    overview_stats(b))
     # A member that stopped drops out, as a node that left a RabbitMQ cluster takes its statistics with it.
     b.stop()
     without_b = {**want, "deliver_get": 0, "get_no_ack": 0}
-    assert wait_for(lambda: overview_stats(a) == without_b, 10), overview_stats(a)
+    assert wait_for(lambda: overview_stats(a) == without_b, 30), overview_stats(a)
     # Back, b counts from zero (its previous run's totals are not added again: they would show as a burst).
     b.start()
-    assert wait_for(lambda: http_status(Http(b.management_port), "/api/overview") is not None, 10)  # (after AMQP)
-    assert wait_for(lambda: overview_stats(b) == without_b, 10), overview_stats(b)
+    assert wait_for(lambda: http_status(Http(b.management_port), "/api/overview") is not None, 30)  # (after AMQP)
+    assert wait_for(lambda: overview_stats(b) == without_b, 30), overview_stats(b)
     time.sleep(2.5)  # past b's first flush and a's cached reading
     assert overview_stats(a) == without_b
 
@@ -299,7 +299,7 @@ def test_another_members_classic_queue_and_the_totals_show_the_same_rates_on_eve
     conn, ch = channel(a)
     ch.queue_declare("classic-on-a", durable=True)
     conn.close()
-    assert wait_for(lambda: Http(b.management_port)("GET", "/api/queues/%2F/classic-on-a")[0] == 200, 5)
+    assert wait_for(lambda: Http(b.management_port)("GET", "/api/queues/%2F/classic-on-a")[0] == 200, 30)
     to_classic = threading.Thread(target=publish_steadily, args=(a, 440, 40.0, "classic-on-a"), daemon=True)
     to_quorum = threading.Thread(target=publish_steadily, args=(b, 220, 20.0), daemon=True)
     to_classic.start()
