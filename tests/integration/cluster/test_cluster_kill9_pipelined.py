@@ -241,7 +241,7 @@ def test_kill9_mid_burst_loses_nothing_confirmed(start_broker, pg_dsn):
             if round_:  # only the killed member starts again: same name, data directory and ports
                 a.start()
                 wait_http([a])
-            assert wait_for(lambda: queue_messages(a, QUEUE) is not None, 5)
+            assert wait_for(lambda: queue_messages(a, QUEUE) is not None, 30)
             start_s = time.monotonic() - t_start
             r = _round(a, consumer, round_, rng)
             r["start_s"] = start_s

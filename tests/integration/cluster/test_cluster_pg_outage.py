@@ -126,7 +126,7 @@ def test_postgresql_restarted_twice_under_load_loses_nothing_confirmed(start_bro
     a = member(start_broker, dsn, "a@test")
     b = member(start_broker, dsn, "b@test")
     declare(a, "load")
-    assert wait_for(lambda: queue_messages(b, "load") is not None, 5)
+    assert wait_for(lambda: queue_messages(b, "load") is not None, 30)
     pub, con = Publisher(a, "load"), Consumer(b, "load")
     con.start()
     pub.start()
@@ -160,7 +160,7 @@ def test_a_definition_made_during_the_outage_is_refused_and_the_feed_resumes(sta
     a = member(start_broker, dsn, "a@test")
     b = member(start_broker, dsn, "b@test")
     declare(a, "before")
-    assert wait_for(lambda: passive_exists(b, "queue", "before"), 5)
+    assert wait_for(lambda: passive_exists(b, "queue", "before"), 30)
     own_postgres.halt("immediate")
     conn = pika.BlockingConnection(a.pika_params())
     started = time.monotonic()
@@ -177,7 +177,7 @@ def test_a_definition_made_during_the_outage_is_refused_and_the_feed_resumes(sta
     # Nothing half-made: the refused queue exists nowhere; a declare now is made and reaches the other member.
     assert not passive_exists(a, "queue", "during")
     declare(a, "after")
-    assert wait_for(lambda: passive_exists(b, "queue", "after"), 10)
+    assert wait_for(lambda: passive_exists(b, "queue", "after"), 30)
     assert not passive_exists(b, "queue", "during")
     assert api("GET", "/api/vhosts/during")[0] == 404
     # And the quorum queues work across the members again, once each has reconnected (b may still be
@@ -193,11 +193,11 @@ def test_a_definition_made_during_the_outage_is_refused_and_the_feed_resumes(sta
         except pika.exceptions.NackError:
             return False
 
-    assert wait_for(published, 10), "still nacked 10 s after PostgreSQL came back"
+    assert wait_for(published, 30), "still nacked 30 s after PostgreSQL came back"
     conn.close()
     conn = pika.BlockingConnection(a.pika_params())
     ch = conn.channel()
-    answer = wait_for(lambda: got_one(ch, "after"), 10)
+    answer = wait_for(lambda: got_one(ch, "after"), 30)
     assert answer is not None and answer[2] == b"hello"
     conn.close()
     assert a.process.poll() is None and b.process.poll() is None

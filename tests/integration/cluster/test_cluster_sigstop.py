@@ -73,7 +73,7 @@ def test_a_hung_member_is_fenced_and_its_deliveries_go_to_the_other(start_broker
     epoch_a, epoch_b = (int(sql(pg_dsn, "SELECT max(epoch) FROM leveret.node WHERE name = $1", name))
                         for name in ("a@test", "b@test"))
     declare(a, "hung")
-    assert wait_for(lambda: queue_messages(b, "hung") is not None, 5)
+    assert wait_for(lambda: queue_messages(b, "hung") is not None, 30)
 
     # N persistent messages, each confirmed (in PostgreSQL), published through a.
     confirmed: set[bytes] = set()
@@ -171,7 +171,7 @@ def test_a_hung_member_is_fenced_and_its_deliveries_go_to_the_other(start_broker
             nacked += 1
             return False
 
-    assert wait_for(published, 10), "a publish through a still nacked 10 s after it reconnected"
+    assert wait_for(published, 30), "a publish through a still nacked 30 s after it reconnected"
     confirmed.add(b"after")
     ch.basic_qos(prefetch_count=500)
     drained: Counter[bytes] = Counter()
