@@ -229,7 +229,7 @@ async def test_the_definitions_store_gives_up_on_a_server_that_does_not_answer(o
                     await asyncio.to_thread(store.put, "vhost", "v2", {"x": 2})
                 with pytest.raises(MetadataStoreError, match="has not answered since"):
                     await asyncio.to_thread(store.changes_since, 0)
-                assert time.monotonic() - started < 0.2, "a wait per call while the server is frozen"
+                assert time.monotonic() - started < 1.0, "a wait per call while the server is frozen"  # (that: 2 x 1 s)
                 await asyncio.sleep(0.5)
         finally:
             own_postgres.thaw()
