@@ -24,7 +24,10 @@ FREEZE = 8.0
 MAX_ROUND_TRIP = 0.5
 
 
+# A latency bound (500 ms against a stall of seconds; some of the store's waits are 1 s): measured alone, in the
+# serial pass, where a loaded CI machine's parallel pass cannot be what made a round trip slow.
 @pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.timeout(120)
 def test_a_frozen_postgresql_does_not_stall_a_classic_queue_on_the_member(start_broker, own_postgres):
     a = member(start_broker, own_postgres.dsn(), "a@test")
