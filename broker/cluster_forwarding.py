@@ -56,8 +56,10 @@ once, deletes the binding's directory row (every member stops routing there at i
 and forwards a request row (queue name :data:`UNBIND_REQUEST`) to the owner, which removes the binding from its
 exchange and its own store as an unbind made there would; unbind-ok waits until the owner has taken the row
 (at most 2 s; an owner that is down carries it out when it comes back), the event loop serving others meanwhile
-(the future :meth:`VHostLink.unbind_remote` returns through ``VHost.unbind``, which the channel waits for). An
-exclusive queue of another member: 405.
+(the future :meth:`VHostLink.unbind_remote` returns through ``VHost.unbind``, which the channel waits for). A
+read of the directory whose snapshot predates the row's removal leaves the binding out when it lands after
+(``VHostLink._unbound``): once unbind-ok or the HTTP API's 204 is sent, this member neither routes nor lists it.
+An exclusive queue of another member: 405.
 
 **A shared queue declared elsewhere a moment ago.** A declare of a quorum queue this member does not know reads
 the definitions feed first (broker/amqqueue.py ``declare``), so a declare racing the feed's poll is
@@ -175,6 +177,13 @@ class VHostLink(RemoteRoutes):
         self.lookup = self._lookup
         # The owners' carrying out of the unbinds of their queues made here (unbind_remote), held until done.
         self._unbinds: set[asyncio.Future[None]] = set()
+        # Those unbinds' bindings, (source, *Binding.key), that a read of the directory may still bring back: a
+        # read whose snapshot predates the commit of the row's removal has the row, and applied after the
+        # unbind (ClusterForwarding.reload) it made this member route and list the binding again until its next
+        # read, after the unbind had been answered. Each maps to how many reads had started when the removal
+        # committed (None: not committed yet); reads started by then leave the binding out, the first started
+        # after it drops the entry (without_unbound).
+        self._unbound: dict[tuple[Any, ...], int | None] = {}
 
     # -- other members' queues ---------------------------------------------------------------------------
     def _lookup(self, name: str) -> RemoteQueue | None:
@@ -288,26 +297,52 @@ class VHostLink(RemoteRoutes):
             return None  # nobody's queue: unbinding what is not bound succeeds
         if q.exclusive:
             raise self.vh.queues._locked(q.name)
+        key = (b.source, *b.key)
+        self._unbound[key] = None  # (before the forget: a read in flight must not bring it back)
         self.forget_binding(b.source, b.destination, b.routing_key, b.arguments)
         request = json.dumps({"source": b.source, "queue": b.destination, "routing_key": b.routing_key,
                               "args": _args_text(b.arguments)}).encode()
         try:
             taken = self.fw.directory.unbind_for(q.node, self.vhost, b.source, b.destination, b.routing_key,
-                                                 binding_args_hash(b.arguments), [UNBIND_REQUEST], request)
+                                                 binding_args_hash(b.arguments), [UNBIND_REQUEST], request,
+                                                 committed=lambda: self._unbind_committed(key))
         except DirectoryUnavailable as exc:  # as a definitions write that fails: 541 INTERNAL_ERROR (reader.py)
+            self._unbound.pop(key, None)
             raise MetadataWriteError(f"cannot unbind queue '{q.name}' of cluster member '{q.node}' now (the "
                                      f"cluster's PostgreSQL does not answer): {exc}") from None
-        done = asyncio.ensure_future(self._unbound(q, taken))
+        done = asyncio.ensure_future(self._unbound_by_owner(q, taken, key))
         self._unbinds.add(done)  # (held until done: a caller that does not wait still logs)
         done.add_done_callback(self._unbind_over)
         return done
 
-    async def _unbound(self, q: RemoteQueue, taken: asyncio.Future[bool]) -> None:
+    def _unbind_committed(self, key: tuple[Any, ...]) -> None:
+        """The directory row of the binding ``key`` is gone: a read started from now on has it right."""
+        if key in self._unbound:
+            self._unbound[key] = self.fw.reads
+
+    def without_unbound(self, read: int, rows: list[tuple[str, str, str, dict[str, Any], str]]
+                        ) -> list[tuple[str, str, str, dict[str, Any], str]]:
+        """The binding ``rows`` of the ``read``-th read of the directory (ClusterForwarding.reload), without
+        those unbound here that it may predate (see ``_unbound``)."""
+        unbound = self._unbound
+        if not unbound:
+            return rows
+        for key, at in list(unbound.items()):
+            if at is not None and at < read:
+                del unbound[key]  # this read started after the removal committed
+        if not unbound:
+            return rows
+        return [r for r in rows if (r[0], *Binding(r[0], r[4], QUEUE, r[2], r[3]).key) not in unbound]
+
+    async def _unbound_by_owner(self, q: RemoteQueue, taken: asyncio.Future[bool], key: tuple[Any, ...]) -> None:
         try:
             done = await taken
         except DirectoryUnavailable as exc:
             raise AMQPError(INTERNAL_ERROR, f"cannot unbind queue '{q.name}' of cluster member '{q.node}' now "
                             f"(the cluster's PostgreSQL does not answer): {exc}") from None
+        finally:
+            if key in self._unbound and self._unbound[key] is None:
+                del self._unbound[key]  # not known to be committed: the next read shows the binding as it is
         if not done:
             log.info("unbind requested of a member that has not carried it out yet (it will when it takes the "
                      "request)", vhost=self.vhost, queue=q.name, member=q.node)
@@ -360,6 +395,8 @@ class ClusterForwarding:
         self._resync_task: asyncio.Task[None] | None = None
         self._reload_again = False
         self._started = False
+        self.reads = 0  # reads of the directory started (reload), and the newest one applied
+        self._applied = 0
         # member -> (when, its answer about its queues by (vhost, name), None if it did not answer)
         self._answers: dict[str, tuple[float, dict[tuple[str, str], dict[str, Any]] | None]] = {}
 
@@ -547,8 +584,15 @@ class ClusterForwarding:
             self._reload_task = None
 
     async def reload(self) -> None:
+        """Read the other members' directory rows and route by them (a read older than one applied already
+        is dropped; the bindings unbound here that the read may predate are left out: VHostLink._unbound)."""
         assert self.pg is not None
+        self.reads += 1
+        read = self.reads
         queue_rows, binding_rows = await self.pg.others()
+        if read < self._applied:
+            return
+        self._applied = read
         by_vhost: dict[str, dict[str, RemoteQueue]] = {}
         for r in queue_rows:
             link = self.links.get(r.vhost)
@@ -565,7 +609,7 @@ class ClusterForwarding:
             bindings.setdefault(b.vhost, []).append((b.source, b.routing, b.routing_key, untable(b.arguments),
                                                      b.queue))
         for name, link in self.links.items():
-            link.replace(by_vhost.get(name, {}), bindings.get(name, []))
+            link.replace(by_vhost.get(name, {}), link.without_unbound(read, bindings.get(name, [])))
             link.negative.clear()
 
     # -- forwarding ------------------------------------------------------------------------------------------

@@ -335,14 +335,17 @@ class PgDirectory:
         self._later(lambda conn: conn.execute(UNBIND_SOURCE, vhost, source, self.node))
 
     def unbind_for(self, owner: str, vhost: str, source: str, queue: str, routing_key: str, args_hash: str,
-                   request_queues: list[str], request: bytes, wait: float = 2.0) -> asyncio.Future[bool]:
+                   request_queues: list[str], request: bytes, wait: float = 2.0,
+                   committed: Callable[[], None] | None = None) -> asyncio.Future[bool]:
         """queue.unbind of ``owner``'s queue, asked on this member: its directory row goes, and ``request``
         (the broker's encoding of the unbind) is forwarded to ``owner`` as a row for ``request_queues``, in one
         transaction started now (in call order with the other directory calls). Returns a future, on the
         caller's loop, that is True once ``owner`` has taken (and so carried out) the request, False if it is
         not alive or has not within ``wait`` seconds; it raises DirectoryUnavailable if the transaction failed
-        (raised at once if PostgreSQL did not answer recently). The caller's loop is never blocked: the
-        waiting for the owner is a poll of short calls, the directory free for others in between."""
+        (raised at once if PostgreSQL did not answer recently). ``committed()`` is called on the caller's loop
+        as soon as the transaction has committed (a read of the directory started after it no longer has the
+        row). The caller's loop is never blocked: the waiting for the owner is a poll of short calls, the
+        directory free for others in between."""
 
         async def write(conn: asyncpg.Connection) -> tuple[int, bool]:
             async with conn.transaction():
@@ -353,13 +356,16 @@ class PgDirectory:
             return int(fid), bool(alive)
 
         written = self._submit(write)
-        return asyncio.ensure_future(self._taken(written, wait))
+        return asyncio.ensure_future(self._taken(written, wait, committed))
 
-    async def _taken(self, written: concurrent.futures.Future[tuple[int, bool]], wait: float) -> bool:
+    async def _taken(self, written: concurrent.futures.Future[tuple[int, bool]], wait: float,
+                     committed: Callable[[], None] | None = None) -> bool:
         """Until the request row ``written`` is gone from the forward table (the owner took it): True; False
         if its owner is not alive or after ``wait`` seconds, or if PostgreSQL stops answering meanwhile (the
         request is committed: the owner carries it out whenever it takes it)."""
         fid, alive = await self._result(written)
+        if committed is not None:
+            committed()
         if not alive:
             return False
         deadline = time.monotonic() + wait
