@@ -24,6 +24,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,12 @@ def _ppid(pid: int) -> int:
     except OSError:
         return -1
     return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def epoch(timestamp: str) -> float:
+    """Seconds since the epoch of a REST API time (``2026-11-29T09:57:29.791GMT``: the driver's clock, which is
+    this machine's)."""
+    return datetime.strptime(timestamp.replace("GMT", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
 
 
 def wait_for(what: str, predicate: Callable[[], Any], timeout: float, step: float = 0.1) -> Any:
@@ -128,33 +135,19 @@ class Submission:
         except (OSError, ValueError):
             return []
 
-    def running_tasks(self, stage_ids: set[int]) -> list[dict[str, Any]]:
-        """The running task attempts (the REST API's task rows, plus ``stageId``/``stageAttemptId``) of the
-        active stages among ``stage_ids``."""
+    def stages(self, status: str | None = None) -> list[dict[str, Any]]:
+        """The stage attempts (``status``: ``active``, ``complete``, ... or all), each with its task attempts
+        (``tasks``: the REST API's task rows by task id) and its job's description (``description``: the job
+        group's description, or a streaming query's name on its first line). One request: a look at the
+        running tasks taken just before a kill is this one call."""
         app = self.app_id()
         if app is None:
             return []
-        out: list[dict[str, Any]] = []
+        query = "details=true" + (f"&status={status}" if status else "")
         try:
-            for stage in _get_json(f"{self.ui}/applications/{app}/stages?status=active"):
-                if stage["stageId"] not in stage_ids:
-                    continue
-                base = f"{self.ui}/applications/{app}/stages/{stage['stageId']}/{stage['attemptId']}"
-                for task in _get_json(f"{base}/taskList?status=RUNNING&length=1000"):
-                    out.append({**task, "stageId": stage["stageId"], "stageAttemptId": stage["attemptId"]})
+            return list(_get_json(f"{self.ui}/applications/{app}/stages?{query}"))
         except (OSError, ValueError):
             return []
-        return out
-
-    def task_status(self, task: dict[str, Any]) -> str | None:
-        """The status now of the task attempt ``task`` (a row of :meth:`running_tasks`)."""
-        app = self.app_id()
-        try:
-            rows = _get_json(f"{self.ui}/applications/{app}/stages/{task['stageId']}/{task['stageAttemptId']}"
-                             f"/taskList?length=1000")
-        except (OSError, ValueError):
-            return None
-        return next((str(r["status"]) for r in rows if r["taskId"] == task["taskId"]), None)
 
     def successful_tasks_by_executor(self, group: str) -> dict[str, int]:
         """``{executor id: tasks that succeeded}`` over the stages of the jobs of job group ``group``."""
