@@ -113,7 +113,14 @@ class ReplicatedPostgres:
         self.primary, self.standby = self.standby, self.primary
 
     def rebuild_standby(self) -> None:
-        """The killed server's folder made again as a synchronous standby of the new primary, on its port."""
+        """The killed server's folder made again as a synchronous standby of the new primary, on its port.
+
+        The killed postmaster left its socket's lock file (``.s.PGSQL.<port>.lock``, beside the data folder):
+        PostgreSQL refuses to start while the PID written there still exists, and a killed process that init
+        has not reaped yet still does (a fresh-clone run met "lock file ... already exists. Is another
+        postmaster (PID ...) using socket file"). We killed that server: its socket files go."""
+        for stale in self.standby.root.glob(".s.PGSQL.*"):
+            stale.unlink(missing_ok=True)
         self._make_standby(self.standby, self.primary)
 
     def stop(self) -> None:
