@@ -27,7 +27,10 @@ from tests.integration.cluster.test_cluster_definitions import http_status, memb
 from tests.integration.cluster.test_cluster_forwarding import channel, drain
 from tests.integration.management.test_management_api import Http, wait_for
 
-pytestmark = pytest.mark.leveret_only
+# These tests measure rates of a steady publisher (40 a second, confirmed, into PostgreSQL-backed queues) and
+# bound them (30-50): beside the parallel pass's load the publisher falls behind (a fresh-clone run saw 43.3 of
+# at least 45), so they run alone, in the serial pass, with their bounds kept.
+pytestmark = [pytest.mark.leveret_only, pytest.mark.serial]
 pytest_plugins = ["pg_fixtures"]
 
 QUORUM = {"x-queue-type": "quorum"}
