@@ -390,12 +390,27 @@ def _xdist_group(item) -> str | None:
     return None
 
 
+def _slow_first(items: list) -> None:
+    """Under xdist, the tests marked ``slow`` (kill -9 rounds, paging, installs: 15-70 s each) first among the
+    tests that are not in a group. xdist hands out groups by size, then single tests in collection order, and a
+    worker that draws a 60 s test among the last ones keeps the run waiting while the others sit idle; started
+    first, the long tests overlap the thousands of short ones. Grouped tests keep their place (a group's module-
+    scoped fixtures need its tests together), and so does everything in a run without workers."""
+    slow = [item for item in items
+            if item.get_closest_marker("slow") is not None and item.get_closest_marker("xdist_group") is None]
+    if slow:
+        moved = set(map(id, slow))
+        items[:] = slow + [item for item in items if id(item) not in moved]
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the markers into the groups it schedules
 def pytest_collection_modifyitems(config, items):
     for item in items:
         group = _xdist_group(item)
         if group is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _slow_first(items)
     if not EXTERNAL_URL:
         return
     skip = pytest.mark.skip(reason="Leveret-only behaviour; the suite is pointed at another broker")

@@ -154,6 +154,7 @@ def _run_lane(start_broker, tmp_path: Path, rounds: int, budget_s: float, per_gr
     return done
 
 
+@pytest.mark.slow
 def test_bitflips_are_found_never_delivered_short(start_broker, tmp_path):
     t0 = time.monotonic()
     done = _run_lane(start_broker, tmp_path, rounds=30, budget_s=70, per_group=24)
