@@ -189,7 +189,9 @@ def test_buckets_roll_over_in_due_order_and_drained_ones_are_deleted(start_broke
 def test_deleting_the_exchange_deletes_its_buckets_and_a_namesake_gets_none(start_broker):
     b = start_broker("--set", "delayed_message.bucket_size=1000")
     ch = setup_delayed(b)
-    sent = [publish(ch, b"gone%d" % i, 3.0 + 0.8 * i) for i in range(5)]  # due over 3-6.2 s: >= 4 buckets
+    # Due over 8-11.2 s (>= 4 buckets): all must still be held after the restart below, which took over 3 s on a
+    # loaded machine (the first one, due at 3 s then, had been delivered).
+    sent = [publish(ch, b"gone%d" % i, 8.0 + 0.8 * i) for i in range(5)]
     # Records reach their bucket files at a checkpoint; a clean stop makes one (quicker than waiting for the
     # dispatcher's), and the recovered exchange holds them from its files.
     ch.connection.close()
