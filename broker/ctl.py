@@ -37,7 +37,8 @@ for ``await_startup``, not up in time; for ``rotate_logs``, no on-demand log rot
 The verbs operators type daily, with rabbitmqctl's argument shapes: ``list_user_permissions USER``,
 ``list_topic_permissions [-p VHOST]``, ``list_user_topic_permissions USER``, ``list_vhost_limits [-p VHOST]
 [--global]``, ``list_user_limits [USER]``, ``list_parameters [-p VHOST]``, ``environment`` (the settings in
-force), ``cluster_status`` (the node and its cluster's other members), ``forget_cluster_node NODE``, ``await_startup [-t SECONDS]``, ``close_all_connections [-p VHOST]
+force), ``cluster_status`` (the node and its cluster's other members), ``set_cluster_name NAME`` (the
+cluster's, kept in its database), ``forget_cluster_node NODE``, ``await_startup [-t SECONDS]``, ``close_all_connections [-p VHOST]
 [--global] [--per-connection-delay MS] [--limit N] EXPLANATION``, ``close_all_user_connections USER
 EXPLANATION``, ``set_vm_memory_high_watermark FRACTION | absolute SIZE``, ``set_disk_free_limit SIZE |
 mem_relative MULTIPLE``. rabbitmq-diagnostics' health checks are ``leveret diagnostics ...``
@@ -834,6 +835,14 @@ def cluster_status(api: Api, args: argparse.Namespace) -> str:
     return "\n".join(out).rstrip()
 
 
+def set_cluster_name(api: Api, args: argparse.Namespace) -> str:
+    """rabbitmqctl set_cluster_name: one name for the whole cluster. In a cluster of Leveret members it is kept
+    in the shared database (PUT /api/cluster-name writes it there), so every member reports it at once."""
+    (name,) = _need(args, 1, "NAME")
+    api.request("PUT", "/api/cluster-name", {"name": name})
+    return "" if args.quiet else f"Setting cluster name to {name} ..."
+
+
 def forget_cluster_node(api: Api, args: argparse.Namespace) -> str:
     """Remove a member that is not running from the cluster, with its node-local queues and the messages
     forwarded to them (rabbitmqctl forget_cluster_node; asked of any running member)."""
@@ -1038,6 +1047,7 @@ OPERATOR_VERBS: dict[str, Callable[[Api, argparse.Namespace], str]] = {
     "restart_shovel": restart_shovel,
     "environment": environment,
     "cluster_status": cluster_status,
+    "set_cluster_name": set_cluster_name,
     "forget_cluster_node": forget_cluster_node,
     "await_startup": await_startup,
     "rotate_logs": rotate_logs,

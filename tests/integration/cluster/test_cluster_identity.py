@@ -6,12 +6,15 @@ one real PostgreSQL (tests/pg_server.py)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import urllib.request
 
 import pika
 import pytest
 
+from tests.conftest import ROOT
 from tests.integration.cluster.test_cluster_definitions import http_status, member
 from tests.integration.management.test_management_api import Http, wait_for
 
@@ -133,3 +136,10 @@ def test_the_cluster_has_one_name_on_every_member_set_through_any(start_broker, 
     assert names_everywhere(c) == ("from-config",) * 4
     assert wait_for(lambda: names_everywhere(a) == ("from-config",) * 4, 5), names_everywhere(a)
     assert wait_for(lambda: names_everywhere(b) == ("from-config",) * 4, 5), names_everywhere(b)
+    # And as an operator does it, `leveret ctl set_cluster_name` (rabbitmqctl's verb) on one member names it on all.
+    out = subprocess.run([sys.executable, "-m", "broker", "ctl", "--url", f"http://127.0.0.1:{a.management_port}",
+                          "set_cluster_name", "orders-eu"], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                         check=False)
+    assert out.returncode == 0 and out.stdout.strip() == "Setting cluster name to orders-eu ...", out
+    for m in (a, b, c):
+        assert wait_for(lambda m=m: names_everywhere(m) == ("orders-eu",) * 4, 5), names_everywhere(m)

@@ -193,6 +193,15 @@ def test_await_startup_environment_cluster_status_rotate_logs(node):
     text = ctl("cluster_status").stdout
     assert text.startswith(f"Cluster status of node {name} ...") and "Running Nodes" in text
 
+    # set_cluster_name: the name every report of the node gives from then on (a cluster's: test_cluster_identity).
+    assert ctl("set_cluster_name", "ops-cluster").stdout.strip() == "Setting cluster name to ops-cluster ..."
+    assert _api("GET", "/api/cluster-name")[1] == {"name": "ops-cluster"}
+    assert "Cluster name: ops-cluster" in ctl("cluster_status").stdout.splitlines()
+    assert json.loads(ctl("--formatter", "json", "cluster_status").stdout)["cluster_name"] == "ops-cluster"
+    assert "usage: leveret ctl set_cluster_name NAME" in ctl("set_cluster_name", rc=64).stderr
+    assert ctl("-q", "set_cluster_name", "ops-cluster-2").stdout == ""
+    assert _api("GET", "/api/cluster-name")[1] == {"name": "ops-cluster-2"}
+
     err = ctl("rotate_logs", rc=69).stderr
     assert "no on-demand log rotation" in err and "stderr only" in err
 
