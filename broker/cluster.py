@@ -16,6 +16,7 @@ import asyncpg
 import structlog
 
 from broker.cluster_definitions import DefinitionsFollower, make_where
+from broker.cluster_errors import CannotForget, ClusterError, safe_dsn
 from broker.cluster_figures import Snapshot
 from broker.cluster_forwarding import ClusterForwarding
 from broker.message_codec import decode_message, encode_message
@@ -35,28 +36,6 @@ from storage.pg.shared_metadata import SplitMetadataStore
 log = structlog.get_logger("leveret.cluster")
 
 CLUSTER_NAME_TIMEOUT = 10.0  # seconds PUT /api/cluster-name waits for PostgreSQL's commit before a 503
-
-
-class ClusterError(Exception):
-    """The node cannot join the cluster (PostgreSQL unreachable, refused, or of a newer schema)."""
-
-
-class CannotForget(Exception):
-    """``Cluster.forget`` of a member that cannot be forgotten: ``unknown`` (never joined), else running or
-    this member. The HTTP API's 404 or 400: raised here, so that broker/management/ need not know storage/pg."""
-
-    def __init__(self, message: str, unknown: bool = False) -> None:
-        super().__init__(message)
-        self.unknown = unknown
-
-
-def safe_dsn(dsn: str) -> str:
-    """The DSN without its password, for logs and errors."""
-    head, sep, tail = dsn.partition("@")
-    if not sep or "://" not in head:
-        return dsn
-    scheme, _, userinfo = head.partition("://")
-    return f"{scheme}://{userinfo.split(':', 1)[0]}@{tail}"
 
 
 class SharedQueueStore:

@@ -25,7 +25,7 @@ from aiohttp import web
 
 from broker import PRODUCT, VERSION, definitions, metrics, tls
 from broker.alarms import ResourceMonitor, configured_disk_free_limit, configured_memory_limit
-from broker.cluster import Cluster, ClusterError
+from broker.cluster_errors import ClusterError
 from broker.guarded_reader import GuardedReader, LoginGuard
 from broker.logs import log_banner
 from broker.management.app import make_app
@@ -280,6 +280,9 @@ class Server:
     async def start(self) -> None:
         self.build_tls_context()
         if self.node.settings.cluster_dsn:  # join before the recovery pass opens queues in PostgreSQL
+            # Imported here: only a member pays for asyncpg and storage/pg (broker/cluster_errors.py).
+            from broker.cluster import Cluster
+
             self.node.cluster = Cluster(self.node, self.node.settings.cluster_dsn)
             try:
                 await self.node.cluster.connect()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from broker import PRODUCT, VERSION
-from broker.cluster import CannotForget, ClusterError
+from broker.cluster_errors import CannotForget, ClusterError
 from broker.exchange_types import EXCHANGE_TYPES
 from broker.management import redact
 from broker.management.common import (
