@@ -349,7 +349,9 @@ class VariableQueue(LocalStore):
             st = self._head()
             if st is None or not pred(st.expiry):
                 return n, None if st is None else st.expiry
-            self._forget(self._take())  # type: ignore[arg-type]
+            taken = self._take()
+            assert taken is not None  # the head just seen
+            self._forget(taken)
             n += 1
 
     def fetchwhile(self, pred: Callable[[int | None], bool]) -> list[tuple[int, Any, bool]]:
@@ -531,8 +533,8 @@ class VariableQueue(LocalStore):
         if d.count:
             for e in self._delta_entries(d.start, d.end):
                 self._index.ack(e.seq_id, e.persistent)
-                if e.body_pos < 0:
-                    (self._pstore if e.persistent else self._tstore).remove(e.msg_id)  # type: ignore[arg-type]
+                if e.body_pos < 0 and e.msg_id is not None:  # (None: an entry that lost its id; nothing stored)
+                    (self._pstore if e.persistent else self._tstore).remove(e.msg_id)
                 if e.persistent:
                     self._persistent_count -= 1
                     self._persistent_bytes -= e.size
@@ -647,7 +649,8 @@ class VariableQueue(LocalStore):
 
     def _load(self, st: MsgStatus) -> Any | None:
         if st.persist_to is STORE:
-            data = (self._pstore if st.is_persistent else self._tstore).read(st.msg_id)  # type: ignore[arg-type]
+            assert st.msg_id is not None  # a message paged out to the store was given its id by _write_msg
+            data = (self._pstore if st.is_persistent else self._tstore).read(st.msg_id)
         else:
             data = self._index.read_body(st.seq_id, st.index_pos, st.size)
         return None if data is None else self._decode(data)
@@ -657,7 +660,8 @@ class VariableQueue(LocalStore):
         if st.index_on_disk:
             self._index.ack(st.seq_id, st.is_persistent)
         if st.msg_in_store:
-            (self._pstore if st.is_persistent else self._tstore).remove(st.msg_id)  # type: ignore[arg-type]
+            assert st.msg_id is not None  # in the store means written under its id (_write_msg, _delta_to_q3)
+            (self._pstore if st.is_persistent else self._tstore).remove(st.msg_id)
         if st.is_persistent:
             self._persistent_count -= 1
             self._persistent_bytes -= st.size
@@ -684,7 +688,7 @@ class VariableQueue(LocalStore):
             for _, seg_top, live in index.scan_all():
                 top = max(top, seg_top)
                 for e in live:
-                    if e.body_pos < 0 and not store.add_recovered_ref(e.msg_id):  # type: ignore[arg-type]
+                    if e.body_pos < 0 and (e.msg_id is None or not store.add_recovered_ref(e.msg_id)):
                         index.ack(e.seq_id)
                         lost += 1
                         continue
