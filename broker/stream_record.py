@@ -93,9 +93,10 @@ def wire_parts(payload: bytes) -> tuple[bytes, bytes, bytes] | None:
 
 def delivered_message(payload: bytes, offset: int, timestamp_ms: int) -> Message:
     """The message as a consumer receives it (``x-stream-offset`` already in its header)."""
-    if payload[0] != FORMAT:
+    parts = wire_parts(payload)
+    if parts is None:  # a record of the earlier format
         msg = decode_message(payload)
         msg.header = with_long_header(msg.header, OFFSET_KEY_RAW, offset)
         return msg
-    names, header, body = wire_parts(payload)  # type: ignore[misc]  # the format was checked above
+    names, header, body = parts
     return Message.from_wire(names, header, body, timestamp_ms)
