@@ -43,6 +43,12 @@ class Clock(Protocol):
         ...
 
 
+class _CallLater(Protocol):
+    """:meth:`Clock.call_later`'s signature, for the attribute that holds it in :class:`LoopClock`."""
+
+    def __call__(self, delay: float, callback: Callable[..., Any], *args: Any) -> TimerHandle: ...
+
+
 class LoopClock:
     """The real clock: the wall clock for timestamps, the event loop's clock and timers for the rest.
 
@@ -51,22 +57,29 @@ class LoopClock:
     so a reading costs what ``loop.time()`` costs (they are read per delivery when a consumer timeout is set).
     """
 
+    # Attributes, not methods, so that _bind can put the loop's bound methods in their place.
+    monotonic: Callable[[], float]
+    call_later: _CallLater
+
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         if loop is not None:
             self._bind(loop)
+        else:
+            self.monotonic = self._first_monotonic
+            self.call_later = self._first_call_later
 
     def _bind(self, loop: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
-        self.monotonic = loop.time  # type: ignore[method-assign]
-        self.call_later = loop.call_later  # type: ignore[method-assign]
+        self.monotonic = loop.time
+        self.call_later = loop.call_later
         return loop
 
     def now_ms(self) -> float:
         return time.time() * 1000.0
 
-    def monotonic(self) -> float:
+    def _first_monotonic(self) -> float:
         return self._bind(asyncio.get_running_loop()).time()
 
-    def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> TimerHandle:
+    def _first_call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> TimerHandle:
         return self._bind(asyncio.get_running_loop()).call_later(delay, callback, *args)
 
 
