@@ -7,13 +7,17 @@ both ``common`` and ``listing`` can use it."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
-import re._parser as sre_parse  # type: ignore[import-not-found]  # the stdlib parser: the tree, to refuse risky shapes
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+
+# The stdlib's regex parser, for the parsed tree the risky shapes are read from. Private (typeshed has no stub
+# for it), so imported by name: its values are untyped.
+sre_parse = importlib.import_module("re._parser")
 
 MAX_PATTERN = 256
 MAX_PAGE_SIZE = 500  # RabbitMQ's
