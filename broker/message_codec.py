@@ -16,8 +16,9 @@ from broker.message import Message
 
 
 def encode_message(msg: Message) -> bytes:
-    return msgpack.packb([msg.exchange, msg.routing_key, msg.header, msg.body, msg.published_at,
-                          msg.expiration_ms], use_bin_type=True)
+    packed: bytes = msgpack.packb([msg.exchange, msg.routing_key, msg.header, msg.body, msg.published_at,
+                                   msg.expiration_ms], use_bin_type=True)
+    return packed
 
 
 def decode_message(data: bytes) -> Message:

@@ -115,7 +115,8 @@ def decode_content_header(payload: bytes) -> int:
         raise FrameError("content header frame too short") from None
     if class_id != CLASS_BASIC:
         raise FrameError(f"content header for class {class_id}, expected {CLASS_BASIC}")
-    return body_size
+    size: int = body_size
+    return size
 
 
 def shortstr(value: str | bytes) -> bytes:

@@ -150,7 +150,7 @@ def _whole_publish_end(buf: bytearray, pos: int, end: int, channel: int, frame_m
     if end - pos < 7:
         return 0
     frame_type, ch, size = _FRAME_HEAD.unpack_from(buf, pos)
-    stop = pos + 7 + size
+    stop: int = pos + 7 + size
     if (frame_type != FRAME_HEADER or ch != channel or size < 12 or stop >= end or buf[stop] != FRAME_END
             or not _frame_fits(frame_type, size, frame_max)):
         return 0

@@ -27,7 +27,8 @@ def method_index(payload: bytes) -> int:
     """The class id << 16 | method id that opens a method frame's payload."""
     if len(payload) < 4:
         raise FrameError("method frame shorter than its class and method id")
-    return _INDEX.unpack_from(payload, 0)[0]
+    index: int = _INDEX.unpack_from(payload, 0)[0]
+    return index
 
 
 def decode_method(payload: bytes) -> base.Frame:

@@ -545,7 +545,8 @@ def decode_properties(header_payload: bytes, *, skip_headers: bool = False) -> c
 
 
 def body_size_of(header_payload: bytes) -> int:
-    return struct.unpack_from(">Q", header_payload, 4)[0]
+    size: int = struct.unpack_from(">Q", header_payload, 4)[0]
+    return size
 
 
 def _encode_property(name: str, kind: str, value: Any) -> bytes:

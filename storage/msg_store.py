@@ -90,8 +90,8 @@ class MsgStore:
         self._compacting: set[int] = set()
         self._candidates: set[int] = set()
         self._worker: threading.Thread | None = None
-        self._jobs: queue.Queue = queue.Queue()
-        self._results: list = []
+        self._jobs: queue.Queue[int | None] = queue.Queue()  # files to compact; None stops the worker
+        self._results: list[Compacted] = []
         self._results_lock = threading.Lock()
         self.recovering = False
         self.was_clean = False

@@ -319,7 +319,7 @@ class QueueIndex:
         if raw is None:
             return None
         try:
-            terms = msgpack.unpackb(raw, strict_map_key=False)
+            terms: dict[str, Any] = msgpack.unpackb(raw, strict_map_key=False)
             self._unacked = {int(k): v for k, v in terms.pop("unacked").items()}
         except Exception:  # noqa: BLE001 - doubt means a full scan
             log.warning("storage: unreadable terms in %s; scanning", self.directory)

@@ -94,7 +94,8 @@ def _valid_at(data: bytes | memoryview, pos: int, end: int) -> int:
     start = pos + HEADER_SIZE
     if crc32(data[start:start + n]) != crc:
         return -1
-    return n
+    length: int = n
+    return length
 
 
 def torn_at(data: bytes | memoryview, pos: int, end: int) -> bool:
@@ -111,7 +112,7 @@ def torn_at(data: bytes | memoryview, pos: int, end: int) -> bool:
     magic, n, crc = HEADER.unpack_from(data, pos)
     if magic != MAGIC or pos + HEADER_SIZE + n <= end:
         return False
-    return crc32(data[pos + HEADER_SIZE:end]) != crc
+    return bool(crc32(data[pos + HEADER_SIZE:end]) != crc)
 
 
 def scan(data: bytes, name: str = "", keep_damaged_tail: bool = False) -> tuple[list[tuple[int, int, int]], int, int]:
