@@ -46,7 +46,7 @@ class Confirms:
 
     def __init__(self) -> None:
         self.seq = 0
-        self.unconfirmed: dict[int, list] = {}
+        self.unconfirmed: dict[int, list[int]] = {}  # [queues left, accepted so far (a bool)]
         self.acks: list[int] = []
         self.nacks: list[int] = []
         self._flush_asked = False  # a confirm was settled since the last take(): a flush is on its way

@@ -130,6 +130,10 @@ def _freeze(value: Any) -> Any:
     return value
 
 
+# What tells bindings apart: (kind, destination, routing key, the arguments frozen hashable).
+BindingKey = tuple[str, str, str, Any]
+
+
 class Binding:
     """source exchange → destination (a queue or an exchange) with a routing key and arguments."""
 
@@ -142,7 +146,7 @@ class Binding:
         self.kind = kind
         self.routing_key = routing_key
         self.arguments = dict(arguments or {})
-        self.key = (kind, destination, routing_key, _freeze(self.arguments))
+        self.key: BindingKey = (kind, destination, routing_key, _freeze(self.arguments))
 
 
 class Exchange:
@@ -162,7 +166,7 @@ class Exchange:
         self.auto_delete = auto_delete
         self.internal = internal
         self.arguments = dict(arguments or {})
-        self.bindings: dict[tuple, Binding] = {}
+        self.bindings: dict[BindingKey, Binding] = {}
         self._services = services
         # RabbitMQ's exchange message_stats, counted by VHost.publish for clients' publishes (not dead letters,
         # not a held message let go): ``publish_in`` every message published to this exchange, routed or not;
@@ -236,7 +240,7 @@ class Exchange:
             bound[dest] = bound.get(dest, 0) + 1
         return True
 
-    def remove_binding(self, key: tuple) -> Binding | None:
+    def remove_binding(self, key: BindingKey) -> Binding | None:
         binding = self.bindings.pop(key, None)
         if binding is not None:
             self._index_remove(binding)
@@ -500,7 +504,7 @@ class HeadersExchange(Exchange):
         if isinstance(mode, bytes):
             mode = mode.decode(errors="replace")
         with_x = mode.endswith("-with-x")
-        want_all = mode.startswith("all")
+        want_all: bool = mode.startswith("all")
         considered = 0
         for k, v in args.items():
             if k.startswith("x-") and (not with_x or k == "x-match"):

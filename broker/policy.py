@@ -25,7 +25,7 @@ class Policy:
     priority: int = 0
     apply_to: str = "all"
     vhost: str = "/"
-    _regex: re.Pattern = field(init=False, repr=False)
+    _regex: re.Pattern[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.apply_to not in APPLY_TO:

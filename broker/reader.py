@@ -48,7 +48,7 @@ from protocol.constants import (
     TUNE_FRAME_MIN,
     UNEXPECTED_FRAME,
 )
-from protocol.frames import HEARTBEAT_FRAME, BadProtocolHeader, FrameError, FrameParser, encode_frame
+from protocol.frames import HEARTBEAT_FRAME, BadProtocolHeader, Frame, FrameError, FrameParser, encode_frame
 from protocol.methods import decode_method, method_frame, method_ids, method_index
 
 if TYPE_CHECKING:
@@ -161,7 +161,7 @@ class Reader(asyncio.Protocol):
         # broker/delegate.py's hand-over count when this connection's turn began, and the parsed frames (with
         # the read's frame error, if any) held for the next turn once the turn passed ROUTED_PER_TURN.
         self._turn_handovers = 0
-        self._held_frames: tuple[list, FrameError | None] | None = None
+        self._held_frames: tuple[list[Frame], FrameError | None] | None = None
         self._turn_scheduled = False
         self._out: list[bytes | memoryview] = []
         self._flush_scheduled = False
@@ -274,7 +274,7 @@ class Reader(asyncio.Protocol):
             self._start()
         self._frames(frames, None)
 
-    def _frames(self, frames: list, error: FrameError | None) -> None:
+    def _frames(self, frames: list[Frame], error: FrameError | None) -> None:
         for index, (frame_type, channel_id, payload) in enumerate(frames):
             if self.state >= Reader.CLOSED:
                 return
