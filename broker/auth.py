@@ -118,8 +118,12 @@ def parse_amqplain(response: bytes) -> tuple[str, str]:
     login, password = table.get("LOGIN"), table.get("PASSWORD")
     if login is None or password is None:
         raise SaslError("AMQPLAIN response lacks LOGIN or PASSWORD")
-    as_str = lambda v: v.decode(errors="replace") if isinstance(v, (bytes, bytearray)) else str(v)
-    return as_str(login), as_str(password)
+    return _as_str(login), _as_str(password)
+
+
+def _as_str(value: object) -> str:
+    """An AMQPLAIN field as text: a byte string (long strings decode as bytes) decoded, anything else str()."""
+    return value.decode(errors="replace") if isinstance(value, (bytes, bytearray)) else str(value)
 
 
 MECHANISMS = {"PLAIN": parse_plain, "AMQPLAIN": parse_amqplain}

@@ -291,7 +291,7 @@ def _need(args: argparse.Namespace, n: int, usage: str) -> list[str]:
 
 
 def _user(api: Api, name: str) -> dict[str, Any]:
-    user = api.get(f"/api/users/{q(name)}", ok_missing=True)
+    user: dict[str, Any] | None = api.get(f"/api/users/{q(name)}", ok_missing=True)
     if user is None:
         raise CtlError(f"user '{name}' does not exist")
     return user

@@ -325,7 +325,8 @@ class Server:
         if type(loop).__module__.startswith("uvloop"):
             import uvloop
 
-            runtime += f", uvloop {uvloop.__version__}"
+            # (getattr: uvloop's __init__ imports __version__ without re-exporting it, so --strict refuses it)
+            runtime += f", uvloop {getattr(uvloop, '__version__', '?')}"
         else:
             runtime += ", asyncio event loop (no uvloop)"
         relative = s.vm_memory_high_watermark_relative if not s.vm_memory_high_watermark_absolute else None

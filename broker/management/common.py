@@ -69,11 +69,13 @@ def amqp_error(exc: AMQPError) -> web.HTTPException:
 # -- the request's node and user ----------------------------------------------------------------------------------
 
 def node_of(request: web.Request) -> Node:
-    return request.app["node"]
+    node: Node = request.app["node"]
+    return node
 
 
 def user_of(request: web.Request) -> User:
-    return request["user"]
+    user: User = request["user"]  # put there by the authentication middleware
+    return user
 
 
 def require_tags(request: web.Request, tags: tuple[str, ...], what: str) -> None:

@@ -37,7 +37,8 @@ def _operator(request: web.Request) -> bool:
 
 def _policies(request: web.Request, vh: Any) -> dict[str, Policy]:
     """The vhost's policies the request is about (its operator policies, or its policies)."""
-    return vh.operator_policies if _operator(request) else vh.policies
+    policies: dict[str, Policy] = vh.operator_policies if _operator(request) else vh.policies
+    return policies
 
 
 def _can_see(request: web.Request) -> None:

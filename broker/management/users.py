@@ -6,11 +6,13 @@ A user is created with ``password`` (hashed here with salted SHA-256) or with ``
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from typing import Any
 
 from aiohttp import web
 
 from broker import topic_permissions
-from broker.auth import HASHING_ALGORITHMS, SHA256, hash_password, valid_password_hash
+from broker.auth import HASHING_ALGORITHMS, SHA256, User, hash_password, valid_password_hash
 from broker.management.common import (
     as_tags,
     bad_request,
@@ -24,7 +26,7 @@ from broker.management.common import (
 from broker.management.objects import permission_info, user_info
 
 
-def _user(request: web.Request, name: str | None = None):
+def _user(request: web.Request, name: str | None = None) -> User:
     user = node_of(request).users.users.get(name or request.match_info["user"])
     if user is None:
         raise not_found()
@@ -106,7 +108,7 @@ async def list_permissions(request: web.Request) -> web.Response:
     return respond_list(request, (permission_info(u, v) for u in users for v in sorted(u.permissions)))
 
 
-def _vhost_and_user(request: web.Request):
+def _vhost_and_user(request: web.Request) -> tuple[str, User]:
     node = node_of(request)
     if request.match_info["vhost"] not in node.vhosts:
         raise not_found()
@@ -151,7 +153,7 @@ async def delete_permission(request: web.Request) -> web.Response:
 
 # -- topic permissions (enforced by broker/topic_permissions.py; a change reaches the user's open channels) -------
 
-def _topic_rows(user, vhost: str | None = None):
+def _topic_rows(user: User, vhost: str | None = None) -> Iterator[dict[str, Any]]:
     for v in sorted(user.topic_permissions):
         if vhost is not None and v != vhost:
             continue
