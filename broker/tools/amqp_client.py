@@ -32,10 +32,11 @@ import asyncio
 import ssl
 import struct
 import time
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol, cast
 from urllib.parse import parse_qs, unquote, urlparse
 
-from pamqp import commands
+from pamqp import base, commands
 from pamqp import frame as pframe
 from pamqp.common import FieldTable
 
@@ -74,9 +75,9 @@ def hist_value(idx: int) -> float:
     return float((m << s) + (1 << (s - 1)))
 
 
-def hist_percentiles(hist: list[int], quantiles=(0.5, 0.99, 0.999)) -> dict:
+def hist_percentiles(hist: list[int], quantiles: Sequence[float] = (0.5, 0.99, 0.999)) -> dict[str, Any]:
     total = sum(hist)
-    out: dict = {"count": total}
+    out: dict[str, Any] = {"count": total}
     if not total:
         for q in quantiles:
             out[_qname(q)] = None
@@ -196,14 +197,14 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.frame_max = CLIENT_FRAME_MAX
-        self.opened: asyncio.Future = loop.create_future()
-        self.closed: asyncio.Future = loop.create_future()
+        self.opened: asyncio.Future[None] = loop.create_future()
+        self.closed: asyncio.Future[None] = loop.create_future()
         self.error: str | None = None
-        self._rpc_waiter: asyncio.Future | None = None
+        self._rpc_waiter: asyncio.Future[Any] | None = None  # the reply: a pamqp method (see rpc)
         # flow control: TCP (pause_writing) and connection.blocked
         self.paused = False
         self.blocked = False
-        self._writable: asyncio.Future | None = None
+        self._writable: asyncio.Future[None] | None = None
         # consumer state
         self.consumed = 0
         self.last_tag = 0
@@ -233,12 +234,12 @@ class Connection(asyncio.Protocol):
             raise ConnectionError(f"{self.name}: not connected")
         return self.transport
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport = cast(asyncio.Transport, transport)  # a TCP (or TLS) connection's is one
         transport.set_write_buffer_limits(high=512 * 1024, low=128 * 1024)
         transport.write(PROTOCOL_HEADER)
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         if self.error is None and not self.closed.done() and exc is not None:
             self.error = f"connection lost: {exc}"
         for fut in (self.opened, self._rpc_waiter):
@@ -367,7 +368,7 @@ class Connection(asyncio.Protocol):
             self.min_offset = off
 
     # -- the rare methods, through pamqp --------------------------------------------------------------------
-    def send(self, method, channel: int = 1) -> None:
+    def send(self, method: base.Frame, channel: int = 1) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(pframe.marshal(method, channel))
 
@@ -426,7 +427,9 @@ class Connection(asyncio.Protocol):
                 fut.set_exception(AMQPError(text))
         self._wake()
 
-    async def rpc(self, method, timeout: float = 30.0):
+    async def rpc(self, method: base.Frame, timeout: float = 30.0) -> Any:
+        """Send ``method`` on channel 1 and return the reply: the next method not handled here, a pamqp method
+        whose class the request implies (Any, so that callers read its fields, e.g. ``message_count``)."""
         if self.error:
             raise AMQPError(self.error)
         self._rpc_waiter = fut = self.loop.create_future()

@@ -52,7 +52,10 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from multiprocessing.process import BaseProcess
+from typing import Any
 from urllib.parse import quote
 
 from pamqp import commands
@@ -75,6 +78,14 @@ C_PUB, C_CONF, C_NACK, C_CONS, C_ERR, C_READY, C_PDONE, C_CDONE, C_RET = range(9
 NSLOTS = 9
 STOP_ON_SIGTERM = False  # the CLI sets it: SIGTERM (like Ctrl-C) ends a timed run early, with its summary
 LATENCY_COPY_S = 0.2  # with progress lines: how often a worker copies its latency histogram to shared memory
+
+
+# A worker's role: ("c", index, queue) for a consumer, ("p", index, exchange, routing keys, total) for a producer.
+Role = tuple[Any, ...]
+# The memory the workers share with the parent: multiprocessing's lock-free ctypes arrays (int64 counters and
+# latency histograms) and value (the phase word), which typeshed types as Any.
+SharedArray = Any
+SharedValue = Any
 
 
 @dataclass
@@ -106,7 +117,7 @@ class PerfConfig:
     sink: bool = False
     queue_type: str = ""         # "" (the broker's default, classic) or "stream", "quorum", …
     stream_offset: str | None = None  # consumer argument x-stream-offset ("first", "last", "next", "123")
-    consumer_args: dict = field(default_factory=dict)  # further consumer arguments (x-stream-group, …)
+    consumer_args: dict[str, Any] = field(default_factory=dict)  # further consumer arguments (x-stream-group, …)
     keep_publishing: bool = False  # backlog mode: producers go on publishing while the consumers drain
     # PerfTest's options (the CLI maps its letters onto these; every default leaves the behaviour above as is).
     queue: str = ""              # -u: the queue's exact name (with queues > 1: NAME-0 … NAME-N-1)
@@ -116,13 +127,13 @@ class PerfConfig:
     mandatory: bool = False      # -f mandatory: basic.publish mandatory=true (returns are counted)
     exchange_type: str = ""      # -t: publish through `exchange` of this type ("" = default exchange / fanout)
     routing_key: str = ""        # -k: routing key (and binding key); "" = the queue's name
-    queue_args: dict = field(default_factory=dict)  # -qa: further queue arguments
+    queue_args: dict[str, Any] = field(default_factory=dict)  # -qa: further queue arguments
     predeclared: bool = False    # -p: use existing queues (and exchange): declare and delete nothing
-    uris: list = field(default_factory=list)  # -H: connections spread round-robin over these (else `url`)
+    uris: list[str] = field(default_factory=list)  # -H: connections spread round-robin over these (else `url`)
     progress: float = 0.0        # -i: print a PerfTest progress line every N s (0 = none)
     run_id: str = ""             # -d: the id on the progress and summary lines
     label: str = ""
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def queue_names(self) -> list[str]:
         if self.queue:
@@ -147,26 +158,26 @@ class PerfConfig:
     def stream(self) -> bool:
         return self.queue_type == "stream"
 
-    def queue_arguments(self) -> dict:
-        args = {"x-queue-type": self.queue_type} if self.queue_type else {}
+    def queue_arguments(self) -> dict[str, Any]:
+        args: dict[str, Any] = {"x-queue-type": self.queue_type} if self.queue_type else {}
         args.update({k: _arg_value(v) for k, v in self.queue_args.items()})
         return args
 
-    def consume_arguments(self) -> dict:
-        args = {"x-stream-offset": _arg_value(self.stream_offset)} if self.stream_offset is not None else {}
+    def consume_arguments(self) -> dict[str, Any]:
+        args: dict[str, Any] = {"x-stream-offset": _arg_value(self.stream_offset)} if self.stream_offset is not None else {}
         args.update({k: _arg_value(v) for k, v in self.consumer_args.items()})
         return args
 
 
-def _arg_value(v):
+def _arg_value(v: Any) -> Any:
     """A consumer argument from the command line: integers as numbers (a numeric x-stream-offset), else text."""
     if isinstance(v, str) and v.lstrip("-").isdigit():
         return int(v)
     return v
 
 
-def parse_kv(items: list[str] | None) -> dict:
-    out = {}
+def parse_kv(items: list[str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
     for it in items or []:
         k, sep, v = it.partition("=")
         if not sep or not k:
@@ -209,7 +220,7 @@ class Publisher:
         self.nacked = 0
         self._floor = 0
         self._singles: set[int] = set()
-        self._waiter: asyncio.Future | None = None
+        self._waiter: asyncio.Future[None] | None = None
         self.stopping = False
         self.done = False
         if self.window:
@@ -316,10 +327,10 @@ class Publisher:
 
 # ---------------------------------------------------------------------------------------------------------
 # Worker process
-def plan_roles(cfg: PerfConfig) -> list[tuple]:
+def plan_roles(cfg: PerfConfig) -> list[Role]:
     qnames = cfg.queue_names()
     q = len(qnames)
-    roles: list[tuple] = []
+    roles: list[Role] = []
     for i in range(cfg.consumers):
         roles.append(("c", i, qnames[i % q]))
     p = cfg.producers
@@ -346,7 +357,7 @@ async def _start_consumer(conn: Connection, queue: str, idx: int, cfg: PerfConfi
                                           arguments=cfg.consume_arguments() or None))
 
 
-async def _govern_consumers(consumers: list[tuple[Connection, str, int]], cfg: PerfConfig, stopped: set) -> None:
+async def _govern_consumers(consumers: list[tuple[Connection, str, int]], cfg: PerfConfig, stopped: set[int]) -> None:
     """-D and -R: stop reading a consumer's socket once it has its count, or while it is ahead of its rate.
 
     Deliveries are counted per socket read (broker/tools/amqp_client.py), so a consumer stops within one read of -D."""
@@ -372,7 +383,8 @@ async def _govern_consumers(consumers: list[tuple[Connection, str, int]], cfg: P
         await asyncio.sleep(0.005)
 
 
-async def worker_main(wid: int, roles: list[tuple], cfg: PerfConfig, counters, phase, lat=None) -> dict:
+async def worker_main(wid: int, roles: list[Role], cfg: PerfConfig, counters: SharedArray, phase: SharedValue,
+                      lat: SharedArray | None = None) -> dict[str, Any]:
     base = wid * NSLOTS
     errors: list[str] = []
     sem = asyncio.Semaphore(cfg.connect_concurrency)
@@ -381,7 +393,7 @@ async def worker_main(wid: int, roles: list[tuple], cfg: PerfConfig, counters, p
     hist = new_hist()
     seen = bytearray() if cfg.stream else None  # offsets delivered, shared by this worker's consumers
 
-    async def open_role(role: tuple) -> None:
+    async def open_role(role: Role) -> None:
         async with sem:
             kind, idx = role[0], role[1]
             conn = await connect(cfg.url_for(idx if kind == "c" else cfg.consumers + idx),
@@ -425,7 +437,7 @@ async def worker_main(wid: int, roles: list[tuple], cfg: PerfConfig, counters, p
         if ph >= DRAIN and cfg.backlog and not draining:
             draining = True
 
-            async def start(c, q, i):
+            async def start(c: Connection, q: str, i: int) -> None:
                 async with sem:
                     await _start_consumer(c, q, i, cfg)
             for r in await asyncio.gather(*(start(*x) for x in consumers), return_exceptions=True):
@@ -508,7 +520,8 @@ async def worker_main(wid: int, roles: list[tuple], cfg: PerfConfig, counters, p
     }
 
 
-def _worker_entry(wid: int, roles: list[tuple], cfg: PerfConfig, counters, phase, result_q, lat=None) -> None:
+def _worker_entry(wid: int, roles: list[Role], cfg: PerfConfig, counters: SharedArray, phase: SharedValue,
+                  result_q: mp.queues.Queue[dict[str, Any]], lat: SharedArray | None = None) -> None:
     raise_nofile()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the run and summarises
     try:
@@ -523,13 +536,14 @@ def _worker_entry(wid: int, roles: list[tuple], cfg: PerfConfig, counters, phase
 
 # ---------------------------------------------------------------------------------------------------------
 # Parent: topology, phases, measurement
-async def _parallel_control(cfg: PerfConfig, items: list, action, conns: int = 16) -> None:
+async def _parallel_control(cfg: PerfConfig, items: list[str], action: Callable[[Connection, str], Awaitable[None]],
+                            conns: int = 16) -> None:
     if not items:
         return
     n = max(1, min(conns, len(items)))
     chunks = [items[i::n] for i in range(n)]
 
-    async def run(chunk):
+    async def run(chunk: list[str]) -> None:
         c = await connect(cfg.url, name="perf-control")
         try:
             for it in chunk:
@@ -587,7 +601,7 @@ async def queue_depth(conn: Connection, names: list[str]) -> int:
     return total
 
 
-def _totals(counters, nw: int) -> list[int]:
+def _totals(counters: SharedArray, nw: int) -> list[int]:
     out = [0] * NSLOTS
     for w in range(nw):
         for s in range(NSLOTS):
@@ -598,7 +612,7 @@ def _totals(counters, nw: int) -> list[int]:
 LATENCY_QUANTILES = (0.5, 0.75, 0.95, 0.99)
 
 
-def latency_stats(hist) -> list[float] | None:
+def latency_stats(hist: Sequence[int]) -> list[float] | None:
     """PerfTest's min/median/75th/95th/99th (µs) of a histogram (broker/tools/amqp_client.py's buckets); None if empty."""
     total = sum(hist)
     if not total:
@@ -623,7 +637,7 @@ def _rate(n: float) -> str:
     return f"{n:.0f}" if n >= 10 or n == 0 else f"{n:.2f}"
 
 
-def progress_line(cfg: PerfConfig, elapsed: float, rates: dict, lat: list[float] | None) -> str:
+def progress_line(cfg: PerfConfig, elapsed: float, rates: dict[str, float], lat: list[float] | None) -> str:
     """One line in PerfTest's shape: id, time, sent (confirmed, nacked, returned), received, consumer latency."""
     parts = [f"id: {cfg.run_id}", f"time {elapsed:.3f} s"]
     if cfg.producers:
@@ -641,7 +655,7 @@ def progress_line(cfg: PerfConfig, elapsed: float, rates: dict, lat: list[float]
     return ", ".join(parts)
 
 
-async def _progress(cfg: PerfConfig, nw: int, counters, lat, t0: float) -> None:
+async def _progress(cfg: PerfConfig, nw: int, counters: SharedArray, lat: SharedArray | None, t0: float) -> None:
     """Every cfg.progress seconds: the rates since the last line and the latency of the deliveries in between
     (the workers copy their histograms to `lat` every LATENCY_COPY_S)."""
     prev = _totals(counters, nw)
@@ -671,7 +685,8 @@ async def _progress(cfg: PerfConfig, nw: int, counters, lat, t0: float) -> None:
         prev, prev_t = tot, now
 
 
-async def _monitor(cfg: PerfConfig, nw: int, counters, phase, procs, sampler, out: dict, lat=None) -> None:
+async def _monitor(cfg: PerfConfig, nw: int, counters: SharedArray, phase: SharedValue, procs: list[BaseProcess],
+                   sampler: ProcSampler | None, out: dict[str, Any], lat: SharedArray | None = None) -> None:
     deadline = time.monotonic() + cfg.setup_timeout
     while _totals(counters, nw)[C_READY] < nw:
         if time.monotonic() > deadline:
@@ -815,7 +830,7 @@ async def _monitor(cfg: PerfConfig, nw: int, counters, phase, procs, sampler, ou
     out["series"] = series
 
 
-def run(cfg: PerfConfig) -> dict:
+def run(cfg: PerfConfig) -> dict[str, Any]:
     """Run one load test; returns the result dict (never raises for broker-side failures: see "errors")."""
     raise_nofile()
     sink_proc = None
@@ -823,14 +838,14 @@ def run(cfg: PerfConfig) -> dict:
         if cfg.confirm:
             raise SystemExit("--sink cannot answer confirms; run the ceiling test without --confirm")
         sink_proc, cfg.url = _start_sink(cfg.size)
-    out: dict = {"config": {k: v for k, v in asdict(cfg).items() if k != "extra"}, "errors": [],
+    out: dict[str, Any] = {"config": {k: v for k, v in asdict(cfg).items() if k != "extra"}, "errors": [],
                  "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     out["config"].update(cfg.extra)
     sampler = None
     if cfg.broker_pid:
         sampler = ProcSampler(cfg.broker_pid)
         sampler.start()
-    procs: list = []
+    procs: list[BaseProcess] = []
     t_setup = time.monotonic()
     try:
         asyncio.run(setup_topology(cfg))
@@ -866,7 +881,7 @@ def run(cfg: PerfConfig) -> dict:
     finally:
         phase.value = STOP
         out.pop("_t_setup", None)
-    worker_results: list[dict] = []
+    worker_results: list[dict[str, Any]] = []
     deadline = time.monotonic() + 60
     while len(worker_results) < nw and time.monotonic() < deadline:
         try:
@@ -895,7 +910,7 @@ def run(cfg: PerfConfig) -> dict:
     return out
 
 
-def _summarise_workers(out: dict, results: list[dict], nw: int) -> None:
+def _summarise_workers(out: dict[str, Any], results: list[dict[str, Any]], nw: int) -> None:
     hists, per_consumer, per_window = [], [], []
     streams = [r["stream"] for r in results if "fatal" not in r and r.get("stream") is not None]
     if streams:
@@ -929,7 +944,7 @@ def _summarise_workers(out: dict, results: list[dict], nw: int) -> None:
     out["client"] = {"processes": nw, "cpu_s": round(cpu, 3), "max_worker_cpu_util": max(util) if util else None}
 
 
-def _stream_summary(parts: list[dict]) -> dict:
+def _stream_summary(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """Merge the workers' offset bitmaps: an offset two workers both received counts as a duplicate too."""
     union = 0
     unique_sum = 0
@@ -950,10 +965,11 @@ def _stream_summary(parts: list[dict]) -> dict:
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
-def _start_sink(size: int):
+def _start_sink(size: int) -> tuple[BaseProcess, str]:
     from broker.tools import perf_sink as sink
     port = _free_port()
     ctx = mp.get_context("fork")
@@ -965,13 +981,13 @@ def _start_sink(size: int):
     return p, f"amqp://guest:guest@127.0.0.1:{port}/%2F"
 
 
-def _stop_sink(p) -> None:
+def _stop_sink(p: BaseProcess | None) -> None:
     if p is not None:
         p.kill()
         p.join(5)
 
 
-def summary_line(r: dict) -> str:
+def summary_line(r: dict[str, Any]) -> str:
     lat = r.get("latency_us") or {}
     b = r.get("broker") or {}
     parts = [f"publish {r.get('publish_rate', 0):,.0f} msg/s", f"consume {r.get('consume_rate', 0):,.0f} msg/s"]
@@ -1018,7 +1034,7 @@ read of its count; -R is enforced by pausing the consumer's socket; -t takes dir
 """
 
 
-def _kv_list(text: str) -> dict:
+def _kv_list(text: str) -> dict[str, str]:
     """PerfTest's KEY=VALUE,KEY=VALUE (-qa, -ca)."""
     return parse_kv([p for p in text.split(",") if p])
 
@@ -1148,7 +1164,7 @@ def config_from_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> P
         progress=args.interval, run_id=args.id or time.strftime("test-%H%M%S-") + f"{ms:03d}")
 
 
-def summary_lines(cfg: PerfConfig, r: dict) -> list[str]:
+def summary_lines(cfg: PerfConfig, r: dict[str, Any]) -> list[str]:
     """PerfTest's end-of-run summary, then one line of Leveret's extras (summary_line)."""
     head = f"id: {cfg.run_id}"
     lines = [f"{head}, sending rate avg: {_rate(r.get('publish_rate', 0))} msg/s",

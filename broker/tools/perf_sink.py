@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
-from pamqp import commands
+from pamqp import base, commands
 from pamqp import frame as pframe
 
 from broker.tools.amqp_client import _U64, PublishTemplate
+
+if TYPE_CHECKING:
+    from multiprocessing.synchronize import Event
 
 _HEAD = struct.Struct(">BHI")
 
@@ -47,11 +52,11 @@ class SinkProtocol(asyncio.Protocol):
         self.paused = False
         self.transport: asyncio.Transport | None = None
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport = cast(asyncio.Transport, transport)  # a TCP connection's is one
         transport.set_write_buffer_limits(high=1 << 20, low=256 << 10)
 
-    def _send(self, m, ch: int) -> None:
+    def _send(self, m: base.Frame, ch: int) -> None:
         assert self.transport is not None  # set by connection_made before any frame arrives
         self.transport.write(pframe.marshal(m, ch))
 
@@ -85,9 +90,10 @@ class SinkProtocol(asyncio.Protocol):
             pos = stop + 1
         del buf[:pos]
 
-    def _method(self, m, ch: int) -> None:
+    def _method(self, m: Any, ch: int) -> None:
+        """Answer a client method. ``m`` is Any: a decoded pamqp method, whose fields the reply to it reads."""
         C = commands
-        replies = {
+        replies: dict[type[base.Frame], Callable[[], base.Frame]] = {
             C.Connection.StartOk: lambda: C.Connection.Tune(channel_max=2047, frame_max=131072, heartbeat=0),
             C.Connection.Open: lambda: C.Connection.OpenOk(),
             C.Channel.Open: lambda: C.Channel.OpenOk(),
@@ -128,11 +134,11 @@ class SinkProtocol(asyncio.Protocol):
         self.paused = False
         asyncio.get_running_loop().call_soon(self._stream)
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self.streaming = False
 
 
-def serve(port: int, body_size: int, ready) -> None:
+def serve(port: int, body_size: int, ready: Event) -> None:
     """Process entry point: run the sink on 127.0.0.1:port until killed; set ``ready`` when listening."""
     import uvloop
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -47,8 +48,8 @@ class ProcSampler(threading.Thread):
         self.rss_start_kb = 0
         self.cpu_start: float | None = None
         self.cpu_end: float | None = None
-        self.io_start: dict | None = None
-        self.io_end: dict | None = None
+        self.io_start: dict[str, int] | None = None
+        self.io_end: dict[str, int] | None = None
         self.error: str | None = None
         self._halt = threading.Event()
         try:
@@ -83,10 +84,10 @@ class ProcSampler(threading.Thread):
         except OSError:
             pass
 
-    def stop(self) -> dict:
+    def stop(self) -> dict[str, Any]:
         end = self.sample()  # the RSS once the run is over (a drained backlog: is the memory given back?)
         self._halt.set()
-        out: dict[str, object] = {"pid": self.pid, "rss_start_kb": self.rss_start_kb, "rss_peak_kb": self.rss_peak_kb,
+        out: dict[str, Any] = {"pid": self.pid, "rss_start_kb": self.rss_start_kb, "rss_peak_kb": self.rss_peak_kb,
                "rss_end_kb": end}
         try:
             out["vm_hwm_kb"] = read_status_kb(self.pid).get("VmHWM")
