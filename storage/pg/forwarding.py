@@ -8,10 +8,12 @@ Tables (storage/pg/schema.py, migration 3; SCHEMA.md): ``leveret.local_queue``, 
 
 Two halves, two ways of talking to PostgreSQL:
 
-- :class:`PgDirectory` is **synchronous**, like the definitions store (storage/pg/definitions_store.py): a
-  queue.declare-ok or queue.bind-ok is sent after the row is committed, so that a reply published on another
-  member right after finds the queue. It runs its own event loop on a private thread with one connection;
-  every call is serialised there in call order. Removals are fire-and-forget (a late removal costs at most a
+- :class:`PgDirectory` answers before the reply: a queue.declare-ok or queue.bind-ok is sent after the row is
+  committed, so that a reply published on another member right after finds the queue. It runs its own event
+  loop on a private thread with one connection; every call is serialised there in call order. A caller on the
+  broker's loop never waits for it there: it awaits the ``_async`` variants (claim_async, lookup_async,
+  has_binding_async) or the ``committed`` seam of a bind (broker/cluster_forwarding.py); the blocking variants
+  are for callers that cannot wait otherwise (the HTTP API's declare, a definitions import, start and stop). Removals are fire-and-forget (a late removal costs at most a
   forwarded message that the owner drops), additions and look-ups wait (bounded by ``timeout``). After a
   failure the directory stays *unavailable* for ``retry_after`` seconds (calls raise at once rather than block
   the broker), and the caller rewrites its rows when it is back (:meth:`PgDirectory.replace_own`).
