@@ -41,6 +41,7 @@ from broker.publish import FLAGS_TO_READ, PENDING, REFUSED, REPLY_TO, ROUTED, ch
 from broker.queue_args import amqp_type_name
 from broker.queue_consumers import Consumer
 from broker.queue_process import QueueOwner
+from broker.topology import Answers, Deferred, current_answers, deferring
 from broker.tx import COMMIT_FAILED, Transaction
 from protocol import fastcodec
 from protocol.constants import (
@@ -417,6 +418,21 @@ class Channel:
             persistent = check_properties(msg, flags, self.reader.user, None if rc is None else rc.key)
             if topic is not None and msg.extra_keys:
                 topic.check_all(exchange, msg.extra_keys)  # CC / BCC keys (RabbitMQ 4.1+ checks them too)
+        if exchange.name == "" and self.vhost.clustered:
+            looking = self.vhost.remote.looking_up(args.routing_key)
+            if looking is not None:
+                # A name this member does not know, maybe another member's queue declared a moment ago: routed
+                # once the directory has answered (broker/cluster_forwarding.py VHostLink._lookup), the loop
+                # serving others meanwhile and this channel's later frames held back, so none overtakes it.
+                self._hold()
+                answer = self._answer_later(lambda: self._publish_routed(exchange, args, msg, persistent),
+                                            CLASS_BASIC, 40)
+                looking.add_done_callback(lambda _f: answer())
+                return
+        self._publish_routed(exchange, args, msg, persistent)
+
+    def _publish_routed(self, exchange: Exchange, args: PublishArgs, msg: Message, persistent: bool) -> None:
+        """A publish past its checks: into the transaction, or routed now."""
         if self.tx is not None:
             self.tx.add_publish((exchange, args, msg, persistent))
             return
@@ -649,33 +665,78 @@ class Channel:
         self._on_nack(tag, False, requeue)
 
     # -- other methods ---------------------------------------------------------------------------------
-    def _handle_method(self, method: Any) -> None:
+    def _handle_method(self, method: Any, answers: Answers | None = None) -> None:
         """One method of :attr:`_handlers`, replied on commit: a method that wrote a definition the store
         commits later (a cluster member's PostgreSQL table, storage/commits.py) has its replies sent after
         the commit, its channel's later methods held back meanwhile (:meth:`_hold`); the event loop serves
         everyone else. A store that commits within the call (SQLite) leaves ``accepted`` as it was: the
-        replies go out as the method ends."""
+        replies go out as the method ends.
+
+        A cluster member's method that needs an answer of the directory of node-local queues (a claim of the
+        name a queue.declare makes, the look-up of a name this member does not know, whether another member made
+        a binding) does not wait for it on the loop: the topology starts the question and raises Deferred
+        (broker/topology.py, "Answers that come later"), before the method has changed anything; the channel
+        holds its later frames back and handles the method again, from its start, once the answer is in
+        (:meth:`_handle_again`), with ``answers`` holding it."""
         handler = self._handlers.get(type(method))
         if handler is None:
             raise AMQPError(COMMAND_INVALID, f"method {method.name} not allowed on a channel")
+        if answers is None:
+            answers = Answers()
         commits = self._commits
         accepted = self._accepted_at = commits.accepted
         outbox: list[bytes] = []
         self._outbox = outbox
+        deferred: Deferred | None = None
         try:
-            handler(method)
+            with deferring(answers):
+                handler(method)
+        except Deferred as exc:
+            deferred = exc
         finally:
             self._outbox = None
             commit = commits.committed() if commits.accepted != accepted else None
             if commit is None:
                 for frame in outbox:
                     self.reader.send(frame)
+            if deferred is None:
+                answers.settle()
+        if deferred is not None:
+            self._hold()
+            deferred.future.add_done_callback(lambda _f: self._handle_again(method, answers))
+            return
         if commit is not None:
             self._commit, self._commit_outbox = commit, outbox
             if not self.reply_pending:  # (else the method's own deferred reply waits for the commit: _answer_later)
                 self._hold()
                 answer = self._answer_later(_nothing, method.index >> 16, method.index & 0xFFFF)
                 commit.add_done_callback(lambda _f: answer())
+
+    def _handle_again(self, method: Any, answers: Answers) -> None:
+        """The directory answered what ``method`` waited for (:meth:`_handle_method`): the method is handled
+        again with the answer at hand, its errors reported as the reader reports a method's; the frames held
+        back behind it go on unless it defers its reply again. Nothing but the clean-up of the answers if the
+        channel has closed meanwhile."""
+        if self.closing:
+            answers.settle()
+            return
+        self.reply_pending = False  # (its later frames stay held: ``held`` is kept until _replay empties it)
+        try:
+            self._handle_method(method, answers)
+        except AMQPError as exc:
+            answers.settle()
+            if exc.class_id is None:
+                exc.class_id, exc.method_id = method.index >> 16, method.index & 0xFFFF
+            self.reader.channel_error(self.id, exc)
+            return
+        except Exception:
+            answers.settle()
+            log.exception("internal error handling a method again", channel=self.id)
+            self.reader.channel_error(self.id, AMQPError(INTERNAL_ERROR, "internal error", method.index >> 16,
+                                                         method.index & 0xFFFF))
+            return
+        if not self.reply_pending:
+            self._resume()
 
     def _queue_name(self, name: str) -> str:
         """RabbitMQ's shortcut: an empty queue name means the queue last declared on this channel."""
@@ -853,7 +914,10 @@ class Channel:
             self.send(spec.Queue.DeclareOk, queue=name, message_count=0, consumer_count=1)
             return
         if not name and not m.passive:
-            name = _random_tag("amq.gen-")
+            # (The same name each time the declare is handled again after a directory answer: _handle_method.)
+            answers = current_answers()
+            name = _random_tag("amq.gen-") if answers is None else \
+                answers.memo(("server-named",), lambda: _random_tag("amq.gen-"))
             server_named = True
         elif not name:
             name = self._queue_name(name)

@@ -33,6 +33,7 @@ from broker.errors import AMQPError
 from broker.exchange import EXCHANGE, QUEUE
 from broker.persistence import NODE_METADATA_KEY, binding_args_hash, untable
 from broker.policy import Policy
+from broker.topology import Answers, Deferred, current_answers
 from storage.metadata_store import MetadataStoreError
 from storage.node_storage import NODE_KIND
 from storage.pg.bell import Bell
@@ -197,6 +198,7 @@ class DefinitionsFollower:
         self._task: asyncio.Task[None] | None = None
         self._failing = False
         self._last_catch_up_now = 0.0
+        self._reads: set[asyncio.Future[None]] = set()  # catch_up_now's reads for a channel's method, held till done
         # Rung by every commit that changed a definition (storage/pg/definitions_store.py DEFINITIONS_BELL):
         # the feed is read at once, the poll stays for rings lost with a broken session.
         self._rung = asyncio.Event()
@@ -241,13 +243,27 @@ class DefinitionsFollower:
             n += self._apply(changes)
 
     def catch_up_now(self, rate_limited: bool = False) -> bool:
-        """Apply what the feed holds past ``version`` at once, reading it on the event loop (one query, at most CATCH_UP_WAIT): for a
+        """Apply what the feed holds past ``version`` at once, reading it on the event loop (one query, at most
+        CATCH_UP_WAIT; inside a channel's method without waiting: Deferred, the method handled again after): for a
         client naming a queue or exchange this member does not know, which another member may have declared
         since the last poll (declare on one node, consume on another at once: RabbitMQ's cluster answers
         that from its replicated tables; waiting for the poll here meant a 404). A miss that closes the
         client's channel (404) is paced by the client's round trips; a publish routed nowhere is not, so
         with ``rate_limited`` it reads the feed at most once per :data:`CATCH_UP_MIN_INTERVAL`. True if a
         change was applied."""
+        answers = current_answers()
+        if answers is not None and not rate_limited:
+            # A channel's method (broker/topology.py "Answers that come later"): the feed is read on the loop's
+            # own connection without the loop waiting, the method handled again once it is applied. Not for
+            # routing (rate_limited): a message routed inside a method (a tx.commit's, a dead letter) is routed
+            # now, the method past the point where it could be handled again.
+            got, applied = answers.take(("catch_up",))
+            if got:
+                return bool(applied)
+            read = asyncio.ensure_future(self._catch_up_into(answers))
+            self._reads.add(read)
+            read.add_done_callback(self._reads.discard)
+            raise Deferred(read)
         now = time.monotonic()
         if rate_limited and now - self._last_catch_up_now < CATCH_UP_MIN_INTERVAL:
             return False
@@ -257,6 +273,18 @@ class DefinitionsFollower:
         except MetadataStoreError:
             return False  # PostgreSQL out of reach: the answer stays the 404 it was
         return self._apply(changes) > 0 if changes else False
+
+    async def _catch_up_into(self, answers: Answers) -> None:
+        """:meth:`catch_up` for a method handled again once it is done: whether a change was applied goes into
+        ``answers`` (False if PostgreSQL did not answer, as :meth:`catch_up_now` answers then)."""
+        try:
+            applied = await self.catch_up() > 0
+        except MetadataStoreError:
+            applied = False
+        except Exception:  # (the method goes on as if nothing was applied; the poll retries)
+            log.exception("reading the cluster's definitions for a method failed")
+            applied = False
+        answers.put(("catch_up",), applied)
 
     def _apply(self, changes: list[Change]) -> int:
         """Replay ``changes`` (oldest first) past ``version``; returns how many were the other members'.

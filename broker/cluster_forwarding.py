@@ -5,8 +5,7 @@ channel on A, reaches it, forwarded through PostgreSQL (storage/pg/forwarding.py
 **The directory.** Each member writes a row per queue of its own (every queue type that is not
 ``cluster_shared``: classic, stream) and per binding of such a queue to a *shared* exchange (a durable one:
 every member has it; the default exchange needs no row, the queue row is its binding). The row is written
-before queue.declare-ok / queue.bind-ok (synchronously, as the definitions are), and the write is also the
-claim of the name: a queue name is one queue cluster-wide, as in RabbitMQ, so a declare on B of a name A holds
+before queue.declare-ok / queue.bind-ok, and the write is also the claim of the name: a queue name is one queue cluster-wide, as in RabbitMQ, so a declare on B of a name A holds
 answers declare-ok for A's queue (405 if it is exclusive) instead of making a second one on B. A member
 replaces its rows at start (its non-durable queues died with it) and drops its non-durable ones at a clean
 stop; a crashed member's non-durable rows are dropped by any member's poll once the member is reaped
@@ -17,10 +16,21 @@ stop; a crashed member's non-durable rows are dropped by any member's poll once 
 per vhost, the vhost's topology (``VHost.use_topology``, broker/topology.py): proxies
 (:class:`~broker.remote_queue.RemoteQueue`) and shadow exchanges holding the bindings to them, which the vhost's
 routing runs beside the exchange's own bindings. A
-default-exchange publish to a name nobody here knows looks the name up in PostgreSQL once (a blocking round
-trip, as a declare is), so that an RPC reply published right after the client declared its reply queue
-elsewhere does not depend on the doorbell's timing; a miss is remembered for :data:`NEGATIVE_TTL` seconds or
-until the directory changes.
+client's default-exchange publish to a name nobody here knows is routed once the name is looked up in
+PostgreSQL, so that an RPC reply published right after the client declared its reply queue elsewhere does not
+depend on the doorbell's timing; a miss is remembered for :data:`NEGATIVE_TTL` seconds or until the directory
+changes.
+
+**Nothing on the loop waits for the directory** (issue 34). A channel's method that needs the directory (the
+claim of a queue.declare, the look-up of a name a method uses, whether the owner made a binding) has the
+question started on the directory's thread and is handled again, from its start, once the answer is in
+(broker/topology.py "Answers that come later", broker/channel.py): the reply, and the channel's later frames,
+wait; every other client of the member is served meanwhile, those of its classic queues too. A client's
+publish to an unknown name waits the same way (:meth:`VHostLink.looking_up`); routing that must answer at once
+(a tx.commit, a dead letter, the HTTP API's publish) uses what is remembered and starts the look-up for the
+next message (:meth:`VHostLink._lookup`). PostgreSQL not answering within the directory's timeout (3 s) is as
+before: the declare makes the queue here without its row (written when PostgreSQL is back), a look-up finds
+nothing. The HTTP API's declare and a definitions import still ask synchronously.
 
 **Forwarding.** A publish routed to remote queues goes, with every other message of the event-loop burst, in
 one INSERT into ``leveret.forward`` (one row per message and target member, listing the target's queues);
@@ -75,7 +85,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
@@ -88,6 +98,7 @@ from broker.persistence import binding_args_hash, table_of, untable
 from broker.publish import PENDING, REPLY_TO_PREFIX
 from broker.queue_types import queue_type_of
 from broker.remote_queue import RemoteQueue, RemoteRoutes, routing_type
+from broker.topology import Answers, Deferred, current_answers
 from protocol.constants import INTERNAL_ERROR, PRECONDITION_FAILED
 from storage.metadata_store import MetadataWriteError
 from storage.pg.forwarding import DirectoryUnavailable, Forwarded, PgDirectory, PgForwarding
@@ -96,6 +107,8 @@ if TYPE_CHECKING:
     from broker.vhost import VHost
 
 log = structlog.get_logger("leveret.cluster")
+
+T = TypeVar("T")
 
 NEGATIVE_TTL = 1.0  # seconds a default-exchange name the directory did not know is not looked up again
 FLOW_HIGH = 20_000  # messages waiting for their forward commit before publishers are paused
@@ -175,6 +188,12 @@ class VHostLink(RemoteRoutes):
         self.vh = vh
         self.negative: dict[str, float] = {}
         self.lookup = self._lookup
+        # Directory questions on their way for a channel's method (find, claim, bound_remotely; see
+        # broker/topology.py "Answers that come later"), and the names being claimed that way: a second declare
+        # of a name here waits for the first's claim (then finds its queue) rather than claim it again.
+        self._questions: set[asyncio.Future[None]] = set()
+        self._claiming: dict[str, asyncio.Future[None]] = {}
+        self._looking: dict[str, asyncio.Future[None]] = {}  # routing's look-ups on their way (looking_up)
         # The owners' carrying out of the unbinds of their queues made here (unbind_remote), held until done.
         self._unbinds: set[asyncio.Future[None]] = set()
         # Those unbinds' bindings, (source, *Binding.key), that a read of the directory may still bring back: a
@@ -187,26 +206,102 @@ class VHostLink(RemoteRoutes):
 
     # -- other members' queues ---------------------------------------------------------------------------
     def _lookup(self, name: str) -> RemoteQueue | None:
-        now = time.monotonic()
-        negative = self.negative
-        if negative.get(name, 0.0) > now:
+        """Routing's look-up of a default-exchange name nobody here knows (RemoteRoutes.queue): what is
+        remembered only, never a wait for PostgreSQL on the loop; the look-up is started in the background and
+        its answer remembered for the next message. Routing has to answer now (a publish inside a tx.commit, a
+        dead letter, the HTTP API's publish), so a message routed before the answer came goes where the
+        member's last read of the directory says. A client's own publish to an unknown name does not get
+        here unanswered: the channel waits for :meth:`looking_up` first (its later frames held back), so an RPC
+        reply published right after its queue was declared on another member finds it, whatever the doorbell's
+        timing. Misses are remembered NEGATIVE_TTL seconds (or until the directory changes)."""
+        self.looking_up(name)
+        return self.queues.get(name)
+
+    def looking_up(self, name: str) -> asyncio.Future[None] | None:
+        """See broker/topology.py: the look-up of ``name`` on its way (one per name at a time), or None if
+        there is nothing to ask (known, a miss remembered, a direct reply-to key, the directory down)."""
+        if self.vh.queues.get(name) is not None or name in self.queues or name.startswith(REPLY_TO_PREFIX):
             return None
+        if self.negative.get(name, 0.0) > time.monotonic():
+            return None
+        looking = self._looking.get(name)
+        if looking is not None:
+            return looking
+        if not self.fw.directory.available:
+            return None
+        looking = self._looking[name] = self._start(self._look_up(name))
+        looking.add_done_callback(lambda _f: self._looking.pop(name, None))
+        return looking
+
+    async def _look_up(self, name: str) -> None:
         try:
-            owner = self.fw.directory.lookup(self.vhost, name)
+            owner = await self.fw.directory.lookup_async(self.vhost, name)
         except DirectoryUnavailable:
             owner = None
+        self._looked_up(name, owner)
+
+    def _looked_up(self, name: str, owner: Any) -> RemoteQueue | None:
+        """The directory's answer about ``name`` (an Owner, or None), remembered: the other member's queue, or
+        a miss for NEGATIVE_TTL seconds."""
         if owner is None or owner.node == self.fw.name:
+            negative = self.negative
             if len(negative) > 10_000:
                 negative.clear()
-            negative[name] = now + NEGATIVE_TTL
+            negative[name] = time.monotonic() + NEGATIVE_TTL
             return None
         q = self.queues[name] = self.fw.remote_queue(self.vhost, name, owner.node, owner.durable, owner.exclusive)
         return q
 
     def find(self, name: str) -> RemoteQueue | None:
-        """A queue of another member named ``name`` (asking the directory, not the cache of misses)."""
+        """A queue of another member named ``name`` (asking the directory, not the cache of misses). Inside
+        ``deferring`` (a channel's method) the question does not wait: it is asked on the directory's thread and
+        :class:`~broker.topology.Deferred` raised, the method handled again with the answer (a name nobody
+        holds, or PostgreSQL not answering within the directory's timeout: None, as before)."""
         self.negative.pop(name, None)
-        return self.queue(name)
+        q = self.queues.get(name)
+        if q is not None:
+            return q
+        answers = current_answers()
+        try:
+            if answers is None:
+                owner = self.fw.directory.lookup(self.vhost, name)
+            else:
+                owner = self._asked(answers, ("lookup", name),
+                                    lambda: self.fw.directory.lookup_async(self.vhost, name))
+        except DirectoryUnavailable:
+            owner = None
+        return self._looked_up(name, owner)
+
+    def _asked(self, answers: Answers, key: tuple[Any, ...], ask: Callable[[], Awaitable[T]]) -> T:
+        """The directory's answer to ``key`` if it is in ``answers`` (DirectoryUnavailable raised again if that
+        was the answer); else the question ``ask`` is started and Deferred raised. A directory that did not
+        answer recently answers at once (DirectoryUnavailable), as its synchronous calls do."""
+        got, result = answers.take(key)
+        if got:
+            if isinstance(result, DirectoryUnavailable):
+                raise result
+            return result
+        if not self.fw.directory.available:
+            raise DirectoryUnavailable("the cluster's PostgreSQL did not answer recently")
+        raise Deferred(self._start(self._answer_into(answers, key, ask)))
+
+    def _start(self, question: Awaitable[None]) -> asyncio.Future[None]:
+        """A question on its way, held until answered (the loop keeps only a weak reference to a task)."""
+        future = asyncio.ensure_future(question)
+        self._questions.add(future)
+        future.add_done_callback(self._questions.discard)
+        return future
+
+    @staticmethod
+    async def _answer_into(answers: Answers, key: tuple[Any, ...], ask: Callable[[], Awaitable[Any]],
+                           unused: Callable[[Any], Callable[[], None] | None] | None = None) -> None:
+        """Ask, and put the answer (or the DirectoryUnavailable raised) into ``answers``; ``unused(answer)``
+        gives the clean-up if the method does not take it."""
+        try:
+            result: Any = await ask()
+        except DirectoryUnavailable as exc:
+            result = exc
+        answers.put(key, result, None if unused is None else unused(result))
 
     def has_queue(self, name: str) -> bool:
         return name in self.queues
@@ -225,7 +320,7 @@ class VHostLink(RemoteRoutes):
         if queue_type_of(arguments).cluster_shared:
             return None  # its definition is shared (amqqueue.declare read the feed before coming here)
         try:
-            owner = self.fw.directory.claim(self.vhost, name, durable, exclusive)
+            owner = self._claimed(name, durable, exclusive)
         except DirectoryUnavailable as exc:
             log.warning("queue declared without its cluster directory row (written when PostgreSQL is back)",
                         vhost=self.vhost, queue=name, error=str(exc))
@@ -242,6 +337,40 @@ class VHostLink(RemoteRoutes):
             else:
                 owner_checks.append(lambda: self._check_answer(q, q.answer(), durable, exclusive, arguments))
         return q
+
+    def _claimed(self, name: str, durable: bool, exclusive: bool) -> Any:
+        """The directory's claim of ``name`` for this member: None (ours), or the Owner that holds it. Inside
+        ``deferring`` (a channel's queue.declare) it does not wait: the claim is started on the directory's
+        thread and Deferred raised, the declare handled again with its answer; declare-ok (or the error) is sent
+        then, the channel's later frames held back meanwhile (broker/channel.py). A claim the declare did not
+        use in the end (its channel closed, or the queue was made meanwhile by another declare) is released
+        unless the queue is here (Answers.settle). Outside ``deferring`` (the HTTP API, a definitions import,
+        callers off the loop): synchronous, as before."""
+        answers = current_answers()
+        if answers is None:
+            return self.fw.directory.claim(self.vhost, name, durable, exclusive)
+        key = ("claim", name, durable, exclusive)
+        got, result = answers.take(key)
+        if got:
+            if isinstance(result, DirectoryUnavailable):
+                raise result
+            return result
+        if not self.fw.directory.available:
+            raise DirectoryUnavailable("the cluster's PostgreSQL did not answer recently")
+        claiming = self._claiming.get(name)
+        if claiming is not None:
+            raise Deferred(claiming)  # another declare of the name here first: handled again after it
+        future = self._claiming[name] = self._start(self._answer_into(
+            answers, key, lambda: self.fw.directory.claim_async(self.vhost, name, durable, exclusive),
+            lambda owner: (lambda: self._unclaimed(name)) if owner is None else None))
+        future.add_done_callback(lambda _f: self._claiming.pop(name, None))
+        raise Deferred(future)
+
+    def _unclaimed(self, name: str) -> None:
+        """A claim of ``name`` answered "ours" that no declare used: released, unless a queue of that name is
+        here after all or another declare here is claiming it."""
+        if self.vh.queues.get(name) is None and name not in self._claiming:
+            self.fw.directory.release(self.vhost, name)
 
     def _check_durable(self, q: RemoteQueue, durable: bool) -> None:
         """The first of RabbitMQ's equivalence checks of a redeclare, against the owner's queue: durable, from
@@ -357,14 +486,20 @@ class VHostLink(RemoteRoutes):
 
     def bound_remotely(self, source: str, queue: str, routing_key: str, arguments: dict[str, Any]) -> bool:
         """Whether another member has made this binding to its queue (a redeclare of it is then bind-ok):
-        known here, else asked of the directory (the doorbell may not have arrived yet)."""
+        known here, else asked of the directory (the doorbell may not have arrived yet); inside ``deferring``
+        (a channel's queue.bind) without waiting, as :meth:`find`."""
         if self.bound(source, queue, routing_key, arguments):
             return True
         if self.find(queue) is None:
             return False
+        args_hash = binding_args_hash(arguments)
+        answers = current_answers()
         try:
-            return self.fw.directory.has_binding(self.vhost, source, queue, routing_key,
-                                                 binding_args_hash(arguments))
+            if answers is None:
+                return self.fw.directory.has_binding(self.vhost, source, queue, routing_key, args_hash)
+            return self._asked(answers, ("has_binding", source, queue, routing_key, args_hash),
+                               lambda: self.fw.directory.has_binding_async(self.vhost, source, queue, routing_key,
+                                                                           args_hash))
         except DirectoryUnavailable:
             return False
 

@@ -13,6 +13,16 @@ The definitions feed is the second thing a member may be behind on: :class:`Catc
 this member does not know is answered with 404 or routed nowhere (broker/cluster_definitions.py
 ``DefinitionsFollower.catch_up_now``); :func:`never_behind` is a single node's.
 
+**Answers that come later.** A member asks the directory in PostgreSQL about names it does not know (a claim of
+a name a queue.declare would make here, the look-up of a name a method uses, whether the owner made a binding).
+Nothing on the event loop may wait for that answer: a frozen PostgreSQL would stall every client of the member,
+those of its own classic queues too (issue 34). A caller that can answer later (a channel's method, the HTTP
+API) handles the method inside :func:`deferring`, with an :class:`Answers` of its own: the topology then starts
+the question without waiting and raises :class:`Deferred`; the caller handles the method again from its start
+once the answer is in (the topology takes it from the Answers instead of asking). A method raises Deferred
+before it has changed anything, so handling it again is as handling it the first time, with the answer at hand.
+Outside :func:`deferring` the topology asks synchronously, as before (callers off the loop, start-up).
+
 This module sits below broker/amqqueue.py and broker/vhost.py in the layers (pyproject.toml) and imports only
 what lies below them.
 """
@@ -20,7 +30,8 @@ what lies below them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -33,6 +44,90 @@ if TYPE_CHECKING:
 OtherMembersQueue = Any
 
 
+class Deferred(Exception):
+    """A method needs an answer of the directory that is on its way: handle the method again, from its start and
+    with the same :class:`Answers`, once ``future`` is done (it never fails: a failure is the answer)."""
+
+    def __init__(self, future: asyncio.Future[Any]) -> None:
+        super().__init__("a directory answer is on its way")
+        self.future = future
+
+
+class Answers:
+    """The directory's answers for one method being handled (see the module docstring): by the question's key,
+    the answer, or the exception the question raised. An answer is kept while the method is handled again (each
+    time from its start). ``settle`` runs once the method has been handled for the last time (or will not be:
+    its channel closed): the clean-ups of answers it never took (a claim of a name for a queue that was not
+    made is released)."""
+
+    __slots__ = ("_cleanups", "_taken", "results")
+
+    def __init__(self) -> None:
+        self.results: dict[tuple[Any, ...], Any] = {}
+        self._taken: set[tuple[Any, ...]] = set()
+        self._cleanups: list[Callable[[], None]] = []
+
+    def put(self, key: tuple[Any, ...], result: Any, unused: Callable[[], None] | None = None) -> None:
+        """The answer to ``key``; ``unused`` is called at :meth:`settle` if nobody took it meanwhile."""
+        self.results[key] = result
+        if unused is not None:
+            def cleanup() -> None:
+                if key not in self._taken:
+                    unused()
+            self._cleanups.append(cleanup)
+
+    def memo(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+        """What ``make()`` gave the first time the method was handled (a server-generated queue name): the same
+        every time it is handled again."""
+        if key not in self.results:
+            self.results[key] = make()
+        return self.results[key]
+
+    def take(self, key: tuple[Any, ...]) -> tuple[bool, Any]:
+        """(True, the answer) if it is in; else (False, None)."""
+        if key in self.results:
+            self._taken.add(key)
+            return True, self.results[key]
+        return False, None
+
+    def settle(self) -> None:
+        """The method is handled (or never will be again): clean up what it did not take."""
+        if not self.results:
+            return
+        cleanups, self._cleanups = self._cleanups, []
+        for cleanup in cleanups:
+            cleanup()
+        self.results.clear()
+        self._taken.clear()
+
+
+class _Current:
+    """The Answers of the method being handled (inside :func:`deferring`), else None. A plain attribute, not a
+    context variable: a task started while a method is handled (a queue's timers, a question to the owner) must
+    not inherit it; the method is handled synchronously on the loop's thread, set and reset around it."""
+
+    answers: Answers | None = None
+
+
+_CURRENT = _Current()
+
+
+@contextmanager
+def deferring(answers: Answers) -> Iterator[None]:
+    """Within it, a question to the directory whose answer is not in ``answers`` raises :class:`Deferred`
+    instead of waiting (see the module docstring)."""
+    outer, _CURRENT.answers = _CURRENT.answers, answers
+    try:
+        yield
+    finally:
+        _CURRENT.answers = outer
+
+
+def current_answers() -> Answers | None:
+    """The caller's :class:`Answers` (inside :func:`deferring`), else None: ask synchronously."""
+    return _CURRENT.answers
+
+
 class Topology(Protocol):
     """The other members' queues and bindings, and the hooks a member's own come and go through."""
 
@@ -43,6 +138,12 @@ class Topology(Protocol):
 
     def find(self, name: str) -> OtherMembersQueue | None:
         """Another member's queue ``name``, asked of the directory past the cache of misses (a declare)."""
+        ...
+
+    def looking_up(self, name: str) -> asyncio.Future[None] | None:
+        """Before a client's default-exchange publish to ``name`` is routed: None if routing it needs nothing of
+        the directory (a queue here, another member's known queue, a miss remembered); else the look-up of the
+        name, started without waiting, done once its answer is remembered (the channel routes the publish then)."""
         ...
 
     def has_queue(self, name: str) -> bool:
@@ -106,6 +207,9 @@ class LocalTopology:
         return None
 
     def find(self, name: str) -> None:
+        return None
+
+    def looking_up(self, name: str) -> None:
         return None
 
     def has_queue(self, name: str) -> bool:

@@ -8,10 +8,12 @@ Tables (storage/pg/schema.py, migration 3; SCHEMA.md): ``leveret.local_queue``, 
 
 Two halves, two ways of talking to PostgreSQL:
 
-- :class:`PgDirectory` is **synchronous**, like the definitions store (storage/pg/definitions_store.py): a
-  queue.declare-ok or queue.bind-ok is sent after the row is committed, so that a reply published on another
-  member right after finds the queue. It runs its own event loop on a private thread with one connection;
-  every call is serialised there in call order. Removals are fire-and-forget (a late removal costs at most a
+- :class:`PgDirectory` answers before the reply: a queue.declare-ok or queue.bind-ok is sent after the row is
+  committed, so that a reply published on another member right after finds the queue. It runs its own event
+  loop on a private thread with one connection; every call is serialised there in call order. A caller on the
+  broker's loop never waits for it there: it awaits the ``_async`` variants (claim_async, lookup_async,
+  has_binding_async) or the ``committed`` seam of a bind (broker/cluster_forwarding.py); the blocking variants
+  are for callers that cannot wait otherwise (the HTTP API's declare, a definitions import, start and stop). Removals are fire-and-forget (a late removal costs at most a
   forwarded message that the owner drops), additions and look-ups wait (bounded by ``timeout``). After a
   failure the directory stays *unavailable* for ``retry_after`` seconds (calls raise at once rather than block
   the broker), and the caller rewrites its rows when it is back (:meth:`PgDirectory.replace_own`).
@@ -216,6 +218,11 @@ class PgDirectory:
                 self._conn = None
                 raise
 
+    @property
+    def available(self) -> bool:
+        """False for ``retry_after`` seconds after a call failed: calls then raise DirectoryUnavailable at once."""
+        return time.monotonic() >= self.down_until
+
     def _wait(self, fn: Callable[[asyncpg.Connection], Awaitable[T]], force: bool = False) -> T:
         if not force and time.monotonic() < self.down_until:
             raise DirectoryUnavailable("the cluster's PostgreSQL did not answer recently")
@@ -266,8 +273,17 @@ class PgDirectory:
 
     # -- queues --------------------------------------------------------------------------------------------
     def claim(self, vhost: str, name: str, durable: bool, exclusive: bool) -> Owner | None:
-        """Record the queue as this node's; None if it is (now) ours, else the member that holds it."""
+        """Record the queue as this node's; None if it is (now) ours, else the member that holds it. Blocks the
+        caller (at most ``timeout``): for callers off the broker's loop; a channel uses :meth:`claim_async`."""
+        return self._wait(self._claim(vhost, name, durable, exclusive))
 
+    async def claim_async(self, vhost: str, name: str, durable: bool, exclusive: bool) -> Owner | None:
+        """:meth:`claim` for a caller on an event loop: started now (in call order with the other directory
+        calls), awaited without blocking that loop; DirectoryUnavailable as :meth:`claim` raises it."""
+        return await self._result(self._submit(self._claim(vhost, name, durable, exclusive)))
+
+    def _claim(self, vhost: str, name: str, durable: bool,
+               exclusive: bool) -> Callable[[asyncpg.Connection], Awaitable[Owner | None]]:
         async def run(conn: asyncpg.Connection) -> Owner | None:
             for _ in range(3):
                 row = await conn.fetchrow(CLAIM, vhost, name, self.node, durable, exclusive)
@@ -275,14 +291,24 @@ class PgDirectory:
                     return None if row[0] == self.node else Owner(row[0], row[1], row[2])
             return None  # claimed and released under us three times: go on as ours
 
-        return self._wait(run)
+        return run
 
     def lookup(self, vhost: str, name: str) -> Owner | None:
+        """The member whose node-local queue ``name`` is (None: nobody's). Blocks the caller (at most
+        ``timeout``): for callers off the broker's loop; a channel uses :meth:`lookup_async`."""
+        return self._wait(self._lookup(vhost, name))
+
+    async def lookup_async(self, vhost: str, name: str) -> Owner | None:
+        """:meth:`lookup` for a caller on an event loop (that loop goes on serving meanwhile)."""
+        return await self._result(self._submit(self._lookup(vhost, name)))
+
+    @staticmethod
+    def _lookup(vhost: str, name: str) -> Callable[[asyncpg.Connection], Awaitable[Owner | None]]:
         async def run(conn: asyncpg.Connection) -> Owner | None:
             row = await conn.fetchrow(LOOKUP, vhost, name)
             return None if row is None else Owner(row[0], row[1], row[2])
 
-        return self._wait(run)
+        return run
 
     def release(self, vhost: str, name: str) -> None:
         self._later(lambda conn: conn.execute(RELEASE, vhost, name, self.node))
@@ -320,13 +346,24 @@ class PgDirectory:
             return
 
     def has_binding(self, vhost: str, source: str, queue: str, routing_key: str, args_hash: str) -> bool:
+        """Whether the binding's row is there. Blocks the caller (at most ``timeout``): for callers off the
+        broker's loop; a channel uses :meth:`has_binding_async`."""
+        return self._wait(self._has_binding(vhost, source, queue, routing_key, args_hash))
+
+    async def has_binding_async(self, vhost: str, source: str, queue: str, routing_key: str, args_hash: str) -> bool:
+        """:meth:`has_binding` for a caller on an event loop (that loop goes on serving meanwhile)."""
+        return await self._result(self._submit(self._has_binding(vhost, source, queue, routing_key, args_hash)))
+
+    @staticmethod
+    def _has_binding(vhost: str, source: str, queue: str, routing_key: str,
+                     args_hash: str) -> Callable[[asyncpg.Connection], Awaitable[bool]]:
         async def run(conn: asyncpg.Connection) -> bool:
             return bool(await conn.fetchval(
                 "SELECT EXISTS (SELECT 1 FROM leveret.local_binding WHERE vhost = $1 AND source = $2 "
                 "AND queue = $3 AND routing_key = $4 AND args_hash = $5)", vhost, source, queue, routing_key,
                 args_hash))
 
-        return self._wait(run)
+        return run
 
     def unbind(self, vhost: str, source: str, queue: str, routing_key: str, args_hash: str) -> None:
         self._later(lambda conn: conn.execute(UNBIND, vhost, source, queue, routing_key, args_hash, self.node))

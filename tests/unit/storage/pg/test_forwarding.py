@@ -68,6 +68,32 @@ async def test_a_name_is_claimed_once_cluster_wide(admin, directory) -> None:
     assert b.claim("/", "q", False, True) is None
 
 
+async def test_the_async_calls_answer_as_the_blocking_ones_without_blocking_the_loop(admin, directory) -> None:
+    """claim_async, lookup_async and has_binding_async (what a channel's method awaits, broker/topology.py
+    "Answers that come later") answer as claim, lookup and has_binding do; and the caller's loop serves on while
+    the directory's thread waits for PostgreSQL (held here by a lock on the row's table)."""
+    await live(admin, "a", "b")
+    a, b = directory("a"), directory("b")
+    assert await a.claim_async("/", "q", True, False) is None
+    assert await b.claim_async("/", "q", False, False) == Owner("a", True, False)
+    assert await b.lookup_async("/", "q") == Owner("a", True, False)
+    assert await b.lookup_async("/", "nothing") is None
+    a.bind("/", "ex", "q", "k", "h", b"", "direct")
+    await committed(a)
+    assert await b.has_binding_async("/", "ex", "q", "k", "h") is True
+    assert await b.has_binding_async("/", "ex", "q", "other", "h") is False
+    async with admin.transaction():
+        await admin.execute("LOCK TABLE leveret.local_queue IN ACCESS EXCLUSIVE MODE")
+        claiming = asyncio.ensure_future(a.claim_async("/", "q2", False, False))
+        ticks = 0
+        for _ in range(20):  # the loop turns while the claim waits for the lock
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert ticks == 20 and not claiming.done()
+    assert await claiming is None
+    assert await b.lookup_async("/", "q2") == Owner("a", False, False)
+
+
 async def test_a_gone_members_non_durable_row_is_taken_over_its_durable_one_kept(admin, directory) -> None:
     await live(admin, "b")  # "gone" has no live node row (crashed and reaped, or stopped)
     gone, b = directory("gone"), directory("b")
