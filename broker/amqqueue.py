@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker import limits
@@ -138,7 +138,10 @@ class QueueRegistry:
     def __len__(self) -> int:
         return len(self._queues)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
+        """Every queue of the vhost, of whatever type (a snapshot: the caller may declare or delete meanwhile).
+        Any, not QueueProcess: the registry holds every type's queue (queue_types.Queue); typing it so is the
+        registry's retyping to that protocol, which its readers (management, metrics) must follow first."""
         return iter(list(self._queues.values()))
 
     def get(self, name: str) -> QueueProcess | None:

@@ -280,7 +280,8 @@ class VHostLink(RemoteRoutes):
         if got:
             if isinstance(result, DirectoryUnavailable):
                 raise result
-            return result
+            answer: T = result
+            return answer
         if not self.fw.directory.available:
             raise DirectoryUnavailable("the cluster's PostgreSQL did not answer recently")
         raise Deferred(self._start(self._answer_into(answers, key, ask)))

@@ -502,7 +502,8 @@ class PgDefinitionsStore:
                 raise self._read_error(exc) from None
 
     async def _fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
-        return await (await self._connection()).fetch(query, *args)
+        rows: list[asyncpg.Record] = await (await self._connection()).fetch(query, *args)
+        return rows
 
     def get(self, kind: str, key: str | tuple[str, ...]) -> Any | None:
         rows = self._read(self._fetch, "SELECT value FROM leveret.definition WHERE kind = $1 AND key = $2 "

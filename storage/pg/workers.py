@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 import asyncpg
 
@@ -222,7 +222,7 @@ class Publisher(Worker):
         self.started += 1
         taken = [(q, q.take_rows()) for q in queues]
         try:
-            cols: list[list] = [[] for _ in range(9)]
+            cols: list[list[Any]] = [[] for _ in range(9)]
             for q, rows in taken:
                 prio = 0 if q.priority is None else q.priority
                 encode = q.encode
