@@ -10,6 +10,9 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import pytest
 
 PROGRESS = re.compile(r"^id: (?P<id>[\w-]+), time (?P<t>[\d.]+) s, sent: (?P<sent>[\d.]+) msg/s, "
                       r"received: (?P<recv>[\d.]+) msg/s, min/median/75th/95th/99th consumer latency: "
@@ -93,16 +96,39 @@ def test_help_lists_perftest_letters():
     assert perf("-?", timeout=30).stdout == run.stdout
 
 
+def _signal_state(pid: int) -> str:
+    """How SIGINT (signal 2, bit 1) stands in the process ``pid`` and its threads, and in this test's own
+    process: what a run that ignored a Ctrl-C needs explained."""
+    lines = []
+    for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+        status = (task / "status").read_text().splitlines()
+        lines.append(f"{task.name}: " + " ".join(x for x in status if x.startswith(("Name", "SigBlk", "SigIgn",
+                                                                                       "SigCgt", "SigPnd", "ShdPnd"))))
+    return (f"child threads: {lines}; this process: SIGINT handler {signal.getsignal(signal.SIGINT)!r}, "
+            f"blocked {sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))}")
+
+
 def test_ctrl_c_ends_an_unlimited_run_with_the_summary(broker):
-    proc = subprocess.Popen([sys.executable, "-m", "broker", "perf", "-h", broker.url, "-x", "1", "-y", "1",
-                             "-r", "500", "-z", "0", "-u", "q-perf-cli-interrupt", "--text"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A terminal's Ctrl-C reaches a process whose SIGINT is not ignored. A test run started in the background by
+    # a shell without job control (`make test &`, nohup) has SIGINT ignored, which a child inherits and Python then
+    # leaves alone (no KeyboardInterrupt): two runs failed so. Popen while a handler is set gives the child the
+    # default action (exec resets handled signals), as a terminal's shell would; this process's own is put back.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "broker", "perf", "-h", broker.url, "-x", "1", "-y", "1",
+                                 "-r", "500", "-z", "0", "-u", "q-perf-cli-interrupt", "--text"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         assert proc.stdout is not None
         first = proc.stdout.readline()  # the first progress line: the run is under way
         assert PROGRESS.match(first.rstrip("\n")), first
         proc.send_signal(signal.SIGINT)
-        rest, err = proc.communicate(timeout=60)
+        try:
+            rest, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"perf ran on 60 s after SIGINT; {_signal_state(proc.pid)}")
     finally:
         if proc.poll() is None:
             proc.kill()
