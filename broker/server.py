@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.metadata
 import os
 import platform
 import signal
@@ -323,10 +324,7 @@ class Server:
         loop = asyncio.get_running_loop()
         runtime = f"{platform.python_implementation()} {platform.python_version()}"
         if type(loop).__module__.startswith("uvloop"):
-            import uvloop
-
-            # (getattr: uvloop's __init__ imports __version__ without re-exporting it, so --strict refuses it)
-            runtime += f", uvloop {getattr(uvloop, '__version__', '?')}"
+            runtime += f", uvloop {importlib.metadata.version('uvloop')}"
         else:
             runtime += ", asyncio event loop (no uvloop)"
         relative = s.vm_memory_high_watermark_relative if not s.vm_memory_high_watermark_absolute else None

@@ -22,12 +22,16 @@ import pika.exceptions
 import pytest
 
 from tests.integration.cluster.test_cluster_definitions import member
+from tests.integration.cluster.test_cluster_frozen_pg import (
+    FREEZE,
+    MAX_ROUND_TRIP,
+    round_trip,
+    round_trips_while_frozen,
+)
 
 pytestmark = pytest.mark.leveret_only
 pytest_plugins = ["pg_fixtures"]  # own_postgres: a server of the test's own, which it freezes
 
-FREEZE = 8.0
-MAX_ROUND_TRIP = 0.5
 
 
 def _answered(answer: dict[str, object], act: Callable[[], object]) -> Callable[[], None]:
@@ -82,28 +86,8 @@ def test_a_frozen_postgresql_does_not_stall_the_member_on_a_classic_declare(star
             published["reply"] = "returned"
         published["after"] = time.monotonic() - start
 
-    def round_trip() -> float:
-        t = time.monotonic()
-        ch.basic_publish("", "local-q", b"x", pika.BasicProperties(delivery_mode=2), mandatory=True)
-        return time.monotonic() - t
-
-    for _ in range(20):  # warm: the path is taken, the timings settle
-        round_trip()
-    own_postgres.freeze()
-    frozen_at = time.monotonic()
-    worst = 0.0
-    n = 0
-    try:
-        threads = [threading.Thread(target=f, daemon=True) for f in (declare, look_up, publish)]
-        time.sleep(0.2)  # the member's sessions are frozen mid-flight, not only idle
-        for t in threads:
-            t.start()
-        while time.monotonic() - frozen_at < FREEZE:
-            worst = max(worst, round_trip())
-            n += 1
-            time.sleep(0.01)
-    finally:
-        own_postgres.thaw()
+    threads = [threading.Thread(target=f, daemon=True) for f in (declare, look_up, publish)]
+    worst, n = round_trips_while_frozen(ch, own_postgres, lambda: [t.start() for t in threads])
     for t in threads:
         t.join(30)
     print(f"{n} round trips while PostgreSQL was frozen for {FREEZE:g} s: worst {worst * 1000:.0f} ms; the classic "
@@ -118,7 +102,7 @@ def test_a_frozen_postgresql_does_not_stall_the_member_on_a_classic_declare(star
     assert looked_up.get("reply") == 404, looked_up
     assert published.get("reply") == "returned", published  # mandatory, unroutable: basic.return, then the ack
     # The member serves on: the classic queue, and the one declared during the freeze.
-    assert round_trip() < MAX_ROUND_TRIP
+    assert round_trip(ch) < MAX_ROUND_TRIP
     dch.basic_publish("", "frozen-classic", b"y")
     deadline = time.monotonic() + 10
     while dch.queue_declare("frozen-classic", passive=True).method.message_count != 1:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import pika
 import pika.exceptions
@@ -22,6 +23,37 @@ pytest_plugins = ["pg_fixtures"]  # own_postgres: a server of the test's own, wh
 
 FREEZE = 8.0
 MAX_ROUND_TRIP = 0.5
+
+
+def round_trip(ch) -> float:
+    """One persistent, mandatory publish to the classic queue ``local-q`` on a confirming channel: its seconds."""
+    t = time.monotonic()
+    ch.basic_publish("", "local-q", b"x", pika.BasicProperties(delivery_mode=2), mandatory=True)
+    return time.monotonic() - t
+
+
+def round_trips_while_frozen(ch, own_postgres, start: Callable[[], None],
+                             while_frozen: Callable[[], None] = lambda: None) -> tuple[float, int]:
+    """Round trips of ``ch`` (:func:`round_trip`) one after another while ``own_postgres`` is frozen for FREEZE
+    seconds: the worst one and how many. ``start`` (the clients that need PostgreSQL) runs 0.2 s into the freeze,
+    so the member's sessions are frozen mid-flight, not only idle; ``while_frozen`` runs just before the thaw."""
+    for _ in range(20):  # warm: the path is taken, the timings settle
+        round_trip(ch)
+    own_postgres.freeze()
+    frozen_at = time.monotonic()
+    worst = 0.0
+    n = 0
+    try:
+        time.sleep(0.2)
+        start()
+        while time.monotonic() - frozen_at < FREEZE:
+            worst = max(worst, round_trip(ch))
+            n += 1
+            time.sleep(0.01)
+        while_frozen()
+    finally:
+        own_postgres.thaw()
+    return worst, n
 
 
 # A latency bound (500 ms against a stall of seconds; some of the store's waits are 1 s): measured alone, in the
@@ -51,29 +83,12 @@ def test_a_frozen_postgresql_does_not_stall_a_classic_queue_on_the_member(start_
             answer["reply"] = exc.reply_code  # 541 INTERNAL_ERROR closes the connection
         answer["after"] = time.monotonic() - start
 
-    def round_trip() -> float:
-        t = time.monotonic()
-        ch.basic_publish("", "local-q", b"x", pika.BasicProperties(delivery_mode=2), mandatory=True)
-        return time.monotonic() - t
-
-    for _ in range(20):  # warm: the path is taken, the timings settle
-        round_trip()
-    own_postgres.freeze()
-    frozen_at = time.monotonic()
-    worst = 0.0
-    n = 0
-    try:
-        declaring = threading.Thread(target=declare, daemon=True)
-        time.sleep(0.2)  # the member's sessions are frozen mid-flight, not only idle
-        declaring.start()
-        while time.monotonic() - frozen_at < FREEZE:
-            worst = max(worst, round_trip())
-            n += 1
-            time.sleep(0.01)
+    def not_answered_yet() -> None:
         assert "reply" not in answer or answer["reply"] != "declare-ok", \
             "declare-ok came while PostgreSQL was frozen: it was not committed"
-    finally:
-        own_postgres.thaw()
+
+    declaring = threading.Thread(target=declare, daemon=True)
+    worst, n = round_trips_while_frozen(ch, own_postgres, declaring.start, not_answered_yet)
     declaring.join(30)
     print(f"{n} round trips while PostgreSQL was frozen for {FREEZE:g} s: worst {worst * 1000:.0f} ms; the "
           f"declare answered {answer.get('reply')} {answer.get('after', 0):.1f} s after it was sent")
@@ -81,7 +96,7 @@ def test_a_frozen_postgresql_does_not_stall_a_classic_queue_on_the_member(start_
                                    "frozen: the member's event loop waited for it"
     assert answer.get("reply") in ("declare-ok", 541), answer
     # The member serves on: the classic queue, and (once PostgreSQL is back) the quorum queue.
-    assert round_trip() < MAX_ROUND_TRIP
+    assert round_trip(ch) < MAX_ROUND_TRIP
     if answer["reply"] == "declare-ok":
         dch.basic_publish("", "frozen-qq", b"y")
         ok = dch.queue_declare("frozen-qq", passive=True)
