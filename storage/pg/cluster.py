@@ -61,9 +61,12 @@ SWEEP = ("UPDATE leveret.message SET state = 0, owner = NULL, redelivered = true
          "(SELECT epoch FROM leveret.node WHERE dead_at IS NOT NULL OR stopped_at IS NOT NULL)")
 PEERS = ("SELECT epoch, lease_until < now() AS expired FROM leveret.node "
          "WHERE dead_at IS NULL AND stopped_at IS NULL AND epoch <> $1")
-HOLDERS = ("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND classid::bigint = $1 "
+HOLDERS = ("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND database = "
+           "(SELECT oid FROM pg_database WHERE datname = current_database()) AND classid::bigint = $1 "
            "AND objid::bigint = $2 AND objsubid = 2 AND granted AND mode = 'ShareLock' AND pid <> pg_backend_pid()")
-# (ShareLock: the node's own sessions; an ExclusiveLock holder is a peer reaping it, left alone.)
+# (ShareLock: the node's own sessions; an ExclusiveLock holder is a peer reaping it, left alone. pg_locks lists
+# every database's locks, and another cluster's database on the same server numbers its epochs from 1 too: the
+# database must match, or ending a hung epoch here ends that cluster's namesake epoch's sessions as well.)
 DOORBELL = "leveret_queue"  # NOTIFY channel; payload: a queue_id that has new ready rows
 RING_EVERY = 0.01  # at most one doorbell statement per 10 ms per node (docs/decisions/postgres-cluster.md: never one per message)
 NEXT_BLOCK = "SELECT nextval('leveret.seq_block')"
