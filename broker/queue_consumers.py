@@ -165,6 +165,18 @@ class ConsumerSet:
                     return most
         return total
 
+    def rank(self) -> int | None:
+        """The priority of the highest consumers that could take a message now (None: none could; always None
+        for a single active consumer, whose cluster-wide lock decides). A store the cluster's members share
+        compares it with the other members' (consumer priorities rank queue-wide, as RabbitMQ's quorum queue
+        does: storage/pg/backing_queue.py ``outranked``)."""
+        if self.single_active:
+            return None
+        for priority in self._priorities:
+            if any(c.has_room() for c in self._groups[priority]):
+                return priority
+        return None
+
     def __iter__(self) -> Iterator[Consumer]:
         for priority in list(self._priorities):
             yield from list(self._groups[priority])

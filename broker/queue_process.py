@@ -167,6 +167,9 @@ class QueueProcess:
         self._hand_back_unused: Callable[[], None] | None = bq.hand_back_unused if bq.shared else None
         # ... and reserves no more than this member's consumers can take (their free prefetch).
         bq.set_room(self.consumers.room)
+        # ... and holds back while another member's consumers of higher priority have room (x-priority ranks
+        # consumers queue-wide, as RabbitMQ's quorum queue does).
+        bq.set_rank(self.consumers.rank)
         # ... and deals a publish made here to this member's consumers only for their share of the cluster's
         # free credit (the rest is left to other members' consumers: issue 35). Not for a single active
         # consumer: its cluster-wide lock says which member delivers.

@@ -88,7 +88,8 @@ read once when the queue process is made, so a node-local queue pays nothing for
   a purge) is called once the store knows, False that the owner answers now from what it has.
 - ``set_room(room)``: how many messages the owner's consumers here can take (a reservation takes no more);
   ``hand_back_unused()`` returns rows reserved only to judge the head; ``awaits_fetch()`` says a basic.get
-  waits for a reservation (the rows are then kept).
+  waits for a reservation (the rows are then kept). ``set_rank(rank)``: the priority of the highest consumers
+  here with room, so consumers of higher priority on another member are served first.
 - ``want_single_active(wanted)`` / ``sac_active`` / ``on_sac_change``: a single-active-consumer queue's
   cluster-wide lock (only the holder delivers).
 - ``deal_here()``: whether a publish may go straight to a consumer here, or is left in the store for other
@@ -215,6 +216,8 @@ class BackingQueue(Protocol):
 
     def set_room(self, room: Callable[[int], int]) -> None: ...
 
+    def set_rank(self, rank: Callable[[], int | None]) -> None: ...
+
     def awaits_fetch(self) -> bool: ...
 
     def hand_back_unused(self) -> None: ...
@@ -247,6 +250,9 @@ class LocalStore:
         return False
 
     def set_room(self, room: Callable[[int], int]) -> None:
+        pass
+
+    def set_rank(self, rank: Callable[[], int | None]) -> None:
         pass
 
     def awaits_fetch(self) -> bool:

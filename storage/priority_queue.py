@@ -213,6 +213,10 @@ class PriorityBackingQueue:
         for q in self._queues:
             q.set_room(room)
 
+    def set_rank(self, rank: Callable[[], int | None]) -> None:
+        """Not passed on: a priority quorum queue is not dealt (``deal_here``), so its consumers' priorities
+        rank within their own member only (a documented difference, docs/cluster.md)."""
+
     def awaits_fetch(self) -> bool:
         return any(q.awaits_fetch() for q in self._queues)
 

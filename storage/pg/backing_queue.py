@@ -44,6 +44,15 @@ AWAY_GRACE = 0.2
 DEAL_ROOM_MOST = 100  # the local room deal_here weighs is read up to this (a fetch batch)
 
 
+class Credit(NamedTuple):
+    """What another member announced of its consumers of a queue (storage/pg/cluster.py ``CONSUMERS_BELL``)."""
+
+    room: int  # how many more messages they could take (capped at one fetch batch)
+    rank: int  # the priority of the highest of them with room (x-priority; 0 by default)
+    published: bool  # that member publishes to the queue itself: it feeds its own consumers, none is dealt to it
+    until: float  # monotonic time the announcement is stale after
+
+
 class Node(Protocol):
     """What a queue needs of its node (PgCluster): seq ids, and the three workers' doorbells."""
 
@@ -63,7 +72,7 @@ class Node(Protocol):
 
     def want_single_active(self, q: PgBackingQueue, wanted: bool) -> None: ...
 
-    def others_room(self, queue_id: int) -> int: ...
+    def credit(self, queue_id: int) -> list[Credit]: ...
 
 
 class Row:
@@ -166,6 +175,10 @@ class PgBackingQueue:
         # reservation takes no more than that (workers.py batch_for), so rows they cannot take stay ready for
         # other nodes' consumers; a basic.get where nobody consumes takes one row.
         self.room: Callable[[int], int] | None = None
+        # The priority of the highest consumers here with room (set_rank; None: not told, or none has room).
+        # While another member's consumers of a higher priority have room, this member's take nothing (fetch).
+        self.rank: Callable[[], int | None] | None = None
+        self._rank_timer: asyncio.TimerHandle | None = None
         self._fetch_waiters: list[tuple[int, Callable[[], None]]] = []  # ``when_fetched``: (round, callback)
         # ``when_purged``: (the purge op, publishes it dropped here uninserted, callback(count)).
         self._purge_waiters: list[tuple[Op, int, Callable[[int], None]]] = []
@@ -265,14 +278,23 @@ class PgBackingQueue:
         take everything it publishes (its delivery is immediate, the others learn of the row by a doorbell),
         so the member deals: its share of the messages is its consumers' free credit over theirs and the
         other members' (announced every 0.5 s, storage/pg/cluster.py ``CONSUMERS_BELL``); the rest is
-        inserted ready, rung, and not reserved here for AWAY_GRACE (``rows_committed``)."""
+        inserted ready, rung, and not reserved here for AWAY_GRACE (``rows_committed``). Consumer priorities
+        rank across members: while another member's consumers of a higher priority than any here with room
+        have room, everything is dealt away; consumers of a lower priority elsewhere get no share."""
         if self.queue_id is None or self.room is None:
             return True
-        others = self.node.others_room(self.queue_id)
-        if others <= 0:
+        credit = self.node.credit(self.queue_id)
+        if not credit:
             return True
         mine = self.room(DEAL_ROOM_MOST)
         if mine <= 0:
+            return True
+        rank = self._rank()
+        if any(c.rank > rank for c in credit):
+            self._away_next = True  # consumer priorities rank queue-wide: higher ones elsewhere have room
+            return False
+        others = sum(c.room for c in credit if c.rank == rank and not c.published)
+        if others <= 0:
             return True
         self._deal_credit += mine / (mine + others)
         if self._deal_credit >= 1.0:
@@ -375,6 +397,8 @@ class PgBackingQueue:
             self.on_available()
 
     def fetch(self, ack_required: bool) -> tuple[int, Any, bool] | None:
+        if self.rank is not None and self.queue_id is not None and self._outranked():
+            return None
         if not self.buffer:
             self._want()
             return None
@@ -386,6 +410,38 @@ class PgBackingQueue:
         else:
             self._op("ack", [b.seq])
         return b.seq, b.msg, b.redelivered
+
+    def _rank(self) -> int:
+        rank = self.rank() if self.rank is not None else None
+        return 0 if rank is None else rank
+
+    def _outranked(self) -> bool:
+        """Whether another member's consumers of a higher priority than the highest here with room have room
+        (their announcement fresh): this member's consumers then take nothing, as a quorum queue's consumers of
+        lower priority get messages only while the higher ones are blocked (RabbitMQ's consumer priorities).
+        Rows reserved here meanwhile go back to the others; ``on_available`` is called when the announcement
+        goes stale (those consumers filled up, or left), so that the owner asks again. Without consumers
+        here, or none with room (a basic.get), nothing is held back."""
+        assert self.queue_id is not None and self.rank is not None
+        credit = self.node.credit(self.queue_id)
+        if not credit:
+            return False
+        rank = self.rank()
+        if rank is None:
+            return False
+        above = [c.until for c in credit if c.rank > rank]
+        if not above:
+            return False
+        if self.buffer and not self.awaits_fetch():
+            self.release_buffer()
+        if self._rank_timer is None:
+            self._rank_timer = self.node.loop.call_later(max(0.0, max(above) - time.monotonic()), self._rank_due)
+        return True
+
+    def _rank_due(self) -> None:
+        self._rank_timer = None
+        if self.on_available is not None and not self.closed:
+            self.on_available()
 
     def returns(self, seq_id: int) -> int:
         """How many times the message ``fetch`` just answered (``seq_id``) went back to the queue before,
@@ -463,6 +519,12 @@ class PgBackingQueue:
         """``room(most)``: how many more messages the owner's consumers on this node could take, at most
         ``most`` (broker/queue_consumers.py ConsumerSet.room)."""
         self.room = room
+
+    def set_rank(self, rank: Callable[[], int | None]) -> None:
+        """``rank()``: the priority of the highest of the owner's consumers on this node with room (None: none
+        has room; broker/queue_consumers.py ConsumerSet.rank): announced to the other members with the room,
+        and compared with theirs (``_outranked``, ``deal_here``)."""
+        self.rank = rank
 
     def awaits_fetch(self) -> bool:
         """Whether a basic.get waits for a reservation round (when_fetched)."""
@@ -675,6 +737,9 @@ class PgBackingQueue:
         self.release_buffer()
         self.closed = True
         self._forget_away()
+        if self._rank_timer is not None:
+            self._rank_timer.cancel()
+            self._rank_timer = None
         if self._fetch_waiters:
             self.node.loop.call_soon(self._tell_fetched, None)
         if self._count_waiters:

@@ -30,7 +30,7 @@ from typing import Any
 import asyncpg
 
 from storage.pg import schema
-from storage.pg.backing_queue import PgBackingQueue
+from storage.pg.backing_queue import Credit, PgBackingQueue
 from storage.pg.connections import stop_tasks
 from storage.pg.forget import NAME_LOCK_CLASS, Forgotten, NotForgettable, forget_member
 from storage.pg.planner_statistics import PlannerStatistics
@@ -85,8 +85,11 @@ END_SESSIONS = ("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype =
 # a member was cut off).
 CLUSTER_NAME_BELL = "leveret_cluster_name"
 # Fair delivery across members (issue 35): every lease round (0.5 s) a member NOTIFYs, on this channel, the free
-# credit of its consumers of each shared queue (payload "epoch qid:room qid:room ..."); the others keep it for
-# CREDIT_FRESH seconds and the publishing member deals its direct deliveries by it (backing_queue.deal_here).
+# credit of its consumers of each shared queue (payload "epoch part part ...", a part "qid:room", or
+# "qid:room:rank" when their highest priority with room is not 0, with ":p" added when the member publishes to
+# the queue itself); the others keep it for CREDIT_FRESH seconds and the publishing member deals its direct
+# deliveries by it (backing_queue.deal_here), a member outranked by higher consumer priorities elsewhere
+# holds back (backing_queue._outranked).
 CONSUMERS_BELL = "leveret_consumers"
 CREDIT_FRESH = 1.5
 CREDIT_MOST = 100  # a member's announced room per queue is capped here (one fetch batch)
@@ -153,7 +156,7 @@ class PgCluster:
         self._sac_held: dict[int, PgBackingQueue] = {}
         self._sac_task: asyncio.Task[None] | None = None
         # Other members' consumers' free credit by queue id: {epoch: (room, fresh until)} (CONSUMERS_BELL).
-        self._credit: dict[int, dict[int, tuple[int, float]]] = {}
+        self._credit: dict[int, dict[int, Credit]] = {}
         # The planner's statistics of leveret.message, looked at from the lease loop (planner_statistics.py).
         self.planner_statistics = PlannerStatistics(dsn) if dsn else None
 
@@ -428,16 +431,24 @@ class PgCluster:
         round, none when no consumer here has room), so a publishing member leaves them their share rather than
         handing every message to its own consumers (backing_queue.deal_here). Single-active-consumer queues
         are left out: one consumer is active cluster-wide and the lock, not a share, decides. So are queues
-        this member published to since the last round: its own publishes feed its consumers (direct delivery,
-        confirmed at their ack), and dealing the others' publishes to them as well cost two members each
-        publishing and consuming 2.8x their throughput (bench/cluster_quorum.py, 9.3k -> 3.3k msg/s)."""
+        this member published to since the last round are marked so: its own publishes feed its consumers
+        (direct delivery, confirmed at their ack), and dealing the others' publishes to them as well cost two
+        members each publishing and consuming 2.8x their throughput (bench/cluster_quorum.py, 9.3k -> 3.3k
+        msg/s); their consumers' priority still counts (x-priority ranks consumers queue-wide)."""
         parts: list[str] = []
         for q in self.queues.values():
             published, q.published_here = q.published_here, 0
-            if q.queue_id is None or q.room is None or q.closed or q in self._sac_wanted or published:
+            if q.queue_id is None or q.room is None or q.closed or q in self._sac_wanted:
                 continue
             room = q.room(CREDIT_MOST)
-            if room > 0:
+            if room <= 0:
+                continue
+            rank = q.rank() if q.rank is not None else None
+            if published:  # not dealt to, but its consumers' priority still ranks them queue-wide
+                parts.append(f"{q.queue_id}:{room}:{rank or 0}:p")
+            elif rank:
+                parts.append(f"{q.queue_id}:{room}:{rank}")
+            else:
                 parts.append(f"{q.queue_id}:{room}")
         # Payloads stay under PostgreSQL's 8,000 bytes: one NOTIFY per chunk, all in one statement.
         chunks, size, cur = [], 0, [str(epoch)]
@@ -460,24 +471,28 @@ class PgCluster:
             epoch = int(epoch_s)
             until = time.monotonic() + CREDIT_FRESH
             for part in parts:
-                qid, room = part.split(":")
-                self._credit.setdefault(int(qid), {})[epoch] = (int(room), until)
+                fields = part.split(":")
+                rank = int(fields[2]) if len(fields) > 2 else 0
+                credit = Credit(int(fields[1]), rank, fields[3:] == ["p"], until)
+                self._credit.setdefault(int(fields[0]), {})[epoch] = credit
         except ValueError:
             log.warning("pg cluster: unreadable consumer credit announcement %r", payload[:80])
 
-    def others_room(self, queue_id: int) -> int:
-        """The free credit other members' consumers of the queue announced within CREDIT_FRESH seconds."""
+    def credit(self, queue_id: int) -> list[Credit]:
+        """What other members announced of their consumers of the queue within CREDIT_FRESH seconds."""
         members = self._credit.get(queue_id)
         if not members:
-            return 0
+            return []
         now = time.monotonic()
-        total = 0
-        for epoch, (room, until) in list(members.items()):
-            if until < now:
+        fresh = []
+        for epoch, credit in list(members.items()):
+            if credit.until < now:
                 del members[epoch]
             else:
-                total += room
-        return total
+                fresh.append(credit)
+        if not members:
+            del self._credit[queue_id]
+        return fresh
 
     # -- the cluster's name -----------------------------------------------------------------------------------
     async def init_cluster_name(self, configured: str | None, default: str) -> str:
