@@ -142,24 +142,24 @@ class StreamConnection:
             sock = ssl.create_default_context().wrap_socket(sock, server_hostname=ep.host)
         self.sock = sock
         sock.sendall(PROTOCOL_HEADER)
-        self._expect(commands.Connection.Start)
+        self.expect(commands.Connection.Start)
         response = f"\x00{ep.user}\x00{ep.password}"
         props: dict[str, Any] = {"product": "pyspark-leveret", "capabilities": {"consumer_cancel_notify": True}}
-        self._send(commands.Connection.StartOk(client_properties=props, mechanism="PLAIN", response=response))
-        tune = self._expect(commands.Connection.Tune)
+        self.send(commands.Connection.StartOk(client_properties=props, mechanism="PLAIN", response=response))
+        tune = self.expect(commands.Connection.Tune)
         self.frame_max = min(tune.frame_max or CLIENT_FRAME_MAX, CLIENT_FRAME_MAX)
-        self._send(commands.Connection.TuneOk(channel_max=1, frame_max=self.frame_max, heartbeat=0))
-        self._send(commands.Connection.Open(virtual_host=ep.vhost))
-        self._expect(commands.Connection.OpenOk)
-        self._send(commands.Channel.Open(), 1)
-        self._expect(commands.Channel.OpenOk)
+        self.send(commands.Connection.TuneOk(channel_max=1, frame_max=self.frame_max, heartbeat=0))
+        self.send(commands.Connection.Open(virtual_host=ep.vhost))
+        self.expect(commands.Connection.OpenOk)
+        self.send(commands.Channel.Open(), 1)
+        self.expect(commands.Channel.OpenOk)
 
     def consume(self, queue: str, start: int, prefetch: int) -> None:
         """basic.qos (per consumer) and basic.consume with manual acks from ``start``."""
-        self._send(commands.Basic.Qos(prefetch_count=prefetch, global_=False), 1)
-        self._expect(commands.Basic.QosOk)
-        self._send(commands.Basic.Consume(queue=queue, arguments={"x-stream-offset": start}), 1)
-        self.consumer_tag = self._expect(commands.Basic.ConsumeOk).consumer_tag
+        self.send(commands.Basic.Qos(prefetch_count=prefetch, global_=False), 1)
+        self.expect(commands.Basic.QosOk)
+        self.send(commands.Basic.Consume(queue=queue, arguments={"x-stream-offset": start}), 1)
+        self.consumer_tag = self.expect(commands.Basic.ConsumeOk).consumer_tag
 
     def close(self) -> None:
         """Cancel and close politely when the connection is still usable; always release the socket."""
@@ -173,7 +173,7 @@ class StreamConnection:
             sock.sendall(pframe.marshal(commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0), 0))
             # Drain until close-ok: in-flight deliveries may come first; give up quietly on any error.
             self.sock = sock
-            self._expect(commands.Connection.CloseOk, skip_others=True)
+            self.expect(commands.Connection.CloseOk, skip_others=True)
         except (OSError, AMQPReadError):
             pass
         finally:
@@ -288,27 +288,42 @@ class StreamConnection:
         if isinstance(method, (commands.Channel.Close, commands.Connection.Close)):
             raise AMQPReadError(f"{method.reply_code} {method.reply_text}")
 
-    def _send(self, method: Any, channel: int = 0) -> None:
+    def send(self, method: Any, channel: int = 0) -> None:
         assert self.sock is not None
         self.sock.sendall(pframe.marshal(method, channel))
 
-    def _expect(self, kind: type, skip_others: bool = False) -> Any:
-        """The next method frame, which must be a ``kind`` (channel or connection close raise)."""
+    def send_raw(self, frame: bytes) -> None:
+        """A frame encoded by the caller (what pamqp cannot encode: a timestamp in milliseconds)."""
         assert self.sock is not None
-        while True:
-            while len(self.buf) < 8 or len(self.buf) < 8 + _U32.unpack_from(self.buf, 3)[0]:
+        self.sock.sendall(frame)
+
+    def read_frame(self, waiting_for: str) -> Any:
+        """The next frame, decoded by pamqp (the rare path: set-up, probes); a connection closed by the broker
+        raises, naming what the caller was ``waiting_for``; a channel or connection close raises."""
+        assert self.sock is not None
+        while len(self.buf) < 8 or len(self.buf) < 8 + _U32.unpack_from(self.buf, 3)[0]:
+            try:
                 data = self.sock.recv(RECV_SIZE)
-                if not data:
-                    raise AMQPReadError(f"the broker closed the connection (waiting for {kind.__name__})")
-                self.buf += data
-            size = _U32.unpack_from(self.buf, 3)[0]
-            raw = bytes(self.buf[:8 + size])
-            del self.buf[:8 + size]
-            _, _, method = pframe.unmarshal(raw)
+            except TimeoutError as exc:
+                raise ReadTimeout(f"nothing from the broker for {self.timeout:g} s (waiting for {waiting_for})") \
+                    from exc
+            if not data:
+                raise AMQPReadError(f"the broker closed the connection (waiting for {waiting_for})")
+            self.buf += data
+        size = _U32.unpack_from(self.buf, 3)[0]
+        raw = bytes(self.buf[:8 + size])
+        del self.buf[:8 + size]
+        _, _, frame = pframe.unmarshal(raw)
+        if isinstance(frame, (commands.Channel.Close, commands.Connection.Close)):
+            raise AMQPReadError(f"{frame.reply_code} {frame.reply_text}")
+        return frame
+
+    def expect(self, kind: type, skip_others: bool = False) -> Any:
+        """The next method frame, which must be a ``kind`` (channel or connection close raise)."""
+        while True:
+            method = self.read_frame(kind.__name__)
             if isinstance(method, kind):
                 return method
-            if isinstance(method, (commands.Channel.Close, commands.Connection.Close)):
-                raise AMQPReadError(f"{method.reply_code} {method.reply_text}")
             if not skip_others and not isinstance(method, (pheader.ContentHeader, pbody.ContentBody,
                                                            pheartbeat.Heartbeat)):
                 raise AMQPReadError(f"expected {kind.__name__}, got {type(method).__name__}")

@@ -9,6 +9,7 @@ the same inputs give the same plan, which is what lets Spark replay a batch afte
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 from collections.abc import Mapping
@@ -17,7 +18,18 @@ from dataclasses import dataclass
 from pyspark_leveret.client import StreamStats
 
 EARLIEST, LATEST = "earliest", "latest"
-OffsetSpec = int | str  # an offset, or EARLIEST / LATEST
+ERROR = "error"  # startingOffsetsByTimestampStrategy: a starting timestamp no message reaches fails the read
+
+
+@dataclass(frozen=True)
+class AtTime:
+    """A position given as a time: the first offset appended at or after ``ms`` (epoch milliseconds), as
+    Kafka's offsetsForTimes answers; the broker is asked (time_offsets.py)."""
+
+    ms: int
+
+
+OffsetSpec = int | str | AtTime  # an offset, EARLIEST / LATEST, or a time
 
 
 class DataLossError(Exception):
@@ -74,17 +86,75 @@ def parse_offsets_option(value: str | None, queues: list[str], default: str, opt
     return {q: spec for q in queues}
 
 
-def resolve(specs: Mapping[str, OffsetSpec], stats: Mapping[str, StreamStats]) -> dict[str, int]:
-    """Specs made offsets with the streams' extent now: earliest → first retained, latest → next offset."""
+def _one_time(value: object, option: str) -> AtTime:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return AtTime(value)
+    raise ValueError(f"option {option}: expected a time in milliseconds since the epoch (e.g. 1700000000000), "
+                     f"got {value!r}")
+
+
+def parse_positions(offsets: str | None, timestamp: str | None, by_timestamp: str | None, queues: list[str],
+                    default: str, prefix: str) -> dict[str, OffsetSpec]:
+    """Where a read starts (``prefix`` ``starting``) or ends (``ending``) per queue, from Kafka's three
+    options, the first given winning as in Kafka: ``{prefix}Timestamp`` (epoch ms, every queue),
+    ``{prefix}OffsetsByTimestamp`` (``{"queue": ms}``; unlike Kafka, queues it leaves out take their
+    ``{prefix}Offsets`` position instead of failing), ``{prefix}Offsets``."""
+    specs = parse_offsets_option(offsets, queues, default, f"{prefix}Offsets")
+    if timestamp is not None and timestamp.strip():
+        return {q: _one_time(timestamp, f"{prefix}Timestamp") for q in queues}
+    if by_timestamp is not None and by_timestamp.strip():
+        option = f"{prefix}OffsetsByTimestamp"
+        try:
+            given = json.loads(by_timestamp)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"option {option}: invalid JSON: {exc}") from exc
+        if not isinstance(given, dict):
+            raise ValueError(f'option {option}: a JSON object of times per queue expected, e.g. {{"orders": '
+                             f"1700000000000}}")
+        unknown = sorted(set(given) - set(queues))
+        if unknown:
+            raise ValueError(f"option {option} names queues {unknown} that are not read (queues: {queues})")
+        specs.update({q: _one_time(ms, option) for q, ms in given.items()})
+    return specs
+
+
+def times_in(specs: Mapping[str, OffsetSpec]) -> list[tuple[str, int]]:
+    """The ``(queue, ms)`` of every time position: what the broker must be asked before :func:`resolve`."""
+    return [(q, spec.ms) for q, spec in specs.items() if isinstance(spec, AtTime)]
+
+
+def resolve(specs: Mapping[str, OffsetSpec], stats: Mapping[str, StreamStats],
+            found: Mapping[tuple[str, int], int | None] | None = None, no_match: str = LATEST,
+            option: str = "startingOffsetsByTimestamp") -> dict[str, int]:
+    """Specs made offsets with the streams' extent now: earliest → first retained, latest → next offset, a
+    time → the offset ``found`` for it (time_offsets.py), never beyond the next offset seen in ``stats``
+    (messages appended since: the planner reads the stream as it saw it). A time no retained message
+    reaches is the next offset with ``no_match`` LATEST (Kafka's rule for ending times, and its ``latest``
+    strategy for starting ones) or an error naming the queue with ERROR."""
     out: dict[str, int] = {}
     for q, spec in specs.items():
         if spec == EARLIEST:
             out[q] = stats[q].first_offset
         elif spec == LATEST:
             out[q] = stats[q].next_offset
+        elif isinstance(spec, AtTime):
+            hit = (found or {})[(q, spec.ms)]
+            if hit is None and no_match == ERROR:
+                s = stats[q]
+                held = f"offsets {s.first_offset}..{s.next_offset - 1}" if s.messages > 0 else "no message"
+                raise ValueError(f"option {option}: no message of queue '{q}' was appended at or after "
+                                 f"{spec.ms} ({_iso(spec.ms)}); it holds {held}. Set option "
+                                 "startingOffsetsByTimestampStrategy=latest to start such a queue at its end.")
+            out[q] = stats[q].next_offset if hit is None else min(hit, stats[q].next_offset)
         else:
             out[q] = int(spec)
     return out
+
+
+def _iso(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).isoformat(timespec="milliseconds")
 
 
 def missing_offsets(start: Mapping[str, int], stats: Mapping[str, StreamStats],

@@ -5,7 +5,7 @@ Where each piece runs (as PySpark's Python data source runs them): the driver-si
 ``latestOffset``, ``partitions``, ``commit``) run in one long-lived Python process per query; ``read`` runs
 on executors in *another*, unpickled, copy of the reader. So readers hold only plain data (the options, the
 schema, a frozen :class:`ReadConfig`), everything a task needs travels in its :class:`StreamPartition`, and
-connections are opened inside ``read`` and ``latestOffset``, never in ``__init__``.
+connections are opened inside ``read`` and the driver-side calls, never in ``__init__``.
 
 Options (strings, case-insensitive):
 
@@ -16,6 +16,14 @@ Options (strings, case-insensitive):
   stream uses it only when its checkpoint has no offsets yet.
 - ``endingOffsets`` (batch only): same forms, default ``latest``; an end beyond the stream's next offset is
   read up to the next offset.
+- ``startingTimestamp`` (epoch milliseconds, every queue), ``startingOffsetsByTimestamp`` (``{"queue": ms}``),
+  and for a batch read ``endingTimestamp``, ``endingOffsetsByTimestamp``: the position is the first offset
+  appended at or after that time (Kafka's rule; the broker's append time, asked over AMQP:
+  time_offsets.py). They win over ``startingOffsets`` / ``endingOffsets`` (the single time over the JSON;
+  queues the JSON leaves out keep their ``...Offsets`` position). A time no retained message reaches:
+  an ending one reads to the end; a starting one fails the read, naming the queue, unless
+  ``startingOffsetsByTimestampStrategy`` is ``latest`` (default ``error``, as Kafka), which starts that
+  queue at its end.
 - ``maxRecordsPerTrigger``, ``maxBytesPerTrigger``: caps of one micro-batch over all queues (bytes are
   estimated from the stream's average message size).
 - ``maxRecordsPerPartition``, ``minPartitions``: how one batch's ranges split into tasks.
@@ -53,15 +61,18 @@ from pyspark.sql.types import StructType
 from pyspark_leveret.client import Endpoint, ManagementAPI, ManagementError, StreamStats, parse_uri
 from pyspark_leveret.offsets import (
     EARLIEST,
+    ERROR,
     LATEST,
     DataLossError,
+    OffsetSpec,
     Range,
     cap_end,
     data_loss_message,
     missing_offsets,
-    parse_offsets_option,
+    parse_positions,
     resolve,
     split_ranges,
+    times_in,
 )
 
 log = logging.getLogger("pyspark_leveret")
@@ -111,6 +122,11 @@ class ReadConfig:
     queues: tuple[str, ...]
     starting: str | None
     ending: str | None
+    starting_timestamp: str | None
+    starting_by_timestamp: str | None
+    ending_timestamp: str | None
+    ending_by_timestamp: str | None
+    timestamp_strategy: str
     max_records_per_trigger: int | None
     max_bytes_per_trigger: int | None
     max_records_per_partition: int | None
@@ -136,11 +152,19 @@ class ReadConfig:
         timeout = float(timeout_raw) if timeout_raw else DEFAULT_READ_TIMEOUT
         if timeout <= 0:
             raise ValueError(f"option readTimeout must be > 0 seconds, got {timeout_raw!r}")
-        return cls(
+        strategy = (_get(options, "startingOffsetsByTimestampStrategy") or ERROR).strip().lower()
+        if strategy not in (ERROR, LATEST):
+            raise ValueError(f"option startingOffsetsByTimestampStrategy must be error or latest, got {strategy!r}")
+        config = cls(
             endpoint=parse_uri(uri, _get(options, "managementUri")),
             queues=queues,
             starting=_get(options, "startingOffsets"),
             ending=_get(options, "endingOffsets"),
+            starting_timestamp=_get(options, "startingTimestamp"),
+            starting_by_timestamp=_get(options, "startingOffsetsByTimestamp"),
+            ending_timestamp=_get(options, "endingTimestamp"),
+            ending_by_timestamp=_get(options, "endingOffsetsByTimestamp"),
+            timestamp_strategy=strategy,
             max_records_per_trigger=_positive_int(options, "maxRecordsPerTrigger"),
             max_bytes_per_trigger=_positive_int(options, "maxBytesPerTrigger"),
             max_records_per_partition=_positive_int(options, "maxRecordsPerPartition"),
@@ -151,10 +175,42 @@ class ReadConfig:
             read_timeout=timeout,
             json_body=(_get(options, "bodyFormat") or "").strip().lower() == "json",
         )
+        config.starting_specs(EARLIEST)  # a malformed position fails here, at load()
+        config.ending_specs()
+        return config
+
+    @property
+    def has_ending(self) -> bool:
+        return any(v is not None for v in (self.ending, self.ending_timestamp, self.ending_by_timestamp))
+
+    def starting_specs(self, default: str) -> dict[str, OffsetSpec]:
+        return parse_positions(self.starting, self.starting_timestamp, self.starting_by_timestamp,
+                               list(self.queues), default, "starting")
+
+    def ending_specs(self) -> dict[str, OffsetSpec]:
+        return parse_positions(self.ending, self.ending_timestamp, self.ending_by_timestamp, list(self.queues),
+                               LATEST, "ending")
 
     def stats(self) -> dict[str, StreamStats]:
         api = ManagementAPI(self.endpoint)
         return {q: api.stream_stats(q) for q in self.queues}
+
+    def offsets_at_times(self, stats: Mapping[str, StreamStats], *specs: Mapping[str, OffsetSpec]
+                         ) -> dict[tuple[str, int], int | None]:
+        """The broker's offsets for the time positions of ``specs`` (no connection when there are none)."""
+        wanted = [t for spec in specs for t in times_in(spec)]
+        if not wanted:
+            return {}
+        from pyspark_leveret.time_offsets import offsets_at_times
+
+        return offsets_at_times(self.endpoint, self.read_timeout, wanted, stats)
+
+    def resolve_starting(self, specs: Mapping[str, OffsetSpec], stats: Mapping[str, StreamStats],
+                         found: Mapping[tuple[str, int], int | None] | None = None) -> dict[str, int]:
+        if found is None:
+            found = self.offsets_at_times(stats, specs)
+        option = "startingTimestamp" if self.starting_timestamp else "startingOffsetsByTimestamp"
+        return resolve(specs, stats, found, self.timestamp_strategy, option)
 
 
 def queue_type(config: ReadConfig) -> str:
@@ -200,8 +256,10 @@ class LeveretBatchReader(DataSourceReader):
 
     def plan(self, stats: Mapping[str, StreamStats]) -> list[Range]:
         cfg = self.config
-        start = resolve(parse_offsets_option(cfg.starting, list(cfg.queues), EARLIEST, "startingOffsets"), stats)
-        end = resolve(parse_offsets_option(cfg.ending, list(cfg.queues), LATEST, "endingOffsets"), stats)
+        starting, ending = cfg.starting_specs(EARLIEST), cfg.ending_specs()
+        found = cfg.offsets_at_times(stats, starting, ending)
+        start = cfg.resolve_starting(starting, stats, found)
+        end = resolve(ending, stats, found, LATEST)
         end = {q: min(e, stats[q].next_offset) for q, e in end.items()}
         backwards = {q: (start[q], end[q]) for q in cfg.queues if start[q] > end[q]}
         if backwards:
@@ -228,8 +286,9 @@ class LeveretStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = dict(options)
         self.schema = schema
         self.config = ReadConfig.from_options(self.options)
-        if self.config.ending is not None:
-            raise ValueError("option endingOffsets is for batch reads only (spark.read)")
+        if self.config.has_ending:
+            raise ValueError("options endingOffsets, endingTimestamp and endingOffsetsByTimestamp are for batch "
+                             "reads only (spark.read)")
         # Driver-side state, set by the calls below (never in the executors' copies): the availableNow target
         # and the streams' extent seen by the last latestOffset (for reportLatestOffset).
         self.frozen: dict[str, int] | None = None
@@ -238,8 +297,7 @@ class LeveretStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- driver ----------------------------------------------------------------------------------------------
     def initialOffset(self) -> dict[str, int]:
         cfg = self.config
-        specs = parse_offsets_option(cfg.starting, list(cfg.queues), LATEST, "startingOffsets")
-        return resolve(specs, cfg.stats())
+        return cfg.resolve_starting(cfg.starting_specs(LATEST), cfg.stats())
 
     def getDefaultReadLimit(self) -> ReadLimit:
         cfg = self.config
@@ -261,8 +319,8 @@ class LeveretStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         new = [q for q in cfg.queues if q not in begin]
         if new:
             # Queues added to the query since its checkpoint: their first batch only fixes where they start.
-            specs = parse_offsets_option(cfg.starting, list(cfg.queues), LATEST, "startingOffsets")
-            return {**begin, **resolve({q: specs[q] for q in new}, stats)}
+            specs = cfg.starting_specs(LATEST)
+            return {**begin, **cfg.resolve_starting({q: specs[q] for q in new}, stats)}
         lost = missing_offsets(begin, stats)
         if lost:
             if cfg.fail_on_data_loss:

@@ -76,3 +76,17 @@ def read_partitions(reader: Any, partitions: Iterable[Any]) -> pa.Table:
     if not batches:
         return pa.table({"offset": pa.array([], pa.int64())})
     return pa.Table.from_batches(batches)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def instant_between() -> int:
+    """A millisecond after everything appended so far and before anything appended next (the broker stamps
+    appends with the same wall clock), never on a whole second (so it travels in milliseconds)."""
+    at = now_ms() + 1
+    at += 1 if at % 1000 == 0 else 0
+    while now_ms() <= at + 2:
+        time.sleep(0.002)
+    return at

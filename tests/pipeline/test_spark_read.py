@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark_leveret.schema import READ_STRUCT
-from read_helpers import declare_stream, fill, read_options, stream_info
+from read_helpers import declare_stream, fill, instant_between, read_options, stream_info
 
 pytestmark = [pytest.mark.spark, pytest.mark.leveret_only, pytest.mark.timeout(180)]
 
@@ -112,3 +112,16 @@ def test_retention_data_loss_fails_the_query_unless_allowed(spark, broker, uid, 
     lenient = run_stream(spark, {**opts, "failOnDataLoss": "false"}, out, ck)
     assert lenient.exception() is None
     assert sink_offsets(spark, out) == list(range(10)) + list(range(first, 210))
+
+
+def test_stream_starts_at_a_timestamp(spark, broker, uid, tmp_path):
+    """startingTimestamp through Spark: the driver's reader asks the broker which offset the instant names
+    (test_reader_timestamps.py has the forms and the edge cases)."""
+    q = declare_stream(broker, f"{uid}-s")
+    fill(broker, q, 15)
+    at = instant_between()
+    fill(broker, q, 10, start=15)
+    opts = read_options(broker, queue=q, startingTimestamp=at)
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    assert run_stream(spark, opts, out, ck).exception() is None
+    assert sink_offsets(spark, out) == list(range(15, 25))
