@@ -29,6 +29,7 @@ from pamqp import heartbeat as pheartbeat
 from pamqp.decode import field_table
 
 from pyspark_leveret.client import Endpoint
+from pyspark_leveret.tls import explain
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT = 1, 2, 3, 8
@@ -138,11 +139,19 @@ class StreamConnection:
         sock = socket.create_connection((ep.host, ep.port), timeout=self.timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-        if ep.tls:
-            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=ep.host)
         self.sock = sock
-        sock.sendall(PROTOCOL_HEADER)
-        self.expect(commands.Connection.Start)
+        try:
+            if ep.tls:
+                sock = self.sock = ep.ssl_context().wrap_socket(sock, server_hostname=ep.host)
+            sock.sendall(PROTOCOL_HEADER)
+            # With TLS 1.3 a broker refuses a client certificate only after the handshake: on this first read.
+            self.expect(commands.Connection.Start)
+        except (ssl.SSLError, ConnectionResetError, AMQPReadError) as exc:
+            if not ep.tls:
+                raise
+            sock.close()
+            self.sock = None
+            raise AMQPReadError(explain(exc, f"{ep.host}:{ep.port}")) from exc
         response = f"\x00{ep.user}\x00{ep.password}"
         props: dict[str, Any] = {"product": "pyspark-leveret", "capabilities": {"consumer_cancel_notify": True}}
         self.send(commands.Connection.StartOk(client_properties=props, mechanism="PLAIN", response=response))

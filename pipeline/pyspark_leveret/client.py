@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
+
+from pyspark_leveret.tls import NO_TLS_FILES, TLSFiles, explain
 
 DEFAULT_MANAGEMENT_PORT = 15672
 HTTP_TIMEOUT = 10.0
@@ -25,8 +28,8 @@ HTTP_TIMEOUT = 10.0
 
 @dataclass(frozen=True)
 class Endpoint:
-    """The AMQP address, credentials and vhost of a ``uri``, plus the management API's base URL.
-    Plain data: it travels to executors inside pickled partitions and readers."""
+    """The AMQP address, credentials and vhost of a ``uri``, plus the management API's base URL and the TLS
+    files of both. Plain data: it travels to executors inside pickled partitions and readers."""
 
     host: str
     port: int
@@ -35,6 +38,10 @@ class Endpoint:
     vhost: str
     tls: bool
     management_uri: str
+    tls_files: TLSFiles = NO_TLS_FILES
+
+    def ssl_context(self) -> ssl.SSLContext:
+        return self.tls_files.context()
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,7 @@ class ManagementError(Exception):
         self.status = status
 
 
-def parse_uri(uri: str, management_uri: str | None = None) -> Endpoint:
+def parse_uri(uri: str, management_uri: str | None = None, tls_files: TLSFiles | None = None) -> Endpoint:
     """``amqp[s]://user:pass@host:port/vhost`` (RabbitMQ's URI spec: the vhost is the percent-decoded path,
     ``/`` when the path is empty or a lone slash; guest/guest and port 5672/5671 by default)."""
     u = urllib.parse.urlparse(uri)
@@ -81,7 +88,7 @@ def parse_uri(uri: str, management_uri: str | None = None) -> Endpoint:
         management_uri = f"{scheme}://{netloc}:{DEFAULT_MANAGEMENT_PORT}"
     return Endpoint(host=host, port=port, user=urllib.parse.unquote(u.username or "guest"),
                     password=urllib.parse.unquote(u.password or "guest"), vhost=vhost, tls=tls,
-                    management_uri=management_uri.rstrip("/"))
+                    management_uri=management_uri.rstrip("/"), tls_files=tls_files or NO_TLS_FILES)
 
 
 def _quote(segment: str) -> str:
@@ -96,6 +103,8 @@ class ManagementAPI:
         self.timeout = timeout
         token = base64.b64encode(f"{endpoint.user}:{endpoint.password}".encode()).decode()
         self._auth = f"Basic {token}"
+        https = endpoint.management_uri.lower().startswith("https:")
+        self._context = endpoint.ssl_context() if https and endpoint.tls_files.given else None
 
     def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         """``(status, decoded JSON or None)``; HTTP errors raise ManagementError with the broker's reason."""
@@ -105,13 +114,17 @@ class ManagementAPI:
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=self._context) as resp:
                 raw = resp.read()
                 return resp.status, (json.loads(raw) if raw else None)
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:300]
             raise ManagementError(f"{method} {path}: HTTP {exc.code} {detail}", exc.code) from exc
         except (urllib.error.URLError, OSError) as exc:
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            if isinstance(reason, ssl.SSLError):
+                raise ManagementError(f"{method} {self.endpoint.management_uri}{path}: "
+                                      f"{explain(reason, 'the management API')}") from exc
             raise ManagementError(f"{method} {self.endpoint.management_uri}{path}: {exc} "
                                   "(set option managementUri to the broker's HTTP API)") from exc
 

@@ -28,6 +28,7 @@ from pika.channel import Channel
 from pika.spec import Basic
 
 from pyspark_leveret.rows_to_messages import Message
+from pyspark_leveret.tls import NO_TLS_FILES, TLSFiles, pika_parameters
 
 CLOSE_GRACE = 2.0  # seconds a failed task waits for connection.close-ok before it gives up on it
 
@@ -44,6 +45,7 @@ class PublishSettings:
     max_in_flight: int = 1000
     mandatory: bool = False
     confirm_timeout: float = 120.0
+    tls_files: TLSFiles = NO_TLS_FILES
 
 
 def publish_confirmed(settings: PublishSettings, batches: Iterator[Sequence[Message]]) -> int:
@@ -77,7 +79,7 @@ class _ConfirmedRun:
         self.last_progress = time.monotonic()
         self.channel: Channel | None = None
         self.conn = pika.SelectConnection(
-            pika.URLParameters(settings.uri),
+            pika_parameters(settings.uri, settings.tls_files),
             on_open_callback=self._on_open,
             on_open_error_callback=self._on_open_error,
             on_close_callback=self._on_closed,

@@ -36,6 +36,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from pyspark_leveret.amqp_read import PROPERTY_NAMES, Delivery
+from pyspark_leveret.tls import pika_parameters
 
 log = logging.getLogger("pyspark_leveret")
 
@@ -87,7 +88,7 @@ class LeveretQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         if self._channel is None or not self._channel.is_open:
             import pika
 
-            params = pika.URLParameters(self.options.get("uri") or _uri(self.options))
+            params = pika_parameters(self.options.get("uri") or _uri(self.options), self.config.endpoint.tls_files)
             params.heartbeat = 0  # the driver is idle between batches; a closed connection would requeue
             self._conn = pika.BlockingConnection(params)
             self._channel = self._conn.channel()

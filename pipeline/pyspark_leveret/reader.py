@@ -35,6 +35,8 @@ Options (strings, case-insensitive):
   queries sharing one (any default would make them) would report the faster one's progress as both's;
   and Spark's checkpoint, not the group, is what a restarted query resumes from. The group trails the
   query by one micro-batch: Spark calls a source's ``commit(end)`` when it plans the following batch.
+- ``caFile``, ``certFile``, ``keyFile``: TLS for an ``amqps://`` uri and an ``https://`` managementUri
+  (Kafka's truststore and keystore; tls.py).
 - ``prefetch`` (default 2000, the consumer's credit), ``readTimeout`` (seconds, default 60: how long a task
   waits without a delivery for offsets it knows exist before failing), ``bodyAs``, ``bodyFormat``,
   ``bodySchema`` (schema.py).
@@ -74,6 +76,7 @@ from pyspark_leveret.offsets import (
     split_ranges,
     times_in,
 )
+from pyspark_leveret.tls import TLSFiles
 
 log = logging.getLogger("pyspark_leveret")
 
@@ -156,7 +159,7 @@ class ReadConfig:
         if strategy not in (ERROR, LATEST):
             raise ValueError(f"option startingOffsetsByTimestampStrategy must be error or latest, got {strategy!r}")
         config = cls(
-            endpoint=parse_uri(uri, _get(options, "managementUri")),
+            endpoint=parse_uri(uri, _get(options, "managementUri"), TLSFiles.from_options(options)),
             queues=queues,
             starting=_get(options, "startingOffsets"),
             ending=_get(options, "endingOffsets"),

@@ -12,6 +12,7 @@ Options (Spark lower-cases option names; any case works):
 * ``confirmTimeout`` (seconds, default 120): a task with publishes outstanding and no confirm for this long
   fails.
 * ``messageIdColumn``: the column whose value is the message's idempotency key.
+* ``caFile``, ``certFile``, ``keyFile``: TLS for an ``amqps://`` uri, as the reader takes them (tls.py).
 
 Delivery is at-least-once per task (a task returns only when the broker confirmed all its messages; anything
 less raises, and Spark retries the task), and exactly-once into a queue that de-duplicates: every row's key
@@ -42,6 +43,7 @@ from pyspark.sql.types import StructType
 
 from pyspark_leveret.publisher import PublishSettings, publish_confirmed
 from pyspark_leveret.rows_to_messages import MessageDefaults, WriteOptionError, check_schema, message_batches
+from pyspark_leveret.tls import TLSFiles
 
 __all__ = ["LeveretBatchWriter", "LeveretCommitMessage", "LeveretStreamWriter", "TaskIdentity",
            "WriteOptionError", "parse_write_options"]
@@ -94,8 +96,12 @@ def parse_write_options(options: Mapping[str, str]) -> tuple[PublishSettings, Me
         confirm_timeout = float(opts.get("confirmtimeout", "120"))
     except ValueError:
         raise WriteOptionError(f"option confirmTimeout must be seconds, not {opts['confirmtimeout']!r}") from None
+    try:
+        tls_files = TLSFiles.from_options(options)
+    except ValueError as exc:
+        raise WriteOptionError(str(exc)) from None
     settings = PublishSettings(uri=uri, max_in_flight=max_in_flight, mandatory=_bool(opts, "mandatory", False),
-                               confirm_timeout=confirm_timeout)
+                               confirm_timeout=confirm_timeout, tls_files=tls_files)
     defaults = MessageDefaults(exchange=opts.get("exchange", ""), routing_key=opts.get("routingkey", ""),
                                delivery_mode=delivery_mode, content_type=opts.get("contenttype") or None,
                                message_id_column=opts.get("messageidcolumn") or None)
