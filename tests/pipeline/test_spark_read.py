@@ -7,12 +7,14 @@ removing offsets a checkpoint still needs. Every query is ``trigger(availableNow
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
 
 import pytest
 from pyspark.errors import StreamingQueryException
+from pyspark_leveret.progress import offsets_behind_latest
 from pyspark_leveret.schema import READ_STRUCT
 from read_helpers import declare_stream, fill, instant_between, read_options, stream_info
 
@@ -125,3 +127,24 @@ def test_stream_starts_at_a_timestamp(spark, broker, uid, tmp_path):
     out, ck = tmp_path / "out", tmp_path / "ck"
     assert run_stream(spark, opts, out, ck).exception() is None
     assert sink_offsets(spark, out) == list(range(15, 25))
+
+
+def test_lag_metrics_from_the_progress(spark, broker, uid, tmp_path):
+    """Kafka's min/max/avgOffsetsBehindLatest of each micro-batch, from its progress report: two queues of 20
+    and 10 messages, 15 records per trigger (shared 10 : 5), so batch 0 ends 10 and 5 behind and batch 1
+    catches up. Spark leaves a Python source's own ``metrics`` empty (progress.py says why)."""
+    a, b = declare_stream(broker, f"{uid}-a"), declare_stream(broker, f"{uid}-b")
+    fill(broker, a, 20)
+    fill(broker, b, 10)
+    opts = read_options(broker, queues=f"{a},{b}", startingOffsets="earliest", maxRecordsPerTrigger=15)
+    query = run_stream(spark, opts, tmp_path / "out", tmp_path / "ck")
+    assert query.exception() is None
+    sources = [p.sources[0] for p in query.recentProgress if p.numInputRows > 0]
+    assert [json.loads(s.latestOffset) for s in sources] == [{a: 20, b: 10}] * 2  # reportLatestOffset
+    assert [offsets_behind_latest(s) for s in sources] == [
+        {"minOffsetsBehindLatest": "5", "maxOffsetsBehindLatest": "10", "avgOffsetsBehindLatest": "7.5"},
+        {"minOffsetsBehindLatest": "0", "maxOffsetsBehindLatest": "0", "avgOffsetsBehindLatest": "0.0"},
+    ]
+    assert all(s.metrics == {} for s in sources)
+    assert offsets_behind_latest(json.loads(sources[0].json)) == offsets_behind_latest(sources[0])
+    assert offsets_behind_latest({"endOffset": None, "latestOffset": None}) == {}
