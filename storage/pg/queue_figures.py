@@ -7,11 +7,15 @@ from here instead, one source every member reads the same way: ``leveret.message
 state (0 ready, 1 reserved by a member), so every member answers the same figures at the same moment.
 
 One grouped statement counts every queue (``SELECT queue_id, state, count(*), sum(size) … GROUP BY``), never a
-statement per queue, and its answer is kept :data:`MAX_AGE` seconds: a scrape of many queues, or many
-scrapes at once, costs one read-only transaction a second per member. The same read-only transaction lists the live
-members (``leveret.node``: neither stopped nor reaped, lease not run out), which the API shows as a quorum
-queue's ``members`` and ``online``; and the queues' message counters and rates summed over the members
-(storage/pg/queue_stats.py: ``message_stats``, the same on every member asked in the same rate slot).
+statement per queue, and its answer is kept :data:`MAX_AGE` seconds, never past the end of the rate slot it was
+read in (PostgreSQL's clock): a scrape of many queues, or many scrapes at once, costs one read-only transaction
+a second per member (and one more per slot), and every member asked during a slot answers that slot's rates
+(kept up to a second across the slot's end, a reading answered the previous slot's rates beside another
+member's reading of the new one: two members asked at once could disagree for a second after a slot began). The same
+read-only transaction lists the live members (``leveret.node``: neither stopped nor reaped, lease not run out),
+which the API shows as a quorum queue's ``members`` and ``online``; and the queues' message counters and rates
+summed over the members (storage/pg/queue_stats.py: ``message_stats``, the same on every member asked in the
+same rate slot).
 
 What "reserved" counts: the rows a member took for its consumers, which includes the small prefix a member
 reserves ahead of its consumers (up to their free prefetch, at most a fetch batch; handed back after 2 s
@@ -46,6 +50,7 @@ SELECT q.vhost, q.name, c.state, c.n, c.bytes
   JOIN leveret.queue q ON q.queue_id = c.queue_id
 """
 NODE_COUNTERS = "SELECT node, counters FROM leveret.node_stats WHERE node = ANY($1::text[])"
+NOW = "SELECT extract(epoch FROM now())::float8"  # the transaction's start: its rate slot's clock
 LIVE_MEMBERS = ("SELECT DISTINCT name FROM leveret.node WHERE dead_at IS NULL AND stopped_at IS NULL "
                 "AND lease_until > now() ORDER BY name")
 
@@ -104,8 +109,8 @@ class Snapshot(NamedTuple):
 
 
 class PgQueueFigures:
-    """Counts the shared queues on a connection of its own, at most once per ``max_age`` seconds (callers
-    meanwhile get the last answer; callers arriving during a count wait for it)."""
+    """Counts the shared queues on a connection of its own, at most once per ``max_age`` seconds and once more
+    as a rate slot begins (callers meanwhile get the last answer; callers arriving during a count wait for it)."""
 
     def __init__(self, dsn: str, max_age: float = MAX_AGE, rate_slot_ms: int = 5000) -> None:
         """``rate_slot_ms``: the slot of the rates (storage/pg/queue_stats.py; the node's
@@ -114,6 +119,7 @@ class PgQueueFigures:
         self.max_age = max_age
         self.rate_slot_ms = rate_slot_ms
         self.last: Snapshot | None = None
+        self._fresh_until = 0.0  # time.monotonic() until which the last count is answered again
         self.counts_taken = 0  # statements run (tests)
         self._conn: asyncpg.Connection | None = None
         self._lock = asyncio.Lock()
@@ -121,16 +127,17 @@ class PgQueueFigures:
         self._closed = False
 
     async def snapshot(self) -> Snapshot | None:
-        """A count at most ``max_age`` old; while PostgreSQL does not answer, the last one (None if never)."""
+        """A count at most ``max_age`` old and of the current rate slot; while PostgreSQL does not answer, the
+        last one (None if never)."""
         last = self.last
-        if self._closed or (last is not None and time.monotonic() - last.taken < self.max_age):
+        if self._closed or (last is not None and time.monotonic() < self._fresh_until):
             return last
         async with self._lock:
             last = self.last
-            if last is not None and time.monotonic() - last.taken < self.max_age:
+            if last is not None and time.monotonic() < self._fresh_until:
                 return last  # counted while this caller waited for the lock
             try:
-                self.last = await asyncio.wait_for(self._count(), STATEMENT_TIMEOUT)
+                counted, fresh_for = await asyncio.wait_for(self._count(), STATEMENT_TIMEOUT)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 (PostgreSQL out of reach: the last count stands)
@@ -140,9 +147,11 @@ class PgQueueFigures:
                 self._drop()
                 return self.last
             self._failing = False
-            return self.last
+            self.last, self._fresh_until = counted, counted.taken + fresh_for
+            return counted
 
-    async def _count(self) -> Snapshot:
+    async def _count(self) -> tuple[Snapshot, float]:
+        """A count, and how long it is answered again: ``max_age``, or less if its rate slot ends sooner."""
         conn = self._conn
         if conn is None or conn.is_closed():
             conn = self._conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT)
@@ -153,6 +162,7 @@ class PgQueueFigures:
             slot, activities = await read_activity(conn, self.rate_slot_ms)
             counters = {r[0]: json.loads(r[1]) for r in await conn.fetch(NODE_COUNTERS, list(members))}
             deltas = await read_member_deltas(conn, self.rate_slot_ms, members)
+            slot_left = (slot + 1) * self.rate_slot_ms / 1000 - float(await conn.fetchval(NOW))
         self.counts_taken += 1
         for vhost, name, state, n, nbytes in rows:
             c = queues.setdefault((vhost, name), [0, 0, 0, 0])
@@ -162,8 +172,9 @@ class PgQueueFigures:
             else:
                 c[1] += n
                 c[3] += nbytes
+        # (from the transaction's end, after its now(): the slot's end is overrun by the count's own duration)
         return Snapshot(time.monotonic(), {k: QueueCounts(*v) for k, v in queues.items()}, members,
-                        activities, slot, counters, deltas)
+                        activities, slot, counters, deltas), min(self.max_age, slot_left)
 
     def _drop(self) -> None:
         if self._conn is not None and not self._conn.is_closed():

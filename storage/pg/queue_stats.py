@@ -35,13 +35,13 @@ come from the same samples: the statement that writes a member's sample of a slo
 the queue's ready and reserved rows (schema version 5), and the reader takes one member's two newest samples
 (the first by name that has both), so they too are the same on every member asked within a slot.
 
-What "identical" means, and its window: two members' answers agree when both read PostgreSQL in the same
-slot (rates) and no flush committed between their reads (totals). Each member's reading is cached up to a
-second (storage/pg/queue_figures.py), and each member's flush is up to :data:`FLUSH_EVERY` late, so the
-totals any member shows are up to about 2 s behind the traffic, the same on every member once it settles;
-under traffic two members asked at once may differ by what was flushed between their reads. A member killed
-with SIGKILL loses from the totals what it counted since its last flush (at most a second of its traffic); a
-clean stop flushes last.
+What "identical" means, and its window: two members' answers agree when both are asked in the same slot
+(rates: each member's reading is cached up to a second, never past the end of its slot,
+storage/pg/queue_figures.py) and no flush committed between their reads (totals). Each member's flush is up to
+:data:`FLUSH_EVERY` late, so the totals any member shows are up to about 2 s behind the traffic, the same on
+every member once it settles; under traffic two members asked at once may differ by what was flushed between
+their reads. A member killed with SIGKILL loses from the totals what it counted since its last flush (at most a
+second of its traffic); a clean stop flushes last.
 
 **Deleting**: a member that no longer has a queue it had (deleted there, or declared anew: another queue
 object) deletes the queue's rows and samples, every member's, before its next upsert; every member does so

@@ -1,11 +1,13 @@
 """The shared queues' figures as PostgreSQL counts them (storage/pg/queue_figures.py), on a real PostgreSQL:
 ready and reserved rows per queue (every priority of a queue counted together), bytes, a queue without rows
-absent (zero), the live members, one statement per second however many callers, and the last count kept
-while PostgreSQL does not answer; and the questions between members (storage/pg/forwarding.py ask)."""
+absent (zero), the live members, one statement per second however many callers (and one as a rate slot
+begins), and the last count kept while PostgreSQL does not answer; and the questions between members
+(storage/pg/forwarding.py ask)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import asyncpg
@@ -71,10 +73,14 @@ async def test_counts_per_queue_and_state(admin, pg_dsn) -> None:
         await figures.close()
 
 
+# A rate slot of 23 days (ms, PostgreSQL's int): none ends during a test, so only max_age renews a count.
+NO_SLOT_END = 2_000_000_000
+
+
 async def test_one_statement_a_second_for_every_caller_and_the_last_count_while_down(admin, pg_dsn) -> None:
     qid = await queue(admin, "/", "q")
     await rows(admin, qid, 4, 1)
-    figures = PgQueueFigures(pg_dsn, max_age=0.5)
+    figures = PgQueueFigures(pg_dsn, max_age=0.5, rate_slot_ms=NO_SLOT_END)
     try:
         snaps = await asyncio.gather(*(figures.snapshot() for _ in range(20)))
         assert figures.counts_taken == 1
@@ -92,6 +98,25 @@ async def test_one_statement_a_second_for_every_caller_and_the_last_count_while_
         snap = await figures.snapshot()
         assert snap is not None and snap.counts("/", "q").ready == 5
         assert figures.counts_taken == 2
+    finally:
+        await figures.close()
+
+
+async def test_a_count_is_not_answered_past_the_end_of_its_rate_slot(admin, pg_dsn) -> None:
+    """A count's rates are of the slot it was read in: answered again within that slot, counted anew as the
+    next begins however young (else a member would answer the previous slot's rates for up to max_age into
+    the next, beside a member that read the new slot). PostgreSQL's clock is this machine's."""
+    figures = PgQueueFigures(pg_dsn, max_age=60.0, rate_slot_ms=2000)
+    try:
+        await asyncio.sleep(2.05 - time.time() % 2.0)  # just after a slot began
+        first = await figures.snapshot()
+        assert first is not None
+        await asyncio.sleep(0.25)
+        assert await figures.snapshot() is first and figures.counts_taken == 1  # the same slot: not counted again
+        await asyncio.sleep(2.05 - time.time() % 2.0)  # just after the next slot began
+        second = await figures.snapshot()
+        assert second is not first and figures.counts_taken == 2
+        assert second.rate_slot == first.rate_slot + 1  # type: ignore[union-attr]
     finally:
         await figures.close()
 
