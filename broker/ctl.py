@@ -763,6 +763,25 @@ def restart_shovel(api: Api, args: argparse.Namespace) -> str:
     return "" if args.quiet else f'Restarting dynamic Shovel {name} in virtual host {args.vhost}'
 
 
+# GET /api/federation-links' fields that rabbitmqctl federation_status shows, in its (alphabetical) order.
+FEDERATION_STATUS_COLUMNS = ("error", "exchange", "id", "local_connection", "queue", "status", "timestamp", "type",
+                             "upstream", "upstream_exchange", "upstream_queue", "uri", "vhost")
+FEDERATION_STATUS_ALWAYS = ("exchange", "id", "local_connection", "status", "timestamp", "type", "upstream",
+                            "upstream_exchange", "uri", "vhost")
+
+
+def federation_status(api: Api, args: argparse.Namespace) -> str:
+    """``federation_status``: every federation link of the node (GET /api/federation-links) with rabbitmqctl's
+    columns, alphabetical as it prints its maps; ``error`` (and a queue link's ``queue``/``upstream_queue``)
+    only when a listed link has one."""
+    _need(args, 0, "")
+    rows = [{col: s[col] for col in FEDERATION_STATUS_COLUMNS if s.get(col) is not None}
+            for s in api.get("/api/federation-links") or []]
+    columns = sorted(set(FEDERATION_STATUS_ALWAYS).union(*(r.keys() for r in rows)))
+    rows = [{c: r.get(c, "") for c in columns} for r in rows]
+    return rows_out(args, columns, rows, f"Listing federation links on node {_node_name(api)} ...")
+
+
 def environment(api: Api, args: argparse.Namespace) -> str:
     """The settings in force (/api/leveret/environment): Leveret's counterpart of the application environment
     ``rabbitmqctl environment`` prints. Every setting, not only the ones a config file set."""
@@ -1045,6 +1064,7 @@ OPERATOR_VERBS: dict[str, Callable[[Api, argparse.Namespace], str]] = {
     "clear_parameter": clear_parameter,
     "shovel_status": shovel_status,
     "restart_shovel": restart_shovel,
+    "federation_status": federation_status,
     "environment": environment,
     "cluster_status": cluster_status,
     "set_cluster_name": set_cluster_name,

@@ -58,6 +58,7 @@ from broker import PRODUCT, VERSION
 from broker.counters import MESSAGE_SIZE_BOUNDS
 from broker.delayed_dispatch import DelayDispatcher, Lateness
 from broker.delayed_exchange import DelayedExchange
+from broker.federation.metrics import federation_families
 from broker.metrics_runtime import RaftFigures, raft_families, runtime_families
 from broker.os_probes import disk_free, max_fds, open_fds, resident_memory, uptime_seconds
 from broker.queue_types import Queue, queue_type_of
@@ -313,6 +314,7 @@ class RabbitCollector:
         yield from self._delayed([ex for vh in list(node.vhosts.values()) for ex in list(vh.exchanges.values())
                                   if isinstance(ex, DelayedExchange)])
         yield from shovel_families(node.shovels.workers.values())
+        yield from federation_families(node.federation.links.values())
         # -- resources --------------------------------------------------------------------------------------
         mem = resident_memory()
         mem_limit = node.memory_limit

@@ -29,6 +29,7 @@ from broker.clock import Clock, LoopClock
 from broker.config import Settings
 from broker.counters import GlobalCounters
 from broker.direct_reply_to import ReplyChannel
+from broker.federation.supervisor import FederationSupervisor
 from broker.limits import Connection as LimitedConnection
 from broker.memory_budget import MemoryBudget, set_memory_limit
 from broker.message import Message
@@ -94,6 +95,8 @@ class Node:
         self.users.add(settings.default_user, settings.default_pass, list(settings.default_user_tags))
         # Dynamic shovels (broker/shovel/): started by the server once it listens, from the vhosts' parameters.
         self.shovels = ShovelSupervisor(self.name, self.shovel_login, self._shovel_finished)
+        # Exchange federation (broker/federation/): links follow the vhosts' policies and upstream parameters.
+        self.federation = FederationSupervisor(self)
         self.vhosts: dict[str, VHost] = {}
         self.add_vhost(settings.default_vhost)
         perms = settings.default_permissions

@@ -3,11 +3,12 @@ only components Leveret acts on are accepted.
 
 RabbitMQ keeps a registry of parameter components; a component no plugin registered is refused with 400
 ``Validation failed\\n\\ncomponent shovel not found\\n`` (rabbit_runtime_parameters:lookup_component), which
-is what a RabbitMQ without the shovel or federation plugin answers. Leveret registers two components,
-``vhost-limits`` (broker/limits.py) and ``shovel`` (dynamic shovels, broker/shovel/). Federation is a RabbitMQ
-plugin Leveret does not implement: its parameters are refused with RabbitMQ's text plus a line naming the
-missing feature, never stored (a stored upstream that moves nothing is worse than a refusal). A definitions
-file carrying them is refused before anything in it is applied.
+is what a RabbitMQ without the shovel or federation plugin answers. Leveret registers four components,
+``vhost-limits`` (broker/limits.py), ``shovel`` (dynamic shovels, broker/shovel/), ``federation-upstream`` and
+``federation-upstream-set`` (exchange federation, broker/federation/). The RabbitMQ federation plugin's
+``federation`` component (its internal per-link state) is refused with RabbitMQ's text plus a line naming
+it, never stored. A definitions file carrying a refused parameter is refused before anything in it is
+applied.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import structlog
 
 from broker import limits
+from broker.federation import definition as federation
 from broker.shovel import definition as shovel
 
 log = structlog.get_logger("leveret.parameters")
@@ -25,10 +27,8 @@ log = structlog.get_logger("leveret.parameters")
 # RabbitMQ plugin components Leveret does not implement → what to call the missing feature.
 NOT_IMPLEMENTED = {
     "federation": "federation (RabbitMQ's rabbitmq_federation plugin)",
-    "federation-upstream": "federation (RabbitMQ's rabbitmq_federation plugin)",
-    "federation-upstream-set": "federation (RabbitMQ's rabbitmq_federation plugin)",
 }
-COMPONENTS = (limits.VHOST_LIMITS_COMPONENT, shovel.COMPONENT)
+COMPONENTS = (limits.VHOST_LIMITS_COMPONENT, shovel.COMPONENT, *federation.COMPONENTS)
 
 
 class ParameterError(ValueError):
@@ -62,6 +62,12 @@ def validate(component: str, name: str, value: Any) -> Any:
             return shovel.validate(name, value)
         except shovel.InvalidShovel as exc:
             log.warning("shovel parameter refused", shovel=name, reason=str(exc))
+            raise ParameterError(str(exc)) from None
+    if component in federation.COMPONENTS:
+        try:
+            return federation.validate(component, name, value)
+        except federation.InvalidUpstream as exc:
+            log.warning("federation parameter refused", component=component, name=name, reason=str(exc))
             raise ParameterError(str(exc)) from None
     raise ParameterError(_not_found(component))
 

@@ -313,6 +313,7 @@ class Server:
         # After the listeners: a local shovel connects to this node's own.
         self.node.shovels.start((vh.name, c, n, v) for vh in self.node.vhosts.values()
                                 for (c, n), v in vh.parameters.items())
+        self.node.federation.start()
         self._log_banner(monitor)
 
     def _log_banner(self, monitor: ResourceMonitor) -> None:
@@ -391,6 +392,7 @@ class Server:
         them (at most ``leveret.shutdown_timeout``), run the shutdown hooks, close the HTTP listeners."""
         self.node.stopping = True
         await self.node.shovels.stop()  # before connections close: no shovel reconnects meanwhile
+        await self.node.federation.stop()
         for server in (self._server, self._tls_server):
             if server is not None:
                 server.close()

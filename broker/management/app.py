@@ -26,6 +26,7 @@ from broker.management import (
     definitions_api,
     delayed,
     exchanges,
+    federation,
     health,
     limits,
     login,
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("leveret.management")
 
 MODULES = (overview, health, connections, exchanges, delayed, queues, streams, bindings, vhosts, users, policies,
-           limits, definitions_api, login, move, traffic, shovels)
+           limits, definitions_api, login, move, traffic, shovels, federation)
 # Paths answered without credentials (RabbitMQ's UI asks /api/auth before logging in; /api/login checks
 # what it is given itself).
 PUBLIC = ("/api/auth", "/api/login")

@@ -91,7 +91,7 @@ async def delete_policy(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
-# -- runtime parameters: only components Leveret acts on (vhost-limits); shovel and federation are refused ------
+# -- runtime parameters: only components Leveret acts on (broker/parameters.py), others refused --------------
 
 def parameter_info(vhost: str, component: str, name: str, value: Any) -> dict[str, Any]:
     return {"vhost": vhost, "component": component, "name": name, "value": value}

@@ -62,6 +62,7 @@ class Link(asyncio.Protocol):
         self.frame_max = CLIENT_FRAME_MAX
         self.heartbeat = 0
         self.closed_reason: str | None = None
+        self.server_properties: dict[str, Any] = {}  # connection.start's (a federation link reads cluster_name)
         self._waiter: asyncio.Future[Method] | None = None
         self._waiting_for: tuple[type, ...] = ()
         self._connected = asyncio.get_running_loop().create_future()
@@ -210,6 +211,7 @@ class Link(asyncio.Protocol):
         except OSError as exc:
             raise LinkError(f"could not connect to {host}:{port}: {exc.strerror or exc}") from None
         start = await self._await(commands.Connection.Start, uri.connection_timeout, self._waiter)
+        self.server_properties = dict(start.server_properties or {})
         mechanisms = start.mechanisms.split() if isinstance(start.mechanisms, str) else []
         if "PLAIN" not in mechanisms:
             raise LinkError(f"the server does not offer PLAIN (offers {start.mechanisms})")

@@ -1,6 +1,7 @@
 """Vhost limits (``max-connections``, ``max-queues``) and user limits (``max-connections``, ``max-channels``)
 enforced with RabbitMQ's codes and texts (rabbit_reader.erl, rabbit_queue_type.erl), validated as RabbitMQ
-validates them, kept across a restart and carried by definitions; shovel and federation parameters refused
+validates them, kept across a restart and carried by definitions; shovel and federation parameters with bad
+values refused (400 with the plugins' reasons), and the federation plugin's internal ``federation`` component
 (400, RabbitMQ's "component ... not found" plus the missing feature) instead of stored and ignored.
 
 Leveret-only setup (limits are set through the HTTP API); the AMQP answers are RabbitMQ's."""
@@ -211,15 +212,22 @@ def test_vhost_limits_are_the_vhost_limits_parameter(node, vhost):
     connect(b, vhost).close()
 
 
-@pytest.mark.parametrize("component", ["federation-upstream", "federation-upstream-set"])
-def test_federation_parameters_are_refused_not_stored(node, uid, component):
+@pytest.mark.parametrize("component, value, reason", [
+    # the federation plugin's own per-link component: not one Leveret has
+    ("federation", {"uri": "amqp://elsewhere"}, ("component federation not found\n"
+                                                "federation (RabbitMQ's rabbitmq_federation plugin) is not "
+                                                "implemented by Leveret")),
+    # upstreams exist (broker/federation/): a bad value gets the plugin's validation answer
+    ("federation-upstream", {"uri": 5}, "uri should be binary, actually was 5"),
+    ("federation-upstream-set", {"upstream": "u"}, ("{uid} should be a list, actually was "
+                                                   '[{<<"upstream">>,<<"u">>}]')),
+])
+def test_federation_parameters_refused_are_not_stored(node, uid, component, value, reason):
     _b, api = node
-    feature = "federation (RabbitMQ's rabbitmq_federation plugin)"
     path = f"/api/parameters/{component}/%2F/{q(uid)}"
-    status, body, _ = api("PUT", path, {"value": {"uri": "amqp://elsewhere"}})
+    status, body, _ = api("PUT", path, {"value": value})
     assert status == 400
-    assert body == {"error": "bad_request", "reason": f"Validation failed\n\ncomponent {component} not found\n"
-                                                      f"{feature} is not implemented by Leveret\n"}
+    assert body == {"error": "bad_request", "reason": f"Validation failed\n\n{reason.replace('{uid}', uid)}\n"}
     assert api("GET", path)[0] == 404
     assert not any(p["component"] == component for p in api("GET", "/api/parameters")[1])
     assert not any(p["component"] == component for p in api("GET", "/api/definitions")[1]["parameters"])
@@ -239,7 +247,7 @@ def test_a_shovel_parameter_with_an_unknown_key_is_refused_not_stored(node, uid)
 
 
 @pytest.mark.parametrize("component, value", [
-    ("federation-upstream", {"uri": "amqp://elsewhere"}),
+    ("federation-upstream", {"uri": "amqp://elsewhere", "bogus": 1}),
     ("shovel", {"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://b", "src-delete-after": "sometimes"}),
 ])
 def test_definitions_with_a_refused_parameter_are_refused_before_anything_is_applied(node, uid, component, value):

@@ -509,9 +509,8 @@ def test_parameters_and_global_parameters(api, uid):
     assert any(p["vhost"] == vh for p in api("GET", "/api/parameters/vhost-limits")[1])
     assert api("DELETE", path)[0] == 204
     api("DELETE", f"/api/vhosts/{q(vh)}")
-    # Federation is not implemented: refused, not stored (tests/integration/core/test_limits_enforced.py).
-    assert api("PUT", f"/api/parameters/federation-upstream/%2F/{q(uid)}",
-               {"value": {"uri": "amqp://elsewhere"}})[0] == 400
+    # A federation upstream's bad value is refused (tests/integration/federation/ has the rest).
+    assert api("PUT", f"/api/parameters/federation-upstream/%2F/{q(uid)}", {"value": {"uri": 5}})[0] == 400
     gp = f"/api/global-parameters/{q(uid)}"
     assert api("PUT", gp, {"value": "v"})[0] == 201
     assert {"name": uid, "value": "v"} in api("GET", "/api/global-parameters")[1]
