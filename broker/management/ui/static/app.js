@@ -10,6 +10,7 @@ import * as connections from "./pages/connections.js";
 import * as admin from "./pages/admin.js";
 import * as traffic from "./pages/traffic.js";
 import * as shovels from "./pages/shovels.js";
+import * as federation from "./pages/federation.js";
 
 const ROUTES = [
   [/^\/$/, overview.mount, "overview"],
@@ -25,6 +26,7 @@ const ROUTES = [
   [/^\/policies$/, admin.mountPolicies, "policies"],
   [/^\/traffic$/, traffic.mount, "traffic"],
   [/^\/shovels$/, shovels.mount, "shovels"],
+  [/^\/federation$/, federation.mount, "federation"],
 ];
 
 const state = { user: null, refresh: null, timer: null, generation: 0 };
