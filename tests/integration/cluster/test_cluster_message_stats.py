@@ -23,13 +23,14 @@ from typing import Any
 import pika
 import pytest
 
+from broker.cluster_forwarding import LIST_MAX_AGE
 from tests.integration.cluster.test_cluster_definitions import http_status, member
 from tests.integration.cluster.test_cluster_forwarding import channel, drain
 from tests.integration.management.test_management_api import Http, wait_for
 
 # These tests measure rates of a steady publisher (40 a second, confirmed, into PostgreSQL-backed queues) and
 # bound them (30-50): beside the parallel pass's load the publisher falls behind (a fresh-clone run saw 43.3 of
-# at least 45), so they run alone, in the serial pass, with their bounds kept.
+# at least 45), so they run in the serial pass, with their bounds kept.
 pytestmark = [pytest.mark.leveret_only, pytest.mark.serial]
 pytest_plugins = ["pg_fixtures"]
 
@@ -94,17 +95,62 @@ class Acker(threading.Thread):
         conn.close()
 
 
-def publish_steadily(a, n: int, per_second: float, queue: str = QUEUE) -> None:
-    """``n`` persistent, confirmed messages to ``queue`` on member ``a``, ``per_second`` of them a second."""
-    conn, ch = channel(a)
-    ch.confirm_delivery()
-    start = time.monotonic()
-    for i in range(n):
-        ch.basic_publish("", queue, b"m%d" % i, pika.BasicProperties(delivery_mode=2))
-        delay = start + (i + 1) / per_second - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-    conn.close()
+class Publisher(threading.Thread):
+    """Persistent, confirmed messages to ``queue`` on member ``m``, ``per_second`` of them a second, until
+    :meth:`finish`: ``sent`` counts them (confirmed), ``began`` is the wall-clock time of the first's confirm."""
+
+    def __init__(self, m, per_second: float, queue: str = QUEUE) -> None:
+        super().__init__(daemon=True)
+        self.m = m
+        self.per_second = per_second
+        self.queue = queue
+        self.sent = 0
+        self.began = 0.0
+        self.first = threading.Event()
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        conn, ch = channel(self.m)
+        ch.confirm_delivery()
+        start = time.monotonic()
+        while not self._halt.is_set():
+            ch.basic_publish("", self.queue, b"m%d" % self.sent, pika.BasicProperties(delivery_mode=2))
+            self.sent += 1
+            if self.sent == 1:
+                self.began = time.time()
+                self.first.set()
+            self._halt.wait(start + self.sent / self.per_second - time.monotonic())
+        conn.close()
+
+    def finish(self) -> int:
+        """Stop; the number of messages sent."""
+        self._halt.set()
+        self.join(30)
+        assert not self.is_alive()
+        return self.sent
+
+
+def traffic_began(*publishers: Publisher) -> float:
+    """When every publisher had its first message confirmed (wall clock)."""
+    assert all(p.first.wait(10) for p in publishers)
+    return max(p.began for p in publishers)
+
+
+def rates_show(began: float, slot_ms: int) -> float:
+    """The wall-clock time from which every rate PostgreSQL samples (storage/pg/queue_stats.py) is of traffic
+    that ``began`` then, however the slots fall (PostgreSQL's clock, which cuts them, is this machine's). A
+    rate shown during slot K is the growth between each member's samples of slots K-2 and K-1, each taken at
+    the member's first flush of its slot: in the slot the traffic began in, a member's sample can be older
+    than the traffic (a node's counters, sampled from its start: a partial rate) or missing (a queue's first
+    sample, at its member's first flush after its first message, can fall in the next slot: no rate). From
+    the third slot after it, both samples are of the traffic. (Before, the tests slept "two rate slots", 6.5 s
+    of 3 s slots: begun late in a slot, they read a partial or no rate.)"""
+    slot = slot_ms / 1000
+    return (int(began // slot) + 3) * slot
+
+
+def sleep_until(wall_clock: float) -> None:
+    time.sleep(max(0.0, wall_clock - time.time()))
 
 
 def published_here_fetched_there(a, b, n: int) -> None:
@@ -133,19 +179,19 @@ def members_with_queue(start_broker, pg_dsn, slot_ms: int = 1000) -> tuple[Any, 
 
 
 @contextmanager
-def steady_traffic(publish_on, consume_on, n: int, per_second: float) -> Iterator[threading.Thread]:
-    """``n`` messages published on ``publish_on`` at ``per_second`` and acked by a consumer on ``consume_on``;
-    yields the publishing thread, and at the end waits until every message was acked."""
+def steady_traffic(publish_on, consume_on, per_second: float) -> Iterator[Publisher]:
+    """Messages published on ``publish_on`` at ``per_second`` and acked by a consumer on ``consume_on``;
+    yields the publisher, and at the end stops it and waits until every message it sent was acked."""
     acker = Acker(consume_on)
     acker.start()
     assert acker.ready.wait(10)
-    publisher = threading.Thread(target=publish_steadily, args=(publish_on, n, per_second), daemon=True)
+    publisher = Publisher(publish_on, per_second)
     publisher.start()
     try:
         yield publisher
     finally:
-        publisher.join(30)
-        assert wait_for(lambda: acker.got >= n, 15), acker.got
+        n = publisher.finish()
+        assert wait_for(lambda: acker.got >= n, 15), (acker.got, n)
         acker.stop.set()
         acker.join(10)
 
@@ -153,29 +199,33 @@ def steady_traffic(publish_on, consume_on, n: int, per_second: float) -> Iterato
 def test_message_stats_and_rates_are_the_same_on_every_member(start_broker, pg_dsn):
     a, b = members_with_queue(start_broker, pg_dsn)
 
-    with steady_traffic(a, b, 240, 40.0) as publisher:  # 6 s of 40 a second
+    with steady_traffic(a, b, 40.0) as publisher:
         # While the traffic runs: both members answer the same rates (when asked within one rate slot: polled
         # until a pair of answers falls in one), and not zero on either (before, b showed no publish rate, a
-        # no ack rate). The rate is the cluster's: the 40 a second a publishes and b acknowledges.
-        time.sleep(3.0)  # two rate slots of traffic
+        # no ack rate). The rate is the cluster's: the 40 a second a publishes and b acknowledges. (A queue's
+        # rates are none until each member has two samples of its part, never partial: polled from the start,
+        # then 2 s more of answers.)
         agreed: list[dict] = []
-        deadline = time.monotonic() + 2.5
-        while time.monotonic() < deadline and publisher.is_alive():
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
             sa, sb = both(a, b)
             ra, rb = rates(sa), rates(sb)
             if ra == rb and all(ra[name] > 0 for name in RATES):
+                if not agreed:
+                    deadline = time.monotonic() + 2.0
                 agreed.append(ra)
             time.sleep(0.1)
         assert agreed, (rates(sa), rates(sb))
         for r in agreed:
             assert 20 <= r["publish"] <= 60, r
             assert 20 <= r["ack"] <= 60 and 20 <= r["deliver_get"] <= 60, r
+    n = publisher.sent
 
     # basic.get on b too: ten more published on a, fetched on b (auto-ack: no acks counted).
     published_here_fetched_there(a, b, 10)
 
     # At rest: the same totals on both, the real counts, and the rates back to zero on both.
-    expected = {"publish": 250, "deliver_get": 250, "deliver": 240, "get": 10, "redeliver": 0, "ack": 240}
+    expected = {"publish": n + 10, "deliver_get": n + 10, "deliver": n, "get": 10, "redeliver": 0, "ack": n}
 
     def settled() -> bool:
         sa, sb = both(a, b)
@@ -187,8 +237,8 @@ def test_message_stats_and_rates_are_the_same_on_every_member(start_broker, pg_d
 
     # Prometheus' per-queue counters: the cluster-wide figures, reported by the queue's leader alone (the
     # other member has none for it), so a sum over the members' scrapes counts them once.
-    want = {"rabbitmq_queue_messages_published_total": 250, "rabbitmq_queue_messages_delivered_total": 240,
-            "rabbitmq_queue_messages_redelivered_total": 0, "rabbitmq_queue_messages_acked_total": 240,
+    want = {"rabbitmq_queue_messages_published_total": n + 10, "rabbitmq_queue_messages_delivered_total": n,
+            "rabbitmq_queue_messages_redelivered_total": 0, "rabbitmq_queue_messages_acked_total": n,
             "rabbitmq_queue_get_total": 10}
     assert sorted([prometheus_counters(a), prometheus_counters(b)], key=len) == [{}, want]
 
@@ -212,13 +262,12 @@ def test_a_queue_busy_on_one_member_is_not_idle_on_the_other(start_broker, pg_ds
         assert status == 200, q
         return q.get("idle_since")
 
-    with steady_traffic(a, a, 240, 30.0) as publisher:  # 8 s, 30 a second
+    with steady_traffic(a, a, 30.0):  # 7 s, 30 a second
         time.sleep(3.0)  # the counters of the first seconds flushed and sampled on both
         looks = []
-        while publisher.is_alive() and len(looks) < 8:
+        while len(looks) < 8:  # 4 s: longer than a queue unchanged is shown idle after (SHARED_IDLE_AFTER)
             looks.append((idle_since(a), idle_since(b)))
             time.sleep(0.5)
-        assert len(looks) >= 6, looks
         assert all(la is None and lb is None for la, lb in looks), looks
     assert wait_for(lambda: idle_since(a) is not None and idle_since(b) is not None, 30)
 
@@ -235,30 +284,33 @@ def figure_rates(m) -> dict[str, float]:
 def test_the_rates_of_a_queues_message_counts_are_the_same_on_every_member(start_broker, pg_dsn):
     """``messages_details`` (and ``messages_ready_details``, ``messages_unacknowledged_details``) of a quorum
     queue come from counts PostgreSQL samples once per rate slot, so every member whose reading (cached up to
-    1 s) is of the same slot shows the same rates. Before, each member sampled the counts itself, at its own
-    moments: the rates differed (here: 3 s slots, so most pairs of answers taken at once are of one slot)."""
-    a, b = members_with_queue(start_broker, pg_dsn, slot_ms=3000)
-    publisher = threading.Thread(target=publish_steadily, args=(a, 560, 40.0), daemon=True)
-    publisher.start()  # a backlog growing 40 a second for 14 s, nobody consuming
-    time.sleep(7.0)  # two rate slots of traffic
+    1 s, never past its slot) is of the same slot shows the same rates. Before, each member sampled the
+    counts itself, at its own moments: the rates differed (here: 1 s slots, so a pair of answers taken at
+    once differs only if a slot ended between them)."""
+    a, b = members_with_queue(start_broker, pg_dsn)
+    publisher = Publisher(a, 40.0)
+    publisher.start()  # a backlog growing 40 a second, nobody consuming
+    # The count's rate is none until the queue has two samples, both of the traffic (never partial: its first
+    # sample is taken after its first message): from then on, on both.
+    assert wait_for(lambda: all(figure_rates(m)["messages"] > 0 for m in (a, b)), 10)
     pairs: list[tuple[dict, dict]] = []
-    deadline = time.monotonic() + 6.0
-    while time.monotonic() < deadline and publisher.is_alive():
+    deadline = time.monotonic() + 4.0
+    while time.monotonic() < deadline:
         with ThreadPoolExecutor(2) as pool:
             fa, fb = pool.submit(figure_rates, a), pool.submit(figure_rates, b)
             pairs.append((fa.result(), fb.result()))
         time.sleep(0.2)
-    publisher.join(30)
+    n = publisher.finish()
     assert len(pairs) >= 15, pairs
     same = [ra for ra, rb in pairs if ra == rb]
-    assert len(same) * 3 >= len(pairs) * 2, pairs  # a pair differs only across a slot boundary (≤ 1 s of 3)
+    assert len(same) * 3 >= len(pairs) * 2, pairs  # a pair differs only across a slot boundary
     for r in same:
         assert 30 <= r["messages"] <= 50 and r["messages"] == r["messages_ready"], r
         assert r["messages_unacknowledged"] == 0, r
 
     # Drained on b: back to zero on both.
     conn, ch = channel(b)
-    assert len(drain(conn, ch, QUEUE, 560)) == 560
+    assert len(drain(conn, ch, QUEUE, n)) == n
     conn.close()
     assert wait_for(lambda: figure_rates(a) == figure_rates(b) == dict.fromkeys(FIGURES, 0.0), 15), \
         (figure_rates(a), figure_rates(b))
@@ -298,17 +350,17 @@ def test_another_members_classic_queue_and_the_totals_show_the_same_rates_on_eve
     where a showed 60). The overview's message rates come from the members' counters sampled in PostgreSQL
     (schema version 7): before, each member sampled the cluster's sums at its own moments, and two members
     asked at once answered different rates."""
-    a, b = members_with_queue(start_broker, pg_dsn, slot_ms=3000)
+    slot_ms = 3000
+    a, b = members_with_queue(start_broker, pg_dsn, slot_ms=slot_ms)
     conn, ch = channel(a)
     ch.queue_declare("classic-on-a", durable=True)
     conn.close()
     assert wait_for(lambda: Http(b.management_port)("GET", "/api/queues/%2F/classic-on-a")[0] == 200, 30)
-    to_classic = threading.Thread(target=publish_steadily, args=(a, 440, 40.0, "classic-on-a"), daemon=True)
-    to_quorum = threading.Thread(target=publish_steadily, args=(b, 220, 20.0), daemon=True)
+    to_classic, to_quorum = Publisher(a, 40.0, "classic-on-a"), Publisher(b, 20.0)
     to_classic.start()
-    to_quorum.start()  # backlogs growing 40 and 20 a second for 11 s, nobody consuming
+    to_quorum.start()  # backlogs growing 40 and 20 a second, nobody consuming
 
-    def view(m) -> tuple[dict, float, float, float]:
+    def reading(m) -> tuple[dict, float, float, float]:
         api = Http(m.management_port)
         q = api("GET", "/api/queues/%2F/classic-on-a")[1]
         rates = {name: q[name + "_details"]["rate"] for name in FIGURES}
@@ -320,16 +372,29 @@ def test_another_members_classic_queue_and_the_totals_show_the_same_rates_on_eve
         publish = overview["message_stats"].get("publish_details", {}).get("rate", 0.0)
         return rates, totals, vhost, publish
 
-    time.sleep(6.5)  # two rate slots of traffic
+    def view(m) -> tuple[dict, float, float, float]:
+        """One member's answers, from one reading of the figures: asked again if a rate slot began (or the
+        classic queue's member sampled it) between the requests (both members would then show the
+        overview's totals of one slot beside the vhost's of the next)."""
+        for _ in range(3):
+            one = reading(m)
+            if one == reading(m):
+                break
+        return one
+
+    # Every rate of the traffic (the classic queue's sampled on a every slot_ms, and answered to b up to
+    # LIST_MAX_AGE late; the quorum queue's and the overview's sampled in PostgreSQL, see rates_show).
+    began = traffic_began(to_classic, to_quorum)
+    sleep_until(max(rates_show(began, slot_ms), began + 2 * slot_ms / 1000 + LIST_MAX_AGE) + 0.1)
     pairs = []
     deadline = time.monotonic() + 4.0
-    while time.monotonic() < deadline and to_classic.is_alive():
+    while time.monotonic() < deadline:
         with ThreadPoolExecutor(2) as pool:
             fa, fb = pool.submit(view, a), pool.submit(view, b)
             pairs.append((fa.result(), fb.result()))
         time.sleep(0.2)
-    to_classic.join(30)
-    to_quorum.join(30)
+    n = to_classic.finish()
+    to_quorum.finish()
     assert len(pairs) >= 10, pairs
     same = [va for va, vb in pairs if va == vb]
     assert len(same) * 2 >= len(pairs), pairs  # a pair differs only across a sample or slot boundary
@@ -347,7 +412,7 @@ def test_another_members_classic_queue_and_the_totals_show_the_same_rates_on_eve
     def settled() -> bool:
         (ra, ta, va, pa), (rb, tb, vb, pb) = view(a), view(b)
         stats = [Http(m.management_port)("GET", "/api/queues/%2F/classic-on-a")[1]["message_stats"] for m in (a, b)]
-        return (stats[0]["publish"] == stats[1]["publish"] == 440 and ra == rb == dict.fromkeys(ra, 0.0)
+        return (stats[0]["publish"] == stats[1]["publish"] == n and ra == rb == dict.fromkeys(ra, 0.0)
                 and ta == tb == va == vb == pa == pb == 0.0)
 
     assert wait_for(settled, 15), (view(a), view(b))
