@@ -20,7 +20,10 @@ when this node confirms the publish; ``on-publish`` once written; ``no-ack`` con
 
 Bindings are kept in step by comparing X's binding keys with those bound upstream every
 :data:`BINDINGS_INTERVAL` seconds (and at every connect): a binding made here starts matching upstream within
-that time. Any failure ends the session; the link reports ``error`` with the reason and connects again after
+that time. What a link bound is remembered across its sessions, so a binding removed here while the upstream
+was away is unbound when it is back (not across a restart of this node: the upstream then keeps a stale
+binding, whose messages cross and are routed nowhere here). A link no longer wanted deletes its queue and
+exchange upstream. Any failure ends the session; the link reports ``error`` with the reason and connects again after
 ``reconnect-delay``. What was unacked upstream then is redelivered (on-confirm loses nothing).
 """
 
@@ -152,13 +155,17 @@ class FederationLink:
     async def _run_session(self) -> None:
         u = self.upstream
         self._session = asyncio.get_running_loop().create_future()
-        self._pending, self._seq, self._bound = {}, 0, {}
+        self._pending, self._seq = {}, 0
         try:
             self._up, self.uri = await self._connect(u.uris, "upstream")
             self._down, _ = await self._connect(("amqp://",), "downstream", self.vhost)
             up, down = self._up, self._down
             self._upstream_cluster = str(up.server_properties.get("cluster_name") or "")
             await self._declare_upstream(up)
+            # What earlier sessions bound stays bound upstream: what is still wanted is bound again (a no-op,
+            # or the upstream lost it), what is not is unbound by the sync.
+            want = self.bindings()
+            self._bound = {k: v for k, v in self._bound.items() if k not in want}
             await self._sync_bindings(up)
             if u.ack_mode == "on-confirm":
                 await down.rpc(method_frame(1, commands.Confirm.Select), commands.Confirm.SelectOk)
@@ -224,6 +231,27 @@ class FederationLink:
                                           source=self.upstream_exchange, routing_key=routing_key,
                                           arguments=arguments), commands.Exchange.BindOk)
                 self._bound[key] = (routing_key, arguments)
+
+    async def remove_upstream(self) -> None:
+        """The link is no longer wanted (policy, upstream or exchange gone): delete its queue and exchange
+        upstream, as RabbitMQ does, so that the upstream does not keep queueing for nobody. Best effort: an
+        upstream that cannot be reached keeps them (an ``expires`` on the upstream deletes an unused queue)."""
+        try:
+            up, _ = await self._connect(self.upstream.uris, "upstream")
+        except (LinkError, OSError) as exc:
+            log.warning("federation link removed; its upstream queue could not be deleted", vhost=self.vhost,
+                        exchange=self.exchange, upstream=self.upstream.name, reason=str(exc))
+            return
+        try:
+            await up.rpc(method_frame(1, commands.Queue.Delete, queue=self.internal_name), commands.Queue.DeleteOk)
+            await up.rpc(method_frame(1, commands.Exchange.Delete, exchange=self.internal_name),
+                         commands.Exchange.DeleteOk)
+        except LinkError as exc:
+            log.warning("federation link removed; deleting its upstream queue failed", vhost=self.vhost,
+                        exchange=self.exchange, upstream=self.upstream.name, reason=str(exc))
+        finally:
+            await up.close()
+            up.abandon()
 
     # -- the message path ----------------------------------------------------------------------------------
     def delivered(self, tag: int, redelivered: bool, routing_key: str, header: bytes, body: bytes) -> None:

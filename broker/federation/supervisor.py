@@ -93,6 +93,7 @@ class FederationSupervisor:
         self.links: dict[tuple[str, str, str], FederationLink] = {}
         self.running = False
         self._task: asyncio.Task[None] | None = None
+        self._removals: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         """Once the node listens (a link's downstream side connects to its own listener)."""
@@ -108,7 +109,10 @@ class FederationSupervisor:
                 await self._task
             except asyncio.CancelledError:
                 pass
-        await asyncio.gather(*(link.stop() for link in self.links.values()))
+        for task in list(self._removals):
+            task.cancel()
+        await asyncio.gather(*(link.stop() for link in self.links.values()), *self._removals,
+                             return_exceptions=True)
         self.links.clear()
 
     async def _loop(self) -> None:
@@ -132,8 +136,13 @@ class FederationSupervisor:
                     if k not in wanted or (link.upstream, link.exchange_type) != wanted[k]]:
             link = self.links.pop(key)
             log.info("federation link stopped", vhost=key[0], exchange=key[1], upstream=key[2])
+            removed = key not in wanted
             if link.task is not None:
                 link.task.cancel()
+            if removed:  # not merely changed: its upstream queue and exchange go too
+                task = asyncio.get_running_loop().create_task(self._remove(link))
+                self._removals.add(task)
+                task.add_done_callback(self._removals.discard)
         for key, (upstream, exchange_type) in wanted.items():
             if key in self.links:
                 continue
@@ -143,6 +152,10 @@ class FederationSupervisor:
                                   self._bindings_of(vhost, exchange))
             self.links[key] = link
             link.start()
+
+    async def _remove(self, link: FederationLink) -> None:
+        await link.stop()
+        await link.remove_upstream()
 
     def _bindings_of(self, vhost: str, exchange: str) -> Callable[[], BindingKeys]:
         def bindings() -> BindingKeys:

@@ -94,9 +94,12 @@ def test_bound_keys_cross_unbound_do_not_and_new_bindings_start_matching(start_b
     assert [r["exchange"] for r in rows] == [ex]
     assert rows[0]["status"] == "running" and rows[0]["upstream"] == "up"
     assert list(rows[0]) == sorted(rows[0])
-    # the policy goes: the link goes
+    # the policy goes: the link goes, and its queue and exchange upstream with it (as RabbitMQ's do)
     assert api(down, "DELETE", "/api/policies/%2F/fed-up")[0] == 204
     wait_for(lambda: api(down, "GET", "/api/federation-links")[1] == [], 10, "link stopped")
+    quoted = internal.replace(' ', '%20').replace('>', '%3E')
+    wait_for(lambda: api(up, "GET", f"/api/queues/%2F/{quoted}")[0] == 404, 10, "upstream queue deleted")
+    assert api(up, "GET", f"/api/exchanges/%2F/{quoted}")[0] == 404
 
 
 def test_two_nodes_federating_each_other_pass_a_message_once(start_broker, uid):
@@ -157,10 +160,19 @@ def test_link_survives_an_upstream_restart_without_losing_on_confirm_messages(st
     publisher = threading.Thread(target=publish, args=(up_p, ex, ["k"] * n))
     publisher.start()
     publisher.join(120)
-    up.restart()  # graceful: messages still in the link's upstream queue stay there (durable, persistent)
-    link = link_of(down, ex, status=None)
-    assert link["status"] in ("starting", "error", "running")
+    with pika.BlockingConnection(down_p) as conn:
+        conn.channel().queue_bind(q, ex, "extra.key")
+    wait_for(lambda: any(b["routing_key"] == "extra.key" for b in api(up, "GET", "/api/bindings/%2F")[1]), 10,
+             "upstream binding extra.key")
+    up.stop()  # graceful: messages still in the link's upstream queue stay there (durable, persistent)
+    link_of(down, ex, status="error", timeout=30)
+    with pika.BlockingConnection(down_p) as conn:  # unbound here while the upstream is away
+        conn.channel().queue_unbind(q, ex, "extra.key")
+    up.start()
     link_of(down, ex, timeout=60)  # back, after reconnect-delay
+    # the link remembered what it had bound upstream: the binding made stale meanwhile is undone
+    wait_for(lambda: {b["routing_key"] for b in api(up, "GET", "/api/bindings/%2F")[1]
+                      if b["source"] == ex} == {"#"}, 10, "stale upstream binding removed")
     publish(up_p, ex, ["k"] * 100, start=n)
     got = received(down_p, q, at_least=n + 100, timeout=90, quiet=2)
     ids = {int(p.message_id) for p, _b in got}
