@@ -129,6 +129,7 @@ class Upstream:
     trust_user_id: bool = False
     expires: int | None = None
     message_ttl: int | None = None
+    queue: str | None = None  # a federated queue's upstream queue (None: its own name)
 
     @classmethod
     def parse(cls, name: str, value: dict[str, Any]) -> Upstream:
@@ -141,4 +142,4 @@ class Upstream:
                    ack_mode=str(value.get("ack-mode", "on-confirm")),
                    trust_user_id=bool(value.get("trust-user-id", False)),
                    expires=None if expires is None else int(expires),
-                   message_ttl=None if ttl is None else int(ttl))
+                   message_ttl=None if ttl is None else int(ttl), queue=value.get("queue"))

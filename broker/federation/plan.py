@@ -1,4 +1,4 @@
-"""Which federation links a vhost asks for (pure): for each exchange, the policy that applies to it (the
+"""Which federation links a vhost asks for (pure): for each exchange (and, :func:`plan_queues`, each queue), the policy that applies to it (the
 matching one of highest priority, ties to the name that sorts last, as for queues: broker/policy.py) and its
 ``federation-upstream`` or ``federation-upstream-set`` key (``all``: every upstream of the vhost) name the
 upstreams; one link per (exchange, upstream).
@@ -62,4 +62,24 @@ def plan(exchanges: Iterable[str], policies: Iterable[Policy],
             continue
         for upstream in upstreams_for(policy.definition, parameters):
             wanted[(exchange, upstream.name)] = upstream
+    return wanted
+
+
+def plan_queues(queues: Iterable[tuple[str, str]], policies: Iterable[Policy],
+                parameters: Mapping[tuple[str, str], Any]) -> dict[tuple[str, str], Upstream]:
+    """Queue federation: (queue, upstream name) → upstream, for ``queues`` given as (name, queue type); the
+    policy that applies to a queue as broker/policy.py's best_match picks it. Streams are not federated."""
+    policies = list(policies)
+    wanted: dict[tuple[str, str], Upstream] = {}
+    if not policies or not any(c == UPSTREAM for c, _n in parameters):
+        return wanted
+    for name, queue_type in queues:
+        if queue_type == "stream":
+            continue
+        matching = [p for p in policies if p.applies_to_queue(name, queue_type)]
+        if not matching:
+            continue
+        policy = max(matching, key=lambda p: (p.priority, p.name))
+        for upstream in upstreams_for(policy.definition, parameters):
+            wanted[(name, upstream.name)] = upstream
     return wanted

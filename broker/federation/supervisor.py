@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import structlog
@@ -24,7 +24,8 @@ import structlog
 from broker.auth import Permission, User
 from broker.federation.definition import Upstream
 from broker.federation.link import BindingKeys, FederationLink, binding_key
-from broker.federation.plan import plan
+from broker.federation.plan import plan, plan_queues
+from broker.federation.queue_link import QueueLink
 from broker.policy import Policy
 from broker.shovel.worker import LocalLogin
 
@@ -49,6 +50,12 @@ class ExchangeView(Protocol):
     def bindings(self) -> Mapping[Any, BindingView]: ...
 
 
+class QueuesView(Protocol):
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def get(self, name: str) -> Any: ...
+
+
 class VHostView(Protocol):
     @property
     def name(self) -> str: ...
@@ -61,6 +68,9 @@ class VHostView(Protocol):
 
     @property
     def parameters(self) -> Mapping[tuple[str, str], Any]: ...
+
+    @property
+    def queues(self) -> QueuesView: ...
 
 
 class UsersView(Protocol):
@@ -91,6 +101,7 @@ class FederationSupervisor:
     def __init__(self, node: FederationHost) -> None:
         self.node = node
         self.links: dict[tuple[str, str, str], FederationLink] = {}
+        self.queue_links: dict[tuple[str, str, str], QueueLink] = {}
         self.running = False
         self._task: asyncio.Task[None] | None = None
         self._removals: set[asyncio.Task[None]] = set()
@@ -99,6 +110,7 @@ class FederationSupervisor:
         """Once the node listens (a link's downstream side connects to its own listener)."""
         self.running = True
         self.reconcile()
+        self.reconcile_queues()
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="federation supervisor")
 
     async def stop(self) -> None:
@@ -111,15 +123,18 @@ class FederationSupervisor:
                 pass
         for task in list(self._removals):
             task.cancel()
-        await asyncio.gather(*(link.stop() for link in self.links.values()), *self._removals,
+        await asyncio.gather(*(link.stop() for link in self.links.values()),
+                             *(link.stop() for link in self.queue_links.values()), *self._removals,
                              return_exceptions=True)
         self.links.clear()
+        self.queue_links.clear()
 
     async def _loop(self) -> None:
         while self.running:
             await asyncio.sleep(RECONCILE_INTERVAL)
             try:
                 self.reconcile()
+                self.reconcile_queues()
             except Exception:  # a bug must not stop federation for good: log it, try again next tick
                 log.exception("federation reconcile failed")
 
@@ -153,6 +168,34 @@ class FederationSupervisor:
             self.links[key] = link
             link.start()
 
+    def reconcile_queues(self) -> None:
+        wanted: dict[tuple[str, str, str], Upstream] = {}
+        for vh in list(self.node.vhosts.values()):
+            queues = [(q.name, q.settings.queue_type) for q in vh.queues]
+            for (queue, upstream_name), upstream in plan_queues(queues, vh.policies.values(),
+                                                                vh.parameters).items():
+                wanted[(vh.name, queue, upstream_name)] = upstream
+        for key in [k for k, link in self.queue_links.items() if wanted.get(k) != link.upstream]:
+            link = self.queue_links.pop(key)
+            log.info("federation link stopped", vhost=key[0], queue=key[1], upstream=key[2])
+            if link.task is not None:
+                link.task.cancel()
+        for key, upstream in wanted.items():
+            if key not in self.queue_links:
+                vhost, queue, _name = key
+                qlink = QueueLink(vhost, queue, upstream, self.node.name, lambda: self.node.cluster_name,
+                                  self.local_login, self._demand_of(vhost, queue))
+                self.queue_links[key] = qlink
+                qlink.start()
+
+    def _demand_of(self, vhost: str, queue: str) -> Callable[[], bool]:
+        """A federated queue wants messages from upstream: it has consumers and nothing ready for them."""
+        def demand() -> bool:
+            vh = self.node.vhosts.get(vhost)
+            q = vh.queues.get(queue) if vh is not None else None
+            return q is not None and q.consumer_count > 0 and q.message_count() == 0
+        return demand
+
     async def _remove(self, link: FederationLink) -> None:
         await link.stop()
         await link.remove_upstream()
@@ -183,4 +226,6 @@ class FederationSupervisor:
         return LocalLogin(host, int(listener["port"]), name, entry[0])
 
     def status(self, vhost: str | None = None) -> list[dict[str, Any]]:
-        return [link.status() for key, link in sorted(self.links.items()) if vhost is None or key[0] == vhost]
+        links: list[FederationLink] = [link for _k, link in sorted(self.links.items())]
+        links += [link for _k, link in sorted(self.queue_links.items())]
+        return [link.status() for link in links if vhost is None or link.vhost == vhost]

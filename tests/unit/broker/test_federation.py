@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from broker.federation.definition import Upstream
 from broker.federation.link import FederationLink
-from broker.federation.plan import plan
+from broker.federation.plan import plan, plan_queues
 from broker.policy import Policy
 from broker.shovel.worker import LocalLogin
 
@@ -67,3 +67,12 @@ def test_confirms_become_upstream_acks():
     link.confirmed(3, False, False)
     link.confirmed(2, True, False)
     assert up.acks == [(4, False), (3, True)]  # 1 and 3 are all that is unacked up to 3
+
+
+def test_queue_policies_federate_queues_but_not_streams():
+    params = {("federation-upstream", "u1"): {"uri": "amqp://h1", "queue": "elsewhere"}}
+    p = Policy("p", "^q", {"federation-upstream": "u1"}, apply_to="queues")
+    links = plan_queues([("q1", "classic"), ("q2", "quorum"), ("q3", "stream"), ("x", "classic")], [p], params)
+    assert set(links) == {("q1", "u1"), ("q2", "u1")} and links[("q1", "u1")].queue == "elsewhere"
+    assert plan_queues([("q1", "classic")], [Policy("e", "^q", {"federation-upstream": "u1"},
+                                                    apply_to="exchanges")], params) == {}
