@@ -1,7 +1,8 @@
 """One federation link: a federated exchange here (the downstream) and one upstream.
 
 On the upstream broker the link declares an exchange and a queue, both named ``federation: X -> NODE`` (X the
-federated exchange, NODE this node's name, as RabbitMQ names them). The exchange is a plain ``fanout``,
+federated exchange, NODE this node's cluster name, its own name unless it is a cluster member, as RabbitMQ
+names them). The exchange is a plain ``fanout``,
 internal, bound to the upstream exchange once per distinct binding key (and arguments) of X here; the queue is
 bound to it with no key. RabbitMQ declares that exchange with its ``x-federation-upstream`` type, which drops a
 message that has crossed ``max-hops`` already before it leaves the upstream; that type exists only where the
@@ -73,7 +74,10 @@ class FederationLink:
         self.cluster_name = cluster_name
         self.local = local
         self.bindings = bindings
-        self.internal_name = f"federation: {exchange} -> {node_name}"
+        # Named after the cluster (a single node's name is its own), as RabbitMQ's local-nodename: the members of
+        # a Leveret cluster, each running the link, share one upstream queue and take turns at its messages,
+        # so a message crosses once whichever member's link takes it.
+        self.internal_name = f"federation: {exchange} -> {cluster_name()}"
         self.id = link_id(vhost, exchange, upstream.name)
         self.state = "starting"
         self.error: str | None = None
