@@ -142,7 +142,9 @@ class FederationSupervisor:
         wanted: dict[tuple[str, str, str], tuple[Upstream, str]] = {}
         for vh in list(self.node.vhosts.values()):
             exchanges = vh.exchanges
-            for (exchange, upstream_name), upstream in plan(list(exchanges), vh.policies.values(),
+            # (The exchange names are read lazily: plan answers at once, without a pass over them, for a vhost
+            # with no upstream or no policy, as nearly every vhost has, each second.)
+            for (exchange, upstream_name), upstream in plan(iter(exchanges), vh.policies.values(),
                                                             vh.parameters).items():
                 ex = exchanges.get(exchange)
                 if ex is not None:
@@ -171,7 +173,7 @@ class FederationSupervisor:
     def reconcile_queues(self) -> None:
         wanted: dict[tuple[str, str, str], Upstream] = {}
         for vh in list(self.node.vhosts.values()):
-            queues = [(q.name, q.settings.queue_type) for q in vh.queues]
+            queues = ((q.name, q.settings.queue_type) for q in vh.queues)  # lazily, as above
             for (queue, upstream_name), upstream in plan_queues(queues, vh.policies.values(),
                                                                 vh.parameters).items():
                 wanted[(vh.name, queue, upstream_name)] = upstream
