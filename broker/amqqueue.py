@@ -183,9 +183,9 @@ class QueueRegistry:
         """(queue, created). Applies RabbitMQ's checks in its order: reserved names, passive, equivalence.
 
         In a cluster, a name another member holds answers that member's queue, checked against what it answers
-        of it; a caller that can wait for that answer without blocking (a channel) passes ``owner_checks``: the
-        part of the check that needs the answer is appended there, to be run once the queue's
-        ``message_count_wait`` called back (else the answer is asked synchronously here)."""
+        of it; a caller that can wait for that answer without blocking (a channel, the HTTP API) passes
+        ``owner_checks``: the part of the check that needs the answer is appended there, to be run once the
+        queue's ``message_count_wait`` called back (else it is checked against the owner's last answer)."""
         if passive:
             remote = self.vhost.remote.find(name) if name not in self._queues else None
             if remote is not None:  # another cluster member's queue: it exists (figures are its member's)

@@ -21,7 +21,12 @@ API) handles the method inside :func:`deferring`, with an :class:`Answers` of it
 the question without waiting and raises :class:`Deferred`; the caller handles the method again from its start
 once the answer is in (the topology takes it from the Answers instead of asking). A method raises Deferred
 before it has changed anything, so handling it again is as handling it the first time, with the answer at hand.
-Outside :func:`deferring` the topology asks synchronously, as before (callers off the loop, start-up).
+A coroutine (an HTTP API handler, a definitions import) does the same with :func:`answered_call`.
+
+Outside :func:`deferring` nothing waits for the directory either: the topology answers from what this member
+knows and starts the question for the next time (routing, which must answer at once: a tx.commit's publishes, a
+dead letter). No caller in the broker asks a claim or a look-up that way; one that did would have its claim
+written by the next rewrite of the member's rows (broker/cluster_forwarding.py).
 
 This module sits below broker/amqqueue.py and broker/vhost.py in the layers (pyproject.toml) and imports only
 what lies below them.
@@ -32,7 +37,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from broker.exchange import Binding, Exchange
@@ -42,6 +47,8 @@ if TYPE_CHECKING:
 # queue of this node would be (routing, a declare of a name another member holds). Typed by the queue seam
 # (broker/queue_types.py's Queue) once RemoteQueue is declared to satisfy it; Any until then.
 OtherMembersQueue = Any
+
+T = TypeVar("T")
 
 
 class Deferred(Exception):
@@ -124,8 +131,26 @@ def deferring(answers: Answers) -> Iterator[None]:
 
 
 def current_answers() -> Answers | None:
-    """The caller's :class:`Answers` (inside :func:`deferring`), else None: ask synchronously."""
+    """The caller's :class:`Answers` (inside :func:`deferring`), else None: answer from what is known."""
     return _CURRENT.answers
+
+
+async def answered_call(act: Callable[[], T]) -> T:
+    """``act()`` handled as a channel handles a method (see the module docstring), for a caller that can await
+    (the HTTP API's declares, binds and unbinds, a definitions import's steps): inside :func:`deferring`, and
+    again from its start each time it raises :class:`Deferred`, once the answer it waits for is in; the event
+    loop serves everyone else meanwhile. Its clean-ups (a claim it did not use) run when it is over, however it
+    ends."""
+    answers = Answers()
+    try:
+        while True:
+            try:
+                with deferring(answers):
+                    return act()
+            except Deferred as exc:
+                await exc.future
+    finally:
+        answers.settle()
 
 
 class Topology(Protocol):
