@@ -49,7 +49,7 @@ class VHost(QueueHost, Protocol):
 
     default_queue_type: str  # of a queue declared without x-queue-type (RabbitMQ's vhost default queue type)
     remote: Topology  # the other members' queues (broker/topology.py): LocalTopology on a single node
-    catch_up: CatchUp  # a cluster member's DefinitionsFollower.catch_up_now (read the feed now); else never_behind
+    catch_up: CatchUp  # a cluster member's DefinitionsFollower (reads the definitions feed); else NEVER_BEHIND
 
     def policies_for_queue(self, name: str, queue_type: str = ...) -> tuple[Policy | None, Policy | None]: ...
 
@@ -150,7 +150,7 @@ class QueueRegistry:
     def lookup(self, name: str, reader: Reader | None = None) -> QueueProcess:
         """The queue, or 404; with ``reader``, 405 if another connection owns it exclusively."""
         q = self._queues.get(name)
-        if q is None and self.vhost.catch_up():
+        if q is None and self.vhost.catch_up.now():
             q = self._queues.get(name)  # a shared queue declared on another cluster member since the last poll
         if q is None:
             self.vhost.remote.refuse(name, "use")  # 405 naming the member whose queue it is, if it is
@@ -202,7 +202,7 @@ class QueueRegistry:
             raise AMQPError(ACCESS_REFUSED,
                             f"queue name '{name}' contains reserved prefix 'amq.*'")
         existing = self._queues.get(name)
-        if existing is None and queue_type_of(arguments).cluster_shared and self.vhost.catch_up():
+        if existing is None and queue_type_of(arguments).cluster_shared and self.vhost.catch_up.now():
             # A cluster's shared queue another member may have declared since the last poll of the definitions:
             # the feed is read now, so this declare is checked against it (406 if inequivalent) instead of
             # making a second queue process and overwriting the other member's definition.

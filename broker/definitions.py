@@ -18,9 +18,10 @@ migrates it into the store.
 Imports can be large (thousands of queues, bindings and users): :func:`parse` runs in a thread and refuses
 nesting the decoder cannot handle; :func:`import_definitions` writes one metadata-store transaction (one
 fsync), and :func:`import_definitions_async` applies the objects in short slices with the event loop free
-between them, recording their writes, and commits them all at the end in one transaction from a worker
-thread. A step that asks PostgreSQL something first (a cluster member's claim of a queue's name, its read of
-the definitions feed) waits for the answer with the loop free, and is made once it is in (broker/topology.py).
+between them, recording their writes, and commits them all at the end in one transaction (SQLite's from a worker
+thread, a cluster's PostgreSQL share in its journal on the loop: storage/pg/definitions_store.py). A step that
+asks PostgreSQL something first (a cluster member's claim of a queue's name, its read of the definitions feed)
+waits for the answer with the loop free, and is made once it is in (broker/topology.py).
 """
 
 from __future__ import annotations
@@ -363,7 +364,7 @@ async def import_definitions_async(node: Node, data: Any, vhost: str | None = No
     ``IMPORT_SLICE_SECONDS`` with the event loop free in between, so that a document of thousands of
     queues, bindings and users does not stall every client for seconds; a step waiting for an answer
     (:class:`Wait`) is awaited between slices. The slices' metadata writes are recorded, not made, and written
-    at the end in one transaction (one fsync) from a worker thread; other
+    at the end in one transaction without the loop waiting (``Metadata.apply_async``); other
     clients' writes in between are made at once, never part of (or rolled back with) the import's, and
     replayed after it so that the last write of a definition wins (storage/metadata_store.py). On a
     DefinitionsError what was applied is written too, then the error is raised. Runs to the end even if
@@ -394,7 +395,7 @@ async def import_definitions_async(node: Node, data: Any, vhost: str | None = No
                     await asyncio.sleep(0)
         finally:
             if store is not None and ops:
-                await asyncio.to_thread(store.apply, ops)
+                await store.apply_async(ops)
             elif store is not None:
                 store.discard(ops)
 

@@ -11,7 +11,7 @@ The hot path does not call the null object: :attr:`broker.vhost.VHost.clustered`
 
 The definitions feed is the second thing a member may be behind on: :class:`CatchUp` is asked before a name
 this member does not know is answered with 404 or routed nowhere (broker/cluster_definitions.py
-``DefinitionsFollower.catch_up_now``); :func:`never_behind` is a single node's.
+``DefinitionsFollower``); :data:`NEVER_BEHIND` is a single node's.
 
 **Answers that come later.** A member asks the directory in PostgreSQL about names it does not know (a claim of
 a name a queue.declare would make here, the look-up of a name a method uses, whether the owner made a binding).
@@ -23,10 +23,10 @@ once the answer is in (the topology takes it from the Answers instead of asking)
 before it has changed anything, so handling it again is as handling it the first time, with the answer at hand.
 A coroutine (an HTTP API handler, a definitions import) does the same with :func:`answered_call`.
 
-Outside :func:`deferring` nothing waits for the directory either: the topology answers from what this member
-knows and starts the question for the next time (routing, which must answer at once: a tx.commit's publishes, a
-dead letter). No caller in the broker asks a claim or a look-up that way; one that did would have its claim
-written by the next rewrite of the member's rows (broker/cluster_forwarding.py).
+Outside :func:`deferring` nothing waits either, and nothing is asked synchronously: the topology and the feed
+answer from what this member knows and start the question for the next time (routing, which must answer at once:
+a tx.commit's publishes, a dead letter). No caller in the broker asks a claim or a look-up that way; one that
+did would have its claim written by the next rewrite of the member's rows (broker/cluster_forwarding.py).
 
 This module sits below broker/amqqueue.py and broker/vhost.py in the layers (pyproject.toml) and imports only
 what lies below them.
@@ -276,13 +276,32 @@ LOCAL = LocalTopology()  # stateless: every single-node vhost shares it
 
 
 class CatchUp(Protocol):
-    """Read the cluster's definitions feed now (a name may have been declared on another member since the
-    last poll); True if it was read, so the caller looks the name up again. ``rate_limited``: for publishes
-    routed nowhere, at most so often."""
+    """The cluster's definitions feed, read before a name this member does not know is answered (a name may have
+    been declared on another member since the last poll). Neither call waits for PostgreSQL."""
 
-    def __call__(self, rate_limited: bool = False) -> bool: ...
+    def now(self) -> bool:
+        """Read the feed before answering: inside :func:`deferring`, Deferred until it is read, then True if a
+        change was applied (the caller looks the name up again); outside it, the read is started for the next
+        time and False answered at once."""
+        ...
+
+    def soon(self) -> asyncio.Future[None] | None:
+        """Routing's read, started without waiting: the read on its way (one at a time), a new one, or None if
+        the feed was read a moment ago (at most once per few milliseconds). A client's publish to a name nobody
+        here knows waits for the future (its channel's later frames held back); routing itself never does."""
+        ...
 
 
-def never_behind(rate_limited: bool = False) -> bool:
+class NeverBehind:
     """A single node's :class:`CatchUp`: its definitions are all here."""
-    return False
+
+    __slots__ = ()
+
+    def now(self) -> bool:
+        return False
+
+    def soon(self) -> None:
+        return None
+
+
+NEVER_BEHIND = NeverBehind()
