@@ -49,7 +49,7 @@ class VHost(QueueHost, Protocol):
 
     default_queue_type: str  # of a queue declared without x-queue-type (RabbitMQ's vhost default queue type)
     remote: Topology  # the other members' queues (broker/topology.py): LocalTopology on a single node
-    catch_up: CatchUp  # a cluster member's DefinitionsFollower.catch_up_now (read the feed now); else never_behind
+    catch_up: CatchUp  # a cluster member's DefinitionsFollower (reads the definitions feed); else NEVER_BEHIND
 
     def policies_for_queue(self, name: str, queue_type: str = ...) -> tuple[Policy | None, Policy | None]: ...
 
@@ -150,7 +150,7 @@ class QueueRegistry:
     def lookup(self, name: str, reader: Reader | None = None) -> QueueProcess:
         """The queue, or 404; with ``reader``, 405 if another connection owns it exclusively."""
         q = self._queues.get(name)
-        if q is None and self.vhost.catch_up():
+        if q is None and self.vhost.catch_up.now():
             q = self._queues.get(name)  # a shared queue declared on another cluster member since the last poll
         if q is None:
             self.vhost.remote.refuse(name, "use")  # 405 naming the member whose queue it is, if it is
@@ -183,9 +183,9 @@ class QueueRegistry:
         """(queue, created). Applies RabbitMQ's checks in its order: reserved names, passive, equivalence.
 
         In a cluster, a name another member holds answers that member's queue, checked against what it answers
-        of it; a caller that can wait for that answer without blocking (a channel) passes ``owner_checks``: the
-        part of the check that needs the answer is appended there, to be run once the queue's
-        ``message_count_wait`` called back (else the answer is asked synchronously here)."""
+        of it; a caller that can wait for that answer without blocking (a channel, the HTTP API) passes
+        ``owner_checks``: the part of the check that needs the answer is appended there, to be run once the
+        queue's ``message_count_wait`` called back (else it is checked against the owner's last answer)."""
         if passive:
             remote = self.vhost.remote.find(name) if name not in self._queues else None
             if remote is not None:  # another cluster member's queue: it exists (figures are its member's)
@@ -202,7 +202,7 @@ class QueueRegistry:
             raise AMQPError(ACCESS_REFUSED,
                             f"queue name '{name}' contains reserved prefix 'amq.*'")
         existing = self._queues.get(name)
-        if existing is None and queue_type_of(arguments).cluster_shared and self.vhost.catch_up():
+        if existing is None and queue_type_of(arguments).cluster_shared and self.vhost.catch_up.now():
             # A cluster's shared queue another member may have declared since the last poll of the definitions:
             # the feed is read now, so this declare is checked against it (406 if inequivalent) instead of
             # making a second queue process and overwriting the other member's definition.

@@ -37,7 +37,15 @@ from broker.direct_reply_to import ReplyConsumer
 from broker.errors import AMQPError
 from broker.exchange import EXCHANGE, QUEUE, Exchange
 from broker.message import Message
-from broker.publish import FLAGS_TO_READ, PENDING, REFUSED, REPLY_TO, ROUTED, check_properties
+from broker.publish import (
+    FLAGS_TO_READ,
+    PENDING,
+    REFUSED,
+    REPLY_TO,
+    REPLY_TO_PREFIX,
+    ROUTED,
+    check_properties,
+)
 from broker.queue_args import amqp_type_name
 from broker.queue_consumers import Consumer
 from broker.queue_process import QueueOwner
@@ -398,7 +406,8 @@ class Channel:
         """Whether the channel is in confirm mode (confirm.select)."""
         return self.confirms is not None
 
-    def basic_publish(self, args: PublishArgs, msg: Message) -> None:
+    def basic_publish(self, args: PublishArgs, msg: Message, answers: Answers | None = None) -> None:
+        """``answers``: what the cluster's definitions feed answered for this publish (:meth:`_publish_again`)."""
         self.publishing = True
         if args.immediate:
             raise AMQPError(NOT_IMPLEMENTED, "immediate=true", CLASS_BASIC, 40)
@@ -408,7 +417,21 @@ class Channel:
             permissions.basic_publish(self.reader.user, self.vhost.name, args.exchange)
             topic = self.publish_checks[args.exchange] = topic_permissions.publish_check(
                 self.reader.user, self.vhost.name, args.exchange)
-        exchange = self.vhost.check_publishable(args.exchange)
+        name = args.exchange
+        exchange = self.vhost.exchanges.get(name) if name else self.vhost.default_exchange
+        if exchange is None or exchange.internal:
+            # 404 or 403; in a cluster, first the definitions feed is read (another member may have declared
+            # the exchange a moment ago): the publish waits for it, its later frames held back, the loop serving
+            # others meanwhile (broker/topology.py "Answers that come later").
+            if answers is None:
+                answers = Answers()
+            try:
+                with deferring(answers):
+                    exchange = self.vhost.check_publishable(name)
+            except Deferred as exc:
+                self._hold()
+                exc.future.add_done_callback(lambda _f: self._publish_again(args, msg, answers))
+                return
         if topic is not None:
             topic.check(exchange, args.routing_key)
         flags = (msg.header[12] << 8) | msg.header[13] if len(msg.header) >= 14 else 0
@@ -419,17 +442,52 @@ class Channel:
             if topic is not None and msg.extra_keys:
                 topic.check_all(exchange, msg.extra_keys)  # CC / BCC keys (RabbitMQ 4.1+ checks them too)
         if exchange.name == "" and self.vhost.clustered:
-            looking = self.vhost.remote.looking_up(args.routing_key)
-            if looking is not None:
-                # A name this member does not know, maybe another member's queue declared a moment ago: routed
-                # once the directory has answered (broker/cluster_forwarding.py VHostLink._lookup), the loop
+            learning = self._learning(args.routing_key)
+            if learning is not None:
+                # A name this member does not know, maybe another member's queue (or a quorum queue) declared a
+                # moment ago: routed once the directory and the definitions feed have answered
+                # (broker/cluster_forwarding.py VHostLink._lookup, broker/cluster_definitions.py soon), the loop
                 # serving others meanwhile and this channel's later frames held back, so none overtakes it.
                 self._hold()
                 answer = self._answer_later(lambda: self._publish_routed(exchange, args, msg, persistent),
                                             CLASS_BASIC, 40)
-                looking.add_done_callback(lambda _f: answer())
+                learning.add_done_callback(lambda _f: answer())
                 return
         self._publish_routed(exchange, args, msg, persistent)
+
+    def _learning(self, name: str) -> asyncio.Future[Any] | None:
+        """Before a cluster member routes a client's default-exchange publish to ``name``: None if it knows the
+        queue (its own, another member's, a direct reply-to key); else the questions about it on their way (the
+        directory's look-up, the feed's read; either may be None: asked a moment ago), done once both are in."""
+        vhost = self.vhost
+        if vhost.queues.get(name) is not None or vhost.remote.has_queue(name) or name.startswith(REPLY_TO_PREFIX):
+            return None
+        looking = vhost.remote.looking_up(name)
+        reading = vhost.catch_up.soon()
+        if looking is None or reading is None:
+            return looking or reading
+        return asyncio.gather(looking, reading, return_exceptions=True)
+
+    def _publish_again(self, args: PublishArgs, msg: Message, answers: Answers) -> None:
+        """The feed answered what a publish to an exchange this member did not know waited for
+        (:meth:`basic_publish`): it is published again with the answer at hand, its errors reported as
+        basic.publish's; the frames held back behind it go on unless it waits again."""
+        if self.closing:
+            return
+        self.reply_pending = False  # (its later frames stay held: ``held`` is kept until _replay empties it)
+        try:
+            self.basic_publish(args, msg, answers)
+        except AMQPError as exc:
+            if exc.class_id is None:
+                exc.class_id, exc.method_id = CLASS_BASIC, 40
+            self.reader.channel_error(self.id, exc)
+            return
+        except Exception:
+            log.exception("internal error publishing again", channel=self.id)
+            self.reader.channel_error(self.id, AMQPError(INTERNAL_ERROR, "internal error", CLASS_BASIC, 40))
+            return
+        if not self.reply_pending:
+            self._resume()
 
     def _publish_routed(self, exchange: Exchange, args: PublishArgs, msg: Message, persistent: bool) -> None:
         """A publish past its checks: into the transaction, or routed now."""

@@ -23,7 +23,6 @@ from broker.message_codec import decode_message, encode_message
 from broker.queue_types import queue_type_of
 from storage.backing_queue import BackingQueue
 from storage.commits import AllOf
-from storage.metadata_store import MetadataStoreError
 from storage.node_storage import NodeStorage
 from storage.pg.cluster import NameTaken, PgCluster
 from storage.pg.definitions_store import PgDefinitionsStore
@@ -74,6 +73,9 @@ class Cluster:
         """``node``: broker/node.py's Node (a layer above: typed Any, not imported)."""
         self.node = node
         self.dsn = dsn
+        # The cluster's definitions in PostgreSQL (opened by connect(), on the event loop) and the member's
+        # metadata store split over them and its SQLite one (open_definitions()).
+        self.definitions: PgDefinitionsStore | None = None
         self.store: SplitMetadataStore | None = None
         self.follower: DefinitionsFollower | None = None
         self.pg: PgCluster | None = None
@@ -89,8 +91,9 @@ class Cluster:
                                         collect_node=node.counters.as_dict)
 
     async def connect(self) -> None:
-        """Join: take an epoch and the connections that hold it (storage/pg/cluster.py), before anything
-        is recovered (the recovery pass opens the quorum queues in PostgreSQL)."""
+        """Join: take an epoch and the connections that hold it (storage/pg/cluster.py), and read the shared
+        definitions (storage/pg/definitions_store.py), before anything is recovered (the recovery pass opens the
+        quorum queues in PostgreSQL and reads the definitions read here)."""
         try:
             # cluster.postgres.lease_seconds: how soon peers fence this node if it hangs (broker/config.py).
             self.pg = await PgCluster.connect(self.dsn, self.node.name,
@@ -108,6 +111,12 @@ class Cluster:
             await pg.close()
             raise ClusterError(f"cannot read the cluster's name from PostgreSQL at {safe_dsn(self.dsn)}: "
                                f"{exc}") from None
+        try:
+            self.definitions = await PgDefinitionsStore.open(self.dsn, writer=self.node.name)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, SchemaTooNew) as exc:
+            await pg.close()
+            raise ClusterError(f"cannot read the cluster's definitions from PostgreSQL at {safe_dsn(self.dsn)}: "
+                               f"{exc or 'no answer'}") from None
 
     def _cluster_name_changed(self, name: str) -> None:
         """The cluster's name changed (on any member): the node reports it (HTTP API, Prometheus, AMQP)."""
@@ -176,29 +185,27 @@ class Cluster:
         return await self.forwarding.other_member_queue(vhost, name)
 
     def open_definitions(self, storage: NodeStorage) -> SplitMetadataStore:
-        """The node's metadata store becomes the split one (storage/pg/shared_metadata.py); the feed is
-        followed from its end as of now, so that a change made while the recovery pass reads is replayed."""
-        try:
-            shared = PgDefinitionsStore(self.dsn, writer=self.node.name)
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, MetadataStoreError) as exc:
-            raise ClusterError(f"cannot reach the cluster's PostgreSQL at {safe_dsn(self.dsn)} "
-                               f"(cluster.postgres.dsn): {exc}") from None
-        except SchemaTooNew as exc:
-            raise ClusterError(str(exc)) from None
+        """The node's metadata store becomes the split one (storage/pg/shared_metadata.py) over the definitions
+        connect() read; the feed is followed from the version they were read at, so that a change made since is
+        replayed."""
+        shared = self.definitions
+        assert shared is not None, "connect() first"
         self.store = SplitMetadataStore(storage.metadata, shared, make_where(self.node))
         storage.metadata = self.store  # the same Metadata (storage/metadata_store.py), split
         self.node.commits = shared  # replies to the methods that write a definition wait for its commit
         self.follower = DefinitionsFollower(self.node, self.store)
-        self.follower.version = shared.last_version()
+        self.follower.version = shared.version_at_open
         log.info("cluster member", node=self.node.name, postgres=safe_dsn(self.dsn))
         return self.store
 
     async def start(self) -> None:
         """Follow the other members' changes (the node is recovered and about to listen)."""
+        if self.definitions is not None:
+            self.definitions.recovered()  # from now on the memory follows the feed; nothing reads the table
         if self.follower is not None:
             self.follower.start()
             for vh in self.node.vhosts.values():
-                vh.catch_up = self.follower.catch_up_now
+                vh.catch_up = self.follower
         self.forwarding = ClusterForwarding(self.node, self.dsn)
         await self.forwarding.start()
         if self.store is not None:  # bind-ok waits for the directory's row too (storage/commits.py)
@@ -207,11 +214,11 @@ class Cluster:
 
     def vhost_added(self, vh: Any) -> None:
         """A vhost made (or recovered) on this node: its routes to other members' queues and its reading of
-        the definitions feed on a miss (broker/cluster_definitions.py catch_up_now), once started."""
+        the definitions feed on a miss (broker/cluster_definitions.py DefinitionsFollower), once started."""
         if self.forwarding is not None:
             self.forwarding.attach(vh)
             if self.follower is not None:
-                vh.catch_up = self.follower.catch_up_now
+                vh.catch_up = self.follower
 
     async def stop(self) -> None:
         """A clean leave: stop following, then give back this node's reservations (storage/pg/cluster.py)."""

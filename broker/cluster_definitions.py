@@ -47,12 +47,12 @@ log = structlog.get_logger("leveret.cluster")
 
 SHARED_KINDS = frozenset({"vhost", "user", "permission", "topic_permission", "policy", "operator_policy",
                           "parameter", "global_parameter", "exchange"})
-# catch_up_now for publishes routed nowhere at most this often (seconds): a miss within it waits for the poll.
+# Routing's read of the feed (DefinitionsFollower.soon, for publishes to names nobody here knows) at most this
+# often (seconds, from the start of one read to the start of the next); one at a time.
 CATCH_UP_MIN_INTERVAL = 0.005
-# catch_up_now waits at most this long for the feed (seconds); past it, it answers from memory and does not ask
-# again until the server has answered a probe (storage/pg/definitions_store.py), so a frozen PostgreSQL costs
-# the event loop this once, not once per miss.
-CATCH_UP_WAIT = 0.2
+# A publish waits for that read at most this long (seconds; the directory's own timeout): past it, it is routed
+# by what is here, and so are the publishes after it until the read ends.
+SOON_WAIT = 3.0
 # Queue types whose queues every member serves (their messages are in PostgreSQL).
 SHARED_QUEUE_TYPES = frozenset({"quorum"})
 
@@ -183,6 +183,11 @@ def _apply_vhost_change(node: Any, vh: Any, kind: str, key: tuple[str, ...], val
                             vhost=vh.name, source=source, destination=destination, reason=exc.text)
 
 
+def _settle(waited: asyncio.Future[None]) -> None:
+    if not waited.done():
+        waited.set_result(None)
+
+
 class DefinitionsFollower:
     """Replays the other members' changes (see the module docstring), every ``interval`` seconds. While
     PostgreSQL is out of reach it says so once and keeps polling; once it answers again (the store opens a
@@ -197,8 +202,10 @@ class DefinitionsFollower:
         self.applied = 0  # changes replayed, for tests and the curious
         self._task: asyncio.Task[None] | None = None
         self._failing = False
-        self._last_catch_up_now = 0.0
-        self._reads: set[asyncio.Future[None]] = set()  # catch_up_now's reads for a channel's method, held till done
+        self._reads: set[asyncio.Task[None]] = set()  # now()'s reads for a method, held till done
+        self._soon: asyncio.Task[None] | None = None  # soon()'s read on its way
+        self._soon_waited: asyncio.Future[None] | None = None  # what a publish waits for: that read, or SOON_WAIT
+        self._soon_at = 0.0  # when it started
         # Rung by every commit that changed a definition (storage/pg/definitions_store.py DEFINITIONS_BELL):
         # the feed is read at once, the poll stays for rings lost with a broken session.
         self._rung = asyncio.Event()
@@ -237,46 +244,68 @@ class DefinitionsFollower:
         after this member's writes accepted so far); returns how many."""
         n = 0
         while True:
-            changes = await self.shared.changes_since_async(self.version)
+            changes = await self.shared.changes_since(self.version)
             if not changes:
                 return n
             n += self._apply(changes)
 
-    def catch_up_now(self, rate_limited: bool = False) -> bool:
-        """Apply what the feed holds past ``version`` at once, reading it on the event loop (one query, at most
-        CATCH_UP_WAIT; inside a channel's method without waiting: Deferred, the method handled again after): for a
-        client naming a queue or exchange this member does not know, which another member may have declared
-        since the last poll (declare on one node, consume on another at once: RabbitMQ's cluster answers
-        that from its replicated tables; waiting for the poll here meant a 404). A miss that closes the
-        client's channel (404) is paced by the client's round trips; a publish routed nowhere is not, so
-        with ``rate_limited`` it reads the feed at most once per :data:`CATCH_UP_MIN_INTERVAL`. True if a
-        change was applied."""
+    # -- broker/topology.py CatchUp: a name this member does not know, maybe declared elsewhere a moment ago --
+    def now(self) -> bool:
+        """Read the feed before answering a client that names a queue or exchange this member does not know,
+        which another member may have declared since the last poll (declare on one node, consume on another at
+        once: RabbitMQ's cluster answers that from its replicated tables; waiting for the poll here meant a 404).
+        Inside a channel's method or :func:`~broker.topology.answered_call` (broker/topology.py "Answers that come
+        later"): the feed is read without the loop waiting, and the method handled again once it is applied; True
+        if a change was. Outside them (a replayed change, another member's unbind request): the read is started
+        for the next time and False answered at once."""
         answers = current_answers()
-        if answers is not None and not rate_limited:
-            # A channel's method (broker/topology.py "Answers that come later"): the feed is read on the loop's
-            # own connection without the loop waiting, the method handled again once it is applied. Not for
-            # routing (rate_limited): a message routed inside a method (a tx.commit's, a dead letter) is routed
-            # now, the method past the point where it could be handled again.
-            got, applied = answers.take(("catch_up",))
-            if got:
-                return bool(applied)
-            read = asyncio.ensure_future(self._catch_up_into(answers))
-            self._reads.add(read)
-            read.add_done_callback(self._reads.discard)
-            raise Deferred(read)
-        now = time.monotonic()
-        if rate_limited and now - self._last_catch_up_now < CATCH_UP_MIN_INTERVAL:
+        if answers is None:
+            self.soon()
             return False
-        self._last_catch_up_now = now
+        got, applied = answers.take(("catch_up",))
+        if got:
+            return bool(applied)
+        read = asyncio.get_running_loop().create_task(self._catch_up_into(answers))
+        self._reads.add(read)
+        read.add_done_callback(self._reads.discard)
+        raise Deferred(read)
+
+    def soon(self) -> asyncio.Future[None] | None:
+        """Routing's read of the feed (a publish to a name nobody here knows), without waiting: the read on its
+        way, else a new one, unless one started less than CATCH_UP_MIN_INTERVAL ago (None: routed by what is
+        here, as when the read on its way has been waited for SOON_WAIT already). A publish is not paced by a
+        client's round trip as a 404 is, hence the rate; and a message routed inside a method (a tx.commit's, a
+        dead letter) is routed now, past the point where the method could be handled again, hence no Deferred.
+        The future is done when the read is, or after SOON_WAIT; it never fails (PostgreSQL not answering: the
+        poll retries)."""
+        if self._soon is not None:
+            waited = self._soon_waited
+            return None if waited is None or waited.done() else waited
+        now = time.monotonic()
+        if now - self._soon_at < CATCH_UP_MIN_INTERVAL:
+            return None
+        self._soon_at = now
+        loop = asyncio.get_running_loop()
+        waited = self._soon_waited = loop.create_future()
+        self._soon = loop.create_task(self._read_soon(waited))
+        timer = loop.call_later(SOON_WAIT, _settle, waited)
+        waited.add_done_callback(lambda _f: timer.cancel())
+        return waited
+
+    async def _read_soon(self, waited: asyncio.Future[None]) -> None:
         try:
-            changes = self.shared.changes_since(self.version, wait=CATCH_UP_WAIT)
+            await self.catch_up()
         except MetadataStoreError:
-            return False  # PostgreSQL out of reach: the answer stays the 404 it was
-        return self._apply(changes) > 0 if changes else False
+            pass  # PostgreSQL out of reach: the names stay unknown; the poll says so and retries
+        except Exception:
+            log.exception("reading the cluster's definitions for routing failed")
+        finally:
+            self._soon = None
+            _settle(waited)
 
     async def _catch_up_into(self, answers: Answers) -> None:
         """:meth:`catch_up` for a method handled again once it is done: whether a change was applied goes into
-        ``answers`` (False if PostgreSQL did not answer, as :meth:`catch_up_now` answers then)."""
+        ``answers`` (False if PostgreSQL did not answer: the name stays unknown)."""
         try:
             applied = await self.catch_up() > 0
         except MetadataStoreError:
@@ -288,7 +317,7 @@ class DefinitionsFollower:
 
     def _apply(self, changes: list[Change]) -> int:
         """Replay ``changes`` (oldest first) past ``version``; returns how many were the other members'.
-        One read may overlap another (the poll's and :meth:`catch_up_now`'s): what is at or below
+        One read may overlap another (the poll's and a method's): what is at or below
         ``version`` is applied already and skipped, so an old change is never replayed over a newer one."""
         n = 0
         with self.store.replaying():
@@ -308,5 +337,5 @@ class DefinitionsFollower:
         return n
 
     async def stop(self) -> None:
-        await stop_tasks(self._task)  # (re-cancelled while running: a cancel wait_for swallowed would hang)
+        await stop_tasks(self._task, self._soon)  # (re-cancelled while running: a cancel wait_for swallowed would hang)
         await self.bell.close()

@@ -21,16 +21,17 @@ PostgreSQL, so that an RPC reply published right after the client declared its r
 depend on the doorbell's timing; a miss is remembered for :data:`NEGATIVE_TTL` seconds or until the directory
 changes.
 
-**Nothing on the loop waits for the directory** (issue 34). A channel's method that needs the directory (the
-claim of a queue.declare, the look-up of a name a method uses, whether the owner made a binding) has the
-question started on the directory's thread and is handled again, from its start, once the answer is in
-(broker/topology.py "Answers that come later", broker/channel.py): the reply, and the channel's later frames,
-wait; every other client of the member is served meanwhile, those of its classic queues too. A client's
-publish to an unknown name waits the same way (:meth:`VHostLink.looking_up`); routing that must answer at once
-(a tx.commit, a dead letter, the HTTP API's publish) uses what is remembered and starts the look-up for the
-next message (:meth:`VHostLink._lookup`). PostgreSQL not answering within the directory's timeout (3 s) is as
-before: the declare makes the queue here without its row (written when PostgreSQL is back), a look-up finds
-nothing. The HTTP API's declare and a definitions import still ask synchronously.
+**Nothing on the loop waits for the directory** (issue 34). The directory's calls are awaited on the loop
+(storage/pg/forwarding.py). A channel's method that needs the directory (the claim of a queue.declare, the
+look-up of a name a method uses, whether the owner made a binding) has the question started and is handled
+again, from its start, once the answer is in (broker/topology.py "Answers that come later", broker/channel.py):
+the reply, and the channel's later frames, wait; every other client of the member is served meanwhile, those
+of its classic queues too. The HTTP API's declares, binds and unbinds and a definitions import's steps do the
+same as coroutines (broker/topology.py ``answered_call``). A client's publish to an unknown name waits the same
+way (:meth:`VHostLink.looking_up`); routing that must answer at once (a tx.commit, a dead letter, the HTTP
+API's publish) uses what is remembered and starts the look-up for the next message (:meth:`VHostLink._lookup`).
+PostgreSQL not answering within the directory's timeout (3 s) is as before: the declare makes the queue here
+without its row (written when PostgreSQL is back), a look-up finds nothing.
 
 **Forwarding.** A publish routed to remote queues goes, with every other message of the event-loop burst, in
 one INSERT into ``leveret.forward`` (one row per message and target member, listing the target's queues);
@@ -55,10 +56,10 @@ port. A declare of another member's queue waits for the answer (at most :data:`A
 the owner has no live node row) and checks equivalence as RabbitMQ does: durable (from the directory) and the
 arguments (from the answer) must match, else 406 PRECONDITION_FAILED ("inequivalent arg"); declare-ok (passive
 too) carries the owner's message and consumer counts. An owner that does not answer in time: declare-ok,
-unchecked, with 0 and 0 (logged). The channel waits without blocking the event loop (the question is asked
-on the directory's thread, the answer checked and declare-ok sent when it comes; broker/remote_queue.py
-``message_count_wait``), holding its later methods back meanwhile (broker/channel.py); a declare through the
-HTTP API or a definitions import asks synchronously. The HTTP API lists the other members' queues the same way (all of a
+unchecked, with 0 and 0 (logged). The channel waits without blocking the event loop (the answer checked and
+declare-ok sent when it comes; broker/remote_queue.py ``message_count_wait``), holding its later methods back
+meanwhile (broker/channel.py); a declare through the HTTP API or a definitions import awaits it
+(broker/remote_queue.py ``answered``). The HTTP API lists the other members' queues the same way (all of a
 member's queues in one question, answers reused :data:`LIST_MAX_AGE`).
 
 **Unbind from another member.** queue.unbind of a binding of another member's queue stops the routing here at
@@ -101,7 +102,7 @@ from broker.remote_queue import RemoteQueue, RemoteRoutes, routing_type
 from broker.topology import Answers, Deferred, current_answers
 from protocol.constants import INTERNAL_ERROR, PRECONDITION_FAILED
 from storage.metadata_store import MetadataWriteError
-from storage.pg.forwarding import DirectoryUnavailable, Forwarded, PgDirectory, PgForwarding
+from storage.pg.forwarding import DirectoryUnavailable, Forwarded, Owner, PgDirectory, PgForwarding
 
 if TYPE_CHECKING:
     from broker.vhost import VHost
@@ -235,7 +236,7 @@ class VHostLink(RemoteRoutes):
 
     async def _look_up(self, name: str) -> None:
         try:
-            owner = await self.fw.directory.lookup_async(self.vhost, name)
+            owner = await self.fw.directory.lookup(self.vhost, name)
         except DirectoryUnavailable:
             owner = None
         self._looked_up(name, owner)
@@ -254,20 +255,20 @@ class VHostLink(RemoteRoutes):
 
     def find(self, name: str) -> RemoteQueue | None:
         """A queue of another member named ``name`` (asking the directory, not the cache of misses). Inside
-        ``deferring`` (a channel's method) the question does not wait: it is asked on the directory's thread and
-        :class:`~broker.topology.Deferred` raised, the method handled again with the answer (a name nobody
-        holds, or PostgreSQL not answering within the directory's timeout: None, as before)."""
+        ``deferring`` (a channel's method, broker/topology.py ``answered_call``) the question does not wait: it is
+        started and :class:`~broker.topology.Deferred` raised, the method handled again with the answer (a name
+        nobody holds, or PostgreSQL not answering within the directory's timeout: None). Outside it: what is
+        known here, the look-up started for the next time."""
         self.negative.pop(name, None)
         q = self.queues.get(name)
         if q is not None:
             return q
         answers = current_answers()
+        if answers is None:
+            self.looking_up(name)
+            return None
         try:
-            if answers is None:
-                owner = self.fw.directory.lookup(self.vhost, name)
-            else:
-                owner = self._asked(answers, ("lookup", name),
-                                    lambda: self.fw.directory.lookup_async(self.vhost, name))
+            owner = self._asked(answers, ("lookup", name), lambda: self.fw.directory.lookup(self.vhost, name))
         except DirectoryUnavailable:
             owner = None
         return self._looked_up(name, owner)
@@ -275,7 +276,7 @@ class VHostLink(RemoteRoutes):
     def _asked(self, answers: Answers, key: tuple[Any, ...], ask: Callable[[], Awaitable[T]]) -> T:
         """The directory's answer to ``key`` if it is in ``answers`` (DirectoryUnavailable raised again if that
         was the answer); else the question ``ask`` is started and Deferred raised. A directory that did not
-        answer recently answers at once (DirectoryUnavailable), as its synchronous calls do."""
+        answer recently answers at once (DirectoryUnavailable), as its calls do."""
         got, result = answers.take(key)
         if got:
             if isinstance(result, DirectoryUnavailable):
@@ -315,9 +316,9 @@ class VHostLink(RemoteRoutes):
     def claim(self, name: str, durable: bool, exclusive: bool, arguments: dict[str, Any],
               owner_checks: list[Callable[[], None]] | None = None) -> RemoteQueue | None:
         """queue.declare of a queue not here: write its row (None: it is ours to make), or the other member's
-        queue of that name. The equivalence check that needs the owner's answer is made now (asking it
-        synchronously), or, with ``owner_checks``, appended there for the caller to run once the answer is at
-        hand (RemoteQueue.message_count_wait)."""
+        queue of that name. The equivalence check that needs the owner's answer is appended to ``owner_checks``
+        for the caller to run once the answer is at hand (RemoteQueue.message_count_wait); without it, it is made
+        now against the owner's last answer (unchecked if there is none)."""
         if queue_type_of(arguments).cluster_shared:
             return None  # its definition is shared (amqqueue.declare read the feed before coming here)
         try:
@@ -341,15 +342,15 @@ class VHostLink(RemoteRoutes):
 
     def _claimed(self, name: str, durable: bool, exclusive: bool) -> Any:
         """The directory's claim of ``name`` for this member: None (ours), or the Owner that holds it. Inside
-        ``deferring`` (a channel's queue.declare) it does not wait: the claim is started on the directory's
-        thread and Deferred raised, the declare handled again with its answer; declare-ok (or the error) is sent
-        then, the channel's later frames held back meanwhile (broker/channel.py). A claim the declare did not
-        use in the end (its channel closed, or the queue was made meanwhile by another declare) is released
-        unless the queue is here (Answers.settle). Outside ``deferring`` (the HTTP API, a definitions import,
-        callers off the loop): synchronous, as before."""
+        ``deferring`` (a channel's queue.declare; the HTTP API's and a definitions import's, through
+        broker/topology.py ``answered_call``) it does not wait: the claim is started and Deferred raised, the
+        declare handled again with its answer; declare-ok (or the error) is sent then, the channel's later frames
+        held back meanwhile (broker/channel.py). A claim the declare did not use in the end (its channel closed,
+        or the queue was made meanwhile by another declare) is released unless the queue is here
+        (Answers.settle). Outside ``deferring``: :meth:`_claimed_later`."""
         answers = current_answers()
         if answers is None:
-            return self.fw.directory.claim(self.vhost, name, durable, exclusive)
+            return self._claimed_later(name)
         key = ("claim", name, durable, exclusive)
         got, result = answers.take(key)
         if got:
@@ -362,10 +363,23 @@ class VHostLink(RemoteRoutes):
         if claiming is not None:
             raise Deferred(claiming)  # another declare of the name here first: handled again after it
         future = self._claiming[name] = self._start(self._answer_into(
-            answers, key, lambda: self.fw.directory.claim_async(self.vhost, name, durable, exclusive),
+            answers, key, lambda: self.fw.directory.claim(self.vhost, name, durable, exclusive),
             lambda owner: (lambda: self._unclaimed(name)) if owner is None else None))
         future.add_done_callback(lambda _f: self._claiming.pop(name, None))
         raise Deferred(future)
+
+    def _claimed_later(self, name: str) -> Any:
+        """A claim asked outside ``deferring``, where nothing may wait (no caller in the broker does: see
+        broker/topology.py): the member that holds ``name`` as last read, else this member's, its row written by
+        the next rewrite of this member's rows (a name another member holds meanwhile is logged then, as at
+        start: ClusterForwarding._say_taken)."""
+        q = self.queues.get(name)
+        if q is not None:
+            return Owner(q.node, q.queue_durable, q.exclusive)
+        log.info("queue declared without waiting for its claim in the cluster directory (written with this "
+                 "member's rows)", vhost=self.vhost, queue=name)
+        self.fw.rewrite_own_rows()
+        return None
 
     def _unclaimed(self, name: str) -> None:
         """A claim of ``name`` answered "ours" that no declare used: released, unless a queue of that name is
@@ -495,12 +509,12 @@ class VHostLink(RemoteRoutes):
             return False
         args_hash = binding_args_hash(arguments)
         answers = current_answers()
+        if answers is None:
+            return False  # (what is known here, checked above)
         try:
-            if answers is None:
-                return self.fw.directory.has_binding(self.vhost, source, queue, routing_key, args_hash)
             return self._asked(answers, ("has_binding", source, queue, routing_key, args_hash),
-                               lambda: self.fw.directory.has_binding_async(self.vhost, source, queue, routing_key,
-                                                                           args_hash))
+                               lambda: self.fw.directory.has_binding(self.vhost, source, queue, routing_key,
+                                                                     args_hash))
         except DirectoryUnavailable:
             return False
 
@@ -539,7 +553,7 @@ class ClusterForwarding:
     # -- life cycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:
         try:
-            self._say_taken(self.directory.replace_own(*self._own_rows()))
+            self._say_taken(await self.directory.replace_own(*self._own_rows()))
         except DirectoryUnavailable as exc:  # the poll writes them once PostgreSQL answers
             log.warning("cannot write this member's directory of node-local queues yet", error=str(exc))
         self.pg = PgForwarding(self.dsn, self.name, encode_message, self._confirmed, self._deliver,
@@ -584,11 +598,11 @@ class ClusterForwarding:
         if self.pg is not None:
             await self.pg.close()
         try:
-            await asyncio.to_thread(self.directory.drop_transient_own)
+            await self.directory.drop_transient_own()
         except DirectoryUnavailable as exc:
             log.warning("could not drop this member's non-durable queue rows (dropped when it is reaped)",
                         error=str(exc))
-        await asyncio.to_thread(self.directory.close)
+        await self.directory.close()
 
     def _own_rows(self) -> tuple[list[tuple[str, str, bool, bool]], list[tuple[str, str, str, str, str, bytes, str]]]:
         queues: list[tuple[str, str, bool, bool]] = []
@@ -612,17 +626,13 @@ class ClusterForwarding:
     # -- the other members' directory ------------------------------------------------------------------------
     def remote_queue(self, vhost: str, name: str, node: str, durable: bool, exclusive: bool) -> RemoteQueue:
         return RemoteQueue(vhost, name, node, durable, exclusive, self.forward, self.overloaded, self.throttle,
-                           self._ask_owner, self._ask_owner_async)
+                           self._ask_owner)
 
     # -- questions between members about their node-local queues (storage/pg/forwarding.py ask) ---------------
-    def _ask_owner(self, q: RemoteQueue) -> dict[str, Any] | None:
-        """What ``q``'s member answers of it now (a declare through the HTTP API waits for it, blocking, at most
-        ASK_TIMEOUT)."""
-        return _row_of(q, self.directory.ask(q.node, q.vhost_name, [q.name], ASK_TIMEOUT))
-
-    async def _ask_owner_async(self, q: RemoteQueue) -> dict[str, Any] | None:
-        """:meth:`_ask_owner` for a channel's declare: the event loop goes on serving while the answer comes."""
-        return _row_of(q, await self.directory.ask_async(q.node, q.vhost_name, [q.name], ASK_TIMEOUT))
+    async def _ask_owner(self, q: RemoteQueue) -> dict[str, Any] | None:
+        """What ``q``'s member answers of it now (a declare waits for it, at most ASK_TIMEOUT; the event loop
+        goes on serving while the answer comes)."""
+        return _row_of(q, await self.directory.ask(q.node, q.vhost_name, [q.name], ASK_TIMEOUT))
 
     def answer(self, vhost: str | None, names: list[str] | None) -> list[Any]:
         """This member's answer about its own node-local queues (``names`` of ``vhost``; all of the vhost, or
@@ -645,7 +655,7 @@ class ClusterForwarding:
         q = link.queues.get(name) if link is not None else None
         if q is None:
             return None
-        rows = await self.directory.ask_async(q.node, vhost, [name], LIST_TIMEOUT)
+        rows = await self.directory.ask(q.node, vhost, [name], LIST_TIMEOUT)
         for row in rows or ():
             if row[0] == vhost and row[1] == name:
                 return q.node, dict(row[2])
@@ -666,7 +676,7 @@ class ClusterForwarding:
         now = time.monotonic()
         stale = [n for n in wanted if now - self._answers.get(n, (0.0, {}))[0] >= LIST_MAX_AGE]
         if stale:
-            answers = await asyncio.gather(*(self.directory.ask_async(n, None, None, LIST_TIMEOUT) for n in stale),
+            answers = await asyncio.gather(*(self.directory.ask(n, None, None, LIST_TIMEOUT) for n in stale),
                                            return_exceptions=True)
             for n, rows in zip(stale, answers, strict=True):
                 by_name = {} if not isinstance(rows, list) else {(r[0], r[1]): dict(r[2]) for r in rows}
@@ -691,11 +701,16 @@ class ClusterForwarding:
         else:
             self._reload_again = True
 
+    def rewrite_own_rows(self) -> None:
+        """Have this member's rows rewritten (replace_own) at the next read of the directory, or now."""
+        self.directory.failed = True
+        self.directory_changed()
+
     async def _resync(self) -> None:
-        """A directory write was lost (PostgreSQL out of reach): rewrite this member's rows, off the loop."""
+        """A directory write was lost (PostgreSQL out of reach): rewrite this member's rows."""
         try:
             rows = self._own_rows()
-            self._say_taken(await asyncio.to_thread(self.directory.replace_own, *rows, force=False))
+            self._say_taken(await self.directory.replace_own(*rows, force=False))
             log.info("this member's directory rows rewritten")
         except DirectoryUnavailable:
             pass

@@ -18,8 +18,10 @@ migrates it into the store.
 Imports can be large (thousands of queues, bindings and users): :func:`parse` runs in a thread and refuses
 nesting the decoder cannot handle; :func:`import_definitions` writes one metadata-store transaction (one
 fsync), and :func:`import_definitions_async` applies the objects in short slices with the event loop free
-between them, recording their writes, and commits them all at the end in one transaction from a worker
-thread.
+between them, recording their writes, and commits them all at the end in one transaction (SQLite's from a worker
+thread, a cluster's PostgreSQL share in its journal on the loop: storage/pg/definitions_store.py). A step that
+asks PostgreSQL something first (a cluster member's claim of a queue's name, its read of the definitions feed)
+waits for the answer with the loop free, and is made once it is in (broker/topology.py).
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from broker import PRODUCT, VERSION, limits, parameters, remote_queue
 from broker.auth import HASHING_ALGORITHMS, SHA256, hash_password, valid_password_hash
@@ -39,10 +42,13 @@ from broker.errors import AMQPError
 from broker.exchange import EXCHANGE, QUEUE
 from broker.json_values import json_safe
 from broker.policy import make_policy
+from broker.topology import Answers, Deferred, deferring
 
 if TYPE_CHECKING:
     from broker.node import Node
     from broker.vhost import VHost
+
+T = TypeVar("T")
 
 METADATA_FILE = "metadata.json"
 
@@ -161,26 +167,46 @@ def _list(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
     return value
 
 
-class OwnerWait:
-    """An import step that needs another cluster member's answer about one of its queues (the equivalence
-    check of a queue declared there): the import waits for it before its next step."""
+class Wait:
+    """An import step that waits for an answer (of the directory of node-local queues, of the definitions feed,
+    of another cluster member about one of its queues): the import awaits it, with the event loop free, before
+    its next step (:func:`import_definitions_async`)."""
 
-    def __init__(self, queue: Any) -> None:
-        self.queue = queue  # broker/remote_queue.py's RemoteQueue
-
-    def ask_now(self) -> None:
-        """Ask synchronously (start-up and tools: nothing else waits on the loop)."""
-        self.queue.info()
-
-    async def answered(self) -> None:
-        """Wait for the answer with the event loop free (the HTTP API's import)."""
-        await remote_queue.answered(self.queue)
+    def __init__(self, answered: Callable[[], Awaitable[Any]]) -> None:
+        self.answered = answered
 
 
-def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[OwnerWait | None]:
+def _answered(act: Callable[[], T]) -> Generator[Wait, None, T]:
+    """``act()`` as broker/topology.py's ``answered_call`` runs it, as steps of the import: inside ``deferring``,
+    and again from its start after each Wait for what it asked (it asks before it changes anything)."""
+    answers = Answers()
+    try:
+        while True:
+            try:
+                with deferring(answers):
+                    return act()
+            except Deferred as exc:
+                yield Wait(partial(_until, exc.future))
+    finally:
+        answers.settle()
+
+
+async def _until(future: asyncio.Future[Any]) -> None:
+    await future
+
+
+def _declare_queue(vh: VHost, q: dict[str, Any], owner_checks: list[Callable[[], None]]) -> tuple[Any, bool]:
+    owner_checks.clear()
+    return vh.queues.declare(_str(q, "name", "queue"), False, _bool(q, "durable", True), False,
+                             _bool(q, "auto_delete", False), q.get("arguments") or {}, None,
+                             owner_checks=owner_checks)
+
+
+def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[Wait | None]:
     """Apply ``data`` one object at a time, yielding after each, so that a caller on the event loop can
-    let clients in between (:func:`import_definitions_async`). Every step leaves the node consistent: an
-    object is created whole, with its durable definition written, or not at all."""
+    let clients in between (:func:`import_definitions_async`); a step that needs an answer from PostgreSQL
+    first yields a :class:`Wait` for it. Every step leaves the node consistent: an object is created whole,
+    with its durable definition written, or not at all."""
     if not isinstance(data, dict):
         raise DefinitionsError("definitions must be a JSON object")
     if vhost is not None and vhost not in node.vhosts:
@@ -276,14 +302,12 @@ def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[OwnerWai
                                          _bool(x, "auto_delete", False), _bool(x, "internal", False), args)
             yield None
         for q in _list(data, "queues"):
-            # Another cluster member's queue of that name: its equivalence check waits for that member's answer
-            # (OwnerWait: the caller waits, on the event loop without holding it), then runs here.
+            # In a cluster: the claim of its name (or the feed's read for a quorum queue) waited for; another
+            # member's queue of that name has its equivalence check wait for that member's answer, then run here.
             owner_checks: list[Callable[[], None]] = []
-            queue, _created = vhost_of(q).queues.declare(
-                _str(q, "name", "queue"), False, _bool(q, "durable", True), False, _bool(q, "auto_delete", False),
-                q.get("arguments") or {}, None, owner_checks=owner_checks)
+            queue, _created = yield from _answered(partial(_declare_queue, vhost_of(q), q, owner_checks))
             if owner_checks:
-                yield OwnerWait(queue)
+                yield Wait(partial(remote_queue.answered, queue))
                 for check in owner_checks:
                     check()
             yield None
@@ -293,14 +317,14 @@ def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[OwnerWai
             destination = _str(b, "destination", "binding")
             if kind == QUEUE and vh.queues.get(destination) is None:
                 raise DefinitionsError(f"binding to unknown queue '{destination}' in vhost '{vh.name}'")
-            vh.bind(_str(b, "source", "binding"), destination, kind, str(b.get("routing_key", "")),
-                    b.get("arguments") or {})
+            yield from _answered(partial(vh.bind, _str(b, "source", "binding"), destination, kind,
+                                         str(b.get("routing_key", "")), b.get("arguments") or {}))
             yield None
     except AMQPError as exc:
         raise DefinitionsError(exc.text) from None
 
 
-def _guarded_steps(node: Node, data: Any, vhost: str | None) -> Iterator[OwnerWait | None]:
+def _guarded_steps(node: Node, data: Any, vhost: str | None) -> Iterator[Wait | None]:
     """The import's steps; a value of the wrong shape deep inside an object (a list where a string
     belongs, arguments nested too deep to encode) is the document's fault, so a DefinitionsError (HTTP
     400, one line at start) rather than a Python exception. Whatever was applied is saved either way
@@ -320,12 +344,14 @@ def _batch(node: Node) -> AbstractContextManager[None]:
 
 def import_definitions(node: Node, data: Any, vhost: str | None = None) -> None:
     """Create or update everything ``data`` defines (``vhost``: a per-vhost file, into that vhost), in
-    one go: for start-up and tools, where nothing else waits on the loop.
-    Raises DefinitionsError naming the first item that cannot be imported."""
+    one go: for start-up (``load_definitions``, before a cluster member asks the other members anything) and
+    tools. Raises DefinitionsError naming the first item that cannot be imported, or one that needs an answer
+    the caller cannot wait for (a running cluster member imports through :func:`import_definitions_async`)."""
     with _batch(node):
         for step in _guarded_steps(node, data, vhost):
             if step is not None:
-                step.ask_now()
+                raise DefinitionsError("this import needs answers from the cluster's PostgreSQL: import it "
+                                       "through the HTTP API (POST /api/definitions)")
 
 
 # Work done between two yields to the event loop during an HTTP import: long enough that the commit
@@ -336,8 +362,9 @@ IMPORT_SLICE_SECONDS = 0.02
 async def import_definitions_async(node: Node, data: Any, vhost: str | None = None) -> None:
     """:func:`import_definitions` for the HTTP API: the objects are applied in slices of
     ``IMPORT_SLICE_SECONDS`` with the event loop free in between, so that a document of thousands of
-    queues, bindings and users does not stall every client for seconds. The slices' metadata writes are
-    recorded, not made, and written at the end in one transaction (one fsync) from a worker thread; other
+    queues, bindings and users does not stall every client for seconds; a step waiting for an answer
+    (:class:`Wait`) is awaited between slices. The slices' metadata writes are recorded, not made, and written
+    at the end in one transaction without the loop waiting (``Metadata.apply_async``); other
     clients' writes in between are made at once, never part of (or rolled back with) the import's, and
     replayed after it so that the last write of a definition wins (storage/metadata_store.py). On a
     DefinitionsError what was applied is written too, then the error is raised. Runs to the end even if
@@ -352,7 +379,7 @@ async def import_definitions_async(node: Node, data: Any, vhost: str | None = No
             done = False
             while not done:
                 deadline = time.monotonic() + IMPORT_SLICE_SECONDS
-                wait: OwnerWait | None = None
+                wait: Wait | None = None
                 with store.recording(ops) if store is not None else nullcontext():
                     for step in steps:
                         if step is not None:
@@ -368,7 +395,7 @@ async def import_definitions_async(node: Node, data: Any, vhost: str | None = No
                     await asyncio.sleep(0)
         finally:
             if store is not None and ops:
-                await asyncio.to_thread(store.apply, ops)
+                await store.apply_async(ops)
             elif store is not None:
                 store.discard(ops)
 

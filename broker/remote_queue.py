@@ -9,9 +9,8 @@ not consumable here; the HTTP API lists it as its owner answers). Publishing to 
 the owner (its publisher confirm comes after that commit, through the channel's CONFIRM_LATER path, as for a
 PostgreSQL-backed queue). Its figures and arguments are asked of the owner (a declare's equivalence check and
 declare-ok counts): a channel waits for the answer without blocking the event loop
-(:meth:`RemoteQueue.message_count_wait`, the same hook a quorum queue's recount gives the channel);
-:meth:`RemoteQueue.info` asks synchronously, for the callers that cannot wait otherwise (the HTTP API's
-declare, a definitions import).
+(:meth:`RemoteQueue.message_count_wait`, the same hook a quorum queue's recount gives the channel), a coroutine
+awaits :func:`answered`; :meth:`RemoteQueue.info` reads the last answer, never asking.
 
 Bindings of the shared exchanges to remote queues live in *shadow* exchanges: one per source exchange, of the
 source's routing type (direct, fanout, topic, headers), holding only those bindings. Routing a message runs
@@ -90,8 +89,7 @@ class RemoteQueue:
     def __init__(self, vhost: str, name: str, node: str, durable: bool, exclusive: bool,
                  forward: Callable[[RemoteQueue, Message, bool, Any], None], overloaded: Callable[[str], bool],
                  throttle: Callable[[Any], None],
-                 ask: Callable[[RemoteQueue], dict[str, Any] | None] | None = None,
-                 ask_async: Callable[[RemoteQueue], Awaitable[dict[str, Any] | None]] | None = None) -> None:
+                 ask: Callable[[RemoteQueue], Awaitable[dict[str, Any] | None]] | None = None) -> None:
         self.vhost_name = vhost
         self.name = name
         self.node = node
@@ -102,7 +100,6 @@ class RemoteQueue:
         self._overloaded = overloaded
         self._throttle = throttle
         self._ask = ask
-        self._ask_async = ask_async
         self._info: dict[str, Any] | None = None
         self._info_at: float | None = None  # when the owner last answered (or did not in time); None: never asked
         # The question being asked without blocking (message_count_wait) and who waits for its answer.
@@ -133,16 +130,13 @@ class RemoteQueue:
             self.consumers = _Consumers(int(info.get("consumers", 0)))
 
     def info(self) -> dict[str, Any] | None:
-        """What the owner answers of this queue now (broker/cluster_forwarding.py ``queue_answer``: figures,
-        flags, arguments), or None if it does not answer (gone, or slower than the question's timeout). Asks
-        synchronously unless an answer (or a silence) less than INFO_MAX_AGE old is at hand."""
-        if self._fresh() or self._ask is None:
-            return self._info
-        self._answered(self._ask(self))
+        """What the owner last answered of this queue (broker/cluster_forwarding.py ``queue_answer``: figures,
+        flags, arguments), or None if it did not answer (gone, or slower than the question's timeout) or was
+        never asked; never asks (nothing on the event loop waits for it: :meth:`message_count_wait` asks)."""
         return self._info
 
     def answer(self) -> dict[str, Any] | None:
-        """The owner's last answer, never asking (after :meth:`message_count_wait` called back)."""
+        """:meth:`info` (read after :meth:`message_count_wait` called back)."""
         return self._info
 
     def message_count_wait(self, answer: Callable[[], None]) -> bool:
@@ -151,7 +145,7 @@ class RemoteQueue:
         blocking the event loop (one question for every declare waiting meanwhile) and ``answer`` is called
         once it answered or gave up (:data:`broker.cluster_forwarding.ASK_TIMEOUT`); :meth:`info` and
         :meth:`message_count` then read that answer."""
-        if self._fresh() or self._ask_async is None:
+        if self._fresh() or self._ask is None:
             return False
         self._waiters.append(answer)
         if self._asking is None:
@@ -168,9 +162,9 @@ class RemoteQueue:
         return False  # (not reached, as basic_get_wait)
 
     async def _ask_now(self) -> None:
-        assert self._ask_async is not None
+        assert self._ask is not None
         try:
-            info = await self._ask_async(self)
+            info = await self._ask(self)
         except Exception as exc:  # noqa: BLE001 (an owner that cannot be asked is one that did not answer)
             log.warning("asking another member about its queue failed", queue=self.name, member=self.node,
                         error=str(exc))
@@ -186,7 +180,7 @@ class RemoteQueue:
                 log.exception("answering a declare of another member's queue failed", queue=self.name)
 
     def message_count(self) -> int:
-        """The owner's count (asked of it: queue.declare-ok), 0 if it does not answer."""
+        """The owner's count as it last answered (asked for a queue.declare-ok), 0 if it did not."""
         info = self.info()
         return int(info.get("count", 0)) if info is not None else 0
 

@@ -11,7 +11,7 @@ The hot path does not call the null object: :attr:`broker.vhost.VHost.clustered`
 
 The definitions feed is the second thing a member may be behind on: :class:`CatchUp` is asked before a name
 this member does not know is answered with 404 or routed nowhere (broker/cluster_definitions.py
-``DefinitionsFollower.catch_up_now``); :func:`never_behind` is a single node's.
+``DefinitionsFollower``); :data:`NEVER_BEHIND` is a single node's.
 
 **Answers that come later.** A member asks the directory in PostgreSQL about names it does not know (a claim of
 a name a queue.declare would make here, the look-up of a name a method uses, whether the owner made a binding).
@@ -21,7 +21,12 @@ API) handles the method inside :func:`deferring`, with an :class:`Answers` of it
 the question without waiting and raises :class:`Deferred`; the caller handles the method again from its start
 once the answer is in (the topology takes it from the Answers instead of asking). A method raises Deferred
 before it has changed anything, so handling it again is as handling it the first time, with the answer at hand.
-Outside :func:`deferring` the topology asks synchronously, as before (callers off the loop, start-up).
+A coroutine (an HTTP API handler, a definitions import) does the same with :func:`answered_call`.
+
+Outside :func:`deferring` nothing waits either, and nothing is asked synchronously: the topology and the feed
+answer from what this member knows and start the question for the next time (routing, which must answer at once:
+a tx.commit's publishes, a dead letter). No caller in the broker asks a claim or a look-up that way; one that
+did would have its claim written by the next rewrite of the member's rows (broker/cluster_forwarding.py).
 
 This module sits below broker/amqqueue.py and broker/vhost.py in the layers (pyproject.toml) and imports only
 what lies below them.
@@ -32,7 +37,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from broker.exchange import Binding, Exchange
@@ -42,6 +47,8 @@ if TYPE_CHECKING:
 # queue of this node would be (routing, a declare of a name another member holds). Typed by the queue seam
 # (broker/queue_types.py's Queue) once RemoteQueue is declared to satisfy it; Any until then.
 OtherMembersQueue = Any
+
+T = TypeVar("T")
 
 
 class Deferred(Exception):
@@ -124,8 +131,26 @@ def deferring(answers: Answers) -> Iterator[None]:
 
 
 def current_answers() -> Answers | None:
-    """The caller's :class:`Answers` (inside :func:`deferring`), else None: ask synchronously."""
+    """The caller's :class:`Answers` (inside :func:`deferring`), else None: answer from what is known."""
     return _CURRENT.answers
+
+
+async def answered_call(act: Callable[[], T]) -> T:
+    """``act()`` handled as a channel handles a method (see the module docstring), for a caller that can await
+    (the HTTP API's declares, binds and unbinds, a definitions import's steps): inside :func:`deferring`, and
+    again from its start each time it raises :class:`Deferred`, once the answer it waits for is in; the event
+    loop serves everyone else meanwhile. Its clean-ups (a claim it did not use) run when it is over, however it
+    ends."""
+    answers = Answers()
+    try:
+        while True:
+            try:
+                with deferring(answers):
+                    return act()
+            except Deferred as exc:
+                await exc.future
+    finally:
+        answers.settle()
 
 
 class Topology(Protocol):
@@ -251,13 +276,32 @@ LOCAL = LocalTopology()  # stateless: every single-node vhost shares it
 
 
 class CatchUp(Protocol):
-    """Read the cluster's definitions feed now (a name may have been declared on another member since the
-    last poll); True if it was read, so the caller looks the name up again. ``rate_limited``: for publishes
-    routed nowhere, at most so often."""
+    """The cluster's definitions feed, read before a name this member does not know is answered (a name may have
+    been declared on another member since the last poll). Neither call waits for PostgreSQL."""
 
-    def __call__(self, rate_limited: bool = False) -> bool: ...
+    def now(self) -> bool:
+        """Read the feed before answering: inside :func:`deferring`, Deferred until it is read, then True if a
+        change was applied (the caller looks the name up again); outside it, the read is started for the next
+        time and False answered at once."""
+        ...
+
+    def soon(self) -> asyncio.Future[None] | None:
+        """Routing's read, started without waiting: the read on its way (one at a time), a new one, or None if
+        the feed was read a moment ago (at most once per few milliseconds). A client's publish to a name nobody
+        here knows waits for the future (its channel's later frames held back); routing itself never does."""
+        ...
 
 
-def never_behind(rate_limited: bool = False) -> bool:
+class NeverBehind:
     """A single node's :class:`CatchUp`: its definitions are all here."""
-    return False
+
+    __slots__ = ()
+
+    def now(self) -> bool:
+        return False
+
+    def soon(self) -> None:
+        return None
+
+
+NEVER_BEHIND = NeverBehind()

@@ -26,7 +26,7 @@ from broker.message import Message
 from broker.policy import Policy, best_match
 from broker.publish import REPLY_TO_PREFIX, ROUTED, Publisher, ReplyTo, check_properties, property_flags
 from broker.queue_args import effective_settings
-from broker.topology import LOCAL, CatchUp, Topology, never_behind
+from broker.topology import LOCAL, NEVER_BEHIND, CatchUp, Topology
 from broker.trace import TRACE_EXCHANGE
 from protocol.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED
 
@@ -121,9 +121,9 @@ class VHost:
         # keeps ``clustered`` with it: the one thing the publish path tests per message.
         self.remote: Topology = LOCAL
         self.clustered = False
-        # A cluster member's "read the definitions feed now" (DefinitionsFollower.catch_up_now, set by the
-        # node): asked before a name this member does not know is answered with 404 or routed nowhere.
-        self.catch_up: CatchUp = never_behind
+        # A cluster member's reading of the definitions feed (broker/cluster_definitions.py DefinitionsFollower,
+        # set by the node): asked before a name this member does not know is answered with 404 or routed nowhere.
+        self.catch_up: CatchUp = NEVER_BEHIND
 
     def use_topology(self, topology: Topology | None) -> None:
         """This vhost's view of the other members (a cluster member's, once its forwarding starts), or None:
@@ -184,7 +184,7 @@ class VHost:
 
     def lookup_exchange(self, name: str) -> Exchange:
         ex = self.exchanges.get(name)
-        if ex is None and self.catch_up():
+        if ex is None and self.catch_up.now():
             ex = self.exchanges.get(name)  # declared on another cluster member since the feed was read
         if ex is None:
             raise AMQPError(NOT_FOUND, f"no exchange '{name}' in vhost '{self.name}'")
@@ -308,13 +308,13 @@ class VHost:
         if source == "" or (kind == EXCHANGE and destination == ""):
             raise AMQPError(ACCESS_REFUSED, "operation not permitted on the default exchange")
         ex = self.exchanges.get(source)
-        if ex is None and self.catch_up():
+        if ex is None and self.catch_up.now():
             ex = self.exchanges.get(source)  # declared on another cluster member since the last poll
         if ex is None:
             return None
         binding = Binding(source, destination, kind, routing_key, arguments)
         existing = ex.bindings.get(binding.key)
-        if existing is None and self.catch_up():
+        if existing is None and self.catch_up.now():
             ex = self.exchanges.get(source) or ex  # bound on another cluster member since the last poll
             existing = ex.bindings.get(binding.key)
         if existing is not None:
@@ -426,8 +426,10 @@ class VHost:
                 q = self.queues.get(key)
                 if q is None and self.clustered:
                     q = self.remote.queue(key)  # another cluster member's (broker/remote_queue.py)
-                    if q is None and self.catch_up(rate_limited=True):
-                        q = self.queues.get(key)  # a shared queue declared on another member just now
+                    if q is None:
+                        # Maybe a shared queue declared on another member just now: the feed is read for the
+                        # next message (a client's publish waited for that read: Channel.basic_publish).
+                        self.catch_up.soon()
                 queues = [q] if q is not None else None
             else:
                 queues = self.route(exchange, msg)

@@ -39,6 +39,7 @@ these is reported (storage/corruption.py, ``store="metadata"``) and refuses the 
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -114,6 +115,10 @@ class Metadata(Protocol):
     def recording(self, ops: list[Op]) -> AbstractContextManager[None]: ...
 
     def apply(self, ops: Sequence[Op]) -> None: ...
+
+    async def apply_async(self, ops: Sequence[Op]) -> None:
+        """:meth:`apply` for a caller on the event loop (an HTTP import), the loop serving everyone meanwhile."""
+        ...
 
     def discard(self, ops: Sequence[Op]) -> None: ...
 
@@ -384,6 +389,10 @@ class MetadataStore:
                 self._rollback()
                 raise self._write_error(exc) from None
             self._commit()
+
+    async def apply_async(self, ops: Sequence[Op]) -> None:
+        """:meth:`apply` on a worker thread (its fsync), the event loop serving meanwhile."""
+        await asyncio.to_thread(self.apply, ops)
 
     def discard(self, ops: Sequence[Op]) -> None:
         with self._lock:

@@ -104,6 +104,10 @@ async def error_middleware(request: web.Request,
                                            text='{"error":"Method Not Allowed","reason":"Method Not Allowed"}',
                                            content_type="application/json") from None
         raise
+    except MetadataWriteError as exc:
+        # A definition the store refused (a cluster member whose PostgreSQL is out of reach): nothing was changed,
+        # as AMQP's 541; the reason says so.
+        raise not_written(exc) from None
     except Exception:
         log.exception("HTTP API handler failed", path=request.path, method=request.method)
         raise web.HTTPInternalServerError(text='{"error":"Internal Server Error","reason":"internal error"}',
@@ -123,10 +127,14 @@ async def commit_middleware(request: web.Request,
             try:
                 await commit
             except MetadataWriteError as exc:
-                raise web.HTTPInternalServerError(text=json.dumps({"error": "Internal Server Error",
-                                                                   "reason": str(exc)}),
-                                                  content_type="application/json") from None
+                raise not_written(exc) from None
     return response
+
+
+def not_written(exc: MetadataWriteError) -> web.HTTPException:
+    """500 naming why a definition is not written (the cluster's PostgreSQL refused, or did not answer in time)."""
+    return web.HTTPInternalServerError(text=json.dumps({"error": "Internal Server Error", "reason": str(exc)}),
+                                       content_type="application/json")
 
 
 async def _sample_rates(app: web.Application) -> Any:

@@ -29,6 +29,7 @@ from broker.management.objects import (
     properties_key,
     vhost_bindings,
 )
+from broker.topology import answered_call
 
 if TYPE_CHECKING:
     from broker.vhost import VHost
@@ -95,7 +96,8 @@ async def create_binding(request: web.Request) -> web.Response:
     else:
         permissions.exchange_bind(user, vh.name, destination, source)
     topic_permissions.check_bind(user, vh, source, routing_key)
-    vh.bind(source, destination, kind, routing_key, arguments)
+    # (In a cluster, what the bind asks of PostgreSQL is awaited: broker/topology.py answered_call.)
+    await answered_call(lambda: vh.bind(source, destination, kind, routing_key, arguments))
     key = properties_key(routing_key, arguments)
     return web.Response(status=201, headers={"Location": key})
 
@@ -123,7 +125,7 @@ async def delete_binding(request: web.Request) -> web.Response:
     else:
         permissions.exchange_bind(user, vh.name, b.destination, b.source)
     topic_permissions.check_bind(user, vh, b.source, b.routing_key)
-    unbinding = vh.unbind(b.source, b.destination, b.kind, b.routing_key, b.arguments)
+    unbinding = await answered_call(lambda: vh.unbind(b.source, b.destination, b.kind, b.routing_key, b.arguments))
     if unbinding is not None:
         # Another cluster member's queue: answered once that member has carried the unbind out, as unbind-ok
         # is (broker/cluster_forwarding.py VHostLink.unbind_remote); the event loop serves others meanwhile.

@@ -11,6 +11,7 @@ from broker.management.common import body_of, node_of, require_admin, respond, v
 from broker.management.exchanges import make_message
 from broker.os_probes import total_memory
 from broker.publish import ROUTED
+from broker.topology import answered_call
 
 ALIVENESS_QUEUE = "aliveness-test"
 # RabbitMQ's aliases in protocol-listener checks (rabbit_mgmt_wm_health_check_protocol_listener's
@@ -78,10 +79,12 @@ async def aliveness_test(request: web.Request) -> web.Response:
     the test runs on this member's own ``aliveness-test.<node name>``."""
     vh = vhost_for_write(request)
     name = ALIVENESS_QUEUE
-    queue, _created = vh.queues.declare(name, False, False, False, False, {}, None)
+    # (A cluster member's claim of the name in the directory is awaited: broker/topology.py answered_call.)
+    queue, _created = await answered_call(lambda: vh.queues.declare(ALIVENESS_QUEUE, False, False, False, False, {},
+                                                                    None))
     if queue.remote:
         name = f"{ALIVENESS_QUEUE}.{node_of(request).name}"
-        queue, _created = vh.queues.declare(name, False, False, False, False, {}, None)
+        queue, _created = await answered_call(lambda: vh.queues.declare(name, False, False, False, False, {}, None))
         if queue.remote:
             return failed(f"queue '{name}' is held by another cluster member")
     queue.purge()

@@ -42,6 +42,7 @@ from broker.management.objects import (
     queue_consumer_details,
     queue_info,
 )
+from broker.topology import answered_call
 from protocol.frames import FrameError
 from protocol.properties import decode_properties
 
@@ -155,11 +156,18 @@ async def put_queue(request: web.Request) -> web.Response:
     if not isinstance(arguments, dict):
         raise bad_request("arguments must be an object")
     permissions.queue_declare(user_of(request), vh.name, name, arguments, passive=False)
-    # Another cluster member's queue of that name: the equivalence check waits for its answer without holding
-    # the event loop (as a channel's declare does), then runs here.
+    durable, auto_delete = as_bool(body.get("durable"), True), as_bool(body.get("auto_delete"))
+    # In a cluster, what the declare asks of PostgreSQL (the claim of the name, the definitions feed for a quorum
+    # queue) is awaited, the event loop serving everyone meanwhile, and the declare made once it is in (as a
+    # channel's queue.declare is). Another member's queue of that name: the equivalence check waits for its
+    # answer the same way, then runs here.
     owner_checks: list[Callable[[], None]] = []
-    q, created = vh.queues.declare(name, False, as_bool(body.get("durable"), True), False,
-                                   as_bool(body.get("auto_delete")), arguments, None, owner_checks=owner_checks)
+
+    def declare() -> tuple[Any, bool]:
+        owner_checks.clear()
+        return vh.queues.declare(name, False, durable, False, auto_delete, arguments, None, owner_checks=owner_checks)
+
+    q, created = await answered_call(declare)
     if owner_checks:
         await remote_queue.answered(q)
         for check in owner_checks:

@@ -6,18 +6,18 @@ member reaches a queue that lives on another.
 Tables (storage/pg/schema.py, migration 3; SCHEMA.md): ``leveret.local_queue``, ``leveret.local_binding``,
 ``leveret.forward``.
 
-Two halves, two ways of talking to PostgreSQL:
+Two halves, both on the broker's event loop (nothing there waits for PostgreSQL: issue 34):
 
 - :class:`PgDirectory` answers before the reply: a queue.declare-ok or queue.bind-ok is sent after the row is
-  committed, so that a reply published on another member right after finds the queue. It runs its own event
-  loop on a private thread with one connection; every call is serialised there in call order. A caller on the
-  broker's loop never waits for it there: it awaits the ``_async`` variants (claim_async, lookup_async,
-  has_binding_async) or the ``committed`` seam of a bind (broker/cluster_forwarding.py); the blocking variants
-  are for callers that cannot wait otherwise (the HTTP API's declare, a definitions import, start and stop). Removals are fire-and-forget (a late removal costs at most a
-  forwarded message that the owner drops), additions and look-ups wait (bounded by ``timeout``). After a
-  failure the directory stays *unavailable* for ``retry_after`` seconds (calls raise at once rather than block
-  the broker), and the caller rewrites its rows when it is back (:meth:`PgDirectory.replace_own`).
-- :class:`PgForwarding` is **asynchronous**, on the broker's loop, with three connections of its own:
+  committed, so that a reply published on another member right after finds the queue. One connection, every
+  call serialised on it in call order (a lock taken in that order). Its caller awaits the answer (a channel's
+  method handled again once it is in, the HTTP API's handler: broker/topology.py "Answers that come later") or
+  the ``committed`` seam of a bind (storage/commits.py); the loop serves everyone else meanwhile. Removals are
+  fire-and-forget (a late removal costs at most a forwarded message that the owner drops), additions and
+  look-ups are awaited (bounded by ``timeout``). After a failure the directory stays *unavailable* for
+  ``retry_after`` seconds (calls raise at once rather than wait again), and the caller rewrites its rows when it
+  is back (:meth:`PgDirectory.replace_own`).
+- :class:`PgForwarding` is **asynchronous** too, with three connections of its own:
   the publisher (every message of an event-loop burst, whatever its target, in one INSERT … unnest(): one
   transaction per burst, never one per message; the confirms after it commits), the forwarder (this node's
   rows in batches: ``DELETE … RETURNING`` in a transaction, handed to the broker, which enqueues them locally
@@ -29,12 +29,11 @@ Two more uses, neither needing a table of its own:
 - *Questions between members* (:meth:`PgDirectory.ask`): NOTIFY ``leveret_figures_ask`` with a JSON payload
   naming the member asked, an id and the queues; every member LISTENs on its bell connection and the one asked
   answers on ``leveret_figures_reply`` (the broker's rows, JSON, in chunks under PostgreSQL's 8000-byte payload
-  limit, the last marked); the asker LISTENs on its directory connection and waits on the private thread, up
-  to a timeout, and not at all for a member without a live node row. Lost notifications cost a timeout. A
-  broker asks with :meth:`PgDirectory.ask_async`: its loop goes on serving while the answer comes.
+  limit, the last marked); the asker LISTENs on its directory connection and awaits the answer, up to a
+  timeout, and not at all for a member without a live node row. Lost notifications cost a timeout.
 - *Requests through the forward table* (:meth:`PgDirectory.unbind_for`): a row for the owner whose ``queues``
   name a request rather than a queue (the broker's encoding in ``body``), durable and ordered with the messages
-  forwarded before it; the caller gets a future done once the owner has taken it (its loop is not blocked).
+  forwarded before it; the caller gets a future done once the owner has taken it.
 
 Messages and binding arguments are opaque bytes here: the broker encodes them.
 """
@@ -42,17 +41,15 @@ Messages and binding arguments are opaque bytes here: the broker encodes them.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import logging
-import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import asyncpg
 
-from storage.pg.connections import stop_tasks
+from storage.pg.connections import CLOSE_TIMEOUT, close_connection, stop_tasks
 
 log = logging.getLogger("leveret.pg.forwarding")
 
@@ -180,7 +177,7 @@ class Forwarded(NamedTuple):
 
 
 class PgDirectory:
-    """This node's rows of the directory, written synchronously (see the module docstring)."""
+    """This node's rows of the directory, on the broker's event loop (see the module docstring)."""
 
     def __init__(self, dsn: str, node: str, timeout: float = 3.0, retry_after: float = 10.0) -> None:
         self.dsn = dsn
@@ -189,20 +186,20 @@ class PgDirectory:
         self.retry_after = retry_after
         self.down_until = 0.0
         self.failed = False  # a write was lost: the owner rewrites its rows when PostgreSQL is back
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="leveret-pg-directory", daemon=True)
-        self._thread.start()
         self._conn: asyncpg.Connection | None = None
         self._lock: asyncio.Lock | None = None
+        # Calls started without the caller waiting for them here (_later, bind, the ones being awaited), held
+        # until done (the loop keeps only a weak reference to a task).
+        self._calls: set[asyncio.Task[Any]] = set()
         # Questions to other members waiting for their answer (ask): id -> (done, rows gathered so far).
         self._asks: dict[str, tuple[asyncio.Future[None], list[Any]]] = {}
         self._ask_n = 0
         # Binding rows written without the caller waiting (bind): how many so far, the last one's call; the
         # reply (queue.bind-ok) waits for it through the storage/commits.py seam (committed).
         self._accepted = 0
-        self._last: concurrent.futures.Future[Any] | None = None
+        self._last: asyncio.Task[Any] | None = None
 
-    # -- the private loop ------------------------------------------------------------------------------------
+    # -- one session, one call at a time ---------------------------------------------------------------------
     async def _call(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         if self._lock is None:
             self._lock = asyncio.Lock()
@@ -223,48 +220,46 @@ class PgDirectory:
         """False for ``retry_after`` seconds after a call failed: calls then raise DirectoryUnavailable at once."""
         return time.monotonic() >= self.down_until
 
-    def _wait(self, fn: Callable[[asyncpg.Connection], Awaitable[T]], force: bool = False) -> T:
+    def _submit(self, fn: Callable[[asyncpg.Connection], Awaitable[T]], force: bool = False) -> asyncio.Task[T]:
+        """Start a call now (in call order with every other call: the session's lock is taken in that order),
+        without waiting for it."""
         if not force and time.monotonic() < self.down_until:
             raise DirectoryUnavailable("the cluster's PostgreSQL did not answer recently")
-        future = asyncio.run_coroutine_threadsafe(self._call(fn), self._loop)
-        try:
-            return future.result(self.timeout)
-        except PG_ERRORS as exc:  # TimeoutError among them (concurrent.futures' is the builtin one)
-            raise self._unavailable(exc, future) from None
+        task = asyncio.get_running_loop().create_task(self._call(fn))
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+        return task
 
-    def _unavailable(self, exc: BaseException, future: concurrent.futures.Future[Any]) -> DirectoryUnavailable:
-        """What a call that failed (``exc``), or did not answer in time (TimeoutError: it is cancelled), means
-        to its caller; the directory counts as down for a while either way."""
+    async def _result(self, task: asyncio.Task[T]) -> T:
+        """The call's answer, waited for at most ``timeout`` (it is cancelled then, its session cut); the loop
+        serves everyone else meanwhile. DirectoryUnavailable if it failed or did not answer."""
+        try:
+            return await asyncio.wait_for(task, self.timeout)
+        except PG_ERRORS as exc:  # TimeoutError among them
+            raise self._unavailable(exc) from None
+
+    async def _wait(self, fn: Callable[[asyncpg.Connection], Awaitable[T]], force: bool = False) -> T:
+        """A call started now and waited for (:meth:`_result`)."""
+        return await self._result(self._submit(fn, force))
+
+    def _unavailable(self, exc: BaseException) -> DirectoryUnavailable:
+        """What a call that failed (``exc``), or did not answer in time (TimeoutError), means to its caller; the
+        directory counts as down for a while either way."""
         self._down()
         if isinstance(exc, TimeoutError):
-            future.cancel()
             return DirectoryUnavailable(f"PostgreSQL did not answer within {self.timeout:g} s")
         return DirectoryUnavailable(str(exc))
-
-    def _submit(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> concurrent.futures.Future[T]:
-        """Start a call on the private loop now (in call order with every other call), without waiting."""
-        if time.monotonic() < self.down_until:
-            raise DirectoryUnavailable("the cluster's PostgreSQL did not answer recently")
-        return asyncio.run_coroutine_threadsafe(self._call(fn), self._loop)
-
-    async def _result(self, future: concurrent.futures.Future[T]) -> T:
-        """:meth:`_wait`'s ending for a caller on an event loop: that loop goes on serving meanwhile."""
-        try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), self.timeout)
-        except PG_ERRORS as exc:
-            raise self._unavailable(exc, future) from None
 
     def _later(self, fn: Callable[[asyncpg.Connection], Awaitable[Any]]) -> None:
         """Fire and forget, in order after every call made before it."""
         if time.monotonic() < self.down_until:
             self.failed = True
             return
-        future = asyncio.run_coroutine_threadsafe(self._call(fn), self._loop)
-        future.add_done_callback(self._later_done)
+        self._submit(fn).add_done_callback(self._later_done)
 
-    def _later_done(self, future: concurrent.futures.Future[Any]) -> None:
-        if not future.cancelled() and future.exception() is not None:
-            log.warning("directory write failed: %s", future.exception())
+    def _later_done(self, task: asyncio.Task[Any]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("directory write failed: %s", task.exception())
             self._down()
 
     def _down(self) -> None:
@@ -272,18 +267,10 @@ class PgDirectory:
         self.down_until = time.monotonic() + self.retry_after
 
     # -- queues --------------------------------------------------------------------------------------------
-    def claim(self, vhost: str, name: str, durable: bool, exclusive: bool) -> Owner | None:
-        """Record the queue as this node's; None if it is (now) ours, else the member that holds it. Blocks the
-        caller (at most ``timeout``): for callers off the broker's loop; a channel uses :meth:`claim_async`."""
-        return self._wait(self._claim(vhost, name, durable, exclusive))
+    async def claim(self, vhost: str, name: str, durable: bool, exclusive: bool) -> Owner | None:
+        """Record the queue as this node's; None if it is (now) ours, else the member that holds it. Started
+        now (in call order with the other directory calls), answered within ``timeout`` or DirectoryUnavailable."""
 
-    async def claim_async(self, vhost: str, name: str, durable: bool, exclusive: bool) -> Owner | None:
-        """:meth:`claim` for a caller on an event loop: started now (in call order with the other directory
-        calls), awaited without blocking that loop; DirectoryUnavailable as :meth:`claim` raises it."""
-        return await self._result(self._submit(self._claim(vhost, name, durable, exclusive)))
-
-    def _claim(self, vhost: str, name: str, durable: bool,
-               exclusive: bool) -> Callable[[asyncpg.Connection], Awaitable[Owner | None]]:
         async def run(conn: asyncpg.Connection) -> Owner | None:
             for _ in range(3):
                 row = await conn.fetchrow(CLAIM, vhost, name, self.node, durable, exclusive)
@@ -291,24 +278,16 @@ class PgDirectory:
                     return None if row[0] == self.node else Owner(row[0], row[1], row[2])
             return None  # claimed and released under us three times: go on as ours
 
-        return run
+        return await self._wait(run)
 
-    def lookup(self, vhost: str, name: str) -> Owner | None:
-        """The member whose node-local queue ``name`` is (None: nobody's). Blocks the caller (at most
-        ``timeout``): for callers off the broker's loop; a channel uses :meth:`lookup_async`."""
-        return self._wait(self._lookup(vhost, name))
+    async def lookup(self, vhost: str, name: str) -> Owner | None:
+        """The member whose node-local queue ``name`` is (None: nobody's), within ``timeout``."""
 
-    async def lookup_async(self, vhost: str, name: str) -> Owner | None:
-        """:meth:`lookup` for a caller on an event loop (that loop goes on serving meanwhile)."""
-        return await self._result(self._submit(self._lookup(vhost, name)))
-
-    @staticmethod
-    def _lookup(vhost: str, name: str) -> Callable[[asyncpg.Connection], Awaitable[Owner | None]]:
         async def run(conn: asyncpg.Connection) -> Owner | None:
             row = await conn.fetchrow(LOOKUP, vhost, name)
             return None if row is None else Owner(row[0], row[1], row[2])
 
-        return run
+        return await self._wait(run)
 
     def release(self, vhost: str, name: str) -> None:
         self._later(lambda conn: conn.execute(RELEASE, vhost, name, self.node))
@@ -319,11 +298,11 @@ class PgDirectory:
         """Write the binding's row, in call order, without waiting: the caller's reply waits for
         :meth:`committed` (the event loop serves others meanwhile). A row that could not be written makes
         the directory unavailable for a while and is rewritten when PostgreSQL is back (replace_own)."""
-        future = self._submit(lambda conn: conn.execute(BIND, vhost, source, queue, routing_key, args_hash,
-                                                        arguments, routing, self.node))
-        future.add_done_callback(self._later_done)
+        task = self._submit(lambda conn: conn.execute(BIND, vhost, source, queue, routing_key, args_hash,
+                                                      arguments, routing, self.node))
+        task.add_done_callback(self._later_done)
         self._accepted += 1
-        self._last = future
+        self._last = task
 
     @property
     def accepted(self) -> int:
@@ -331,39 +310,30 @@ class PgDirectory:
         return self._accepted
 
     def committed(self) -> asyncio.Future[None] | None:
-        """storage/commits.py: None if the rows written so far are in; else a future on the caller's loop,
-        done when they are, or failed, or after ``timeout`` (the row is then rewritten when PostgreSQL is
-        back, as before: a bind-ok never waits longer, and never fails, for the directory)."""
+        """storage/commits.py: None if the rows written so far are in; else a future done when they are, or
+        failed, or after ``timeout`` (the row is then rewritten when PostgreSQL is back, as before: a bind-ok
+        never waits longer, and never fails, for the directory)."""
         last = self._last
         if last is None or last.done():
             return None
         return asyncio.ensure_future(self._settled(last))
 
-    async def _settled(self, future: concurrent.futures.Future[Any]) -> None:
+    async def _settled(self, task: asyncio.Task[Any]) -> None:
         try:
-            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), self.timeout)
+            await asyncio.wait_for(asyncio.shield(task), self.timeout)
         except Exception:  # noqa: BLE001 (logged and marked by _later_done; the reply goes on)
             return
 
-    def has_binding(self, vhost: str, source: str, queue: str, routing_key: str, args_hash: str) -> bool:
-        """Whether the binding's row is there. Blocks the caller (at most ``timeout``): for callers off the
-        broker's loop; a channel uses :meth:`has_binding_async`."""
-        return self._wait(self._has_binding(vhost, source, queue, routing_key, args_hash))
+    async def has_binding(self, vhost: str, source: str, queue: str, routing_key: str, args_hash: str) -> bool:
+        """Whether the binding's row is there, within ``timeout``."""
 
-    async def has_binding_async(self, vhost: str, source: str, queue: str, routing_key: str, args_hash: str) -> bool:
-        """:meth:`has_binding` for a caller on an event loop (that loop goes on serving meanwhile)."""
-        return await self._result(self._submit(self._has_binding(vhost, source, queue, routing_key, args_hash)))
-
-    @staticmethod
-    def _has_binding(vhost: str, source: str, queue: str, routing_key: str,
-                     args_hash: str) -> Callable[[asyncpg.Connection], Awaitable[bool]]:
         async def run(conn: asyncpg.Connection) -> bool:
             return bool(await conn.fetchval(
                 "SELECT EXISTS (SELECT 1 FROM leveret.local_binding WHERE vhost = $1 AND source = $2 "
                 "AND queue = $3 AND routing_key = $4 AND args_hash = $5)", vhost, source, queue, routing_key,
                 args_hash))
 
-        return run
+        return await self._wait(run)
 
     def unbind(self, vhost: str, source: str, queue: str, routing_key: str, args_hash: str) -> None:
         self._later(lambda conn: conn.execute(UNBIND, vhost, source, queue, routing_key, args_hash, self.node))
@@ -376,13 +346,12 @@ class PgDirectory:
                    committed: Callable[[], None] | None = None) -> asyncio.Future[bool]:
         """queue.unbind of ``owner``'s queue, asked on this member: its directory row goes, and ``request``
         (the broker's encoding of the unbind) is forwarded to ``owner`` as a row for ``request_queues``, in one
-        transaction started now (in call order with the other directory calls). Returns a future, on the
-        caller's loop, that is True once ``owner`` has taken (and so carried out) the request, False if it is
-        not alive or has not within ``wait`` seconds; it raises DirectoryUnavailable if the transaction failed
-        (raised at once if PostgreSQL did not answer recently). ``committed()`` is called on the caller's loop
-        as soon as the transaction has committed (a read of the directory started after it no longer has the
-        row). The caller's loop is never blocked: the waiting for the owner is a poll of short calls, the
-        directory free for others in between."""
+        transaction started now (in call order with the other directory calls). Returns a future that is True
+        once ``owner`` has taken (and so carried out) the request, False if it is not alive or has not within
+        ``wait`` seconds; it raises DirectoryUnavailable if the transaction failed (raised at once if
+        PostgreSQL did not answer recently). ``committed()`` is called as soon as the transaction has committed
+        (a read of the directory started after it no longer has the row). The waiting for the owner is a poll
+        of short calls, the directory free for others in between."""
 
         async def write(conn: asyncpg.Connection) -> tuple[int, bool]:
             async with conn.transaction():
@@ -395,7 +364,7 @@ class PgDirectory:
         written = self._submit(write)
         return asyncio.ensure_future(self._taken(written, wait, committed))
 
-    async def _taken(self, written: concurrent.futures.Future[tuple[int, bool]], wait: float,
+    async def _taken(self, written: asyncio.Task[tuple[int, bool]], wait: float,
                      committed: Callable[[], None] | None = None) -> bool:
         """Until the request row ``written`` is gone from the forward table (the owner took it): True; False
         if its owner is not alive or after ``wait`` seconds, or if PostgreSQL stops answering meanwhile (the
@@ -409,8 +378,8 @@ class PgDirectory:
         pause = 0.003
         while time.monotonic() < deadline:
             try:
-                exists = await self._result(self._submit(lambda conn: conn.fetchval(
-                    "SELECT EXISTS (SELECT 1 FROM leveret.forward WHERE id = $1)", fid)))
+                exists = await self._wait(lambda conn: conn.fetchval(
+                    "SELECT EXISTS (SELECT 1 FROM leveret.forward WHERE id = $1)", fid))
             except DirectoryUnavailable:
                 return False
             if not exists:
@@ -420,31 +389,17 @@ class PgDirectory:
         return False
 
     # -- questions to other members --------------------------------------------------------------------------
-    def ask(self, owner: str, vhost: str | None, names: list[str] | None, timeout: float = 0.5) -> list[Any] | None:
-        """What ``owner`` says of its queues ``names`` of ``vhost`` (every queue of it, or of every vhost
-        with ``vhost`` None, when ``names`` is None): the rows its broker answers, None if it did not answer
-        within ``timeout`` (or is not a live member). Blocks the caller: for callers off the loop or that cannot
-        wait otherwise (a declare through the HTTP API or a definitions import); a channel uses :meth:`ask_async`."""
+    async def ask(self, owner: str, vhost: str | None, names: list[str] | None,
+                  timeout: float = 1.0) -> list[Any] | None:
+        """What ``owner`` says of its queues ``names`` of ``vhost`` (every queue of it, or of every vhost with
+        ``vhost`` None, when ``names`` is None): the rows its broker answers, None if it did not answer within
+        ``timeout`` (or is not a live member, or PostgreSQL did not answer the question within the directory's
+        own timeout)."""
         if time.monotonic() < self.down_until:
             return None
-        future = asyncio.run_coroutine_threadsafe(self._ask(owner, vhost, names, timeout), self._loop)
         try:
-            return future.result(timeout + self.timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            return None
-
-    async def ask_async(self, owner: str, vhost: str | None, names: list[str] | None,
-                        timeout: float = 1.0) -> list[Any] | None:
-        """:meth:`ask` for a caller on an event loop (a declare of another member's queue, the HTTP API): the
-        waiting is on the private thread, the caller's loop goes on serving."""
-        if time.monotonic() < self.down_until:
-            return None
-        future = asyncio.run_coroutine_threadsafe(self._ask(owner, vhost, names, timeout), self._loop)
-        try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), timeout + self.timeout)
+            return await asyncio.wait_for(self._ask(owner, vhost, names, timeout), timeout + self.timeout)
         except TimeoutError:
-            future.cancel()
             return None
 
     async def _ask(self, owner: str, vhost: str | None, names: list[str] | None, timeout: float) -> list[Any] | None:
@@ -486,9 +441,9 @@ class PgDirectory:
             done.set_result(None)
 
     # -- whole sets ----------------------------------------------------------------------------------------
-    def replace_own(self, queues: Sequence[tuple[str, str, bool, bool]],
-                    bindings: Sequence[tuple[str, str, str, str, str, bytes, str]],
-                    force: bool = True) -> list[tuple[str, str, str]]:
+    async def replace_own(self, queues: Sequence[tuple[str, str, bool, bool]],
+                          bindings: Sequence[tuple[str, str, str, str, str, bytes, str]],
+                          force: bool = True) -> list[tuple[str, str, str]]:
         """This node's rows become exactly ``queues`` (vhost, name, durable, exclusive) and ``bindings``
         (vhost, source, queue, routing_key, args_hash, arguments, routing), in one transaction: at start
         (its non-durable queues died with the last process) and after PostgreSQL was out of reach. A name
@@ -514,34 +469,22 @@ class PgDirectory:
                 await conn.execute("SELECT pg_notify($1, $2)", DIRECTORY_BELL, self.node)
             return taken
 
-        taken = self._wait(run, force=force)
+        taken = await self._wait(run, force=force)
         self.failed = False
         self.down_until = 0.0
         return taken
 
-    def drop_transient_own(self) -> None:
+    async def drop_transient_own(self) -> None:
         """A clean stop: this node's non-durable queues end with it (its durable ones come back)."""
-        self._wait(lambda conn: conn.execute(
+        await self._wait(lambda conn: conn.execute(
             "WITH d AS (DELETE FROM leveret.local_queue WHERE node = $1 AND NOT durable RETURNING 1) "
             "SELECT pg_notify($2, $1) FROM d LIMIT 1", self.node, DIRECTORY_BELL))
 
-    def close(self) -> None:
-        async def shut() -> None:
-            if self._conn is not None:
-                try:
-                    await asyncio.wait_for(self._conn.close(), 2)
-                except Exception:  # noqa: BLE001 (closing anyway)
-                    self._conn.terminate()
-                self._conn = None
-
-        try:
-            asyncio.run_coroutine_threadsafe(shut(), self._loop).result(5)
-        except Exception as exc:  # noqa: BLE001 (closing anyway)
-            log.debug("directory connection close: %s", exc)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
-        if not self._loop.is_running():
-            self._loop.close()
+    async def close(self) -> None:
+        """The calls still on their way are cut (a stop), and the session closed."""
+        await stop_tasks(*self._calls, timeout=CLOSE_TIMEOUT)
+        await close_connection(self._conn)
+        self._conn = None
 
 
 class _Pending:

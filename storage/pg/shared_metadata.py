@@ -11,7 +11,9 @@ merges the two, the shared row winning a key both hold.
 Transactions span both stores (the outer commit commits PostgreSQL first, then SQLite): the SQLite side
 holds only node-local rows, so a crash between the two commits leaves at worst a local row its shared
 twin's transaction also wrote elsewhere, never a shared definition half-made. Batches (a definitions
-import: :meth:`open_batch`, :meth:`recording`, :meth:`apply`) are recorded here and split at apply.
+import: :meth:`open_batch`, :meth:`recording`, :meth:`apply_async`) are recorded here and split at apply.
+The shared side is written on the broker's event loop (storage/pg/definitions_store.py); reads of it are the
+recovery pass's, at start.
 
 :meth:`replaying` is for changes other members made: the broker applies them to its memory through its
 ordinary operations, which write through this store as they always do; inside ``replaying`` those writes
@@ -155,22 +157,39 @@ class SplitMetadataStore:
         finally:
             self._recording = previous
 
+    def _split(self, ops: Sequence[Op]) -> tuple[list[Op], list[Op]]:
+        """(shared, local): the ops of a batch by the store they are made in."""
+        shared_ops, local_ops = [], []
+        for op in ops:
+            local, shared = self._sides(op)
+            if shared:
+                shared_ops.append(op)
+            if local:
+                local_ops.append(op)
+        return shared_ops, local_ops
+
     def apply(self, ops: Sequence[Op]) -> None:
-        """A recorded batch: its shared writes in one PostgreSQL transaction, then its local ones in one
-        SQLite transaction. May run on a worker thread (both stores lock their connection)."""
+        """A recorded batch: its shared writes in one PostgreSQL transaction (accepted into its journal: on the
+        broker's loop), then its local ones in one SQLite transaction."""
         with self._lock:
             self.discard(ops)
-            shared_ops, local_ops = [], []
-            for op in ops:
-                local, shared = self._sides(op)
-                if shared:
-                    shared_ops.append(op)
-                if local:
-                    local_ops.append(op)
+            shared_ops, local_ops = self._split(ops)
             if shared_ops:
                 self.shared.apply(shared_ops)
             if local_ops:
                 self.local.apply(local_ops)
+
+    async def apply_async(self, ops: Sequence[Op]) -> None:
+        """:meth:`apply` on the broker's loop without it waiting: the shared writes into the PostgreSQL journal
+        (one transaction; the reply waits for its commit, storage/commits.py), the local ones in one SQLite
+        transaction on a worker thread (both stores lock their connection)."""
+        with self._lock:
+            self.discard(ops)
+            shared_ops, local_ops = self._split(ops)
+            if shared_ops:
+                self.shared.apply(shared_ops)
+        if local_ops:
+            await self.local.apply_async(local_ops)
 
     def discard(self, ops: Sequence[Op]) -> None:
         with self._lock:

@@ -13,10 +13,14 @@ the member's loop waited up to 3 s for each of them.
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 
+import asyncpg
 import pika
 import pika.exceptions
 import pytest
@@ -28,10 +32,10 @@ from tests.integration.cluster.test_cluster_frozen_pg import (
     round_trip,
     round_trips_while_frozen,
 )
+from tests.integration.management.test_management_api import Http
 
 pytestmark = pytest.mark.leveret_only
 pytest_plugins = ["pg_fixtures"]  # own_postgres: a server of the test's own, which it freezes
-
 
 
 def _answered(answer: dict[str, object], act: Callable[[], object]) -> Callable[[], None]:
@@ -111,3 +115,72 @@ def test_a_frozen_postgresql_does_not_stall_the_member_on_a_classic_declare(star
     for c in (conn, declarer, asker, publisher):
         if c.is_open:
             c.close()
+
+
+def _directory_rows(dsn: str, name: str) -> list[str]:
+    """The members that hold ``name`` in the directory of node-local queues (storage/pg/forwarding.py)."""
+
+    async def read() -> list[str]:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return [r[0] for r in await conn.fetch("SELECT node FROM leveret.local_queue WHERE name = $1", name)]
+        finally:
+            await conn.close()
+
+    return asyncio.run(read())
+
+
+# The client that goes away mid-claim: a process of its own, killed while its declare waits for the claim.
+_DECLARER = """
+import sys, pika
+conn = pika.BlockingConnection(pika.ConnectionParameters(host=sys.argv[1], port=int(sys.argv[2])))
+ch = conn.channel()
+print("connected", flush=True)
+sys.stdin.readline()  # go
+ch.queue_declare(sys.argv[3], durable=True)
+print("declared", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_claim_whose_client_went_away_mid_claim_is_released(start_broker, own_postgres):
+    """A classic queue's declare claims its name in the directory before declare-ok (the claim waits for
+    PostgreSQL, frozen here). The client is killed meanwhile, its connection and channel closed before the claim
+    is answered: once it is, the name is released (broker/topology.py ``Answers.settle``), not left held by a
+    member that has no such queue (its messages forwarded there would be dropped, and a declare on another member
+    would answer a queue that does not exist). The freeze is shorter than the directory's timeout (3 s), so the
+    claim is answered "yours" after the thaw."""
+    a = member(start_broker, own_postgres.dsn(), "a@test")
+    b = member(start_broker, own_postgres.dsn(), "b@test")
+    name = "claimed-by-a-gone-client"
+    declarer = subprocess.Popen([sys.executable, "-c", _DECLARER, "127.0.0.1", str(a.port), name],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert declarer.stdout is not None and declarer.stdout.readline().strip() == "connected"
+        own_postgres.freeze()
+        try:
+            assert declarer.stdin is not None
+            declarer.stdin.write("go\n")
+            declarer.stdin.flush()
+            time.sleep(0.5)  # the declare is sent, its claim waits for PostgreSQL
+            declarer.kill()
+            declarer.wait(10)
+            time.sleep(0.5)  # a sees the connection closed while the claim is still on its way
+        finally:
+            own_postgres.thaw()
+    finally:
+        if declarer.poll() is None:
+            declarer.kill()
+    assert declarer.returncode != 0, "the declare was answered while PostgreSQL was frozen"
+    deadline = time.monotonic() + 5
+    while _directory_rows(own_postgres.dsn(), name):
+        assert time.monotonic() < deadline, "the claim of a declare whose client went away is still held"
+        time.sleep(0.05)
+    http = Http(a.management_port)
+    assert http("GET", f"/api/queues/%2F/{name}")[0] == 404  # (no queue on a: the declare was never made)
+    # The name is free: b's declare makes b's own queue.
+    conn = pika.BlockingConnection(b.pika_params())
+    conn.channel().queue_declare(name, durable=True)
+    conn.close()
+    assert _directory_rows(own_postgres.dsn(), name) == ["b@test"]

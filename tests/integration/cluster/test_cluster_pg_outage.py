@@ -172,7 +172,8 @@ def test_a_definition_made_during_the_outage_is_refused_and_the_feed_resumes(sta
     api = Http(a.management_port)
     status, nodes, _ = api("GET", "/api/nodes")
     assert status == 200 and "a@test" in [n["name"] for n in nodes]
-    assert api("PUT", "/api/vhosts/during", {})[0] == 500
+    status, body, _ = api("PUT", "/api/vhosts/during", {})
+    assert status == 500 and "PostgreSQL" in body["reason"], (status, body)  # (the reason, not "internal error")
     own_postgres.resume()
     # Nothing half-made: the refused queue exists nowhere; a declare now is made and reaches the other member.
     assert not passive_exists(a, "queue", "during")

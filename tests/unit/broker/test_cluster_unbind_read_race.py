@@ -87,8 +87,7 @@ async def member():
     vh = VHost("/")
     vh.declare_exchange("hx", "direct", False, True, False, False, {})
     node = SimpleNamespace(name="b@x", vhosts={"/": vh})
-    fw = ClusterForwarding(node, "postgresql://unused")
-    fw.directory.close()  # (its thread: never connected)
+    fw = ClusterForwarding(node, "postgresql://unused")  # (its directory never connects: replaced below)
     tables = Tables()
     fw.directory = Directory(tables)  # type: ignore[assignment]
     fw.pg = Pg(tables)  # type: ignore[assignment]

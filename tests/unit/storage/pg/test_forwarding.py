@@ -35,7 +35,7 @@ async def live(admin: asyncpg.Connection, *names: str) -> None:
 
 
 @pytest.fixture
-def directory(pg_dsn: str, admin: asyncpg.Connection):
+async def directory(pg_dsn: str, admin: asyncpg.Connection):
     made: list[PgDirectory] = []
 
     def make(node: str) -> PgDirectory:
@@ -45,7 +45,7 @@ def directory(pg_dsn: str, admin: asyncpg.Connection):
 
     yield make
     for d in made:
-        d.close()
+        await d.close()
 
 
 async def until(pred: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> None:
@@ -58,49 +58,46 @@ async def until(pred: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> No
 async def test_a_name_is_claimed_once_cluster_wide(admin, directory) -> None:
     await live(admin, "a", "b")
     a, b = directory("a"), directory("b")
-    assert a.claim("/", "q", True, False) is None  # a's now
-    assert a.claim("/", "q", True, False) is None  # a redeclare by its owner
-    assert b.claim("/", "q", False, False) == Owner("a", True, False)
-    assert b.lookup("/", "q") == Owner("a", True, False)
-    assert b.lookup("/", "nothing") is None
+    assert await a.claim("/", "q", True, False) is None  # a's now
+    assert await a.claim("/", "q", True, False) is None  # a redeclare by its owner
+    assert await b.claim("/", "q", False, False) == Owner("a", True, False)
+    assert await b.lookup("/", "q") == Owner("a", True, False)
+    assert await b.lookup("/", "nothing") is None
     a.release("/", "q")  # fire and forget, in order with a's later calls
-    assert a.lookup("/", "q") is None
-    assert b.claim("/", "q", False, True) is None
+    assert await a.lookup("/", "q") is None
+    assert await b.claim("/", "q", False, True) is None
 
 
-async def test_the_async_calls_answer_as_the_blocking_ones_without_blocking_the_loop(admin, directory) -> None:
-    """claim_async, lookup_async and has_binding_async (what a channel's method awaits, broker/topology.py
-    "Answers that come later") answer as claim, lookup and has_binding do; and the caller's loop serves on while
-    the directory's thread waits for PostgreSQL (held here by a lock on the row's table)."""
+async def test_the_calls_do_not_block_the_loop(admin, directory) -> None:
+    """claim, lookup and has_binding (what a channel's method or an HTTP handler awaits, broker/topology.py
+    "Answers that come later") leave the caller's loop serving while PostgreSQL has not answered (held here by a
+    lock on the row's table)."""
     await live(admin, "a", "b")
     a, b = directory("a"), directory("b")
-    assert await a.claim_async("/", "q", True, False) is None
-    assert await b.claim_async("/", "q", False, False) == Owner("a", True, False)
-    assert await b.lookup_async("/", "q") == Owner("a", True, False)
-    assert await b.lookup_async("/", "nothing") is None
+    assert await a.claim("/", "q", True, False) is None
     a.bind("/", "ex", "q", "k", "h", b"", "direct")
     await committed(a)
-    assert await b.has_binding_async("/", "ex", "q", "k", "h") is True
-    assert await b.has_binding_async("/", "ex", "q", "other", "h") is False
+    assert await b.has_binding("/", "ex", "q", "k", "h") is True
+    assert await b.has_binding("/", "ex", "q", "other", "h") is False
     async with admin.transaction():
         await admin.execute("LOCK TABLE leveret.local_queue IN ACCESS EXCLUSIVE MODE")
-        claiming = asyncio.ensure_future(a.claim_async("/", "q2", False, False))
+        claiming = asyncio.ensure_future(a.claim("/", "q2", False, False))
         ticks = 0
         for _ in range(20):  # the loop turns while the claim waits for the lock
             await asyncio.sleep(0.01)
             ticks += 1
         assert ticks == 20 and not claiming.done()
     assert await claiming is None
-    assert await b.lookup_async("/", "q2") == Owner("a", False, False)
+    assert await b.lookup("/", "q2") == Owner("a", False, False)
 
 
 async def test_a_gone_members_non_durable_row_is_taken_over_its_durable_one_kept(admin, directory) -> None:
     await live(admin, "b")  # "gone" has no live node row (crashed and reaped, or stopped)
     gone, b = directory("gone"), directory("b")
-    assert gone.claim("/", "reply", False, True) is None
-    assert gone.claim("/", "durable", True, False) is None
-    assert b.claim("/", "reply", False, False) is None  # stale: b's now
-    assert b.claim("/", "durable", True, False) == Owner("gone", True, False)
+    assert await gone.claim("/", "reply", False, True) is None
+    assert await gone.claim("/", "durable", True, False) is None
+    assert await b.claim("/", "reply", False, False) is None  # stale: b's now
+    assert await b.claim("/", "durable", True, False) == Owner("gone", True, False)
 
 
 async def committed(directory) -> None:
@@ -115,7 +112,7 @@ async def test_bindings_are_written_and_go_with_their_queue(admin, directory, pg
     a = directory("a")
     fw = await forwarding(pg_dsn, "b")
     try:
-        a.claim("/", "q", False, False)
+        await a.claim("/", "q", False, False)
         a.bind("/", "x", "q", "k.*", "h1", b"args", "topic")
         a.bind("/", "x", "not-mine", "k", "h2", b"", "direct")  # no queue row of a's: not written
         await committed(a)  # bind writes without waiting; a bind-ok waits for this (storage/commits.py)
@@ -128,10 +125,10 @@ async def test_bindings_are_written_and_go_with_their_queue(admin, directory, pg
         a.unbind_source("/", "y")
         a.bind("/", "z", "q", "", "h4", b"", "fanout")
         await committed(a)
-        assert a.lookup("/", "q") is not None  # after the fire-and-forget calls
+        assert await a.lookup("/", "q") is not None  # after the fire-and-forget calls
         assert [r.source for r in (await fw.others())[1]] == ["z"]
         a.release("/", "q")
-        assert a.lookup("/", "q") is None
+        assert await a.lookup("/", "q") is None
         assert await fw.others() == ([], [])  # the binding went with its queue
     finally:
         await fw.close()
@@ -140,21 +137,21 @@ async def test_bindings_are_written_and_go_with_their_queue(admin, directory, pg
 async def test_replace_own_and_drop_transient_own(admin, directory) -> None:
     await live(admin, "a")
     a = directory("a")
-    a.claim("/", "old", False, True)
-    a.replace_own([("/", "kept", True, False), ("/", "temp", False, False)],
-                  [("/", "x", "kept", "", "h", b"", "fanout")])
+    await a.claim("/", "old", False, True)
+    await a.replace_own([("/", "kept", True, False), ("/", "temp", False, False)],
+                        [("/", "x", "kept", "", "h", b"", "fanout")])
     rows = await admin.fetch("SELECT name FROM leveret.local_queue ORDER BY name")
     assert [r[0] for r in rows] == ["kept", "temp"]
     assert await admin.fetchval("SELECT count(*) FROM leveret.local_binding") == 1
-    a.drop_transient_own()
+    await a.drop_transient_own()
     assert [r[0] for r in await admin.fetch("SELECT name FROM leveret.local_queue")] == ["kept"]
 
 
 async def test_the_reaper_drops_non_durable_rows_of_members_that_are_gone(admin, directory, pg_dsn) -> None:
     await live(admin, "a", "b")
     a = directory("a")
-    a.claim("/", "durable", True, False)
-    a.claim("/", "excl", False, True)
+    await a.claim("/", "durable", True, False)
+    await a.claim("/", "excl", False, True)
     fw = await forwarding(pg_dsn, "b")
     try:
         fw.add("a", "/", "durable", b"for-a", True)
@@ -178,7 +175,7 @@ async def test_a_directory_change_rings_the_other_members(admin, directory, pg_d
     rung = asyncio.Event()
     fw = await forwarding(pg_dsn, "b", on_directory=rung.set)
     try:
-        directory("a").claim("/", "q", False, False)
+        await directory("a").claim("/", "q", False, False)
         await asyncio.wait_for(rung.wait(), 5)
     finally:
         await fw.close()

@@ -34,10 +34,10 @@ async def until(pred, timeout: float) -> bool:
 @pytest.mark.serial
 async def test_a_change_reaches_a_follower_at_the_ring_not_at_its_poll(pg_dsn, monkeypatch) -> None:
     monkeypatch.setattr(bell_module, "RETRY_FIRST", 0.05)
-    here = await asyncio.to_thread(PgDefinitionsStore, pg_dsn, "here@test", 5.0)
-    there = await asyncio.to_thread(PgDefinitionsStore, pg_dsn, "there@test", 5.0)
+    here = await PgDefinitionsStore.open(pg_dsn, "here@test", 5.0)
+    there = await PgDefinitionsStore.open(pg_dsn, "there@test", 5.0)
     follower = DefinitionsFollower(None, SimpleNamespace(shared=here), interval=60.0)
-    follower.version = await asyncio.to_thread(here.last_version)
+    follower.version = here.version_at_open
     seen: list[Change] = []
 
     def record(changes: list[Change]) -> int:  # the replay itself is the broker's (tested with real members)
@@ -52,11 +52,11 @@ async def test_a_change_reaches_a_follower_at_the_ring_not_at_its_poll(pg_dsn, m
     try:
         assert await until(follower.bell.listening.is_set, 30)
         started = time.monotonic()
-        await asyncio.to_thread(there.put, "vhost", "v1", {"description": "made elsewhere"})
+        there.put("vhost", "v1", {"description": "made elsewhere"})  # (committed by its journal: no wait here)
         assert await until(lambda: [c.key for c in seen] == ["v1"], 1.0), seen
         assert time.monotonic() - started < 1.0
         reads = follower.bell.rings
-        await asyncio.to_thread(there.get, "vhost", "v1")  # a read rings nothing
+        await there.changes_since(0)  # a read rings nothing
         await asyncio.sleep(0.2)
         assert follower.bell.rings == reads
 
@@ -70,9 +70,9 @@ async def test_a_change_reaches_a_follower_at_the_ring_not_at_its_poll(pg_dsn, m
         assert cut == 1
         assert await until(lambda: not follower.bell.listening.is_set(), 30)
         assert await until(follower.bell.listening.is_set, 30)
-        await asyncio.to_thread(there.delete, "vhost", "v1")
+        there.delete("vhost", "v1")
         assert await until(lambda: [c.key for c in seen] == ["v1", "v1"] and seen[-1].value is None, 1.0), seen
     finally:
         await follower.stop()
-        await asyncio.to_thread(here.close)
-        await asyncio.to_thread(there.close)
+        here.close()
+        there.close()

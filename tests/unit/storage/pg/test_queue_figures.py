@@ -137,16 +137,16 @@ async def test_a_member_answers_questions_about_its_queues(admin, pg_dsn) -> Non
     await fw.start()
     d = PgDirectory(pg_dsn, "b", timeout=5.0)
     try:
-        assert await asyncio.to_thread(d.ask, "a", "/", ["x"], 2.0) == [["/", "x", {"count": 7}]]
-        many = await d.ask_async("a", None, None, 2.0)
+        assert await d.ask("a", "/", ["x"], 2.0) == [["/", "x", {"count": 7}]]
+        many = await d.ask("a", None, None, 2.0)
         assert many is not None and len(many) == 300 and many[299][2]["count"] == 299
         assert asked == [("/", ["x"]), (None, None)]
         # A member that is not live is not asked (no wait); one that does not answer costs the timeout.
-        assert await d.ask_async("stopped", "/", ["x"], 2.0) is None
+        assert await d.ask("stopped", "/", ["x"], 2.0) is None
         await node(admin, "mute")
-        assert await d.ask_async("mute", "/", ["x"], 0.3) is None
+        assert await d.ask("mute", "/", ["x"], 0.3) is None
         assert len(asked) == 2
     finally:
-        d.close()
+        await d.close()
         await fw.close()
 
