@@ -116,12 +116,19 @@ class PgServer:
     def freeze(self) -> None:
         """SIGSTOP the whole server: connections stay open and nothing answers (a hung server, or a link
         that drops packets without a reset). ``thaw`` lets it go on."""
-        for pid in self._pids():
-            os.kill(pid, signal.SIGSTOP)
+        self._signal(signal.SIGSTOP)
 
     def thaw(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: int) -> None:
+        # The postmaster first: once it goes on it reaps the children that ended meanwhile, so a child listed a
+        # moment ago may be gone by its turn (a thaw under load met ProcessLookupError): nothing left to signal.
         for pid in self._pids():
-            os.kill(pid, signal.SIGCONT)
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
 
     def stop(self) -> None:
         try:
