@@ -245,7 +245,7 @@ def test_a_max_length_policy_set_on_one_member_is_enforced_on_the_others_publish
     conn.close()
 
 
-# A latency promise (the README's): measured alone in the serial pass, not beside the parallel pass's load.
+# A latency promise (the README's): measured in the serial pass, not beside the parallel pass's load.
 @pytest.mark.serial
 def test_a_definition_made_on_one_member_is_seen_on_the_other_within_a_second(start_broker, pg_dsn):
     """The README: every other member applies a definition within milliseconds (the change feed's doorbell, a

@@ -54,8 +54,8 @@ def _answered(answer: dict[str, object], act: Callable[[], object]) -> Callable[
     return run
 
 
-# A latency bound (500 ms against a stall of seconds): measured alone, in the serial pass, where a loaded CI
-# machine's parallel pass cannot be what made a round trip slow.
+# A latency bound (500 ms against a stall of seconds): measured in the serial pass, where a loaded CI machine's
+# parallel pass cannot be what made a round trip slow.
 @pytest.mark.slow
 @pytest.mark.serial
 @pytest.mark.timeout(120)

@@ -87,8 +87,8 @@ def frozen_while_calling(a, own_postgres, method: str, path: str, body: Any) -> 
     return worst, n, answer
 
 
-# A latency bound (500 ms against a stall of seconds): measured alone, in the serial pass, where a loaded CI
-# machine's parallel pass cannot be what made a round trip slow.
+# A latency bound (500 ms against a stall of seconds): measured in the serial pass, where a loaded CI machine's
+# parallel pass cannot be what made a round trip slow.
 @pytest.mark.slow
 @pytest.mark.serial
 @pytest.mark.timeout(120)

@@ -56,8 +56,8 @@ def round_trips_while_frozen(ch, own_postgres, start: Callable[[], None],
     return worst, n
 
 
-# A latency bound (500 ms against a stall of seconds; some of the store's waits are 1 s): measured alone, in the
-# serial pass, where a loaded CI machine's parallel pass cannot be what made a round trip slow.
+# A latency bound (500 ms against a stall of seconds; some of the store's waits are 1 s): measured in the serial
+# pass, where a loaded CI machine's parallel pass cannot be what made a round trip slow.
 @pytest.mark.slow
 @pytest.mark.serial
 @pytest.mark.timeout(120)

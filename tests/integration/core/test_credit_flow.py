@@ -279,7 +279,7 @@ class Sampler(threading.Thread):
         self.join(5)
 
 
-@pytest.mark.serial  # B's rate per 2 s window is the measure: other tests beside it starve B, not the broker
+@pytest.mark.serial  # B's rate per 2 s window is the measure: the parallel pass beside it starves B, not the broker
 def test_flooding_publisher_is_throttled_and_others_keep_their_rate(start_broker, monkeypatch, uid):
     monkeypatch.setenv("LEVERET_TEST_FSYNC_DELAY_MS", str(FSYNC_DELAY_MS))
     b = start_broker()

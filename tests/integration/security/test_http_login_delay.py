@@ -102,7 +102,7 @@ def timed_basic_login(source: str, port: int, password: str = "guest") -> tuple[
 
 
 # It also times a right login from another address meanwhile (bound 0.5 s, measured 21 ms): a latency, measured
-# alone in the serial pass rather than beside a loaded parallel pass.
+# in the serial pass rather than beside a loaded parallel pass.
 @pytest.mark.serial
 def test_sixty_wrong_logins_through_three_doors_share_one_delay(exposed):
     host, b, mport = exposed

@@ -29,8 +29,8 @@ async def until(pred, timeout: float) -> bool:
     return True
 
 
-# Issue 15's "within a second" is a latency promise: measured alone (the serial pass), not beside three workers
-# that a 2-core CI machine runs at a load of 6-10.
+# Issue 15's "within a second" is a latency promise: measured in the serial pass, not beside three workers that
+# a 2-core CI machine runs at a load of 6-10.
 @pytest.mark.serial
 async def test_a_change_reaches_a_follower_at_the_ring_not_at_its_poll(pg_dsn, monkeypatch) -> None:
     monkeypatch.setattr(bell_module, "RETRY_FIRST", 0.05)
