@@ -1,5 +1,5 @@
 """``python -m bench.cluster_forward``: what forwarding to a node-local queue of another cluster member costs
-(issue 15; broker/cluster_forwarding.py).
+(issue 15; broker/clustering/cluster_forwarding.py).
 
 Two Leveret members on one PostgreSQL (bench/cluster_quorum.py's: a throwaway server with fsync on, unless
 ``--dsn``). A classic

@@ -4,8 +4,8 @@
 [--prometheus-port N] [--log-level L] [--load-definitions FILE] [--set KEY=VALUE ...] [--force-reset]`` runs
 the broker (``--force-reset``, like ``rabbitmqctl force_reset``, wipes the data directory first: a one-off
 operator action, hence a flag and no configuration key);
-``leveret ctl VERB ...`` operates a running one over its HTTP API (see broker/ctl.py);
-``leveret diagnostics COMMAND`` runs rabbitmq-diagnostics' health checks against it (also broker/ctl.py);
+``leveret ctl VERB ...`` operates a running one over its HTTP API (see broker/tools/ctl.py);
+``leveret diagnostics COMMAND`` runs rabbitmq-diagnostics' health checks against it (also broker/tools/ctl.py);
 ``leveret perf [PerfTest's flags]`` is the load generator of broker/tools/perf.py (``leveret perf --help``).
 
 Settings come from built-in defaults < the config file < ``LEVERET_…`` environment variables < these flags.
@@ -23,7 +23,7 @@ import structlog
 
 from broker import VERSION
 from broker.config import ConfigError, Settings, load_settings
-from broker.logs import FileRotation, configure_logging
+from broker.observability.logs import FileRotation, configure_logging
 
 # Command-line flag → configuration key (so a flag is validated exactly as the same key in a file).
 _FLAG_KEYS = {
@@ -93,11 +93,11 @@ def _serve(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "ctl":
-        from broker import ctl
+        from broker.tools import ctl
 
         return ctl.run(argv[1:])
     if argv and argv[0] == "diagnostics":
-        from broker import ctl
+        from broker.tools import ctl
 
         return ctl.diagnostics_run(argv[1:])
     if argv and argv[0] == "perf":
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     # `leveret perf` is dispatched above, before this parser; listed here so that `leveret --help` shows it.
     sub.add_parser("perf", add_help=False,
                    help="load generator for any AMQP 0-9-1 broker, with PerfTest's flags (leveret perf --help)")
-    from broker import ctl
+    from broker.tools import ctl
 
     ctl.add_parser(sub)
     ctl.diagnostics_add_parser(sub)

@@ -188,7 +188,7 @@ _ROTATION_DATE = re.compile(r"\$(?:H(\d{1,2})?|D(\d{1,2})?|W([0-6])(?:D(\d{1,2})
 
 def parse_rotation_date(value: str) -> str | None:
     """``log.file.rotation.date``: a date spec such as ``$D0``, or an empty value (RabbitMQ's "no
-    rotation by date"); returned as given (broker/logs.py reads it), or None for none."""
+    rotation by date"); returned as given (broker/observability/logs.py reads it), or None for none."""
     v = value.strip()
     if v in ("", "none", "false"):
         return None
@@ -275,8 +275,8 @@ class Settings:
     # This node's name (RabbitMQ's RABBITMQ_NODENAME; here LEVERET_NODENAME or leveret.nodename): None is
     # leveret@<host name>. Members of one cluster need distinct names, so two on one host must set it.
     node_name: str | None = None
-    # cluster.postgres.dsn: the PostgreSQL database a cluster of Leveret nodes shares (broker/cluster.py);
-    # None runs a single node.
+    # cluster.postgres.dsn: the PostgreSQL database a cluster of Leveret nodes shares
+    # (broker/clustering/cluster.py); None runs a single node.
     cluster_dsn: str | None = None
     # cluster.postgres.lease_seconds (Leveret's own): how long a member's lease in the cluster lasts without a
     # heartbeat (renewed every third of it). A member that hangs (SIGSTOP, a frozen VM) is fenced by its peers
@@ -323,7 +323,7 @@ class Settings:
     # The delay store's time bucket (docs/decisions/delayed-messages.md: UTC, an hour by default): pending messages are kept in one file
     # set per bucket, deleted once drained. A store keeps the length it was made with (storage/delay/store.py).
     delayed_message_bucket_size: int = 3_600_000
-    # The AMQP-over-TLS listener (RabbitMQ's listeners.ssl.default, ssl_options.*; broker/tls.py builds the
+    # The AMQP-over-TLS listener (RabbitMQ's listeners.ssl.default, ssl_options.*; broker/security/tls.py builds the
     # context): off (None) unless a port is given; its address defaults to the plain listener's (bind).
     ssl_bind: str | None = None
     ssl_port: int | None = None
@@ -467,7 +467,7 @@ def parse_cipher(value: str) -> str:
     return v
 
 
-# The TLS 1.3 cipher suites of OpenSSL (Python's ssl module cannot restrict these: broker/tls.py warns).
+# The TLS 1.3 cipher suites of OpenSSL (Python's ssl module cannot restrict these: broker/security/tls.py warns).
 TLS13_CIPHER_SUITES = ("TLS_AES_256_GCM_SHA384", "TLS_CHACHA20_POLY1305_SHA256", "TLS_AES_128_GCM_SHA256",
                        "TLS_AES_128_CCM_SHA256", "TLS_AES_128_CCM_8_SHA256")
 
@@ -1028,7 +1028,7 @@ def management_url(settings: Settings) -> str | None:
     plain HTTP unless only management.ssl.* is configured, then HTTPS on management.ssl.port (15671). A
     wildcard or loopback address is reached at 127.0.0.1.
 
-    The container's health check (broker/healthcheck.py) and ``leveret ctl`` (broker/ctl.py) derive their
+    The container's health check (broker/tools/healthcheck.py) and ``leveret ctl`` (broker/tools/ctl.py) derive their
     defaults from it, so a broker configured on other ports (LEVERET_* variables, the config file) is the one
     they talk to, never whatever else answers on 15672."""
     ssl = settings.management_ssl

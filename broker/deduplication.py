@@ -2,8 +2,8 @@
 (``x-message-deduplication: true``) or at an exchange of type ``x-message-deduplication``; the interface of
 RabbitMQ's rabbitmq-message-deduplication plugin and of LavinMQ, which the exactly-once Spark writer relies on
 (docs/decisions/spark-pipeline.md). This module is the cache both levels use, what a message's key is, and the declare arguments;
-broker/delegate.py makes the queue-level check (one place for every queue type), and
-broker/deduplication_exchange.py is the exchange type. storage/deduplication_log.py keeps a cache on disk.
+broker/queues/delegate.py makes the queue-level check (one place for every queue type), and
+broker/exchanges/deduplication_exchange.py is the exchange type. storage/deduplication_log.py keeps a cache on disk.
 
 Sources, and where they differ:
 
@@ -149,8 +149,8 @@ def exchange_settings(arguments: dict[str, Any]) -> DedupSettings:
 
 
 def _queue_arg_problem(key: str, value: Any) -> str | None:
-    """What is wrong with a queue's deduplication argument, in broker/queue_args.py's words (the plugin's queue
-    argument has no checks; LavinMQ refuses a value of the wrong type)."""
+    """What is wrong with a queue's deduplication argument, in broker/queues/queue_args.py's words (the
+    plugin's queue argument has no checks; LavinMQ refuses a value of the wrong type)."""
     if key == "x-message-deduplication":
         return None if isinstance(value, bool) else "{unacceptable_type," + _type_name(value) + "}"
     if key in ("x-cache-size", "x-cache-ttl"):

@@ -36,12 +36,14 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from broker import PRODUCT, VERSION, limits, parameters, remote_queue
-from broker.auth import HASHING_ALGORITHMS, SHA256, hash_password, valid_password_hash
+from broker import PRODUCT, VERSION, parameters
+from broker.clustering import remote_queue
 from broker.errors import AMQPError
-from broker.exchange import EXCHANGE, QUEUE
+from broker.exchanges.exchange import EXCHANGE, QUEUE
 from broker.json_values import json_safe
-from broker.policy import make_policy
+from broker.policies import limits
+from broker.policies.policy import make_policy
+from broker.security.auth import HASHING_ALGORITHMS, SHA256, hash_password, valid_password_hash
 from broker.topology import Answers, Deferred, deferring
 
 if TYPE_CHECKING:

@@ -17,33 +17,33 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from broker.alarms import (
+from broker.clock import Clock, LoopClock
+from broker.config import Settings
+from broker.federation.supervisor import FederationSupervisor
+from broker.message import Message
+from broker.observability.counters import GlobalCounters
+from broker.persistence import BackingQueueFactory, DurableDefinitions
+from broker.policies.limits import Connection as LimitedConnection
+from broker.publish import REPLY_TO_PREFIX
+from broker.queues.direct_reply_to import ReplyChannel
+from broker.resources.alarms import (
     AlarmState,
     BlockableConnection,
     ResourceMonitor,
     configured_disk_free_limit,
     configured_memory_limit,
 )
-from broker.auth import HASHING_ALGORITHMS, SHA256, Permission, User, UserStore, hash_password
-from broker.clock import Clock, LoopClock
-from broker.config import Settings
-from broker.counters import GlobalCounters
-from broker.direct_reply_to import ReplyChannel
-from broker.federation.supervisor import FederationSupervisor
-from broker.limits import Connection as LimitedConnection
-from broker.memory_budget import MemoryBudget, set_memory_limit
-from broker.message import Message
-from broker.persistence import BackingQueueFactory, DurableDefinitions
-from broker.publish import REPLY_TO_PREFIX
+from broker.resources.memory_budget import MemoryBudget, set_memory_limit
+from broker.security.auth import HASHING_ALGORITHMS, SHA256, Permission, User, UserStore, hash_password
+from broker.security.topic_permissions import TopicCheckingConnection
 from broker.shovel.supervisor import ShovelSupervisor
 from broker.shovel.worker import LocalLogin
-from broker.topic_permissions import TopicCheckingConnection
 from broker.vhost import VHost
 from storage.commits import COMMITTED_AT_ONCE, Commits
 from storage.node_storage import NodeStorage
 
 if TYPE_CHECKING:
-    from broker.cluster import Cluster
+    from broker.clustering.cluster import Cluster
 
 log = structlog.get_logger("leveret.node")
 
@@ -51,10 +51,10 @@ log = structlog.get_logger("leveret.node")
 RABBITMQ_COMPAT_VERSION = "3.13.7"
 
 class ClientConnection(BlockableConnection, LimitedConnection, TopicCheckingConnection, Protocol):
-    """What the node and the modules below it need of an open client connection (broker/reader.py's Reader
+    """What the node and the modules below it need of an open client connection (broker/amqp/reader.py's Reader
     is one): what the alarms, the limits and the topic-permission cache use, and a way to close it with 320
     CONNECTION_FORCED. Modules above the reader read the node's connections as readers
-    (``broker.reader.open_connections``)."""
+    (``broker.amqp.reader.open_connections``)."""
 
     def force_close(self, text: str = ...) -> None: ...
 
@@ -74,7 +74,7 @@ def default_node_name(settings: Settings) -> str:
 class Node:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.cluster: Cluster | None = None  # a cluster member's membership (broker/cluster.py)
+        self.cluster: Cluster | None = None  # a cluster member's membership (broker/clustering/cluster.py)
         self.name = settings.node_name or default_node_name(settings)
         self.cluster_name = settings.cluster_name or self.name
         self.rabbitmq_version = RABBITMQ_COMPAT_VERSION
@@ -104,11 +104,11 @@ class Node:
                                    perms["write"], perms["read"])
         self.global_parameters: dict[str, Any] = {}
         self.connections: set[ClientConnection] = set()
-        # Memory and disk alarms (broker/alarms.py); the monitor that raises them starts with the node.
+        # Memory and disk alarms (broker/resources/alarms.py); the monitor that raises them starts with the node.
         self.alarm_state = AlarmState()
         self.resource_monitor: ResourceMonitor | None = None
         self._reply_channels: dict[str, ReplyChannel] = {}
-        # In a cluster (broker/cluster_forwarding.py): reply keys start with this member's tag, and a reply to
+        # In a cluster (broker/clustering/cluster_forwarding.py): reply keys start with this member's tag, and a reply to
         # another member's key is forwarded there. On a single node: "" and None (keys as they always were).
         self.reply_key_prefix = ""
         self.forward_reply: Callable[[Message], int] | None = None

@@ -4,7 +4,7 @@ only components Leveret acts on are accepted.
 RabbitMQ keeps a registry of parameter components; a component no plugin registered is refused with 400
 ``Validation failed\\n\\ncomponent shovel not found\\n`` (rabbit_runtime_parameters:lookup_component), which
 is what a RabbitMQ without the shovel or federation plugin answers. Leveret registers four components,
-``vhost-limits`` (broker/limits.py), ``shovel`` (dynamic shovels, broker/shovel/), ``federation-upstream`` and
+``vhost-limits`` (broker/policies/limits.py), ``shovel`` (dynamic shovels, broker/shovel/), ``federation-upstream`` and
 ``federation-upstream-set`` (exchange federation, broker/federation/). The RabbitMQ federation plugin's
 ``federation`` component (its internal per-link state) is refused with RabbitMQ's text plus a line naming
 it, never stored. A definitions file carrying a refused parameter is refused before anything in it is
@@ -18,8 +18,8 @@ from typing import Any
 
 import structlog
 
-from broker import limits
 from broker.federation import definition as federation
+from broker.policies import limits
 from broker.shovel import definition as shovel
 
 log = structlog.get_logger("leveret.parameters")

@@ -3,7 +3,7 @@ permissions, policies, parameters, durable exchanges, queues and bindings), mess
 queues, and the one ordered recovery pass that brings them back at start.
 
 storage/ stores bytes and knows nothing of AMQP; this module is the translation: a message is stored in
-broker/message_codec.py's format (shared with the stream queue, a layer below), and queue and exchange
+broker/queues/message_codec.py's format (shared with the stream queue, a layer below), and queue and exchange
 arguments as AMQP field tables.
 
 The metadata store's kinds and keys (storage/metadata_store.py; per-vhost keys start with the vhost, so
@@ -37,16 +37,16 @@ import structlog
 from pamqp import decode as amqp_decode
 from pamqp import encode as amqp_encode
 
-from broker.auth import Permission, User, UserStore
-from broker.exchange import EXCHANGE, QUEUE, Binding, Exchange
-from broker.message_codec import decode_message, encode_message
-from broker.policy import Policy
+from broker.exchanges.exchange import EXCHANGE, QUEUE, Binding, Exchange
+from broker.policies.policy import Policy
+from broker.queues.message_codec import decode_message, encode_message
+from broker.security.auth import Permission, User, UserStore
 from storage.backing_queue import BackingQueue
 from storage.node_storage import NODE_KIND, NodeStorage
 from storage.stream_log import StreamLog
 
 if TYPE_CHECKING:
-    from broker.queue_process import QueueProcess
+    from broker.queues.queue_process import QueueProcess
     from broker.vhost import VHost
 
 log = structlog.get_logger("leveret.persistence")
@@ -288,7 +288,7 @@ class DurableDefinitions:
 class BackingQueueFactory:
     """Opens the backing queue of a queue: a variable queue over the node's stores (paging to disk under
     memory pressure; persistent messages of durable queues survive restarts); and the log of a stream
-    (broker/stream_queue.py's StreamOpener), whose payloads are broker/message_codec.py's encoded messages."""
+    (broker/queues/stream_queue.py's StreamOpener), whose payloads are broker/queues/message_codec.py's encoded messages."""
 
     def __init__(self, storage: NodeStorage, vhost: str) -> None:
         self.storage = storage

@@ -39,7 +39,7 @@ from protocol.properties import (
 )
 
 if TYPE_CHECKING:
-    from broker.auth import User
+    from broker.security.auth import User
 
 # The bits of VHost.publish's result (see above).
 ROUTED = 1
@@ -64,7 +64,7 @@ _ARRAY = ord("A")
 
 class Publisher(Protocol):
     """What the publish path needs of a publishing channel: where queues send its confirms, the queues it
-    counts as a publisher of, and the connection credit flow pauses (broker/delegate.py)."""
+    counts as a publisher of, and the connection credit flow pauses (broker/queues/delegate.py)."""
 
     reader: Any
     published_to: set[Any]

@@ -24,18 +24,20 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from broker import PRODUCT, VERSION, definitions, metrics, tls
-from broker.alarms import ResourceMonitor, configured_disk_free_limit, configured_memory_limit
-from broker.cluster_errors import ClusterError
-from broker.guarded_reader import GuardedReader, LoginGuard
-from broker.logs import log_banner
+from broker import PRODUCT, VERSION, definitions
+from broker.amqp.guarded_reader import GuardedReader, LoginGuard
+from broker.amqp.reader import open_connections
+from broker.amqp.tls_accept import TLSAcceptor
+from broker.clustering.cluster_errors import ClusterError
 from broker.management.app import make_app
-from broker.memory_budget import MemoryBudget, set_memory_limit
 from broker.node import Node
-from broker.os_probes import total_memory
+from broker.observability.logs import log_banner
 from broker.persistence import NODE_METADATA_KEY, DurableDefinitions
-from broker.reader import open_connections
-from broker.tls_accept import TLSAcceptor
+from broker.prometheus import metrics
+from broker.resources.alarms import ResourceMonitor, configured_disk_free_limit, configured_memory_limit
+from broker.resources.memory_budget import MemoryBudget, set_memory_limit
+from broker.resources.os_probes import total_memory
+from broker.security import tls
 from protocol import CODEC  # compiled or pure-python wire codec, for the banner
 from storage.data_dir_lock import DataDirLock, DataDirLocked
 from storage.metadata_store import MetadataStore, MetadataStoreError, MetadataWriteError
@@ -148,7 +150,7 @@ class Server:
                                        delay_max_ms=self.node.settings.delayed_message_max_delay,
                                        delay_bucket_ms=self.node.settings.delayed_message_bucket_size)
             durable = DurableDefinitions(self.node.storage)
-            if self.node.cluster is not None:  # a cluster member: shared definitions first (broker/cluster.py)
+            if self.node.cluster is not None:  # a cluster member: shared definitions first (broker/clustering/cluster.py)
                 # the same Metadata (storage/metadata_store.py), split between SQLite and PostgreSQL
                 durable.metadata = self.node.cluster.open_definitions(self.node.storage)
             migrating = self._metadata_doc is not None
@@ -281,8 +283,8 @@ class Server:
     async def start(self) -> None:
         self.build_tls_context()
         if self.node.settings.cluster_dsn:  # join before the recovery pass opens queues in PostgreSQL
-            # Imported here: only a member pays for asyncpg and storage/pg (broker/cluster_errors.py).
-            from broker.cluster import Cluster
+            # Imported here: only a member pays for asyncpg and storage/pg (broker/clustering/cluster_errors.py).
+            from broker.clustering.cluster import Cluster
 
             self.node.cluster = Cluster(self.node, self.node.settings.cluster_dsn)
             try:

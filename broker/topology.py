@@ -1,16 +1,16 @@
 """What the vhost layer needs of the other members of a cluster, declared (docs/architecture.md, "Seams").
 
-A vhost (broker/vhost.py), its queue registry (broker/amqqueue.py), the channel and the HTTP API's bindings ask
+A vhost (broker/vhost.py), its queue registry (broker/queues/amqqueue.py), the channel and the HTTP API's bindings ask
 one object about the queues and bindings that live on other members: :class:`Topology`. A single node has
 :class:`LocalTopology`, which knows of no other member, so the callers hold no ``is not None`` branch and mypy
-checks every call; a cluster member has broker/cluster_forwarding.py's ``VHostLink``, which implements it over
+checks every call; a cluster member has broker/clustering/cluster_forwarding.py's ``VHostLink``, which implements it over
 storage/pg/forwarding.py's directory (an adapter in broker/: storage/ never imports broker/).
 
 The hot path does not call the null object: :attr:`broker.vhost.VHost.clustered`, a bool set with the topology
 (``VHost.use_topology``), is what routing tests per message, as it tested ``remote is not None`` before.
 
 The definitions feed is the second thing a member may be behind on: :class:`CatchUp` is asked before a name
-this member does not know is answered with 404 or routed nowhere (broker/cluster_definitions.py
+this member does not know is answered with 404 or routed nowhere (broker/clustering/cluster_definitions.py
 ``DefinitionsFollower``); :data:`NEVER_BEHIND` is a single node's.
 
 **Answers that come later.** A member asks the directory in PostgreSQL about names it does not know (a claim of
@@ -26,10 +26,10 @@ A coroutine (an HTTP API handler, a definitions import) does the same with :func
 Outside :func:`deferring` nothing waits either, and nothing is asked synchronously: the topology and the feed
 answer from what this member knows and start the question for the next time (routing, which must answer at once:
 a tx.commit's publishes, a dead letter). No caller in the broker asks a claim or a look-up that way; one that
-did would have its claim written by the next rewrite of the member's rows (broker/cluster_forwarding.py).
+did would have its claim written by the next rewrite of the member's rows (broker/clustering/cluster_forwarding.py).
 
-This module sits below broker/amqqueue.py and broker/vhost.py in the layers (pyproject.toml) and imports only
-what lies below them.
+This module sits below broker/queues/amqqueue.py and broker/vhost.py in the layers (pyproject.toml) and
+imports only what lies below them.
 """
 
 from __future__ import annotations
@@ -40,12 +40,12 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from broker.exchange import Binding, Exchange
+    from broker.exchanges.exchange import Binding, Exchange
     from broker.message import Message
 
-# Another member's queue as this member sees it (broker/remote_queue.py's RemoteQueue): handed back where a
+# Another member's queue as this member sees it (broker/clustering/remote_queue.py's RemoteQueue): handed back where a
 # queue of this node would be (routing, a declare of a name another member holds). Typed by the queue seam
-# (broker/queue_types.py's Queue) once RemoteQueue is declared to satisfy it; Any until then.
+# (broker/queues/queue_types.py's Queue) once RemoteQueue is declared to satisfy it; Any until then.
 OtherMembersQueue = Any
 
 T = TypeVar("T")

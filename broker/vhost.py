@@ -14,29 +14,30 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from broker import delegate, permissions, topic_permissions
-from broker.amqqueue import Definitions, QueueRegistry
 from broker.clock import Clock, LoopClock
-from broker.counters import MESSAGE_SIZE_BOUNDS
-from broker.dead_letter import deaths_of, is_cycle
 from broker.errors import AMQPError
-from broker.exchange import EXCHANGE, QUEUE, Binding, Exchange, ExchangeServices
-from broker.exchange_types import exchange_type, make_exchange
+from broker.exchanges.exchange import EXCHANGE, QUEUE, Binding, Exchange, ExchangeServices
+from broker.exchanges.exchange_types import exchange_type, make_exchange
 from broker.message import Message
-from broker.policy import Policy, best_match
+from broker.observability.counters import MESSAGE_SIZE_BOUNDS
+from broker.observability.trace import TRACE_EXCHANGE
+from broker.policies.policy import Policy, best_match
 from broker.publish import REPLY_TO_PREFIX, ROUTED, Publisher, ReplyTo, check_properties, property_flags
-from broker.queue_args import effective_settings
+from broker.queues import delegate
+from broker.queues.amqqueue import Definitions, QueueRegistry
+from broker.queues.dead_letter import deaths_of, is_cycle
+from broker.queues.queue_args import effective_settings
+from broker.security import permissions, topic_permissions
 from broker.topology import LOCAL, NEVER_BEHIND, CatchUp, Topology
-from broker.trace import TRACE_EXCHANGE
 from protocol.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED
 
 if TYPE_CHECKING:
     import asyncio
 
-    from broker.auth import User
-    from broker.counters import GlobalCounters
-    from broker.queue_process import QueueProcess
-    from broker.trace import Tracer
+    from broker.observability.counters import GlobalCounters
+    from broker.observability.trace import Tracer
+    from broker.queues.queue_process import QueueProcess
+    from broker.security.auth import User
 
 log = structlog.get_logger("leveret.vhost")
 
@@ -81,15 +82,15 @@ class VHost:
         self.description = description
         self.tags: list[str] = list(tags or [])
         self.default_queue_type = default_queue_type
-        # Runtime parameters, (component, name) → value: vhost-limits (broker/limits.py reads them here), and
-        # whatever a definitions import carries (federation upstreams, ...).
+        # Runtime parameters, (component, name) → value: vhost-limits (broker/policies/limits.py reads them
+        # here), and whatever a definitions import carries (federation upstreams, ...).
         self.parameters: dict[tuple[str, str], Any] = {}
         # Told (vhost, component, name, value or None when cleared) after a parameter changes: the node's
         # shovel supervisor (broker/shovel/supervisor.py) starts and stops shovels from it.
         self.on_parameter: Callable[[str, str, str, Any], None] | None = None
         # The one source of time for this vhost's queues, exchanges and dead-lettering (broker/clock.py).
         self.clock: Clock = clock if clock is not None else LoopClock()
-        # The node's GlobalCounters (broker/counters.py), if this vhost belongs to a node.
+        # The node's GlobalCounters (broker/observability/counters.py), if this vhost belongs to a node.
         self.counters = counters
         # The node's direct reply-to consumers, if this vhost belongs to a node.
         self.replies = replies
@@ -98,7 +99,7 @@ class VHost:
         self.durable: VHostDefinitions | None = None
         self.exchanges: dict[str, Exchange] = {}
         self.queues = QueueRegistry(self)
-        # What every exchange of this vhost is built with (broker/exchange_types.py).
+        # What every exchange of this vhost is built with (broker/exchanges/exchange_types.py).
         self.exchange_services = ExchangeServices(name, self.clock, self.publish, self.route, lambda: self.durable)
         # The default exchange is not in ``exchanges``: it cannot be declared, bound or deleted.
         self.default_exchange: Exchange = self._make_exchange("direct", "")
@@ -110,18 +111,18 @@ class VHost:
         topic = exchange_type("topic")
         assert topic is not None
         self.exchanges[TRACE_EXCHANGE] = make_exchange(topic, TRACE_EXCHANGE, self.exchange_services, internal=True)
-        # broker/trace.py's Tracer while this vhost traces (trace_on), else None: the hot paths check it,
-        # nothing more. Not persistent, as in RabbitMQ: a vhost starts with tracing off.
+        # broker/observability/trace.py's Tracer while this vhost traces (trace_on), else None: the hot paths
+        # check it, nothing more. Not persistent, as in RabbitMQ: a vhost starts with tracing off.
         self.tracing: Tracer | None = None
         # leveret.max_bindings_per_queue (the node sets it): bindings that may end at one queue, or at one
         # exchange for exchange-to-exchange bindings; 0: no limit (RabbitMQ has none).
         self.max_bindings_per_queue = max_bindings_per_queue
         # The other members' queues and the hooks for this member's own (broker/topology.py): a cluster
-        # member's broker/cluster_forwarding.py VHostLink, else LocalTopology. Set with use_topology, which
-        # keeps ``clustered`` with it: the one thing the publish path tests per message.
+        # member's broker/clustering/cluster_forwarding.py VHostLink, else LocalTopology. Set with
+        # use_topology, which keeps ``clustered`` with it: the one thing the publish path tests per message.
         self.remote: Topology = LOCAL
         self.clustered = False
-        # A cluster member's reading of the definitions feed (broker/cluster_definitions.py DefinitionsFollower,
+        # A cluster member's reading of the definitions feed (broker/clustering/cluster_definitions.py DefinitionsFollower,
         # set by the node): asked before a name this member does not know is answered with 404 or routed nowhere.
         self.catch_up: CatchUp = NEVER_BEHIND
 
@@ -357,7 +358,7 @@ class VHost:
         keys = (msg.routing_key,) if msg.extra_keys is None else (msg.routing_key, *msg.extra_keys)
         for key in keys:
             exchange.route(key, msg, queue_names, more)
-        if clustered:  # bindings to other members' queues (broker/remote_queue.py)
+        if clustered:  # bindings to other members' queues (broker/clustering/remote_queue.py)
             self.remote.route(exchange.name, keys, msg, queue_names)
         ae = exchange.alternate_exchange
         if ae and not queue_names and not more:
@@ -409,7 +410,7 @@ class VHost:
         TTLs count from here: the message's publish time is stamped now, on the vhost's clock. Direct, no task,
         no allocation beyond the routing sets: this is the hot path of every basic.publish. While the vhost
         traces, a client's publish (not a dead letter, not a held message let go, not the tracer's own copies,
-        which are published ``held``) is traced (broker/trace.py); otherwise that costs one attribute check."""
+        which are published ``held``) is traced (broker/observability/trace.py); otherwise that costs one attribute check."""
         msg.published_at = self.clock.now_ms()
         tracer = self.tracing
         if tracer is not None and not (dead_letter or held):
@@ -425,7 +426,7 @@ class VHost:
             elif msg.extra_keys is None:
                 q = self.queues.get(key)
                 if q is None and self.clustered:
-                    q = self.remote.queue(key)  # another cluster member's (broker/remote_queue.py)
+                    q = self.remote.queue(key)  # another cluster member's (broker/clustering/remote_queue.py)
                     if q is None:
                         # Maybe a shared queue declared on another member just now: the feed is read for the
                         # next message (a client's publish waited for that read: Channel.basic_publish).

@@ -11,7 +11,7 @@ they mean nothing (a store that cannot page ignores its RAM budget). A new store
 is one new module implementing this Protocol, one line where the node chooses the store that opens its
 queues, and one variant in the conformance suite's ``VARIANTS``. Which implementation a queue gets (a
 plain store, or a :class:`~storage.priority_queue.PriorityBackingQueue` of them) is decided in one place,
-``broker/queue_types.py``'s ``new_backing_queue``.
+``broker/queues/queue_types.py``'s ``new_backing_queue``.
 
 Messages are opaque: the owner passes the message (bytes, or any object when the implementation was
 given an encode/decode pair), its ``size`` (body bytes, for ``ready_bytes`` and the decision to embed

@@ -6,8 +6,8 @@ store commits before a write returns (a millisecond's fsync), so a reply sent ri
 commit. A cluster member's PostgreSQL table (storage/pg/definitions_store.py) cannot commit within the call
 without the event loop waiting for the server, which stalls every connection of the member when PostgreSQL is
 slow or frozen; it accepts the write into an ordered journal at once and commits it on the loop's own
-connection. The writer's reply then waits for :meth:`Commits.committed` (broker/channel.py defers it, holding the
-channel's later methods; the HTTP API awaits it), while the loop serves everyone else.
+connection. The writer's reply then waits for :meth:`Commits.committed` (broker/amqp/channel.py defers it,
+holding the channel's later methods; the HTTP API awaits it), while the loop serves everyone else.
 """
 
 from __future__ import annotations

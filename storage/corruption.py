@@ -20,7 +20,7 @@ Derived data is rebuilt rather than dropped: a delay bucket's ``.idx`` that fail
 is reported (at the first entry that differs) and rebuilt from ``.data`` (storage/delay/bucket.py).
 
 :func:`report` writes one ``ERROR`` line naming the store, the file and the byte offset of the damage, and
-counts it per store for Prometheus (``leveret_storage_corrupt_records_total{store=...}``, broker/metrics.py).
+counts it per store for Prometheus (``leveret_storage_corrupt_records_total{store=...}``, broker/prometheus/metrics.py).
 The same damage is reported once per process however often the file is read again (a queue's segment is
 re-read by every page-in): the key is ``(path, offset)``.
 """

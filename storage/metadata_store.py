@@ -85,7 +85,7 @@ class Metadata(Protocol):
     """What the node asks of its metadata store (NodeStorage.metadata; broker/persistence.py and
     broker/definitions.py write through it), declared so that the two stores are one type to mypy: the SQLite
     :class:`MetadataStore` of a node, and a cluster member's storage/pg/shared_metadata.py
-    ``SplitMetadataStore``, which broker/cluster.py installs in its place (the definitions every member shares
+    ``SplitMetadataStore``, which broker/clustering/cluster.py installs in its place (the definitions every member shares
     in PostgreSQL, the rest here). Writes raise :class:`MetadataWriteError` and change nothing."""
 
     path: str

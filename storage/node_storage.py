@@ -191,7 +191,7 @@ class NodeStorage:
         self._delay_store: DelayStore | None = None
         os.makedirs(data_dir, exist_ok=True)
         self.embed_below = queue_index_embed_msgs_below
-        # SQLite; on a cluster member the split store broker/cluster.py puts here (either is a Metadata).
+        # SQLite; on a cluster member the split store broker/clustering/cluster.py puts here (either is a Metadata).
         self.metadata: Metadata = self._open_metadata(check_metadata_file(data_dir), check_metadata)
         self.syncer = Syncer(loop)
         self.persistent = MsgStore(os.path.join(data_dir, "msg_store_persistent"), syncer=self.syncer,

@@ -1,6 +1,6 @@
 """What a stream queue keeps: an append-only log with offsets, read from anywhere, and its consumer groups.
 
-This module is the interface between the broker's stream queue (broker/stream_queue.py) and the stores that
+This module is the interface between the broker's stream queue (broker/queues/stream_queue.py) and the stores that
 implement it: the file-backed store on QMQ's log model (storage/stream_store.py: a message log per vhost, a
 consume log per stream, a pull log per consumer group; seed 001) and an in-memory one for tests
 (storage/stream_memory.py). Both run the same conformance suite (tests/unit/storage/test_stream_log.py).

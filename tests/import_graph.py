@@ -55,7 +55,7 @@ def _imports(tree: ast.AST, kind: str = "module") -> Iterator[tuple[str, str]]:
                 yield alias.name, kind
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             yield node.module, kind
-            for alias in node.names:  # "from broker import delegate" imports the module broker.delegate
+            for alias in node.names:  # "from broker.queues import delegate" imports the module broker.queues.delegate
                 yield f"{node.module}.{alias.name}", kind
         else:
             yield from _imports(node, kind)

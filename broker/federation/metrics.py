@@ -1,4 +1,4 @@
-"""The ``leveret_federation_*`` Prometheus families (broker/metrics.py yields them on both endpoints).
+"""The ``leveret_federation_*`` Prometheus families (broker/prometheus/metrics.py yields them on both endpoints).
 
 RabbitMQ 3.10's rabbitmq_prometheus has no federation families; these are Leveret's own, shaped like the
 shovel's (broker/shovel/metrics.py): links by status, and per link the messages it published here, acked

@@ -1,5 +1,5 @@
 """Which federation links a vhost asks for (pure): for each exchange (and, :func:`plan_queues`, each queue), the policy that applies to it (the
-matching one of highest priority, ties to the name that sorts last, as for queues: broker/policy.py) and its
+matching one of highest priority, ties to the name that sorts last, as for queues: broker/policies/policy.py) and its
 ``federation-upstream`` or ``federation-upstream-set`` key (``all``: every upstream of the vhost) name the
 upstreams; one link per (exchange, upstream).
 
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from broker.federation.definition import UPSTREAM, UPSTREAM_SET, Upstream
-from broker.policy import Policy
+from broker.policies.policy import Policy
 
 ALL = "all"
 
@@ -68,7 +68,7 @@ def plan(exchanges: Iterable[str], policies: Iterable[Policy],
 def plan_queues(queues: Iterable[tuple[str, str]], policies: Iterable[Policy],
                 parameters: Mapping[tuple[str, str], Any]) -> dict[tuple[str, str], Upstream]:
     """Queue federation: (queue, upstream name) → upstream, for ``queues`` given as (name, queue type); the
-    policy that applies to a queue as broker/policy.py's best_match picks it. Streams are not federated."""
+    policy that applies to a queue as broker/policies/policy.py's best_match picks it. Streams are not federated."""
     policies = list(policies)
     wanted: dict[tuple[str, str], Upstream] = {}
     if not policies or not any(c == UPSTREAM for c, _n in parameters):

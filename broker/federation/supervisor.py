@@ -21,12 +21,12 @@ from typing import Any, Protocol
 
 import structlog
 
-from broker.auth import Permission, User
 from broker.federation.definition import Upstream
 from broker.federation.link import BindingKeys, FederationLink, binding_key
 from broker.federation.plan import plan, plan_queues
 from broker.federation.queue_link import QueueLink
-from broker.policy import Policy
+from broker.policies.policy import Policy
+from broker.security.auth import Permission, User
 from broker.shovel.worker import LocalLogin
 
 log = structlog.get_logger("leveret.federation")

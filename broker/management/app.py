@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from aiohttp import web
 
+from broker.amqp.guarded_reader import LoginGuard
 from broker.clock import LoopClock
 from broker.errors import AMQPError
-from broker.guarded_reader import LoginGuard
 from broker.management import (
     bindings,
     connections,

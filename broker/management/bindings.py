@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from broker import permissions, topic_permissions
-from broker.exchange import QUEUE, Binding
+from broker.exchanges.exchange import QUEUE, Binding
 from broker.management.common import (
     bad_request,
     body_of,
@@ -29,6 +28,7 @@ from broker.management.objects import (
     properties_key,
     vhost_bindings,
 )
+from broker.security import permissions, topic_permissions
 from broker.topology import answered_call
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ async def delete_binding(request: web.Request) -> web.Response:
     unbinding = await answered_call(lambda: vh.unbind(b.source, b.destination, b.kind, b.routing_key, b.arguments))
     if unbinding is not None:
         # Another cluster member's queue: answered once that member has carried the unbind out, as unbind-ok
-        # is (broker/cluster_forwarding.py VHostLink.unbind_remote); the event loop serves others meanwhile.
+        # is (broker/clustering/cluster_forwarding.py VHostLink.unbind_remote); the event loop serves others meanwhile.
         await unbinding
     return web.Response(status=204)
 

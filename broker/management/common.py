@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from broker.auth import User
 from broker.errors import AMQPError
 from broker.management.name_filter import name_matcher, page_params
 from broker.management.request_bodies import read_json
+from broker.security.auth import User
 
 if TYPE_CHECKING:
     from broker.node import Node

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from broker.amqp.reader import open_connections
 from broker.management.common import (
     node_of,
     not_found,
@@ -24,10 +25,9 @@ from broker.management.objects import (
     iter_channels,
     iter_consumers,
 )
-from broker.reader import open_connections
 
 if TYPE_CHECKING:
-    from broker.reader import Reader
+    from broker.amqp.reader import Reader
 
 CLOSE_REASON = "Closed via management plugin"
 

@@ -36,11 +36,11 @@ from typing import Any
 
 from aiohttp import web
 
-from broker import permissions
-from broker.delayed_exchange import FLAG_PERSISTENT, DelayedExchange
+from broker.exchanges.delayed_exchange import FLAG_PERSISTENT, DelayedExchange
 from broker.management.common import bad_request, not_found, respond, user_of, vhost_for_write
 from broker.management.objects import iso_ms, lookup_exchange
 from broker.management.queues import properties_json
+from broker.security import permissions
 from broker.vhost import VHost
 from storage.delay import DelayRecord
 

@@ -14,10 +14,9 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from pamqp import commands as spec
 
-from broker import permissions
 from broker.errors import AMQPError
-from broker.exchange import EXCHANGE
-from broker.exchange_types import EXCHANGE_TYPES
+from broker.exchanges.exchange import EXCHANGE
+from broker.exchanges.exchange_types import EXCHANGE_TYPES
 from broker.management.common import (
     as_bool,
     bad_request,
@@ -40,6 +39,7 @@ from broker.management.objects import (
 )
 from broker.message import Message
 from broker.publish import PENDING, REFUSED, ROUTED
+from broker.security import permissions
 from protocol.constants import PRECONDITION_FAILED
 from protocol.fastcodec import build_content_header, shortstr
 

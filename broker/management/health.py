@@ -9,8 +9,8 @@ from aiohttp import web
 
 from broker.management.common import body_of, node_of, require_admin, respond, vhost_for_write
 from broker.management.exchanges import make_message
-from broker.os_probes import total_memory
 from broker.publish import ROUTED
+from broker.resources.os_probes import total_memory
 from broker.topology import answered_call
 
 ALIVENESS_QUEUE = "aliveness-test"

@@ -3,7 +3,7 @@ rabbit_mgmt_wm_user_limit(s)): list, set one limit (``PUT .../{name}`` with ``{"
 (``DELETE .../{name}``, 204; for a user ``all`` clears every limit). Setting and clearing need the
 administrator tag; the lists are shown to every API user (vhost limits only for the vhosts it may see).
 
-The limits are validated and enforced by broker/limits.py; a change is written to the node's metadata store
+The limits are validated and enforced by broker/policies/limits.py; a change is written to the node's metadata store
 at once (a write that fails is a 500 and changes nothing), and takes effect for the next connection, channel or queue (open ones are not closed, as in
 RabbitMQ)."""
 
@@ -13,8 +13,6 @@ from typing import Any
 
 from aiohttp import web
 
-from broker import limits
-from broker.auth import User
 from broker.management.common import (
     bad_request,
     body_of,
@@ -25,6 +23,8 @@ from broker.management.common import (
     vhost_for,
     visible_vhosts,
 )
+from broker.policies import limits
+from broker.security.auth import User
 
 
 async def _value(request: web.Request) -> Any:

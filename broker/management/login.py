@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 import structlog
 from aiohttp import web
 
-from broker.auth import User, is_loopback
 from broker.management import login_delay
 from broker.management.common import API_TAGS, bad_request, not_authorised, respond, unauthenticated
 from broker.management.request_bodies import read_json
 from broker.management.sessions import COOKIE, CSRF_HEADER, Session, SessionTable
+from broker.security.auth import User, is_loopback
 
 if TYPE_CHECKING:
     from broker.node import Node

@@ -2,8 +2,8 @@
 address, and none was logged, while AMQP held the same address to ~7 a second).
 
 HTTP Basic credentials, ``POST /api/login`` (the web UI's and any script's) and AMQP share the node's one
-failure table (broker/login_throttle.py, through the server's LoginGuard): failures from an address are
-counted together, so a guesser cannot switch doors, and each further login from that address waits
+failure table (broker/security/login_throttle.py, through the server's LoginGuard): failures from an address
+are counted together, so a guesser cannot switch doors, and each further login from that address waits
 ``leveret.login_throttle.*`` before its password is checked, as an AMQP login does. The wait is an
 ``asyncio.sleep`` of this request alone: the event loop, and logins from other addresses, go on. Each failure
 is logged with the address, the user name and the door, never the password. Loopback addresses are exempt
@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 import structlog
 from aiohttp import web
 
-from broker.auth import User
+from broker.security.auth import User
 
 if TYPE_CHECKING:
-    from broker.guarded_reader import LoginGuard
+    from broker.amqp.guarded_reader import LoginGuard
     from broker.node import Node
 
 log = structlog.get_logger("leveret.management")

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from broker import permissions
 from broker.errors import AMQPError
 from broker.management.common import (
     bad_request,
@@ -26,10 +25,11 @@ from broker.management.common import (
 from broker.management.exchanges import CONFIRM_TIMEOUT, HttpConfirm
 from broker.message import Message
 from broker.publish import PENDING, REFUSED, ROUTED
+from broker.security import permissions
 from protocol.fastcodec import shortstr
 
 if TYPE_CHECKING:
-    from broker.auth import User
+    from broker.security.auth import User
     from broker.vhost import VHost
 
 MAX_MOVE = 100_000

@@ -18,25 +18,25 @@ import urllib.parse
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from broker.deduplication_exchange import DeduplicationExchange
-from broker.delayed_exchange import DelayedExchange
-from broker.exchange import EXCHANGE, QUEUE
+from broker.amqp.reader import open_connections
+from broker.exchanges.deduplication_exchange import DeduplicationExchange
+from broker.exchanges.delayed_exchange import DelayedExchange
+from broker.exchanges.exchange import EXCHANGE, QUEUE
 from broker.json_values import json_safe
 from broker.persistence import untable
-from broker.queue_types import queue_type_of
-from broker.reader import open_connections
-from broker.tls import connection_tls_info
+from broker.queues.queue_types import queue_type_of
+from broker.security.tls import connection_tls_info
 from storage.backing_queue import Figures
 
 if TYPE_CHECKING:
-    from broker.auth import User
-    from broker.channel import Channel
-    from broker.cluster_figures import Snapshot
-    from broker.exchange import Binding, Exchange
+    from broker.amqp.channel import Channel
+    from broker.amqp.reader import Reader
+    from broker.clustering.cluster_figures import Snapshot
+    from broker.exchanges.exchange import Binding, Exchange
     from broker.node import Node
-    from broker.queue_consumers import Consumer
-    from broker.queue_process import QueueProcess, QueueStats
-    from broker.reader import Reader
+    from broker.queues.queue_consumers import Consumer
+    from broker.queues.queue_process import QueueProcess, QueueStats
+    from broker.security.auth import User
     from broker.vhost import VHost
 
 DEFAULT_EXCHANGE_PATH = "amq.default"
@@ -246,7 +246,7 @@ def overview_message_stats(node: Node, sampler: RateSampler | None, shared: Snap
 
 
 def message_counts(c: Mapping[str, int]) -> dict[str, int]:
-    """``message_stats`` from node-wide counters by name (broker/counters.py GlobalCounters.as_dict)."""
+    """``message_stats`` from node-wide counters by name (broker/observability/counters.py GlobalCounters.as_dict)."""
     def n(name: str) -> int:
         return int(c.get(name, 0))
 
@@ -409,7 +409,7 @@ def figures_of(q: QueueProcess, shared: Snapshot | None) -> Figures:
 
 
 def queue_type(q: QueueProcess) -> str:
-    """The queue's type name as the HTTP API shows it ("classic", "quorum"; broker/queue_types.py)."""
+    """The queue's type name as the HTTP API shows it ("classic", "quorum"; broker/queues/queue_types.py)."""
     return q.type_name
 
 
@@ -498,7 +498,7 @@ def queue_info(node: Node, q: QueueProcess, sampler: RateSampler | None = None,
         info["owner_pid_details"] = {"name": q.exclusive_owner.name}
     if q.dedup is not None:  # the plugin shows it in backing_queue_status; the queue object is where it is read
         info["message_deduplication_cache_info"] = q.dedup.info()
-    info.update(q.info_items(node.name))  # the items its type adds (a stream's offsets: broker/queue_info.py)
+    info.update(q.info_items(node.name))  # the items its type adds (a stream's offsets: broker/queues/queue_info.py)
     if shared is not None and is_shared(q):
         # Every live member serves a shared queue (RabbitMQ's quorum queue fields: its members, those online);
         # its leader is the member that reports it to Prometheus (Snapshot.leader), the same on every member.
@@ -531,7 +531,7 @@ async def cluster_view(node: Node, vhost: str | None = None) -> ClusterView | No
 
 
 class OtherMemberQueue:
-    """A node-local queue of another cluster member, as that member answered for it (broker/cluster_forwarding.py
+    """A node-local queue of another cluster member, as that member answered for it (broker/clustering/cluster_forwarding.py
     ``queue_answer``; ``{"state": "down"}`` when it did not answer): what a listing sorts and shows."""
 
     def __init__(self, vhost: str, name: str, member: str, answer: dict[str, Any]) -> None:
@@ -617,7 +617,7 @@ def exchange_info(node: Node, vh: VHost, ex: Exchange, sampler: RateSampler | No
         "internal": ex.internal,
         "arguments": json_safe(ex.arguments),
         "user_who_performed_action": "rmq-internal",  # exchanges do not record who declared them
-        "policy": None,  # policies apply to queues only (broker/policy.py)
+        "policy": None,  # policies apply to queues only (broker/policies/policy.py)
         "message_stats": with_details(exchange_message_counts(ex), sampler, id(ex)),
     }
     if isinstance(ex, DeduplicationExchange) and ex.cache is not None:

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from broker import PRODUCT, VERSION
-from broker.cluster_errors import CannotForget, ClusterError
-from broker.exchange_types import EXCHANGE_TYPES
+from broker.amqp.reader import open_connections
+from broker.clustering.cluster_errors import CannotForget, ClusterError
+from broker.exchanges.exchange_types import EXCHANGE_TYPES
 from broker.management import redact
 from broker.management.common import (
     MONITOR_TAGS,
@@ -39,8 +40,7 @@ from broker.management.objects import (
     vhost_message_totals,
     with_details,
 )
-from broker.os_probes import disk_free, open_fds, resident_memory
-from broker.reader import open_connections
+from broker.resources.os_probes import disk_free, open_fds, resident_memory
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -189,7 +189,7 @@ async def get_node(request: web.Request) -> web.Response:
 
 async def forget_node(request: web.Request) -> web.Response:
     """Leveret's ``DELETE /api/leveret/nodes/{node}`` (behind ``leveret ctl forget_cluster_node``): remove a
-    cluster member that is not running, with its node-local queues (broker/cluster.py ``Cluster.forget``).
+    cluster member that is not running, with its node-local queues (broker/clustering/cluster.py ``Cluster.forget``).
     404 for a name that never joined; 400 for a running member, this node, or a node not in a cluster; 503
     while PostgreSQL is out of reach."""
     require_admin(request)
@@ -230,7 +230,7 @@ async def put_cluster_name(request: web.Request) -> web.Response:
     if not isinstance(name, str) or not name:
         raise bad_request("name must be a non-empty string")
     node = node_of(request)
-    if node.cluster is not None:  # one name for the cluster, in its database (broker/cluster.py)
+    if node.cluster is not None:  # one name for the cluster, in its database (broker/clustering/cluster.py)
         try:
             await node.cluster.set_cluster_name(name)
         except ClusterError as exc:

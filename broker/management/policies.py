@@ -1,7 +1,7 @@
 """``/api/policies``, ``/api/operator-policies``, ``/api/parameters`` and ``/api/global-parameters``.
 
-Policies are broker.policy.Policy objects set through ``vhost.set_policy`` / ``vhost.clear_policy``, which
-apply them to the vhost's queues at once (broker/policy.py, broker/queue_args.py)."""
+Policies are broker.policies.policy.Policy objects set through ``vhost.set_policy`` / ``vhost.clear_policy``,
+which apply them to the vhost's queues at once (broker/policies/policy.py, broker/queues/queue_args.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from broker.management.common import (
     vhost_for,
     visible_vhosts,
 )
-from broker.policy import Policy, make_policy
+from broker.policies.policy import Policy, make_policy
 
 
 def policy_info(vhost: str, name: str, policy: Policy) -> dict[str, Any]:

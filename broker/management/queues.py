@@ -3,7 +3,7 @@ and ``POST .../get`` with RabbitMQ's ack modes, and Leveret's ``POST .../peek`` 
 ``GET /api/queues?page=...`` is filtered, sorted and paged before the page's objects are built
 (broker/management/listing.py). Everything goes through the vhost's queue registry and the
 queue process, as the AMQP methods do. A stream queue's object (``"type": "stream"``) adds its offsets,
-segments and consumer groups (broker/stream_queue.py's ``info_items``); its groups alone are at
+segments and consumer groups (broker/queues/stream_queue.py's ``info_items``); its groups alone are at
 ``/api/stream-groups`` (broker/management/streams.py)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from aiohttp import web
 
-from broker import permissions, remote_queue
-from broker.exchange import QUEUE
+from broker.clustering import remote_queue
+from broker.exchanges.exchange import QUEUE
 from broker.json_values import json_safe
 from broker.management.common import (
     as_bool,
@@ -42,6 +42,7 @@ from broker.management.objects import (
     queue_consumer_details,
     queue_info,
 )
+from broker.security import permissions
 from broker.topology import answered_call
 from protocol.frames import FrameError
 from protocol.properties import decode_properties
@@ -49,7 +50,7 @@ from protocol.properties import decode_properties
 log = structlog.get_logger("leveret.management")
 
 if TYPE_CHECKING:
-    from broker.cluster_figures import Snapshot
+    from broker.clustering.cluster_figures import Snapshot
     from broker.vhost import VHost
 
 ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")

@@ -15,7 +15,7 @@ import re
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-from broker.cluster_errors import safe_dsn
+from broker.clustering.cluster_errors import safe_dsn
 from broker.config import Settings
 
 HIDDEN = "[hidden]"

@@ -10,7 +10,7 @@ no such resource, its nearest being ``rabbitmq-streams list_stream_consumer_grou
         it forward to N (never back); 204. 409 while the group has consumers (their acks own its progress);
         the user needs read permission on the stream, as a consumer does.
 
-Each row (broker/stream_queue.py's ``StreamQueue.group_info``)::
+Each row (broker/queues/stream_queue.py's ``StreamQueue.group_info``)::
 
     {"vhost": "/", "stream": "events", "name": "billing", "committed_offset": 120, "cursor": 130,
      "outstanding": 10, "lag": 380, "consumers": 2, "next_offset": 500}
@@ -22,7 +22,7 @@ group's members now; ``next_offset``: the stream's next offset, read at the same
 A stream's own figures (``first_offset``, ``next_offset``, ``segments``, ``stream_bytes``, and its groups
 under ``consumer_groups``) are in its queue object, ``GET /api/queues/{vhost}/{stream}``: that is the call
 for a reader that wants "how far does the stream go now" (the Spark source's ``latestOffset``). The same
-figures are Prometheus series on ``/metrics/per-object`` (broker/metrics.py) and ``leveret ctl
+figures are Prometheus series on ``/metrics/per-object`` (broker/prometheus/metrics.py) and ``leveret ctl
 list_stream_groups`` prints these rows.
 """
 
@@ -33,7 +33,6 @@ from typing import Any
 
 from aiohttp import web
 
-from broker import permissions
 from broker.errors import AMQPError
 from broker.management.common import (
     amqp_error,
@@ -48,7 +47,8 @@ from broker.management.common import (
     vhost_for_write,
     visible_vhosts,
 )
-from broker.stream_queue import StreamQueue
+from broker.queues.stream_queue import StreamQueue
+from broker.security import permissions
 from broker.vhost import VHost
 
 

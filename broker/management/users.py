@@ -11,8 +11,6 @@ from typing import Any
 
 from aiohttp import web
 
-from broker import topic_permissions
-from broker.auth import HASHING_ALGORITHMS, SHA256, User, hash_password, valid_password_hash
 from broker.management.common import (
     as_tags,
     bad_request,
@@ -24,6 +22,8 @@ from broker.management.common import (
     respond_list,
 )
 from broker.management.objects import permission_info, user_info
+from broker.security import topic_permissions
+from broker.security.auth import HASHING_ALGORITHMS, SHA256, User, hash_password, valid_password_hash
 
 
 def _user(request: web.Request, name: str | None = None) -> User:
@@ -151,7 +151,7 @@ async def delete_permission(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
-# -- topic permissions (enforced by broker/topic_permissions.py; a change reaches the user's open channels) -------
+# -- topic permissions (enforced by broker/security/topic_permissions.py; a change reaches the user's open channels) -------
 
 def _topic_rows(user: User, vhost: str | None = None) -> Iterator[dict[str, Any]]:
     for v in sorted(user.topic_permissions):

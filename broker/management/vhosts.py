@@ -1,7 +1,7 @@
 """``/api/vhosts``: list, get, create or update (PUT), delete, and a vhost's permissions.
 
-A vhost's ``tracing`` (the firehose, broker/trace.py) is shown in its object and set by a PUT with
-``{"tracing": true|false}``, as in RabbitMQ's management API (a PUT without it leaves tracing as it is).
+A vhost's ``tracing`` (the firehose, broker/observability/trace.py) is shown in its object and set by a PUT
+with ``{"tracing": true|false}``, as in RabbitMQ's management API (a PUT without it leaves tracing as it is).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from broker.management.common import (
     visible_vhosts,
 )
 from broker.management.objects import cluster_view, permission_info, vhost_info
-from broker.trace import start as start_tracing
-from broker.trace import stop as stop_tracing
+from broker.observability.trace import start as start_tracing
+from broker.observability.trace import stop as stop_tracing
 
 QUEUE_TYPES = ("classic", "quorum", "stream")
 

@@ -1,4 +1,4 @@
-"""The ``leveret_shovel_*`` Prometheus families (broker/metrics.py yields them on both endpoints).
+"""The ``leveret_shovel_*`` Prometheus families (broker/prometheus/metrics.py yields them on both endpoints).
 
 RabbitMQ 3.10's rabbitmq_prometheus has no shovel families at all, so these are Leveret's own; a team moving
 in watches its move with them (how many messages a shovel has moved, whether it runs).

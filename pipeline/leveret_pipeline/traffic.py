@@ -51,7 +51,7 @@ from pyspark.sql import functions as F
 EVENT_TIME = "x-leveret-event-time"
 MESSAGE_ID = "x-leveret-message-id"
 KINDS = ("publish", "deliver", "ack", "deadletter")
-REASONS = ("expired", "rejected", "maxlen", "delivery_limit")  # x-death's reasons, as broker/trace.py sends
+REASONS = ("expired", "rejected", "maxlen", "delivery_limit")  # x-death's reasons, as broker/observability/trace.py sends
 MINUTE_MS = 60_000
 HOUR_MS = 3_600_000
 DAY_MS = 86_400_000

@@ -9,8 +9,8 @@ segments and the drained buckets. Recovery cuts every bucket back to its checkpo
 the WAL after the checkpoint, so no record is applied twice and replay time is bounded by the checkpoint
 interval, not by the number pending.
 
-Dispatch contract (the store's half of exactly-once dispatch; the broker's half is broker/delayed_dispatch.py and
-storage/dispatch_evidence.py):
+Dispatch contract (the store's half of exactly-once dispatch; the broker's half is
+broker/delayed/delayed_dispatch.py and storage/dispatch_evidence.py):
 
 - :meth:`due` hands out the records due at ``now_ms()`` in ``(due_ms, seq)`` order, at most ``limit``, and
   never a record before the WAL fsync covering it (so nothing handed out can vanish in a crash);

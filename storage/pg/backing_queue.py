@@ -517,13 +517,13 @@ class PgBackingQueue:
 
     def set_room(self, room: Callable[[int], int]) -> None:
         """``room(most)``: how many more messages the owner's consumers on this node could take, at most
-        ``most`` (broker/queue_consumers.py ConsumerSet.room)."""
+        ``most`` (broker/queues/queue_consumers.py ConsumerSet.room)."""
         self.room = room
 
     def set_rank(self, rank: Callable[[], int | None]) -> None:
         """``rank()``: the priority of the highest of the owner's consumers on this node with room (None: none
-        has room; broker/queue_consumers.py ConsumerSet.rank): announced to the other members with the room,
-        and compared with theirs (``_outranked``, ``deal_here``)."""
+        has room; broker/queues/queue_consumers.py ConsumerSet.rank): announced to the other members with the
+        room, and compared with theirs (``_outranked``, ``deal_here``)."""
         self.rank = rank
 
     def awaits_fetch(self) -> bool:

@@ -130,7 +130,7 @@ class PgCluster:
         self.on_fenced: Callable[[str], None] | None = None
         self.on_reconnected: Callable[[int], None] | None = None
         # The cluster's name as last read or notified (None until init_cluster_name), and who is told when it
-        # changes (broker/cluster.py: the node's cluster_name, read by the HTTP API, Prometheus, AMQP).
+        # changes (broker/clustering/cluster.py: the node's cluster_name, read by the HTTP API, Prometheus, AMQP).
         self.cluster_name: str | None = None
         self.on_cluster_name: Callable[[str], None] | None = None
         self.epochs: list[int] = [epoch]  # this node's epochs, oldest first (one more per reconnect)

@@ -26,7 +26,7 @@ synchronous reads) answer from the table as :meth:`open` read it, in one snapsho
 that moment (:attr:`version_at_open`, from which the member follows the feed), plus this member's writes since.
 That is what the recovery pass reads, before the node serves; :meth:`recovered` drops the snapshot once the
 member follows the feed, and a read after it is refused (MetadataStoreError): a running member's memory is the
-definitions, kept in line by the feed (broker/cluster_definitions.py), never read back from here.
+definitions, kept in line by the feed (broker/clustering/cluster_definitions.py), never read back from here.
 
 Values are msgpack, as in the SQLite store. Errors: a write refused (the session is known lost) raises
 :class:`~storage.metadata_store.MetadataWriteError` and changes nothing; a write not committed within
@@ -66,8 +66,8 @@ RETRY_MAX = 2.0
 # Its table, leveret.definition, is migration 2 of storage/pg/schema.py.
 
 # The doorbell of the feed: every transaction that changed a definition notifies this channel (delivered when it
-# commits; several in one transaction are one), and each member's follower listens (broker/cluster_definitions.py)
-# and reads the feed at once instead of at its next poll.
+# commits; several in one transaction are one), and each member's follower listens
+# (broker/clustering/cluster_definitions.py) and reads the feed at once instead of at its next poll.
 DEFINITIONS_BELL = "leveret_definitions"
 
 _PUT = ("INSERT INTO leveret.definition (kind, key, value, version, writer) "

@@ -1,4 +1,4 @@
-"""Node-local queues across a Leveret cluster, PostgreSQL side (docs/decisions/postgres-cluster.md; broker/cluster_forwarding.py is the
+"""Node-local queues across a Leveret cluster, PostgreSQL side (docs/decisions/postgres-cluster.md; broker/clustering/cluster_forwarding.py is the
 broker side): the *directory* of every member's own queues (classic, exclusive, server-named, streams) and
 of their bindings from shared exchanges, and the *forward* table through which a message published on one
 member reaches a queue that lives on another.
@@ -124,7 +124,7 @@ REAP_FORWARD = ("DELETE FROM leveret.forward f WHERE NOT EXISTS (SELECT 1 FROM l
                 "f.target AND n.dead_at IS NULL AND n.stopped_at IS NULL) AND NOT EXISTS (SELECT 1 FROM "
                 "leveret.local_queue q WHERE q.node = f.target AND q.durable)")
 # Messages forwarded to each other live member that it has not taken yet: how far behind its owner is (the
-# publishers' members pause publishers to its queues above a mark, broker/cluster_forwarding.py). A member
+# publishers' members pause publishers to its queues above a mark, broker/clustering/cluster_forwarding.py). A member
 # that is gone, stopped or past its lease is not counted: its messages wait for it without holding anyone up.
 OWNER_LAG = ("SELECT f.target, count(*) FROM leveret.forward f WHERE f.target <> $1 AND EXISTS (SELECT 1 FROM "
              "leveret.node n WHERE n.name = f.target AND n.dead_at IS NULL AND n.stopped_at IS NULL AND "

@@ -72,7 +72,7 @@ CREATE TABLE leveret.definition (
 CREATE INDEX definition_by_version ON leveret.definition (version);
 """
 
-# Node-local queues across the cluster (storage/pg/forwarding.py, broker/cluster_forwarding.py): the directory of
+# Node-local queues across the cluster (storage/pg/forwarding.py, broker/clustering/cluster_forwarding.py): the directory of
 # every member's own queues and of their bindings from shared exchanges, and the messages forwarded to them.
 MIGRATION_3 = """
 CREATE TABLE leveret.local_queue (
@@ -100,7 +100,7 @@ CREATE TABLE leveret.forward (
     vhost      text    NOT NULL,
     queues     text[]  NOT NULL,
     persistent boolean NOT NULL,
-    body       bytea   NOT NULL)   -- the broker's message encoding (broker/message_codec.py)
+    body       bytea   NOT NULL)   -- the broker's message encoding (broker/queues/message_codec.py)
 WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000, autovacuum_vacuum_cost_delay = 0,
       autovacuum_analyze_scale_factor = 0, autovacuum_analyze_threshold = 10000);
 CREATE INDEX forward_target ON leveret.forward (target, id);
@@ -153,7 +153,7 @@ CREATE INDEX message_reserved ON leveret.message (queue_id) WHERE state = 1;
 MIGRATION_6 = """
 CREATE TABLE leveret.node_stats (
     node       text  PRIMARY KEY,               -- the member's node name; its current run's counters
-    counters   jsonb NOT NULL,                  -- {counter name: value} (broker/counters.py GlobalCounters)
+    counters   jsonb NOT NULL,                  -- {counter name: value} (broker/observability/counters.py GlobalCounters)
     updated_at timestamptz NOT NULL DEFAULT now());
 """
 

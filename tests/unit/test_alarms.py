@@ -1,4 +1,4 @@
-"""The resource alarms (broker/alarms.py) over any connection that satisfies ``BlockableConnection``: only
+"""The resource alarms (broker/resources/alarms.py) over any connection that satisfies ``BlockableConnection``: only
 publishers are blocked, every blocked one is unblocked once the last alarm clears, and listeners hear
 each change; the monitor checks on the clock it is given. No reader, node or event loop is needed (that is
 the point of the Protocol and the clock)."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from broker.alarms import AlarmState, BlockableConnection, ResourceMonitor
 from broker.clock import ManualClock
+from broker.resources.alarms import AlarmState, BlockableConnection, ResourceMonitor
 
 
 class FakeConnection:

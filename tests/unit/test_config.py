@@ -135,7 +135,7 @@ def test_other_tools_leveret_variables_are_not_reported():
 
 
 def test_disk_free_limit_relative_is_applied_and_the_last_given_form_wins(tmp_path):
-    from broker.alarms import configured_disk_free_limit, total_memory
+    from broker.resources.alarms import configured_disk_free_limit, total_memory
 
     assert configured_disk_free_limit(Settings()) == 50 * 1000 * 1000
     p = tmp_path / "l.conf"

@@ -1,12 +1,12 @@
-"""The node's counters (broker/counters.py) and the exporter's tables over them (broker/metrics.py): every
+"""The node's counters (broker/observability/counters.py) and the exporter's tables over them (broker/prometheus/metrics.py): every
 metric reads a declared field, and a misspelt counter is an error rather than a silent new attribute."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker import metrics
-from broker.counters import GlobalCounters
+from broker.observability.counters import GlobalCounters
+from broker.prometheus import metrics
 
 
 def test_every_exported_counter_is_a_declared_field():

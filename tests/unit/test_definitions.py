@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from broker import definitions
-from broker.auth import check_password
 from broker.config import Settings
 from broker.node import Node
+from broker.security.auth import check_password
 from broker.server import Server
 
 
@@ -260,7 +260,7 @@ async def test_a_write_that_fails_changes_nothing(tmp_path):
     definitions.import_definitions(node, bulk_document("keep", 3))
     before = definitions.export(node)
     node.storage.metadata._db.execute("PRAGMA query_only = ON")
-    from broker.policy import Policy
+    from broker.policies.policy import Policy
     from storage.metadata_store import MetadataWriteError
 
     keep = node.vhosts["keep"]

@@ -1,5 +1,5 @@
 """Log file rotation (issue 16, "Logs"): RabbitMQ's ``log.file.rotation.date`` / ``.size`` / ``.count`` /
-``.compress`` keys, read into the settings and applied by the logging set-up (broker/logs.py) to the JSON log
+``.compress`` keys, read into the settings and applied by the logging set-up (broker/observability/logs.py) to the JSON log
 file. Files are really written and rotated here, through ``configure_logging`` as ``leveret serve`` calls it."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import structlog
 
 from broker.config import ConfigError, load_settings, rabbitmq_only_feature
-from broker.logs import FileRotation, RotatingLogFile, configure_logging, next_rotation
+from broker.observability.logs import FileRotation, RotatingLogFile, configure_logging, next_rotation
 
 
 @pytest.fixture(autouse=True)

@@ -1,12 +1,12 @@
-"""The pure tables behind the login defences: broker/login_throttle.py (how long a login from an address waits)
-and broker/handshake_guard.py (unfinished handshakes per address and in all), with the time passed in."""
+"""The pure tables behind the login defences: broker/security/login_throttle.py (how long a login from an address waits)
+and broker/security/handshake_guard.py (unfinished handshakes per address and in all), with the time passed in."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker.handshake_guard import HandshakeSlots, RefusalLog
-from broker.login_throttle import LoginThrottle
+from broker.security.handshake_guard import HandshakeSlots, RefusalLog
+from broker.security.login_throttle import LoginThrottle
 
 
 def test_the_delay_starts_after_the_threshold_and_doubles_up_to_the_cap():

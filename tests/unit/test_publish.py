@@ -10,11 +10,11 @@ import time
 import pytest
 from pamqp import commands as spec
 
-from broker.auth import User
-from broker.counters import MessageSizes
 from broker.errors import AMQPError
 from broker.message import Message
+from broker.observability.counters import MessageSizes
 from broker.publish import PENDING, REFUSED, ROUTED, check_properties, property_flags
+from broker.security.auth import User
 from broker.vhost import VHost
 from protocol.fastcodec import build_content_header, shortstr
 
@@ -124,7 +124,7 @@ def test_direct_reply_to_goes_to_the_reply_consumer(vh):
 
 
 def test_a_dead_letter_skips_client_counters_and_queues_it_died_in(vh):
-    from broker import dead_letter
+    from broker.queues import dead_letter
 
     declare(vh, "src")
     other = declare(vh, "other")

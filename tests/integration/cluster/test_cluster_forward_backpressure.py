@@ -29,7 +29,7 @@ from tests.integration.management.test_management_api import wait_for
 pytestmark = [pytest.mark.leveret_only, pytest.mark.slow]
 pytest_plugins = ["pg_fixtures"]
 
-TOTAL = 40_000  # twice broker/cluster_forwarding.py's OWNER_LAG_HIGH (20,000)
+TOTAL = 40_000  # twice broker/clustering/cluster_forwarding.py's OWNER_LAG_HIGH (20,000)
 STALL_CAP = 22_000  # confirms while the owner is stopped: the mark (uncommitted rows count), plus one read
 # of the publisher's socket (20,035 measured; 34,371 when only committed rows counted)
 LONG_LEASE = ("--set", "cluster.postgres.lease_seconds=120")

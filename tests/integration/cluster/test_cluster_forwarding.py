@@ -1,6 +1,6 @@
 """Node-local queues across a Leveret cluster (issue 15): a message published on one member to a classic,
 exclusive or server-named queue of another member, or to a direct reply-to channel there, reaches it
-(forwarded through PostgreSQL: broker/cluster_forwarding.py). RPC with the client on one member and the server
+(forwarded through PostgreSQL: broker/clustering/cluster_forwarding.py). RPC with the client on one member and the server
 on the other; fan-out and topic routing to queues on both members; mandatory; confirms; a queue deleted by its
 member stops receiving. Real broker processes, a real PostgreSQL (tests/pg_server.py), pika clients."""
 

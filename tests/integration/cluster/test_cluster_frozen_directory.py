@@ -5,7 +5,7 @@ declares a name a does not know and a third publishes to one (look-ups in the di
 PostgreSQL, must keep every round trip (a publish and its confirm) under 500 ms meanwhile.
 
 The declare of the classic queue is answered when the claim is (the channel holds its reply and later frames,
-broker/channel.py): declare-ok once PostgreSQL answers, or, when the directory gives up on it (its timeout,
+broker/amqp/channel.py): declare-ok once PostgreSQL answers, or, when the directory gives up on it (its timeout,
 3 s), declare-ok for the queue made here without its row, as before (the row is written when PostgreSQL is
 back). The passive declare of a name nobody holds is 404 either way, and the mandatory publish to one is returned. Before the directory calls were deferred,
 the member's loop waited up to 3 s for each of them.

@@ -23,7 +23,7 @@ from typing import Any
 import pika
 import pytest
 
-from broker.cluster_forwarding import LIST_MAX_AGE
+from broker.clustering.cluster_forwarding import LIST_MAX_AGE
 from tests.integration.cluster.test_cluster_definitions import http_status, member
 from tests.integration.cluster.test_cluster_forwarding import channel, drain
 from tests.integration.management.test_management_api import Http, wait_for

@@ -13,7 +13,7 @@ import pytest
 from pamqp import commands as spec
 
 from broker.message import Message
-from broker.message_codec import encode_message
+from broker.queues.message_codec import encode_message
 from protocol.fastcodec import build_content_header, shortstr
 from storage.pg.schema import MIGRATIONS, current_version, latest_version, migrate
 from tests.integration.cluster.test_cluster_definitions import member, passive_exists

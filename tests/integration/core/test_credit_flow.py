@@ -3,7 +3,7 @@ memory stays bounded, and a second connection consuming from another queue keeps
 
 The broker runs with the test hook ``LEVERET_TEST_FSYNC_DELAY_MS`` (storage/syncer.py): its fsync thread
 sleeps that long before each fsync round, as a slow disk would, so persistent publishes wait long for their
-fsync. Credit flow (broker/queue_process.py, ``FLOW_HIGH`` / ``FLOW_LOW``) must then stop reading the
+fsync. Credit flow (broker/queues/queue_process.py, ``FLOW_HIGH`` / ``FLOW_LOW``) must then stop reading the
 flooding connection's socket once ``FLOW_HIGH`` of the queue's publishes await their fsync.
 
 * Connection A (raw socket, confirm mode) floods 4 KiB persistent messages into durable queue QA from
@@ -53,7 +53,7 @@ FLOOD = 8.0  # seconds A floods
 MSG_SIZE = 4096
 CHANNELS = 4
 WINDOW = 10_000  # unconfirmed publishes per channel of A
-# broker/queue_process.py FLOW_HIGH: the publishes a queue lets wait for their fsync before it stops
+# broker/queues/queue_process.py FLOW_HIGH: the publishes a queue lets wait for their fsync before it stops
 # reading its publishers (written here, not imported, so the test fails if the broker's credit grows).
 CREDIT = 4000
 # What the broker may read beyond the credit: the frames already read when it pauses the socket (a read is

@@ -3,8 +3,8 @@ curves: one publish to 1,000 queues).
 
 A burst of ``BURST`` small publishes to a fanout exchange bound to ``FANOUT`` queues is written in one
 ``sendall`` (one read for the broker: ~14 KiB, under its 16 KiB fairness slice), so before the work budget
-(broker/reader.py's ``ROUTED_PER_TURN``) the broker handed all ``BURST × FANOUT`` copies over in one turn of
-its loop and only then wrote or read anything else. One consumer channel consumes from the first fanout
+(broker/amqp/reader.py's ``ROUTED_PER_TURN``) the broker handed all ``BURST × FANOUT`` copies over in one turn
+of its loop and only then wrote or read anything else. One consumer channel consumes from the first fanout
 queue and from another queue; when the burst's first copy reaches it, a second connection publishes one
 message to that other queue. It must arrive before the burst's last copies, since the broker reads it
 while the burst is still being routed (RabbitMQ's channel processes give the same: the second publisher is

@@ -19,9 +19,9 @@ import pika
 import pika.exceptions
 import pytest
 
-from broker import topic_permissions
-from broker.auth import User
 from broker.errors import AMQPError
+from broker.security import topic_permissions
+from broker.security.auth import User
 from tests.integration.management.test_management_api import Http, start_mgmt_broker
 
 pytestmark = pytest.mark.leveret_only

@@ -1,5 +1,5 @@
 """kill -9 rounds on one data directory while persistent delayed messages are published and dispatched
-(issue 14; broker/delayed_exchange.py, broker/delayed_dispatch.py, storage/delay/).
+(issue 14; broker/exchanges/delayed_exchange.py, broker/delayed/delayed_dispatch.py, storage/delay/).
 
 Each round starts the broker on the same data directory, publishes persistent messages with confirms to a
 durable ``x-delayed-message`` exchange (``x-delayed-type`` direct) bound to a durable queue, with delays of
@@ -9,7 +9,7 @@ are being dispatched. A transient exclusive queue bound to the same exchange, co
 each dispatch as it happens: none may arrive before its due time (carried in the ``due-ms`` header). After a
 final clean start, once every due time is past, the durable queue is drained: every confirmed message must be
 there (0 lost) and none twice (0 duplicated: the dispatch is begun durably, the queues keep each dispatch's
-origin id, and a dispatch in doubt after a crash goes only where it is missing; broker/delayed_dispatch.py).
+origin id, and a dispatch in doubt after a crash goes only where it is missing; broker/delayed/delayed_dispatch.py).
 
 22 rounds run in CI (marker ``slow``); the long run of 100 rounds is marked ``long`` and left out of the default
 selection (pyproject's addopts): ``.venv/bin/python -m pytest -m long tests/integration/delayed/test_delayed_crash_rounds.py``.

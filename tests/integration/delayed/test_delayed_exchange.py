@@ -1,4 +1,4 @@
-"""The ``x-delayed-message`` exchange (issue 14; broker/delayed_exchange.py) with pika against a real broker:
+"""The ``x-delayed-message`` exchange (issue 14; broker/exchanges/delayed_exchange.py) with pika against a real broker:
 declare errors, delays, bindings as they are at due time, the negated header, ``x-deliver-at``, the horizon,
 confirms, mandatory, restart and kill -9 survival, exchange deletion, TTL / dead-lettering of the target.
 

@@ -2,7 +2,7 @@
 
 The window: the target queue has the dispatched message on disk, the delay store's DISPATCHED record is not
 yet. Before exactly-once dispatch, the restart handed the message out again (a duplicate); now the queue's copy
-carries the dispatch's origin id and the restart sends nothing again (broker/delayed_dispatch.py). When the
+carries the dispatch's origin id and the restart sends nothing again (broker/delayed/delayed_dispatch.py). When the
 queue's consumer had already acked it, the segment that proves it was pinned on disk until the dispatch
 settled (storage/dispatch_evidence.py), so the restart does not send it again either. That test makes the
 dispatched message the last of the queue index's first segment (4,095 messages published and acked before it)

@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 pytestmark = [pytest.mark.leveret_only, pytest.mark.timeout(60)]
 
 DELAYED = "x-delayed-message"
-CHECKPOINT_EVERY = 5.0  # broker/delayed_dispatch.py: the dispatcher's checkpoint, which deletes drained buckets
+CHECKPOINT_EVERY = 5.0  # broker/delayed/delayed_dispatch.py: the dispatcher's checkpoint, which deletes drained buckets
 EARLY_TOLERANCE = 0.005  # due times are whole ms (truncated); the test's and the broker's clocks tick alike
 LIBFAKETIME = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
 

@@ -1,7 +1,7 @@
 """Memory given back after a backlog goes (issue 19): a queue being consumed keeps its messages in RAM, so
 a backlog grows the broker's resident size; once the messages are gone (here the queue is deleted with
 them) the resident size must come back near where it was, not stay at the peak as glibc's heap keeps it
-without a trim (measured before broker/memory_budget.py's ``give_back``: 611 MB left of an 836 MB peak).
+without a trim (measured before broker/resources/memory_budget.py's ``give_back``: 611 MB left of an 836 MB peak).
 
 Leveret only: it reads the broker process's /proc and its log."""
 

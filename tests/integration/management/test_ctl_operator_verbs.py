@@ -21,7 +21,7 @@ from typing import ClassVar
 import pika
 import pytest
 
-from broker.os_probes import total_memory
+from broker.resources.os_probes import total_memory
 from tests.conftest import ROOT
 from tests.integration.management.test_management_api import Http, start_mgmt_broker
 

@@ -34,7 +34,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from broker.counters import GlobalCounters
+from broker.observability.counters import GlobalCounters
 from tests.conftest import free_port
 from tests.integration.management.test_management_api import start_mgmt_broker
 
@@ -328,7 +328,7 @@ def test_docker_compose_brings_up_leveret_prometheus_and_a_provisioned_grafana()
 
 
 def test_channel_families_read_declared_counters():
-    from broker import metrics
+    from broker.prometheus import metrics
 
     declared = set(GlobalCounters().as_dict())
     assert {field for field, _help in metrics.CHANNEL_COUNTER_METRICS.values()} <= declared

@@ -1,5 +1,5 @@
-"""Permissions: the configure / write / read mapping of broker/permissions.py (unit), the HTTP API enforcing
-it for a restricted user, and AMQP operations refused with 403 as RabbitMQ refuses them."""
+"""Permissions: the configure / write / read mapping of broker/security/permissions.py (unit), the HTTP API
+enforcing it for a restricted user, and AMQP operations refused with 403 as RabbitMQ refuses them."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pika
 import pika.exceptions
 import pytest
 
-from broker import permissions
-from broker.auth import Permission, User
 from broker.errors import AMQPError
+from broker.security import permissions
+from broker.security.auth import Permission, User
 from tests.integration.management.test_management_api import Http, start_mgmt_broker
 
 # -- unit: the mapping table --------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import pika.exceptions
 import pytest
 import structlog
 
-from broker.logs import BANNER_EVENT, configure_logging, log_banner
+from broker.observability.logs import BANNER_EVENT, configure_logging, log_banner
 
 pytestmark = pytest.mark.leveret_only
 

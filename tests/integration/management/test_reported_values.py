@@ -156,8 +156,8 @@ def test_connection_blocked_by_an_alarm_shows_state_blocked(tmp_path, uid):
 # The fsync of this broker's disk writer waits this long: persistent publishes wait that long for their
 # confirms (LEVERET_TEST_FSYNC_DELAY_MS, storage/syncer.py).
 FSYNC_DELAY_MS = 1500
-# broker/queue_process.py FLOW_HIGH: publishes a queue lets wait for their fsync before credit flow stops
-# reading its publishers.
+# broker/queues/queue_process.py FLOW_HIGH: publishes a queue lets wait for their fsync before credit flow
+# stops reading its publishers.
 FLOW_HIGH = 4000
 
 
@@ -234,7 +234,7 @@ def test_connection_held_back_by_credit_flow_shows_state_flow(slow_disk, uid):
 
 # -- queues: paged-out messages, unacknowledged bytes -------------------------------------------------------------
 
-# A queue nobody consumes keeps at most 16 MiB of its ready messages in RAM (broker/memory_budget.py
+# A queue nobody consumes keeps at most 16 MiB of its ready messages in RAM (broker/resources/memory_budget.py
 # DEFAULT_QUEUE_BUDGET): 24 MiB page out about a third of them.
 PAGE_MSG = 64 * 1024
 PAGE_COUNT = 384

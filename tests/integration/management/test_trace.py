@@ -1,5 +1,5 @@
-"""The firehose (broker/trace.py): ``amq.rabbitmq.trace``, ``leveret ctl trace_on / trace_off`` and the vhost
-object's ``tracing`` in the HTTP API.
+"""The firehose (broker/observability/trace.py): ``amq.rabbitmq.trace``, ``leveret ctl trace_on / trace_off``
+and the vhost object's ``tracing`` in the HTTP API.
 
 RabbitMQ turns tracing on only with ``rabbitmqctl trace_on`` (or its management plugin), so the tests that
 trace are ``leveret_only``. What they check of RabbitMQ's behaviour was verified by hand against RabbitMQ

@@ -1,6 +1,6 @@
 """Hardening against clients that never log in (issue 17): a per-address delay after repeated failed logins
-(broker/login_throttle.py) and a cap on connections that have not finished their handshake, per address and in
-all (broker/handshake_guard.py).
+(broker/security/login_throttle.py) and a cap on connections that have not finished their handshake, per
+address and in all (broker/security/handshake_guard.py).
 
 The clients come from different loopback addresses (127.0.0.2, .3, ...: Linux routes all of 127/8 to lo), so one
 broker sees several sources; loopback addresses are exempt from the delay by default (the operator's own tools and

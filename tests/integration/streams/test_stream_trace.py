@@ -1,5 +1,5 @@
 """The firehose on a stream (issue 12, "The trace stream"): acks of a stream's consumers, plain or in a group,
-are traced as ``ack.<stream>`` events (Leveret-only, as for classic queues: broker/trace.py), so that publish →
+are traced as ``ack.<stream>`` events (Leveret-only, as for classic queues: broker/observability/trace.py), so that publish →
 deliver → ack can be followed per message on a stream too. The ack event carries the message's identity and,
 like its deliver event, the ``x-stream-offset`` header among its properties.
 """

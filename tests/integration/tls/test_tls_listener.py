@@ -30,7 +30,7 @@ import pytest
 import trustme
 
 from broker.config import ConfigError, Settings, load_settings, rabbitmq_only_feature
-from broker.tls import TLSSetupError, connection_tls_info, server_context
+from broker.security.tls import TLSSetupError, connection_tls_info, server_context
 from tests.conftest import ROOT, BrokerProcess, free_port
 
 pytestmark = [pytest.mark.leveret_only, pytest.mark.timeout(120)]

@@ -1,5 +1,5 @@
-"""Where a queue's effective settings come from (broker/queue_args.py ``effective_settings``), by RabbitMQ's
-documented precedence (RabbitMQ's docs/queues#optional-arguments-precedence): a client's ``x-``
+"""Where a queue's effective settings come from (broker/queues/queue_args.py ``effective_settings``), by
+RabbitMQ's documented precedence (RabbitMQ's docs/queues#optional-arguments-precedence): a client's ``x-``
 argument beats the policy; an operator policy beats both for the keys it may set (expires, message-ttl,
 max-length, max-length-bytes, delivery-limit), the lower number winning; an operator policy's other keys are
 ignored, and queue type, max priority and single active consumer never come from a policy."""
@@ -10,8 +10,8 @@ import asyncio
 
 import pytest
 
-from broker.policy import Policy
-from broker.queue_args import POLICY_KEYS, effective_settings
+from broker.policies.policy import Policy
+from broker.queues.queue_args import POLICY_KEYS, effective_settings
 from broker.vhost import VHost
 
 NUMERIC = {  # setting attribute → (policy key, argument)

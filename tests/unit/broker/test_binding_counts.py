@@ -1,5 +1,5 @@
-"""Bindings counted per destination (broker/exchange.py's ``ExchangeServices.bound``) and the limit that reads
-the count (``leveret.max_bindings_per_queue``, broker/vhost.py's ``bind``).
+"""Bindings counted per destination (broker/exchanges/exchange.py's ``ExchangeServices.bound``) and the limit
+that reads the count (``leveret.max_bindings_per_queue``, broker/vhost.py's ``bind``).
 
 The count is kept where bindings are added and removed, not computed by a scan, so every way a binding goes
 must take it down: unbind, a deleted source exchange, a deleted destination exchange, a deleted queue, an
@@ -17,7 +17,7 @@ import pytest
 
 from broker.clock import ManualClock
 from broker.errors import AMQPError
-from broker.exchange import EXCHANGE, QUEUE
+from broker.exchanges.exchange import EXCHANGE, QUEUE
 from broker.vhost import VHost
 from protocol.constants import PRECONDITION_FAILED
 

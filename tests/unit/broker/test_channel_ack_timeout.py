@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from broker.channel import Channel
+from broker.amqp.channel import Channel
 from broker.clock import ManualClock
 from broker.errors import AMQPError
 from broker.message import Message
-from broker.queue_consumers import Consumer
+from broker.queues.queue_consumers import Consumer
 from protocol.constants import PRECONDITION_FAILED
 from protocol.fastcodec import build_content_header, shortstr
 from storage.commits import COMMITTED_AT_ONCE

@@ -1,4 +1,4 @@
-"""An unbind made on one cluster member of a binding of another member's queue (broker/cluster_forwarding.py
+"""An unbind made on one cluster member of a binding of another member's queue (broker/clustering/cluster_forwarding.py
 VHostLink.unbind_remote) against a read of the directory in flight (ClusterForwarding.reload): a read whose
 snapshot was taken before the directory row's removal committed, applied after the unbind was answered, made
 the member route and list the binding again until its next read (2 s later at most): the HTTP API's DELETE had
@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from broker.cluster_forwarding import ClusterForwarding
+from broker.clustering.cluster_forwarding import ClusterForwarding
 from broker.errors import AMQPError
-from broker.exchange import QUEUE
+from broker.exchanges.exchange import QUEUE
 from broker.message import Message
 from broker.persistence import table_of
 from broker.vhost import VHost

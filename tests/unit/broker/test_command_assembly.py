@@ -1,5 +1,5 @@
-"""Command assembly (broker/command_assembler.py, RabbitMQ's rabbit_command_assembler): basic.publish, its
-content header and body frames become one publish, and frames out of order or of the wrong size raise the
+"""Command assembly (broker/amqp/command_assembler.py, RabbitMQ's rabbit_command_assembler): basic.publish,
+its content header and body frames become one publish, and frames out of order or of the wrong size raise the
 errors, reply codes and failing-method ids the channel has always raised."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from pamqp import commands as spec
 
-from broker.command_assembler import CommandAssembler
+from broker.amqp.command_assembler import CommandAssembler
 from broker.errors import AMQPError
 from protocol.constants import PRECONDITION_FAILED, UNEXPECTED_FRAME
 from protocol.fastcodec import PublishArgs, build_content_header, shortstr

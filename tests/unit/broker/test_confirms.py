@@ -1,10 +1,10 @@
-"""Publisher-confirm bookkeeping (broker/confirms.py): publishes settled at once or after their queues'
+"""Publisher-confirm bookkeeping (broker/amqp/confirms.py): publishes settled at once or after their queues'
 fsync, the acks of one tick folded into one multiple=true ack up to the oldest publish still waiting, gaps
 and nacks, one flush request per tick, and messages_unconfirmed."""
 
 from __future__ import annotations
 
-from broker.confirms import Confirms, fold_acks
+from broker.amqp.confirms import Confirms, fold_acks
 
 
 def numbered(c: Confirms) -> int:

@@ -1,5 +1,5 @@
-"""Dead-letter headers (broker/dead_letter.py, RabbitMQ 3.13's ``rabbit_dead_letter``): the ``x-death`` entry of
-each {queue, reason}, its count folding, ``x-first-death-*`` / ``x-last-death-*``, what happens to
+"""Dead-letter headers (broker/queues/dead_letter.py, RabbitMQ 3.13's ``rabbit_dead_letter``): the ``x-death``
+entry of each {queue, reason}, its count folding, ``x-first-death-*`` / ``x-last-death-*``, what happens to
 ``expiration``, CC and BCC, and the cycle rule. Time comes from a ManualClock, as the queue process hands it
 its vhost's clock, so the ``time`` field is checked exactly."""
 
@@ -11,11 +11,11 @@ import datetime
 import pytest
 from pamqp import commands as spec
 
-from broker import dead_letter
 from broker.clock import ManualClock
-from broker.dead_letter import EXPIRED, MAXLEN, REJECTED, deaths_of, is_cycle, make_dead_letter
 from broker.message import Message
 from broker.publish import ROUTED
+from broker.queues import dead_letter
+from broker.queues.dead_letter import EXPIRED, MAXLEN, REJECTED, deaths_of, is_cycle, make_dead_letter
 from broker.vhost import VHost
 from protocol.fastcodec import build_content_header, shortstr
 from protocol.properties import decode_properties

@@ -1,5 +1,5 @@
 """broker/deduplication.py's cache, and the two places it is used, driven in one process with a ManualClock:
-the queue-level check in broker/delegate.py (every queue type) and the ``x-message-deduplication`` exchange type.
+the queue-level check in broker/queues/delegate.py (every queue type) and the ``x-message-deduplication`` exchange type.
 The broker-process tests (restarts, kill -9, real clients) are tests/integration/policies/test_deduplication.py."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 from pamqp import commands as spec
 
 from broker.clock import ManualClock
-from broker.counters import GlobalCounters
 from broker.deduplication import DedupCache, DedupSettings, encode_key, exchange_settings, queue_settings
 from broker.errors import AMQPError
 from broker.message import Message
+from broker.observability.counters import GlobalCounters
 from broker.persistence import BackingQueueFactory
 from broker.publish import PENDING, REFUSED, ROUTED
 from broker.vhost import VHost

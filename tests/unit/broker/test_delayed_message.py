@@ -1,4 +1,4 @@
-"""broker/delayed_message.py: how x-delay / x-deliver-at are read (the plugin's coercion, Leveret's horizon)."""
+"""broker/delayed/delayed_message.py: how x-delay / x-deliver-at are read (the plugin's coercion, Leveret's horizon)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import datetime
 
 import pytest
 
-from broker.delayed_message import delivered_header, due_time
+from broker.delayed.delayed_message import delivered_header, due_time
 from broker.errors import AMQPError
 from broker.message import Message
 from protocol.properties import build_content_header, with_properties

@@ -1,4 +1,4 @@
-"""The delayed exchange's fast path for its two headers (broker/delayed_message.py ``raw_delay_headers``):
+"""The delayed exchange's fast path for its two headers (broker/delayed/delayed_message.py ``raw_delay_headers``):
 whenever it answers, it answers what decoding the whole table answers (values and types, the last entry of a
 key winning), over random tables of every field type, truncated and with wrong lengths; otherwise it declines
 (None) and the publish decodes the table as before."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 import struct
 
-from broker.delayed_message import X_DELAY, X_DELIVER_AT, _get, raw_delay_headers
+from broker.delayed.delayed_message import X_DELAY, X_DELIVER_AT, _get, raw_delay_headers
 from protocol.properties import decode_field_table
 
 KINDS = list("bBsuUIiflLdTDtVSxFAzq")

@@ -1,4 +1,4 @@
-"""The exchange-type seam (broker/exchange_types.py): a type registered in ``EXCHANGE_TYPES`` is built by its
+"""The exchange-type seam (broker/exchanges/exchange_types.py): a type registered in ``EXCHANGE_TYPES`` is built by its
 vhost with the vhost's services, checks its own declare arguments, hears of its life through its hooks, and
 may hold a message and let it go later through the one publish path. The toy type here is a small delayed
 exchange (``x-delay`` ms, routed by its bindings as they are when due), the shape of issue 14's
@@ -13,11 +13,11 @@ import pytest
 from pamqp import commands as spec
 
 from broker.clock import ManualClock, TimerHandle
-from broker.counters import MessageSizes
 from broker.errors import AMQPError
-from broker.exchange import DirectExchange, Exchange
-from broker.exchange_types import EXCHANGE_TYPES, exchange_type
+from broker.exchanges.exchange import DirectExchange, Exchange
+from broker.exchanges.exchange_types import EXCHANGE_TYPES, exchange_type
 from broker.message import Message
+from broker.observability.counters import MessageSizes
 from broker.publish import PENDING, ROUTED, Publisher
 from broker.vhost import VHost
 from protocol.constants import PRECONDITION_FAILED

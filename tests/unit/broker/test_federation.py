@@ -7,7 +7,7 @@ from __future__ import annotations
 from broker.federation.definition import Upstream
 from broker.federation.link import FederationLink
 from broker.federation.plan import plan, plan_queues
-from broker.policy import Policy
+from broker.policies.policy import Policy
 from broker.shovel.worker import LocalLogin
 
 UP = {"uri": "amqp://h1"}

@@ -1,4 +1,4 @@
-"""broker/memory_budget.py: a queue that gains its first consumer or loses its last gets its new default budget
+"""broker/resources/memory_budget.py: a queue that gains its first consumer or loses its last gets its new default budget
 at once (consumers_changed), not at the next pass over every queue; and those passes, whose cost grows with
 the number of queues, come less often when they cost more (PASS_SHARE), so that an idle broker with many
 queues does not spend its time on them (10,000 idle queues: 51 → 16–21 ms of CPU a second, with the rate
@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from broker import memory_budget
 from broker.clock import ManualClock
-from broker.memory_budget import DEFAULT_QUEUE_BUDGET, MemoryBudget, consumers_changed
+from broker.resources import memory_budget
+from broker.resources.memory_budget import DEFAULT_QUEUE_BUDGET, MemoryBudget, consumers_changed
 
 GiB = 1024 ** 3
 

@@ -1,5 +1,5 @@
-"""Memory given back after a backlog drains (broker/memory_budget.py's ``give_back``): glibc keeps freed
-message memory in its heap, so without a ``malloc_trim`` the resident size stays at the peak for good.
+"""Memory given back after a backlog drains (broker/resources/memory_budget.py's ``give_back``): glibc keeps
+freed message memory in its heap, so without a ``malloc_trim`` the resident size stays at the peak for good.
 
 The process's resident size and the trim are replaced by readings the test controls; the queues are plain
 objects reporting the bytes they hold. What a real broker gives back after S2 is measured in bench/."""
@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from broker import memory_budget
-from broker.memory_budget import RELEASE_STEP, MemoryBudget
+from broker.resources import memory_budget
+from broker.resources.memory_budget import RELEASE_STEP, MemoryBudget
 
 MiB = 1024 * 1024
 

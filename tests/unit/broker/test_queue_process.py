@@ -1,4 +1,4 @@
-"""The queue process (broker/queue_process.py, RabbitMQ's ``rabbit_amqqueue_process``) on a VHost built
+"""The queue process (broker/queues/queue_process.py, RabbitMQ's ``rabbit_amqqueue_process``) on a VHost built
 directly, with a ManualClock: message TTL (per queue and per message, at the head only), queue expiry
 (``x-expires``), dead-lettering of expired messages, max-length overflow (drop-head, reject-publish) and
 requeue order. Time moves only by ``clock.advance``: no test sleeps. The tests are coroutines only because
@@ -14,13 +14,13 @@ import pytest
 from pamqp import commands as spec
 
 from broker.clock import ManualClock
-from broker.counters import GlobalCounters
 from broker.message import Message
+from broker.observability.counters import GlobalCounters
 from broker.persistence import decode_message, encode_message
-from broker.policy import Policy
+from broker.policies.policy import Policy
 from broker.publish import REFUSED, ROUTED
-from broker.queue_consumers import Consumer
-from broker.queue_process import QueueProcess
+from broker.queues.queue_consumers import Consumer
+from broker.queues.queue_process import QueueProcess
 from broker.vhost import VHost
 from protocol.fastcodec import build_content_header, shortstr
 from storage.node_storage import NodeStorage

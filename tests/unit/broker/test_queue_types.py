@@ -1,4 +1,4 @@
-"""Queue types (broker/queue_types.py, RabbitMQ's ``rabbit_queue_type``): the registry chosen by
+"""Queue types (broker/queues/queue_types.py, RabbitMQ's ``rabbit_queue_type``): the registry chosen by
 ``x-queue-type``, the quorum declare rules, what distinguishes a quorum queue on one node (``x-delivery-count``
 on every redelivery), that a new type is picked up from the registry alone, and the one backing-queue factory
 (a priority queue for ``x-max-priority``)."""
@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from pamqp import commands as spec
 
-from broker import queue_types
 from broker.clock import ManualClock
 from broker.errors import AMQPError
 from broker.message import Message
-from broker.queue_process import QueueProcess
-from broker.queue_types import QUEUE_TYPES, ClassicQueueType, QuorumQueue, queue_type_of
+from broker.queues import queue_types
+from broker.queues.queue_process import QueueProcess
+from broker.queues.queue_types import QUEUE_TYPES, ClassicQueueType, QuorumQueue, queue_type_of
 from broker.vhost import VHost
 from protocol.constants import PRECONDITION_FAILED
 from protocol.fastcodec import build_content_header, shortstr
@@ -97,7 +97,7 @@ def test_a_new_queue_type_is_one_class_and_one_registry_line(vh, monkeypatch):
 
 
 def test_policies_are_matched_by_queue_type(vh):
-    from broker.policy import Policy
+    from broker.policies.policy import Policy
 
     vh.set_policy(Policy("only-classic", ".*", {"max-length": 1}, apply_to="classic_queues"))
     classic = declare(vh, "c")

@@ -1,5 +1,5 @@
-"""The connection's timers on the node's clock (broker/reader.py): handshake timeout, heartbeats (sent when
-the server is silent, the socket closed after two missed ones) and the close-ok timeout, driven by a
+"""The connection's timers on the node's clock (broker/amqp/reader.py): handshake timeout, heartbeats (sent
+when the server is silent, the socket closed after two missed ones) and the close-ok timeout, driven by a
 ManualClock with no sleep. The reader gets its frames as bytes, as from a socket, and writes to a stand-in
 transport."""
 
@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 from pamqp import commands as spec
 
-from broker.auth import User
+from broker.amqp.reader import CLOSE_OK_TIMEOUT, Reader
 from broker.clock import ManualClock
-from broker.reader import CLOSE_OK_TIMEOUT, Reader
+from broker.security.auth import User
 from protocol.constants import PROTOCOL_HEADER
 from protocol.frames import HEARTBEAT_FRAME
 from protocol.methods import method_frame

@@ -1,4 +1,4 @@
-"""Routing to other cluster members' queues (broker/remote_queue.py), in memory: a vhost whose topology holds
+"""Routing to other cluster members' queues (broker/clustering/remote_queue.py), in memory: a vhost whose topology holds
 RemoteQueues and the shadow bindings of its exchanges routes to them beside its own queues, through direct,
 topic, fanout and headers exchanges, exchange-to-exchange hops, CC, the default exchange and its miss look-up,
 and falls back to the alternate exchange only when neither matched; a confirm is CONFIRM_LATER (the forward's
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.cluster_forwarding import node_tag, tag_node
+from broker.clustering.cluster_forwarding import node_tag, tag_node
+from broker.clustering.remote_queue import RemoteQueue, RemoteRoutes, routing_type
 from broker.message import Message
 from broker.publish import REPLY_TO_PREFIX, ROUTED
-from broker.queue_process import ACCEPTED, CONFIRM_LATER
-from broker.remote_queue import RemoteQueue, RemoteRoutes, routing_type
+from broker.queues.queue_process import ACCEPTED, CONFIRM_LATER
 from broker.vhost import VHost
 from protocol.properties import with_properties
 

@@ -1,4 +1,4 @@
-"""Delivery fairness on a stream (broker/stream_queue.py): the members of a consumer group that have credit take
+"""Delivery fairness on a stream (broker/queues/stream_queue.py): the members of a consumer group that have credit take
 turns (round-robin, as a classic queue's consumers do) even when only a few messages are readable at a time; and
 credit flow between publishers and delivery, which share one event loop: a publisher is stopped while consumers
 with credit lag far behind the log's end, let go when they catch up, and never held by consumers without credit
@@ -14,11 +14,11 @@ import pytest
 from pamqp import commands as spec
 
 from broker.clock import ManualClock
-from broker.counters import GlobalCounters
 from broker.message import Message
-from broker.queue_consumers import Consumer
-from broker.queue_process import DELIVER_BACKLOG_HIGH, DELIVER_BACKLOG_LOW
-from broker.stream_queue import REPLAY_PUBLISH_SHARE, StreamQueue
+from broker.observability.counters import GlobalCounters
+from broker.queues.queue_consumers import Consumer
+from broker.queues.queue_process import DELIVER_BACKLOG_HIGH, DELIVER_BACKLOG_LOW
+from broker.queues.stream_queue import REPLAY_PUBLISH_SHARE, StreamQueue
 from broker.vhost import VHost
 from protocol.fastcodec import build_content_header, shortstr
 

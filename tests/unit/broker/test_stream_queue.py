@@ -1,4 +1,4 @@
-"""Stream queues (broker/stream_queue.py) on a VHost built directly, over storage/stream_memory.py's
+"""Stream queues (broker/queues/stream_queue.py) on a VHost built directly, over storage/stream_memory.py's
 MemoryStreamLog and a ManualClock: declare rules and arguments, offset specifications, the x-stream-offset
 header, credit, RabbitMQ's refusals, retention by size and by age, publisher confirms, and consumer groups
 (sharing, redelivery of a departed member's messages, restart). The tests are coroutines only because the
@@ -14,14 +14,14 @@ import pytest
 from pamqp import commands as spec
 
 from broker.clock import ManualClock
-from broker.counters import GlobalCounters
 from broker.errors import AMQPError
 from broker.message import Message
-from broker.policy import Policy
-from broker.queue_args import effective_settings, parse_duration
-from broker.queue_consumers import Consumer
-from broker.queue_process import ACCEPTED, CONFIRM_LATER
-from broker.stream_queue import OFFSET_SHIFT, RETENTION_INTERVAL, StreamQueue
+from broker.observability.counters import GlobalCounters
+from broker.policies.policy import Policy
+from broker.queues.queue_args import effective_settings, parse_duration
+from broker.queues.queue_consumers import Consumer
+from broker.queues.queue_process import ACCEPTED, CONFIRM_LATER
+from broker.queues.stream_queue import OFFSET_SHIFT, RETENTION_INTERVAL, StreamQueue
 from broker.vhost import VHost
 from protocol.fastcodec import build_content_header, shortstr
 from storage.stream_memory import MemoryStreamLog
@@ -185,7 +185,7 @@ async def test_reading_never_removes_and_each_delivery_carries_its_offset(vh):
     assert ch1.delivered[0][2].headers["h"] == "v"  # the other headers are kept
     assert q.message_count() == 3
     # The offset was spliced in once, at append: every reader gets the stored header as it is, with one
-    # x-stream-offset entry (broker/stream_record.py).
+    # x-stream-offset entry (broker/queues/stream_record.py).
     stored = q.log.read(0, 1)[0].payload
     assert stored.count(b"x-stream-offset") == 1
     assert ch1.delivered[0][2].header == ch2.delivered[0][2].header

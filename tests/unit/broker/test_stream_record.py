@@ -1,13 +1,13 @@
-"""broker/stream_record.py: a stream's stored form is delivered as three slices, offset header included;
-records of the older msgpack form are still delivered right."""
+"""broker/queues/stream_record.py: a stream's stored form is delivered as three slices, offset header
+included; records of the older msgpack form are still delivered right."""
 
 from __future__ import annotations
 
 from pamqp import commands as spec
 
 from broker.message import Message
-from broker.message_codec import encode_message
-from broker.stream_record import FORMAT, delivered_message, encode_record
+from broker.queues.message_codec import encode_message
+from broker.queues.stream_record import FORMAT, delivered_message, encode_record
 from protocol.fastcodec import build_content_header, shortstr
 from protocol.properties import Long, decode_headers, scan_properties
 
@@ -59,7 +59,7 @@ def test_the_record_template_never_serves_a_stale_head():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from broker import stream_record
+    from broker.queues import stream_record
 
     shapes = [_message(b"a"), _message(b"bb", {"h": "v"}), _message(b"c", {"x-stream-offset": Long(5)}),
               _message(b"d", exchange="", routing_key="q"), _message(b"", {"n": 1, "m": "x"}, routing_key="r")]

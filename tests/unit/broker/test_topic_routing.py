@@ -1,4 +1,4 @@
-"""The topic exchange (broker/exchange.py TopicExchange, RabbitMQ's topic trie): ``*`` is exactly one word,
+"""The topic exchange (broker/exchanges/exchange.py TopicExchange, RabbitMQ's topic trie): ``*`` is exactly one word,
 ``#`` zero or more, words are split on ``.`` (the empty key has no words, ``"."`` has two empty ones), and
 the trie's memo keeps keys like ``#.#.#`` linear. Every answer is compared with a plain recursive matcher
 written from the AMQP rules, over hand-picked edge cases and over random bindings and keys (hypothesis)."""
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.exchange import EXCHANGE, QUEUE, Binding, TopicExchange
+from broker.exchanges.exchange import EXCHANGE, QUEUE, Binding, TopicExchange
 from broker.message import Message
 
 

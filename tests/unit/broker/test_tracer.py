@@ -1,4 +1,4 @@
-"""The firehose (broker/trace.py) on a VHost built directly, with a ManualClock: the trace exchange, what a
+"""The firehose (broker/observability/trace.py) on a VHost built directly, with a ManualClock: the trace exchange, what a
 publish, an ack and a dead-lettering put on ``amq.rabbitmq.trace`` (routing keys, header names and field
 types), the message identity, no recursion, tracing off publishing nothing, and a failing tracer never
 failing the publish it traces. Deliveries need a channel: tests/integration/management/test_trace.py covers them."""
@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from pamqp import commands as spec
 
-from broker import trace
 from broker.clock import ManualClock
-from broker.counters import GlobalCounters
 from broker.errors import AMQPError
 from broker.message import Message
+from broker.observability import trace
+from broker.observability.counters import GlobalCounters
 from broker.publish import ROUTED
-from broker.queue_process import QueueProcess
+from broker.queues.queue_process import QueueProcess
 from broker.vhost import VHost
 from protocol.constants import ACCESS_REFUSED
 from protocol.fastcodec import build_content_header, shortstr

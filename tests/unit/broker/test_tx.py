@@ -1,10 +1,10 @@
-"""Transactions (broker/tx.py): work held until commit and handed back in order, rollback returning the
+"""Transactions (broker/amqp/tx.py): work held until commit and handed back in order, rollback returning the
 held acks, commit-ok only once the committed persistent publishes are on disk (several commits answered
 together), and a failed store turning into a commit failure."""
 
 from __future__ import annotations
 
-from broker.tx import COMMIT_FAILED, Transaction
+from broker.amqp.tx import COMMIT_FAILED, Transaction
 
 
 def test_work_is_held_in_order_and_handed_back_at_commit():

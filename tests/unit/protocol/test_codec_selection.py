@@ -21,19 +21,19 @@ ROOT = Path(__file__).resolve().parents[3]
 CHECK = """
 import sys, json
 import protocol, protocol.frames as frames, protocol.fastcodec as fastcodec
-import broker.reader, broker.channel, broker.command_assembler
+import broker.amqp.reader, broker.amqp.channel, broker.amqp.command_assembler
 compiled = protocol.codec_extension
 names = {name: getattr(fastcodec, name) for name in fastcodec.ACCELERATED}
 print(json.dumps({
     "active": protocol.EXTENSIONS_ACTIVE,
     "codec": protocol.CODEC,
     "loaded": "protocol._codec" in sys.modules,
-    "reader_parser": broker.reader.FrameParser.__module__,
+    "reader_parser": broker.amqp.reader.FrameParser.__module__,
     "parser_is_pure": frames.FrameParser is frames.PyFrameParser,
     "fastcodec": sorted({f.__module__ for f in names.values()}),
     "pure_untouched": all(getattr(fastcodec.pure, n).__module__ == "protocol.fastcodec" for n in names),
-    "publish_args": broker.channel.PublishArgs.__module__,
-    "assembler": broker.command_assembler.fastcodec.decode_basic_publish.__module__,
+    "publish_args": broker.amqp.channel.PublishArgs.__module__,
+    "assembler": broker.amqp.command_assembler.fastcodec.decode_basic_publish.__module__,
 }))
 """
 

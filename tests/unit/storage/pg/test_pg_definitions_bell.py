@@ -1,5 +1,5 @@
 """The definitions feed's doorbell (storage/pg/definitions_store.py DEFINITIONS_BELL, storage/pg/bell.py): every
-transaction that changed a definition notifies, and a member's follower (broker/cluster_definitions.py) reads the
+transaction that changed a definition notifies, and a member's follower (broker/clustering/cluster_definitions.py) reads the
 feed when it hears it, not at its next poll (issue 15: "a change made on one node is seen on the others within a
 second (LISTEN/NOTIFY as a doorbell, plus polling)"). The follower here polls once a minute, so only the bell
 can bring the change within the test's second; its session cut by the server, the bell listens again."""
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import asyncpg
 import pytest
 
-from broker.cluster_definitions import DefinitionsFollower
+from broker.clustering.cluster_definitions import DefinitionsFollower
 from storage.pg import bell as bell_module
 from storage.pg.definitions_store import Change, PgDefinitionsStore
 

@@ -1,0 +1,1 @@
+"""A Leveret cluster on PostgreSQL: membership, shared definitions, other members' queues."""

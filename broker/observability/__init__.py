@@ -1,0 +1,1 @@
+"""What the broker records about itself: node-wide counters, logging, the firehose tracer."""

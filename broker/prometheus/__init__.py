@@ -1,0 +1,1 @@
+"""The Prometheus exporter and the runtime families RabbitMQ's dashboards read."""

@@ -1,0 +1,246 @@
+"""Queue types (RabbitMQ's ``rabbit_queue_type``): what kind of queue ``x-queue-type`` asks for, chosen from
+one registry, :data:`QUEUE_TYPES`.
+
+A queue type answers two questions for the queue registry (broker/queues/amqqueue.py): may a queue of this type be
+declared with these properties (``check_declare``: RabbitMQ's ``rabbit_queue_type:declare`` refusals), and
+what object is such a queue (``new_queue``). That object is the :class:`Queue` seam: the members the rest of
+the broker (channel, delegate, vhost, management, metrics, memory budget) uses, in RabbitMQ's terms:
+
+- **deliver**: ``deliver_or_enqueue`` (with ``overloaded`` / ``throttle`` for credit flow); ``dedup``, the
+  queue's message-deduplication cache, checked before it by broker/queues/delegate.py for every queue type;
+- **consume**: ``add_consumer`` / ``remove_consumer``, and ``schedule_run`` when a consumer gets room;
+- **settle**: ``ack``, ``requeue``, ``reject_discard``;
+- **dequeue**: ``basic_get``;
+- **info / figures**: ``figures``, ``message_count``, ``stats``, ``consumers``, ``type_name``...;
+- **lifecycle**: ``apply_settings`` (policies), ``reset_expiry_timer``, ``purge``, ``terminate``;
+- **memory**: ``set_ram_budget``, ``ram_bytes``, ``needs_paging``, ``page`` (no-ops for a queue holding no RAM).
+
+Nobody outside a queue touches its backing queue. Classic and quorum queues are both
+broker/queues/queue_process.py's QueueProcess over a backing queue built by :func:`new_backing_queue` (plain,
+or one per priority); a quorum queue differs (on one node) only in its declare rules and in counting every
+message's returns (``x-delivery-count``). A stream is broker/queues/stream_queue.py's StreamQueue over a log
+(storage/stream_log.py), beside QueueProcess rather than under it.
+
+**Adding a queue type** (a stream, say) is one new class and one registry line::
+
+    class StreamQueueType:
+        name = "stream"
+
+        def check_declare(self, where, durable, exclusive, auto_delete): ...  # 406 as RabbitMQ's stream does
+
+        def new_queue(self, vhost, name, durable, owner, auto_delete, arguments, settings, open_store):
+            return StreamQueue(...)  # any class with the members of ``Queue`` (its own log, offsets...)
+
+    QUEUE_TYPES = {..., "stream": StreamQueueType()}
+
+(The registry also tells broker/queues/queue_args.py which ``x-queue-type`` values a declare may name.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from broker.errors import AMQPError
+from broker.queues import queue_args
+from broker.queues.queue_args import QueueSettings
+from broker.queues.queue_consumers import Consumer, ConsumerSet
+from broker.queues.queue_info import QUORUM, QueueCapabilities
+from broker.queues.queue_process import QueueHost, QueueOwner, QueueProcess, QueueStats
+from broker.queues.stream_queue import StreamQueueType
+from broker.resources.memory_budget import PagedQueue
+from protocol.constants import NOT_IMPLEMENTED
+from storage.backing_queue import BackingQueue, Figures
+from storage.memory_queue import MemoryBackingQueue
+from storage.priority_queue import PriorityBackingQueue
+
+if TYPE_CHECKING:
+    from broker.deduplication import DedupCache
+    from broker.message import Message
+
+# Opens one store-backed queue: (queue name, durable, priority or None, on_confirm) → BackingQueue. The node
+# hands the registry one once its storage is open (broker/persistence.py BackingQueueFactory); until then
+# queues are in memory (:func:`memory_store`). The store is the node's choice; the queue type's is above it.
+OpenStore = Callable[..., BackingQueue]
+
+
+def memory_store(name: str, durable: bool, priority: int | None = None,
+                 on_confirm: Callable[[], None] | None = None) -> BackingQueue:
+    """The store of a node without storage (tests, before start): everything in RAM."""
+    return MemoryBackingQueue()
+
+
+def _message_priority(msg: Message) -> int:
+    return msg.props.priority
+
+
+def new_backing_queue(open_store: OpenStore, name: str, durable: bool, settings: QueueSettings) -> BackingQueue:
+    """The one place a queue's backing queue is built: one store-backed queue, or, for ``x-max-priority``,
+    a PriorityBackingQueue of one per priority (RabbitMQ's ``rabbit_priority_queue`` wrapping). The queue
+    process sets its ``on_confirm`` / ``on_available`` callbacks itself."""
+    if settings.max_priority:
+        levels = [open_store(name, durable, p, None) for p in range(settings.max_priority + 1)]
+        # (Over a cluster's shared store, a priority quorum queue, it is shared and passes those calls on.)
+        return PriorityBackingQueue(settings.max_priority, _message_priority, levels.__getitem__)
+    return open_store(name, durable, None, None)
+
+
+class Queue(PagedQueue, Protocol):
+    """What the broker outside a queue may use of it (see the module docstring); QueueProcess is one."""
+
+    name: str
+    vhost: QueueHost
+    durable: bool
+    auto_delete: bool
+    exclusive_owner: QueueOwner | None
+    arguments: dict[str, Any]
+    settings: QueueSettings
+    stats: QueueStats
+    consumers: ConsumerSet
+    exclusive_consumer: Consumer | None
+    publisher_channels: set[Any]
+    deleted: bool
+    type_name: ClassVar[str]
+    # Whether this is another cluster member's queue, seen from here (broker/clustering/remote_queue.py's RemoteQueue):
+    # publishing to it forwards; it is not consumed, counted or listed here. False for every queue type's own.
+    remote: ClassVar[bool]
+    # What the type offers and which info items it reports (broker/queues/queue_info.py): the HTTP API, ctl
+    # and metrics read these instead of switching on classes.
+    capabilities: ClassVar[QueueCapabilities]
+    # Message deduplication (broker/deduplication.py): set by the queue registry, checked by
+    # broker/queues/delegate.py before deliver_or_enqueue, so a queue type needs nothing of its own for it.
+    dedup: DedupCache | None
+
+    # deliver
+    def deliver_or_enqueue(self, msg: Message, persistent: bool, confirm: Any = None) -> int: ...
+
+    @property
+    def overloaded(self) -> bool: ...
+
+    def throttle(self, reader: Any) -> None: ...
+
+    # consume
+    def add_consumer(self, consumer: Consumer) -> None: ...
+
+    def remove_consumer(self, consumer: Consumer) -> None: ...
+
+    def schedule_run(self) -> None: ...
+
+    # settle
+    def ack(self, seq_ids: list[int]) -> None: ...
+
+    def requeue(self, seq_ids: list[int]) -> None: ...
+
+    def reject_discard(self, seq_ids: list[int]) -> None: ...
+
+    # dequeue
+    def basic_get(self, no_ack: bool) -> tuple[int, Message, bool, int] | None: ...
+
+    # replies that may come later: True means the queue calls back once it knows (a cluster's quorum queue asks
+    # PostgreSQL, another member's queue its owner) and the channel answers then; False, answer now
+    def basic_get_wait(self, retry: Callable[[], None]) -> bool: ...
+
+    def message_count_wait(self, answer: Callable[[], None]) -> bool: ...
+
+    def purge_count_wait(self, answer: Callable[[int], None]) -> bool: ...
+
+    # info
+    def figures(self) -> Figures: ...
+
+    def message_count(self) -> int: ...
+
+    def info_items(self, node_name: str) -> dict[str, Any]: ...
+
+    # lifecycle
+    def apply_settings(self, settings: QueueSettings) -> None: ...
+
+    def reset_expiry_timer(self) -> None: ...
+
+    def purge(self) -> int: ...
+
+    def terminate(self) -> int: ...
+
+    # memory: the members the memory budget uses (broker/resources/memory_budget.py's PagedQueue, inherited)
+
+
+class QueueType(Protocol):
+    """One kind of queue: its declare rules and how its queues are made."""
+
+    name: str  # the x-queue-type value; also the policy target ("classic" matches apply-to classic_queues)
+    # In a cluster (broker/clustering/cluster.py), whether every member serves this type's queues from the cluster's
+    # store (the registry then opens them with its ``shared_store``), rather than one node from its files.
+    cluster_shared: bool
+
+    def check_declare(self, where: str, durable: bool, exclusive: bool, auto_delete: bool,
+                      server_named: bool = False) -> None: ...
+
+    def new_queue(self, vhost: QueueHost, name: str, durable: bool, owner: QueueOwner | None, auto_delete: bool,
+                  arguments: dict[str, Any], settings: QueueSettings, open_store: OpenStore) -> Queue: ...
+
+
+class ClassicQueueType:
+    """RabbitMQ's ``rabbit_classic_queue``: any properties; the queue process over a (variable) backing queue."""
+
+    name = "classic"
+    cluster_shared = False
+    process: ClassVar[type[QueueProcess]] = QueueProcess
+
+    def check_declare(self, where: str, durable: bool, exclusive: bool, auto_delete: bool,
+                      server_named: bool = False) -> None:
+        pass
+
+    def new_queue(self, vhost: QueueHost, name: str, durable: bool, owner: QueueOwner | None, auto_delete: bool,
+                  arguments: dict[str, Any], settings: QueueSettings, open_store: OpenStore) -> Queue:
+        return self.process(vhost, name, durable, owner, auto_delete, arguments,
+                            new_backing_queue(open_store, name, durable, settings), settings)
+
+
+class QuorumQueue(QueueProcess):
+    """A quorum queue on one node: a queue process that counts every message's returns, so a redelivery
+    carries ``x-delivery-count`` whether or not ``x-delivery-limit`` is set (as RabbitMQ's quorum queues do)."""
+
+    type_name = "quorum"
+    counts_deliveries = True
+    capabilities = QUORUM
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        """RabbitMQ 3.10 refuses a consumer of a quorum queue on a channel whose client asked for a shared
+        (global) prefetch, unless the consumer has a prefetch of its own (basic.qos global=false before the
+        consume): 540, a connection error (probed against 3.10.8). kombu's global=false, which Leveret takes
+        as the channel's limit, is not a global QoS the client asked for (Channel.global_qos)."""
+        if consumer.channel.global_qos and not consumer.prefetch:
+            raise AMQPError(NOT_IMPLEMENTED, f"queue '{self.name}' in vhost '{self.vhost.name}' does not "
+                            "support global qos")
+        super().add_consumer(consumer)
+
+
+class QuorumQueueType(ClassicQueueType):
+    """RabbitMQ's ``rabbit_quorum_queue``: durable, shared and lasting (its declare refusals and their texts)."""
+
+    name = "quorum"
+    cluster_shared = True  # RabbitMQ's replicated type: in a Leveret cluster, its messages are in PostgreSQL
+    process = QuorumQueue
+
+    def check_declare(self, where: str, durable: bool, exclusive: bool, auto_delete: bool,
+                      server_named: bool = False) -> None:
+        queue_args.refuse_unless_lasting(where, durable, exclusive, auto_delete)
+
+
+# The registry: x-queue-type → its queue type. A new type is one line here (and its class).
+QUEUE_TYPES: dict[str, QueueType] = {
+    "classic": ClassicQueueType(),
+    "quorum": QuorumQueueType(),
+    "stream": StreamQueueType(),
+}
+queue_args.QUEUE_TYPES[:] = QUEUE_TYPES  # what x-queue-type may name at declare (checked below this module)
+
+
+def queue_type_of(arguments: dict[str, Any]) -> QueueType:
+    """The type ``x-queue-type`` names (classic when absent). Arguments were validated before, so an
+    unknown name cannot reach here; it would be a KeyError."""
+    value = arguments.get("x-queue-type")
+    if value is None:
+        return QUEUE_TYPES["classic"]
+    if isinstance(value, (bytes, bytearray)):
+        value = value.decode(errors="replace")
+    return QUEUE_TYPES[value or "classic"]
