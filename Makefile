@@ -50,11 +50,12 @@ pipeline: $(RUN_STAMP)
 
 # The system tools the tests use (network namespaces, tmpfs and loop-mounted ext4 images; Java 17 for Spark;
 # libfaketime, which the faketime package brings, for the broker's wall-clock jumps; RabbitMQ 3.10, the other end
-# of the shovel tests), installed from Debian when missing (they are on the usual machine already). Installing
-# rabbitmq-server starts Debian's own node on 5672: it is stopped and disabled, the tests start nodes of their own.
+# of the shovel tests; strace, whose fault injection gives one broker a slow or failing disk), installed from
+# Debian when missing (they are on the usual machine already). Installing rabbitmq-server starts Debian's own
+# node on 5672: it is stopped and disabled, the tests start nodes of their own.
 TEST_TOOLS := ip:iproute2 mkfs.ext4:e2fsprogs e2fsck:e2fsprogs losetup:mount mount:mount \
 	java:openjdk-17-jre-headless faketime:faketime prometheus:prometheus chromium:chromium \
-	rabbitmq-server:rabbitmq-server
+	rabbitmq-server:rabbitmq-server strace:strace
 
 # PostgreSQL for the cluster tests (tests/pg_server.py starts its own server): Debian keeps initdb off PATH, in
 # /usr/lib/postgresql/VERSION/bin.

@@ -88,8 +88,9 @@ class Node:
         # writer of every definition into its metadata store (None until then: nothing is written).
         self.storage: NodeStorage | None = None
         self.durable_definitions: DurableDefinitions | None = None
-        # When the definitions written now are committed (storage/commits.py): at once on one node (SQLite
-        # commits within the call); a cluster member's PostgreSQL table commits later, and replies wait for it.
+        # When the definitions written now are committed (storage/commits.py): the server sets the node's SQLite
+        # store (fsynced by the syncer's thread, storage/metadata_store.py) once it is open, a cluster member adds
+        # its PostgreSQL tables; replies to the methods that write wait for it. Nothing is written before.
         self.commits: Commits = COMMITTED_AT_ONCE
         self.users = UserStore()
         self.users.add(settings.default_user, settings.default_pass, list(settings.default_user_tags))

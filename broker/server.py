@@ -149,6 +149,8 @@ class Server:
                                        check_metadata=self._read_metadata_file,
                                        delay_max_ms=self.node.settings.delayed_message_max_delay,
                                        delay_bucket_ms=self.node.settings.delayed_message_bucket_size)
+            # Replies to the methods that write a definition wait for its fsync (storage/metadata_store.py).
+            self.node.commits = self.node.storage.metadata_commits
             durable = DurableDefinitions(self.node.storage)
             if self.node.cluster is not None:  # a cluster member: shared definitions first (broker/clustering/cluster.py)
                 # the same Metadata (storage/metadata_store.py), split between SQLite and PostgreSQL

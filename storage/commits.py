@@ -1,9 +1,10 @@
 """When a definition written now is committed: the seam between a metadata store that commits later and those
 who answer after a write (an AMQP reply, an HTTP API response).
 
-RabbitMQ's Khepri commands reply on commit: declare-ok means the definition is in the store. A node's SQLite
-store commits before a write returns (a millisecond's fsync), so a reply sent right after is already a reply on
-commit. A cluster member's PostgreSQL table (storage/pg/definitions_store.py) cannot commit within the call
+RabbitMQ's Khepri commands reply on commit: declare-ok means the definition is in the store. A running node's
+SQLite store (storage/metadata_store.py) hands a commit to the kernel within the call and has the syncer's
+thread fsync it, so that a slow disk does not stall the event loop: the reply waits for that fsync. A cluster
+member's PostgreSQL table (storage/pg/definitions_store.py) cannot commit within the call
 without the event loop waiting for the server, which stalls every connection of the member when PostgreSQL is
 slow or frozen; it accepts the write into an ordered journal at once and commits it on the loop's own
 connection. The writer's reply then waits for :meth:`Commits.committed` (broker/amqp/channel.py defers it,
@@ -32,7 +33,8 @@ class Commits(Protocol):
 
 
 class CommittedAtOnce:
-    """A store that commits before a write returns (SQLite): there is never anything to wait for."""
+    """A store that commits before a write returns (the node before its storage is open, a tool's store opened
+    without a loop): there is never anything to wait for."""
 
     accepted = 0
 

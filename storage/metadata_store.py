@@ -9,17 +9,28 @@ plain dict (or any value) msgpack encodes. Keys of per-vhost kinds start with th
 rows go with one :meth:`delete_prefix` each. SQLite gives atomic, crash-safe updates for free, which
 files of our own would have to earn.
 
-Durability: WAL journal with ``synchronous=FULL``, so every committed change is fsynced before the call
-returns. In WAL mode ``NORMAL`` survives a process crash but may lose the last commits on a power cut;
-a declare-ok must mean the definition survives both, and definitions change rarely, so the fsync per
-commit is cheap enough. Batch many changes (a definitions import, a vhost's deletion) in
-:meth:`transaction` to pay it once.
+Durability: WAL journal. A declare-ok must mean the definition survives a process crash and a power cut, so
+every commit is fsynced before anyone is told of it. Where it is fsynced depends on the caller:
 
-Calls block the caller for the commit's fsync (about a millisecond); the broker calls this from the
-event loop only for rare administrative changes, never per message. Long batches (a definitions import
-of thousands of objects) are recorded with :meth:`deferred` while they are applied in memory and
-written by :meth:`apply` in one transaction from a worker thread; a lock keeps the event loop's own
-writes out of that transaction. ``commits`` counts the commits (each one fsync), for tests.
+- **On a running node** (a ``syncer`` is given: storage/syncer.py, the message store's group commit) nothing on
+  the event loop waits for the disk. The connection runs with ``synchronous=NORMAL``: a commit hands its WAL
+  frames to the kernel and returns (SQLite's write, no fsync), the write counts as *accepted*, and the WAL is
+  marked dirty in the syncer, whose thread fsyncs it by path with the message files of the same burst. The
+  store is the node's :class:`~storage.commits.Commits`: a reply that follows a write waits for
+  :meth:`committed` (broker/amqp/channel.py holds the channel's later methods meanwhile; the HTTP API awaits it),
+  as RabbitMQ's Khepri commands reply on commit. Because the syncer's generations complete in order, a publish
+  confirmed into a queue declared a moment before is confirmed after the queue's row is on disk too. SQLite's
+  own checkpoints (which fsync) are turned off on this connection (``wal_autocheckpoint=0``) and run from a
+  worker thread on a connection of their own every :data:`CHECKPOINT_EVERY` commits; what is left on the
+  loop is the WAL header's fsync when SQLite starts reusing the log after such a checkpoint (once per
+  :data:`CHECKPOINT_EVERY` commits).
+- **Without a loop** (tools, unit tests, ``syncer=None``) ``synchronous=FULL``: every commit is fsynced before
+  the call returns, and :meth:`committed` has nothing to wait for.
+
+Batch many changes (a definitions import, a vhost's deletion) in :meth:`transaction` to commit them once. Long
+batches (a definitions import of thousands of objects) are recorded with :meth:`recording` while they are
+applied in memory and written by :meth:`apply` in one transaction from a worker thread; a lock keeps the event
+loop's own writes out of that transaction. ``commits`` counts the commits, for tests.
 
 A write that fails (a full disk, a read-only file) raises :class:`MetadataWriteError` and leaves the
 store as it was (the statement or the whole transaction is rolled back): the caller changes nothing in
@@ -40,6 +51,7 @@ these is reported (storage/corruption.py, ``store="metadata"``) and refuses the 
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -50,8 +62,16 @@ import msgpack
 
 from storage import corruption, sqlite_wal
 from storage.checksum import crc32
+from storage.syncer import Syncer
+
+log = logging.getLogger("leveret.storage")
 
 SEP = "\x1f"
+
+# Commits between two checkpoints of the WAL into the database, made by a worker thread (a running node; see
+# the module docstring). Each commit appends at least one page to the WAL, so this checkpoints at least as often
+# as SQLite's own default (every 1,000 pages: 4 MiB with 4 KiB pages).
+CHECKPOINT_EVERY = 1000
 
 # A recorded write (see MetadataStore.deferred): ("put", kind, key, value), ("delete", kind, key, None)
 # or ("delete_prefix", kind, prefix, None).
@@ -127,12 +147,37 @@ class Metadata(Protocol):
     def close(self) -> None: ...
 
 
-class MetadataStore:
-    """The definitions table. ``was_empty``: the file held no definitions when it was opened (a new
-    file, or one whose table is empty), which NodeStorage checks against the message files."""
+class _WriteAheadLog:
+    """The store's WAL as the syncer sees it (storage/syncer.py ``SyncedFile``): SQLite has handed its frames to
+    the kernel when a commit returns, so there is nothing to write out; ``written`` counts the commits marked,
+    so that the syncer's bookkeeping of what a round covered holds. ``new`` until its first round: the log's
+    directory entry is fsynced once, as a new segment file's is."""
+
+    __slots__ = ("dirty", "error", "new", "path", "synced", "write_behind", "written")
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.dirty = False
+        self.new = True
+        self.written = 0
+        self.synced = 0
+        self.write_behind = False
+        self.error: OSError | None = None
+
+    def write_out(self) -> bool:
+        return True
+
+
+class MetadataStore:
+    """The definitions table. ``was_empty``: the file held no definitions when it was opened (a new
+    file, or one whose table is empty), which NodeStorage checks against the message files.
+
+    ``syncer``: the node's (a running node): commits are fsynced by its thread and :meth:`committed` says when;
+    None: every commit is fsynced within the call (see the module docstring)."""
+
+    def __init__(self, path: str, syncer: Syncer | None = None) -> None:
+        self.path = path
+        self._syncer = syncer
         self._check_wal()
         try:
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -140,7 +185,11 @@ class MetadataStore:
             raise self._error(exc) from None
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
+            if syncer is None:
+                self._db.execute("PRAGMA synchronous=FULL")
+            else:  # fsynced by the syncer's thread; checkpoints on a worker thread (module docstring)
+                self._db.execute("PRAGMA synchronous=NORMAL")
+                self._db.execute("PRAGMA wal_autocheckpoint=0")
             # Looked at before the table is created, so that a database without definitions is told apart
             # from one that has some (NodeStorage refuses the first next to message files).
             has_table = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'defs'"
@@ -158,6 +207,20 @@ class MetadataStore:
         self._lock = threading.RLock()
         self._recording: list[Op] | None = None
         self._pending: list[list[Op]] = []
+        # Commits (storage/commits.py): writes accepted, the syncer generation that covers the last of them,
+        # the newest generation known durable, and the replies waiting for theirs.
+        self.accepted = 0
+        self._wal = _WriteAheadLog(path + "-wal")
+        self._covering = 0
+        self._durable = 0
+        self._waits: list[tuple[int, asyncio.Future[None]]] = []
+        self._watching = False
+        # Checkpoints off the loop (a running node): a connection of their own, used by one worker at a time.
+        self._since_checkpoint = 0
+        self._checkpointing = False
+        self._checkpointer: sqlite3.Connection | None = None
+        self._checkpoint_lock = threading.Lock()
+        self._closed = False
 
     def _add_row_checksums(self) -> None:
         """Migrate a database written before rows carried a checksum (``crc`` column): check its pages first
@@ -257,6 +320,7 @@ class MetadataStore:
                 raise self._write_error(exc) from None
             if self._depth == 0:
                 self.commits += 1
+                self._accept()
             # A batch recorded earlier and not applied yet replays its writes later: the writes made since
             # are replayed after them, so that the last write of a key still wins.
             for pending in self._pending:
@@ -344,13 +408,17 @@ class MetadataStore:
         finally:
             self._lock.release()
 
-    def _commit(self) -> None:
+    def _commit(self, accept: bool = True) -> None:
+        """COMMIT; ``accept``: the caller is on the loop's thread (``apply``'s worker is not: apply_async
+        accepts its commit once back on the loop)."""
         try:
             self._db.execute("COMMIT")
         except sqlite3.Error as exc:
             self._rollback()
             raise self._write_error(exc) from None
         self.commits += 1
+        if accept:
+            self._accept()
 
     def _rollback(self) -> None:
         if self._db.in_transaction:  # SQLite ends the transaction itself on some errors (SQLITE_FULL)
@@ -376,7 +444,7 @@ class MetadataStore:
             self._recording = previous
 
     def apply(self, ops: Sequence[Op]) -> None:
-        """Write a recorded batch in one transaction (one fsync). Safe to call from a worker thread: the
+        """Write a recorded batch in one transaction (one commit). Safe to call from a worker thread: the
         lock keeps other writes out until it is committed. Raises MetadataWriteError, writing nothing."""
         with self._lock:
             self.discard(ops)
@@ -388,15 +456,112 @@ class MetadataStore:
             except sqlite3.Error as exc:
                 self._rollback()
                 raise self._write_error(exc) from None
-            self._commit()
+            self._commit(accept=False)
 
     async def apply_async(self, ops: Sequence[Op]) -> None:
-        """:meth:`apply` on a worker thread (its fsync), the event loop serving meanwhile."""
+        """:meth:`apply` on a worker thread, then its fsync by the syncer (or within apply, without one), the
+        event loop serving meanwhile."""
         await asyncio.to_thread(self.apply, ops)
+        self._accept()
+        commit = self.committed()
+        if commit is not None:
+            await commit
 
     def discard(self, ops: Sequence[Op]) -> None:
         with self._lock:
             self._pending = [p for p in self._pending if p is not ops]
 
+    # -- commits (storage/commits.py), on a running node ------------------------------------------------------
+    def _accept(self) -> None:
+        """A commit was made on the loop's thread: count it and, on a running node, have the syncer fsync the
+        WAL in its next round (the end of this burst), which is the generation a reply waits for."""
+        self.accepted += 1
+        syncer = self._syncer
+        if syncer is None:
+            return
+        wal = self._wal
+        wal.written += 1
+        if not wal.dirty:
+            wal.dirty = True
+            syncer.mark(wal)
+        self._covering = syncer.generation
+        if not self._watching:
+            self._watching = True
+            syncer.wait(self)
+        self._since_checkpoint += 1
+        if self._since_checkpoint >= CHECKPOINT_EVERY and not self._checkpointing and not self._closed:
+            self._since_checkpoint = 0
+            self._checkpointing = True
+            done = asyncio.get_running_loop().run_in_executor(None, self._checkpoint)
+            done.add_done_callback(self._checkpointed)
+
+    def committed(self) -> asyncio.Future[None] | None:
+        """None if every write accepted so far is on disk; else a future done once it is, or failed with
+        :class:`MetadataWriteError` if the fsync that covered it failed (storage/commits.py)."""
+        if self._covering <= self._durable:
+            return None
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waits.append((self._covering, done))
+        return done
+
+    def on_synced(self, generation: int) -> bool:
+        """The syncer's round up to ``generation`` is on disk (storage/syncer.py SyncWaiter)."""
+        self._durable = max(self._durable, generation)
+        self._release(generation, None)
+        return self._still_watching()
+
+    def on_sync_failed(self, generation: int) -> bool:
+        """The fsync of a round up to ``generation`` failed: the writes it covered may not survive a power cut.
+        Their replies fail (541 / 500 naming the reason, as a publish in such a round is nacked); later writes go
+        on (an fsync is not retried: the kernel may have dropped the pages it failed to write)."""
+        log.error("metadata: fsync of %s failed; the definitions written since the last good one may not survive "
+                  "a power cut", self._wal.path)
+        self._durable = max(self._durable, generation)
+        self._release(generation, MetadataWriteError(f"cannot make {self.path} durable: fsync failed"))
+        return self._still_watching()
+
+    def _release(self, generation: int, error: MetadataWriteError | None) -> None:
+        if not self._waits:
+            return
+        waiting = []
+        for covering, done in self._waits:
+            if covering > generation:
+                waiting.append((covering, done))
+            elif not done.done():
+                if error is None:
+                    done.set_result(None)
+                else:
+                    done.set_exception(error)
+        self._waits = waiting
+
+    def _still_watching(self) -> bool:
+        if self._waits or self._covering > self._durable:
+            return True
+        self._watching = False
+        return False
+
+    # -- checkpoints off the loop --------------------------------------------------------------------------------
+    def _checkpoint(self) -> tuple[int, int, int] | None:
+        """A passive checkpoint (worker thread): the WAL's committed frames into the database file, fsynced by
+        SQLite before and after; the loop's writes go on meanwhile. SQLite's answer: (busy, frames in the WAL,
+        frames checkpointed); None once closed."""
+        with self._checkpoint_lock:
+            if self._closed:
+                return None
+            if self._checkpointer is None:
+                self._checkpointer = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            row = self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            return int(row[0]), int(row[1]), int(row[2])
+
+    def _checkpointed(self, done: asyncio.Future[tuple[int, int, int] | None]) -> None:
+        self._checkpointing = False
+        exc = done.exception()
+        if exc is not None:  # the WAL keeps the commits; the next look tries again
+            log.warning("metadata: checkpoint of %s failed: %s", self._wal.path, exc)
+
     def close(self) -> None:
+        with self._checkpoint_lock:
+            self._closed = True
+            if self._checkpointer is not None:
+                self._checkpointer.close()
         self._db.close()

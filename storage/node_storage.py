@@ -44,6 +44,7 @@ import weakref
 from collections.abc import Callable, Collection
 from typing import Any, Literal
 
+from storage.commits import Commits
 from storage.data_dir_lock import LOCK_FILE
 from storage.deduplication_log import DIRECTORY as DEDUP_DIRECTORY
 from storage.deduplication_log import DedupLog, log_id, log_ids, remove_files
@@ -192,8 +193,14 @@ class NodeStorage:
         os.makedirs(data_dir, exist_ok=True)
         self.embed_below = queue_index_embed_msgs_below
         # SQLite; on a cluster member the split store broker/clustering/cluster.py puts here (either is a Metadata).
-        self.metadata: Metadata = self._open_metadata(check_metadata_file(data_dir), check_metadata)
+        # One group commit for the message files and the metadata's WAL (storage/metadata_store.py): a publish
+        # confirmed into a queue declared a moment before is confirmed after the queue's row is on disk too.
         self.syncer = Syncer(loop)
+        self._loop = loop
+        sqlite_store = self._open_metadata(check_metadata_file(data_dir), check_metadata)
+        # When the definitions written now are on disk (storage/commits.py): the node's replies wait for it.
+        self.metadata_commits: Commits = sqlite_store
+        self.metadata: Metadata = sqlite_store
         self.persistent = MsgStore(os.path.join(data_dir, "msg_store_persistent"), syncer=self.syncer,
                                    loop=loop, file_size_limit=file_size_limit)
         self.transient = MsgStore(os.path.join(data_dir, "msg_store_transient"), durable=False, loop=loop,
@@ -213,9 +220,9 @@ class NodeStorage:
         if state != "present":
             if check_metadata is not None:
                 check_metadata(None)  # before the file is created: a refused start leaves none behind
-            store = MetadataStore(path)
+            store = MetadataStore(path, self._syncer_of_a_running_node())
         else:
-            store = MetadataStore(path)
+            store = MetadataStore(path, self._syncer_of_a_running_node())
             try:
                 store.check_integrity()
                 found = message_data(self.data_dir) if store.was_empty else []
@@ -232,6 +239,11 @@ class NodeStorage:
         if store.get(NODE_KIND, STORAGE_KEY) is None:
             store.put(NODE_KIND, STORAGE_KEY, {"format": STORAGE_FORMAT})
         return store
+
+    def _syncer_of_a_running_node(self) -> Syncer | None:
+        """The syncer fsyncs the metadata's commits off the loop when there is a loop; without one (tools, unit
+        tests) the store fsyncs each commit itself."""
+        return self.syncer if self._loop is not None else None
 
     @property
     def was_clean(self) -> bool:

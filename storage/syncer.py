@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from storage.segment import AppendFile, fsync_dir
+from storage.segment import fsync_dir
 
 log = logging.getLogger("leveret.storage")
 
@@ -51,6 +51,26 @@ _TEST_FSYNC_DELAY = max(0.0, float(os.environ.get("LEVERET_TEST_FSYNC_DELAY_MS")
 
 # Back-off between retries of a flush whose writes failed (seconds): soon at first, then once a second.
 RETRY_DELAYS = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+class SyncedFile(Protocol):
+    """A file the syncer fsyncs (by ``path``) once its appends are written out: storage/segment.py's AppendFile,
+    whose ``write_out`` hands its buffer to the kernel, and the metadata store's write-ahead log
+    (storage/metadata_store.py), which SQLite has already written when a commit returns. ``written``/``synced``
+    are positions (or counts) that only grow; ``new``: its directory entry needs an fsync too; ``write_behind``:
+    its flush may wait for the round in progress (see :meth:`Syncer.flush`)."""
+
+    path: str
+    dirty: bool
+    new: bool
+    written: int
+    synced: int
+    write_behind: bool
+    error: OSError | None
+
+    def write_out(self) -> bool:
+        """Hand what is buffered to the kernel; False (``error`` set) if a write failed."""
+        ...
 
 
 class SyncWaiter(Protocol):
@@ -65,14 +85,14 @@ class SyncWaiter(Protocol):
 class Syncer:
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._loop = loop
-        self._dirty: list[AppendFile] = []
+        self._dirty: list[SyncedFile] = []
         self._scheduled = False
         self.generation = 1  # the generation the next flush commits
         self.synced = 0  # the newest generation known to be on disk
         self._waiters: dict[int, SyncWaiter] = {}
         self._cond = threading.Condition()
-        self._queue: list[tuple[int, list[tuple[AppendFile, int, str, bool]]]] = []
-        self._done: list[tuple[int, list[tuple[AppendFile, int]], bool]] = []
+        self._queue: list[tuple[int, list[tuple[SyncedFile, int, str, bool]]]] = []
+        self._done: list[tuple[int, list[tuple[SyncedFile, int]], bool]] = []
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.write_failing = False  # the last flush could not write everything: retrying
@@ -91,7 +111,7 @@ class Syncer:
         self.fsync_failures = 0
 
     # -- writers' side (loop thread) ------------------------------------------------------------------------
-    def mark(self, f: AppendFile) -> None:
+    def mark(self, f: SyncedFile) -> None:
         """``f`` has new appends: include it in the next flush (scheduled at the end of this burst)."""
         self._dirty.append(f)
         if not f.write_behind and not self._urgent:
@@ -110,7 +130,7 @@ class Syncer:
         """Call ``waiter.on_synced`` after each completed sync until it returns False."""
         self._waiters[id(waiter)] = waiter
 
-    def _take_dirty(self) -> tuple[int, list[tuple[AppendFile, int, str, bool]]] | None:
+    def _take_dirty(self) -> tuple[int, list[tuple[SyncedFile, int, str, bool]]] | None:
         """Write out every dirty buffer and hand back what needs its fsync, under a new generation.
 
         None if some buffer could not be written: nothing is committed, every file stays dirty, and (with
@@ -241,13 +261,13 @@ class Syncer:
             with cond:
                 batch, self._queue = self._queue, []
             gen = batch[-1][0]
-            merged: dict[int, tuple[AppendFile, int, str, bool]] = {}
+            merged: dict[int, tuple[SyncedFile, int, str, bool]] = {}
             for _, items in batch:
                 for item in items:
                     prev = merged.get(id(item[0]))
                     if prev is None or item[1] >= prev[1]:
                         merged[id(item[0])] = (item[0], item[1], item[2], item[3] or (prev is not None and prev[3]))
-            ok: list[tuple[AppendFile, int]] = []
+            ok: list[tuple[SyncedFile, int]] = []
             failed = True
             try:
                 ok, failed = self._fsync(list(merged.values()))
@@ -263,7 +283,7 @@ class Syncer:
                 except RuntimeError:
                     pass  # the loop closed under us; sync() drains on shutdown
 
-    def _fsync(self, items: list[tuple[AppendFile, int, str, bool]]) -> tuple[list[tuple[AppendFile, int]], bool]:
+    def _fsync(self, items: list[tuple[SyncedFile, int, str, bool]]) -> tuple[list[tuple[SyncedFile, int]], bool]:
         """fsync each file (and the directory of new ones); returns those now durable, and whether any
         fsync failed (then the whole round counts as failed: its waiters are not confirmed)."""
         self.rounds += 1
@@ -309,7 +329,7 @@ class Syncer:
             self._flush_after_round = False
             self.flush()
 
-    def _complete(self, gen: int, items: list[tuple[AppendFile, int]], failed: bool = False) -> None:
+    def _complete(self, gen: int, items: list[tuple[SyncedFile, int]], failed: bool = False) -> None:
         for f, size in items:
             f.synced = max(f.synced, size)
         waiters = self._waiters

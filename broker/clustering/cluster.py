@@ -192,7 +192,9 @@ class Cluster:
         assert shared is not None, "connect() first"
         self.store = SplitMetadataStore(storage.metadata, shared, make_where(self.node))
         storage.metadata = self.store  # the same Metadata (storage/metadata_store.py), split
-        self.node.commits = shared  # replies to the methods that write a definition wait for its commit
+        # Replies to the methods that write a definition wait for its commit (storage/commits.py): the shared
+        # definitions' in PostgreSQL, the node-local ones' in SQLite.
+        self.node.commits = AllOf(storage.metadata_commits, shared)
         self.follower = DefinitionsFollower(self.node, self.store)
         self.follower.version = shared.version_at_open
         log.info("cluster member", node=self.node.name, postgres=safe_dsn(self.dsn))
@@ -209,7 +211,9 @@ class Cluster:
         self.forwarding = ClusterForwarding(self.node, self.dsn)
         await self.forwarding.start()
         if self.store is not None:  # bind-ok waits for the directory's row too (storage/commits.py)
-            self.node.commits = AllOf(self.store.shared, self.forwarding.directory)
+            assert self.node.storage is not None
+            self.node.commits = AllOf(self.node.storage.metadata_commits, self.store.shared,
+                                      self.forwarding.directory)
         self.stats.start()
 
     def vhost_added(self, vh: Any) -> None:
