@@ -120,3 +120,30 @@ def test_tls_without_the_ca_or_a_client_certificate_fails_clearly(tls_broker, ce
         LeveretBatchReader({**plain_api, "keyFile": str(certs.client_key)}, READ_STRUCT)
     with pytest.raises(WriteOptionError, match="option certFile / keyFile|options certFile / keyFile"):
         parse_write_options({"uri": tls_broker.amqps, "certFile": str(certs.ca)})
+
+
+def test_the_queue_source_reads_and_acks_over_tls(tls_broker, certs, uid):
+    """The classic/quorum queue source (pyspark_leveret/queue_source.py) takes the same TLS options: the driver
+    finds the queue's type over the HTTPS API, takes and acks its batches over amqps with the client
+    certificate, and a committed batch leaves the queue empty."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+    from pyspark_leveret import LeveretDataSource
+    from pyspark_leveret.queue_source import LeveretQueueStreamReader
+    from test_queue_source import counts, declare, ids
+
+    b = tls_broker.broker
+    q = declare(b, f"{uid}-q", "quorum", 12)  # set up over plain AMQP
+    files = {"caFile": str(certs.ca), "certFile": str(certs.client_cert), "keyFile": str(certs.client_key)}
+    opts = {"uri": tls_broker.amqps, "managementUri": tls_broker.https, "queue": q, "minPartitions": "2", **files}
+    driver = LeveretDataSource(opts).streamReader(READ_STRUCT)
+    assert type(driver) is LeveretQueueStreamReader
+    try:
+        start = driver.initialOffset()
+        end = driver.latestOffset(start, ReadMaxRows(100))
+        assert end == {q: 12}
+        assert sorted(ids(driver, driver.partitions(start, end))) == list(range(12))
+        assert counts(b, q) == (0, 0)  # taken over amqps (unacked: no consumer left between batches)
+        driver.commit(end)
+    finally:
+        driver.stop()  # what was taken and not acked would go back to the queue now
+    assert counts(b, q) == (0, 0)  # acked over amqps at the commit: nothing came back
