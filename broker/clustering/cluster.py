@@ -24,6 +24,7 @@ from broker.queues.queue_types import queue_type_of
 from storage.backing_queue import BackingQueue
 from storage.commits import AllOf
 from storage.node_storage import NodeStorage
+from storage.pg.claims import AdvisoryClaims
 from storage.pg.cluster import NameTaken, PgCluster
 from storage.pg.definitions_store import PgDefinitionsStore
 from storage.pg.forget import Forgotten, NotForgettable
@@ -81,6 +82,7 @@ class Cluster:
         self.pg: PgCluster | None = None
         # Node-local queues across the cluster (broker/clustering/cluster_forwarding.py), from start() on.
         self.forwarding: ClusterForwarding | None = None
+        self.claims: AdvisoryClaims | None = None  # the shovels' claims (start)
         # The shared queues' figures as PostgreSQL counts them (storage/pg/queue_figures.py): what the HTTP
         # API and Prometheus show, the same on every member. Their message counters and rates too: this
         # member's counters go to PostgreSQL every second (storage/pg/queue_stats.py, from start() on), and
@@ -214,6 +216,9 @@ class Cluster:
             assert self.node.storage is not None
             self.node.commits = AllOf(self.node.storage.metadata_commits, self.store.shared,
                                       self.forwarding.directory)
+        # A dynamic shovel runs on the one member holding its claim (broker/shovel/placement.py).
+        self.claims = AdvisoryClaims(self.dsn)
+        self.node.shovels.placement = self.claims
         self.stats.start()
 
     def vhost_added(self, vh: Any) -> None:
@@ -230,6 +235,8 @@ class Cluster:
             await self.follower.stop()
         if self.forwarding is not None:
             await self.forwarding.stop()
+        if self.claims is not None:  # the shovels stopped first (broker/server.py): another member takes them
+            await self.claims.close()
         await self.stats.close()  # a last flush: a clean stop leaves every count in the totals
         await self.figures.close()
         if self.pg is not None:

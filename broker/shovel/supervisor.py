@@ -7,6 +7,11 @@ logs in as a node-internal user made per shovel (auth.UserStore.internal: never 
 accepted by the HTTP API) with all permissions on the URI's vhost only: the simplest correct way to reach
 the local broker with every check a client gets (permissions, limits, alarms, confirms) and without
 storing a password, where RabbitMQ uses a direct Erlang connection.
+
+In a cluster a shovel runs on one member (broker/shovel/placement.py): a worker is made on every member that has
+the parameter, and started only where the placement holds the shovel's claim; :meth:`_place` asks for the
+missing claims every CLAIM_EVERY seconds, so a shovel whose member went away starts on another within about a
+second of its session ending. ``GET /api/shovels`` of a member lists the shovels it runs.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 import structlog
 
 from broker.shovel.definition import COMPONENT, ShovelDefinition
+from broker.shovel.placement import CLAIM_EVERY, HERE, ShovelPlacement
 from broker.shovel.worker import LocalLogin, ShovelWorker
 
 log = structlog.get_logger("leveret.shovel")
@@ -31,6 +37,9 @@ class ShovelSupervisor:
         self.clear_parameter = clear_parameter
         self.workers: dict[tuple[str, str], ShovelWorker] = {}
         self.running = False
+        # Where shovels run (a cluster member's is set by broker/clustering/cluster.py before start()).
+        self.placement: ShovelPlacement = HERE
+        self._placing: asyncio.Task[None] | None = None
 
     def parameter_changed(self, vhost: str, component: str, name: str, value: Any | None) -> None:
         """A vhost's parameter was set (``value``) or cleared (None): (re)start or stop that shovel."""
@@ -40,16 +49,18 @@ class ShovelSupervisor:
         if old is not None:
             self._stop_soon(old)
         if value is None:
+            self._release(vhost, name)
             return
         worker = ShovelWorker(ShovelDefinition.parse(vhost, name, value), self.node_name, self.local,
                               self._finished)
         self.workers[(vhost, name)] = worker
         if self.running:
-            worker.start()
+            self._start_if_held(worker)
 
     def forget_vhost(self, vhost: str) -> None:
         for key in [k for k in self.workers if k[0] == vhost]:
             self._stop_soon(self.workers.pop(key))
+            self._release(*key)
 
     def start(self, parameters: Iterable[tuple[str, str, str, Any]] = ()) -> None:
         """Start every shovel: those set since the node was made, and those of ``parameters`` (vhost,
@@ -60,10 +71,12 @@ class ShovelSupervisor:
                 self.parameter_changed(vhost, component, name, value)
         self.running = True
         for worker in self.workers.values():
-            worker.start()
+            self._start_if_held(worker)
 
     async def stop(self) -> None:
         self.running = False
+        if self._placing is not None:
+            self._placing.cancel()
         await asyncio.gather(*(w.stop() for w in self.workers.values()))
 
     def restart(self, vhost: str, name: str) -> bool:
@@ -75,14 +88,47 @@ class ShovelSupervisor:
         fresh = ShovelWorker(worker.d, self.node_name, self.local, self._finished)
         self.workers[(vhost, name)] = fresh
         if self.running:
-            fresh.start()
+            self._start_if_held(fresh)
         log.info("shovel restarted", vhost=vhost, shovel=name)
         return True
 
     def status(self, vhost: str | None = None) -> list[dict[str, Any]]:
-        return [w.status() for (vh, _n), w in sorted(self.workers.items()) if vhost is None or vh == vhost]
+        """The shovels that run here (in a cluster, each is listed by the member that holds it)."""
+        return [w.status() for (vh, _n), w in sorted(self.workers.items())
+                if (vhost is None or vh == vhost) and w.task is not None]
+
+    # -- placement (broker/shovel/placement.py) -------------------------------------------------------------
+    def _start_if_held(self, worker: ShovelWorker) -> None:
+        if self.placement.holds(_key(worker)):
+            worker.start()
+        elif self._placing is None or self._placing.done():
+            self._placing = asyncio.get_running_loop().create_task(self._place(), name="shovel placement")
+
+    async def _place(self) -> None:
+        """While some shovel of this node's table runs nowhere here: stop everything if the claims were lost,
+        then claim the shovels not running and start those whose claim this node got."""
+        while self.running:
+            if self.placement.lost():
+                log.warning("shovels: the cluster claims were lost; stopping the shovels run here")
+                for key, worker in list(self.workers.items()):
+                    if worker.task is not None:
+                        self._stop_soon(worker)
+                        self.workers[key] = ShovelWorker(worker.d, self.node_name, self.local, self._finished)
+            waiting = [w for w in self.workers.values() if w.task is None]
+            for worker in waiting:
+                if await self.placement.claim(_key(worker)) and self.running \
+                        and self.workers.get((worker.d.vhost, worker.d.name)) is worker and worker.task is None:
+                    log.info("shovel placed here", vhost=worker.d.vhost, shovel=worker.d.name, node=self.node_name)
+                    worker.start()
+            await asyncio.sleep(CLAIM_EVERY)
+
+    def _release(self, vhost: str, name: str) -> None:
+        if self.placement is HERE:
+            return
+        asyncio.get_running_loop().create_task(self.placement.release(f"{vhost}/{name}"))
 
     def _finished(self, worker: ShovelWorker) -> None:
+        """src-delete-after reached: the shovel removes itself and its parameter (every member then drops it)."""
         key = (worker.d.vhost, worker.d.name)
         if self.workers.get(key) is worker:
             self.clear_parameter(*key)  # → parameter_changed(None): the worker leaves the table
@@ -94,3 +140,7 @@ class ShovelSupervisor:
         if worker.task is asyncio.current_task():
             return
         worker.task.cancel()
+
+
+def _key(worker: ShovelWorker) -> str:
+    return f"{worker.d.vhost}/{worker.d.name}"

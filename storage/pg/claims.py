@@ -1,0 +1,105 @@
+"""Named claims a cluster member holds in PostgreSQL: a session-level advisory lock per name, on one
+connection of the member's own (broker/shovel/placement.py: a dynamic shovel runs on the member that holds
+its claim).
+
+``pg_try_advisory_lock(CLAIM_CLASS, hashtext(name))`` never waits: a claim held by another member's session
+answers False at once, and is free again the moment that session ends (the member exited, was killed, or its
+connection broke), so the next member to ask takes it. Two names whose hashes collide share one lock: the
+member holding it runs both, which is still one member each. The locks are per database, so clusters on one
+server do not meet.
+
+When the connection is found broken (a statement failed, or asyncpg reports it closed), every claim is
+:meth:`lost`: the holder must stop what it ran under them before asking again (another member may hold them
+now). The connection is opened again at the next :meth:`claim`. Every statement is bounded by ``timeout``: a
+PostgreSQL that does not answer is a claim not taken, never a wait on the loop beyond it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import asyncpg
+
+log = logging.getLogger("leveret.pg")
+
+CLAIM_CLASS = 4243  # the advisory lock class of claims (LEASE_KEY is 4242: storage/pg/cluster.py)
+
+
+class AdvisoryClaims:
+    def __init__(self, dsn: str, *, timeout: float = 3.0) -> None:
+        self.dsn = dsn
+        self.timeout = timeout
+        self._conn: asyncpg.Connection | None = None
+        self._held: set[str] = set()
+        self._lost = False
+        self._closed = False
+
+    def holds(self, key: str) -> bool:
+        return key in self._held and not self.lost()
+
+    def lost(self) -> bool:
+        """True once the session that held claims is gone (until the holder has stopped and asks again)."""
+        if self._held and (self._conn is None or self._conn.is_closed()):
+            self._lost = True
+        return self._lost
+
+    async def claim(self, key: str) -> bool:
+        if self._closed:
+            return False
+        if self.lost():
+            self._forget()
+        if key in self._held:
+            return True
+        try:
+            conn = await self._connection()
+            taken = bool(await conn.fetchval("SELECT pg_try_advisory_lock($1, hashtext($2))", CLAIM_CLASS, key,
+                                             timeout=self.timeout))
+        except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning("cluster: cannot claim %s in PostgreSQL: %s", key, exc)
+            self._broken()
+            return False
+        if taken:
+            self._held.add(key)
+        return taken
+
+    async def release(self, key: str) -> None:
+        if key not in self._held:
+            return
+        self._held.discard(key)
+        conn = self._conn
+        if conn is None or conn.is_closed():
+            return
+        try:
+            await conn.execute("SELECT pg_advisory_unlock($1, hashtext($2))", CLAIM_CLASS, key, timeout=self.timeout)
+        except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            self._broken()  # the session is unusable: ending it frees every claim it held
+
+    async def close(self) -> None:
+        """The member stops: its claims are freed with its session, for another member to take at once."""
+        self._closed = True
+        self._held.clear()
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            try:
+                await asyncio.wait_for(conn.close(), self.timeout)
+            except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                conn.terminate()
+
+    async def _connection(self) -> asyncpg.Connection:
+        if self._conn is None or self._conn.is_closed():
+            self._conn = await asyncpg.connect(self.dsn, timeout=self.timeout)
+        return self._conn
+
+    def _broken(self) -> None:
+        """The session may be gone: whatever it held may be another member's now."""
+        if self._held:
+            self._lost = True
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.terminate()
+
+    def _forget(self) -> None:
+        """The holder stopped what it ran under the lost claims: start afresh."""
+        self._held.clear()
+        self._lost = False

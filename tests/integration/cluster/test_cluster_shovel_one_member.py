@@ -1,0 +1,96 @@
+"""A dynamic shovel runs on one member of a Leveret cluster, and on another once that member is gone (issue 37:
+"shovels ... run on one member in a cluster"; broker/shovel/placement.py, storage/pg/claims.py).
+
+A shovel's parameter is a shared definition, so every member knows it. Before, every member ran it: a shovel
+from an exchange declared a queue on each member and moved every message once per member (two members: each
+message twice). RabbitMQ runs it on one node. Here: one member lists it running and the other does not, a
+message published into the source exchange reaches the destination once, and after a kill -9 of the member
+running it the other member starts it (within seconds) and moves what is published next. Real broker processes,
+a real PostgreSQL (tests/pg_server.py), pika clients, the HTTP API."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import urllib.parse
+
+import pika
+import pytest
+
+from tests.integration.cluster.test_cluster_cross_member import QUORUM, two
+from tests.integration.cluster.test_cluster_forwarding import channel
+from tests.integration.cluster.test_cluster_overflow import wait_count
+from tests.integration.management.test_management_api import Http
+
+pytestmark = pytest.mark.leveret_only
+pytest_plugins = ["pg_fixtures"]  # pg_dsn: a fresh database on the session's PostgreSQL
+
+SHOVEL = "one-member"
+TAKEOVER = 15.0  # the killed member's session ends at once; the survivor claims every second (CLAIM_EVERY)
+
+
+def running_here(m) -> list[str]:
+    status, shovels, _ = Http(m.management_port)("GET", "/api/shovels")
+    assert status == 200, shovels
+    return [s["node"] for s in shovels if s["name"] == SHOVEL and s["state"] == "running"]
+
+
+def wait_running(members, timeout: float) -> list:
+    """The members that list the shovel running, once at least one does (and the others had time to)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        holders = [m for m in members if running_here(m)]
+        if holders:
+            time.sleep(2.5)  # two more claim rounds: a second member would have started it by now
+            return [m for m in members if running_here(m)]
+        time.sleep(0.1)
+    return []
+
+
+def publish(m, exchange: str, bodies: list[bytes]) -> None:
+    conn, ch = channel(m)
+    ch.confirm_delivery()
+    for body in bodies:
+        ch.basic_publish(exchange, "", body, pika.BasicProperties(delivery_mode=2))
+    conn.close()
+
+
+def count(m, queue: str) -> int:
+    conn, ch = channel(m)
+    try:
+        return int(ch.queue_declare(queue, passive=True).method.message_count)
+    finally:
+        conn.close()
+
+
+def test_a_shovel_runs_on_one_member_moves_each_message_once_and_moves_on_a_kill(start_broker, pg_dsn):
+    a, b = two(start_broker, pg_dsn)
+    conn, ch = channel(a)
+    ch.exchange_declare("shovel-src", "fanout", durable=True)
+    ch.queue_declare("shovel-dst", durable=True, arguments=QUORUM)
+    conn.close()
+    value = {"src-uri": "amqp://", "src-exchange": "shovel-src", "dest-uri": "amqp://", "dest-queue": "shovel-dst"}
+    status, body, _ = Http(a.management_port)("PUT", f"/api/parameters/shovel/%2F/{urllib.parse.quote(SHOVEL)}",
+                                              {"value": value})
+    assert status in (201, 204), body
+
+    holders = wait_running([a, b], 15)
+    assert len(holders) == 1, [running_here(m) for m in (a, b)]
+    holder = holders[0]
+    other = b if holder is a else a
+
+    publish(a, "shovel-src", [f"m{i}".encode() for i in range(300)])
+    assert wait_count(a, "shovel-dst", 300, timeout=20), count(a, "shovel-dst")
+    time.sleep(1.5)  # a second copy would come from a second member's shovel by now
+    assert count(a, "shovel-dst") == 300
+
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.process.wait(timeout=10)
+    killed_at = time.monotonic()
+    taken = wait_running([other], TAKEOVER)
+    assert taken == [other], f"no member ran the shovel within {TAKEOVER} s of the kill"
+    took = time.monotonic() - killed_at
+    publish(other, "shovel-src", [f"n{i}".encode() for i in range(200)])
+    assert wait_count(other, "shovel-dst", 500, timeout=20), count(other, "shovel-dst")
+    assert took < TAKEOVER, took
