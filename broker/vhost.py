@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from broker.observability.counters import GlobalCounters
     from broker.observability.trace import Tracer
-    from broker.queues.queue_process import QueueProcess
+    from broker.queues.queue_types import Queue
     from broker.security.auth import User
 
 log = structlog.get_logger("leveret.vhost")
@@ -341,7 +341,7 @@ class VHost:
         return [b for ex in self.exchanges.values() for b in ex.bindings.values()]
 
     # -- routing ----------------------------------------------------------------------------------------
-    def route(self, exchange: Exchange, msg: Message) -> list[QueueProcess]:
+    def route(self, exchange: Exchange, msg: Message) -> list[Queue]:
         """The queues a message published to ``exchange`` reaches (each once)."""
         clustered = self.clustered  # (one attribute test per message on a single node, as ever)
         if exchange.name == "":

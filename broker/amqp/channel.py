@@ -71,7 +71,7 @@ from protocol.methods import method_frame
 if TYPE_CHECKING:
     from broker.config import Settings
     from broker.node import Node
-    from broker.queues.queue_process import QueueProcess
+    from broker.queues.queue_types import Queue
     from broker.security.auth import User
     from broker.vhost import VHost
 
@@ -166,7 +166,7 @@ class Channel:
         self._commit_outbox: list[bytes] = []
         # Deliveries awaiting ack: delivery tag → (queue, seq_id, consumer or None for basic.get).
         self.next_delivery_tag = 1
-        self.unacked: dict[int, tuple[QueueProcess, int, Consumer | None]] = {}
+        self.unacked: dict[int, tuple[Queue, int, Consumer | None]] = {}
         self.consumer_unacked = 0
         self.consumers: dict[str, Consumer] = {}
         self.prefetch_count = 0  # for consumers created from now on (basic.qos global=false)
@@ -192,7 +192,7 @@ class Channel:
         # the user's topic-permission check of its routing keys, or None (broker/security/topic_permissions.py).
         self.publish_checks: dict[str, topic_permissions.TopicCheck | None] = {}
         # Queues this channel published to: it counts as one of their publishers while it is open.
-        self.published_to: set[QueueProcess] = set()
+        self.published_to: set[Queue] = set()
         self.counters = reader.node.counters
         # This channel's message_stats (RabbitMQ's names after ``msg_``), plain ints the paths below add to;
         # the HTTP API reads them (broker/management/objects.py: channel_message_counts).
@@ -570,14 +570,14 @@ class Channel:
     def can_deliver_no_ack(self) -> bool:
         return not self.closing and self.reader.writable
 
-    def deliver(self, consumer: Consumer, queue: QueueProcess, seq_id: int, msg: Message,
+    def deliver(self, consumer: Consumer, queue: Queue, seq_id: int, msg: Message,
                 redelivered: bool) -> None:
         self.deliver_parts(consumer, queue, seq_id, msg.names_raw, msg.header, msg.body, redelivered)
         tracer = self.vhost.tracing
         if tracer is not None:
             tracer.delivered(queue.name, msg, redelivered, self)  # the firehose (broker/observability/trace.py)
 
-    def deliver_parts(self, consumer: Consumer, queue: QueueProcess, seq_id: int, names_raw: bytes, header: bytes,
+    def deliver_parts(self, consumer: Consumer, queue: Queue, seq_id: int, names_raw: bytes, header: bytes,
                       body: bytes, redelivered: bool) -> None:
         """:meth:`deliver` from the three parts that go on the wire, for a queue that keeps a message as bytes
         (a stream: no Message is built per delivery). The firehose is the caller's to tell."""
@@ -654,7 +654,7 @@ class Channel:
                     self.send(spec.Basic.Cancel, consumer_tag=consumer.tag, nowait=True)
 
     # -- acknowledgements ------------------------------------------------------------------------------
-    def _collect(self, tag: int, multiple: bool) -> list[tuple[int, tuple[QueueProcess, int, Consumer | None]]]:
+    def _collect(self, tag: int, multiple: bool) -> list[tuple[int, tuple[Queue, int, Consumer | None]]]:
         """Take the deliveries an ack/nack/reject names out of ``unacked``: (tag, delivery) pairs.
         ``multiple`` with tag 0 means every outstanding delivery; an unknown tag is a 406."""
         unacked = self.unacked
@@ -676,9 +676,9 @@ class Channel:
             raise AMQPError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
         return [(tag, entry)]
 
-    def _settle(self, pairs: list[tuple[int, tuple[QueueProcess, int, Consumer | None]]], action: str) -> None:
+    def _settle(self, pairs: list[tuple[int, tuple[Queue, int, Consumer | None]]], action: str) -> None:
         """Ack, requeue or discard collected deliveries, one call per queue, then let queues deliver more."""
-        by_queue: dict[QueueProcess, list[int]] = {}
+        by_queue: dict[Queue, list[int]] = {}
         for _tag, (queue, seq_id, consumer) in pairs:
             if consumer is not None:
                 consumer.unacked -= 1

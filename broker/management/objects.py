@@ -3,7 +3,7 @@
 ``*_details.rate`` fields.
 
 Every field is read from a declared attribute of the object it describes (a queue's figures from
-``QueueProcess.figures()``, a connection's state from ``Reader.connection_state``, ...): a field the broker
+``Queue.figures()``, a connection's state from ``Reader.connection_state``, ...): a field the broker
 does not have fails loudly here (and in mypy) instead of showing a default.
 """
 
@@ -24,7 +24,7 @@ from broker.exchanges.delayed_exchange import DelayedExchange
 from broker.exchanges.exchange import EXCHANGE, QUEUE
 from broker.json_values import json_safe
 from broker.persistence import untable
-from broker.queues.queue_types import queue_type_of
+from broker.queues.queue_types import Queue, queue_type_of
 from broker.security.tls import connection_tls_info
 from storage.backing_queue import Figures
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from broker.exchanges.exchange import Binding, Exchange
     from broker.node import Node
     from broker.queues.queue_consumers import Consumer
-    from broker.queues.queue_process import QueueProcess, QueueStats
+    from broker.queues.queue_process import QueueStats
     from broker.security.auth import User
     from broker.vhost import VHost
 
@@ -73,7 +73,7 @@ class RateSampler:
     def rate(self, key: Any) -> float:
         return round(self._rates.get(key, 0.0), 1)
 
-    def queue_rates(self, q: QueueProcess) -> dict[str, float]:
+    def queue_rates(self, q: Queue) -> dict[str, float]:
         """The rates of one queue's sampled counters and counts (:data:`QUEUE_SAMPLED`), rounded as shown."""
         key = id(q)
         return {name: self.rate((key, name)) for name in QUEUE_SAMPLED}
@@ -168,10 +168,10 @@ class IdleTracker:
     def __init__(self) -> None:
         # id(queue) -> (the queue, its activity figures, when first seen with them). Holding the queue keeps
         # its id from being reused by a new queue until the sampler forgets a deleted one.
-        self._seen: dict[int, tuple[QueueProcess, tuple[int, ...], float]] = {}
+        self._seen: dict[int, tuple[Queue, tuple[int, ...], float]] = {}
 
     @staticmethod
-    def activity(q: QueueProcess, f: Figures | None = None, shared: Snapshot | None = None) -> tuple[int, ...]:
+    def activity(q: Queue, f: Figures | None = None, shared: Snapshot | None = None) -> tuple[int, ...]:
         """``f``: the queue's figures if the caller has them at hand (figures_of). A cluster member's shared
         queue is judged by the cluster's counters and counts (``shared``), so that a queue busy on another
         member does not show idle here; its consumers on this member count too."""
@@ -186,7 +186,7 @@ class IdleTracker:
         return (s.published, s.delivered, s.get, s.acked, s.redelivered, s.dead_lettered, s.expired, s.dropped,
                 f.ready, f.unacked, q.consumers.count)
 
-    def observe(self, q: QueueProcess, key: int, f: Figures | None = None,
+    def observe(self, q: Queue, key: int, f: Figures | None = None,
                 shared: Snapshot | None = None) -> float | None:
         """The wall-clock time (seconds since the epoch) the queue has been idle since, None if it did
         something since it was last looked at (or this is the first look); the arguments as :meth:`activity`'s."""
@@ -370,11 +370,11 @@ QUEUE_SAMPLED = ("publish", "deliver_get", "deliver", "get", "redeliver", "ack",
                  "messages_ready", "messages_unacknowledged", "messages")
 
 
-def queue_message_counts(q: QueueProcess) -> dict[str, int]:
+def queue_message_counts(q: Queue) -> dict[str, int]:
     return q.stats.message_stats()
 
 
-def queue_message_stats(q: QueueProcess, sampler: RateSampler | None, shared: Snapshot | None) -> dict[str, Any]:
+def queue_message_stats(q: Queue, sampler: RateSampler | None, shared: Snapshot | None) -> dict[str, Any]:
     """A queue's ``message_stats``. For a shared queue of a cluster member, every member's counters summed and
     their rates, as PostgreSQL holds them (``shared``, storage/pg/queue_stats.py): the same on every member
     (totals up to about 2 s behind; rates the same for every member asked within one rate slot of
@@ -394,12 +394,12 @@ def queue_message_stats(q: QueueProcess, sampler: RateSampler | None, shared: Sn
 
 # -- queues -------------------------------------------------------------------------------------------------------
 
-def is_shared(q: QueueProcess) -> bool:
+def is_shared(q: Queue) -> bool:
     """Whether every member of a cluster serves the queue (a quorum queue: its messages are in PostgreSQL)."""
     return queue_type_of(q.arguments).cluster_shared
 
 
-def figures_of(q: QueueProcess, shared: Snapshot | None) -> Figures:
+def figures_of(q: Queue, shared: Snapshot | None) -> Figures:
     """The queue's figures: for a shared queue of a cluster member, as PostgreSQL counts them (``shared``,
     storage/pg/queue_figures.py: the same on every member), else the queue's own."""
     if shared is not None and is_shared(q):
@@ -408,12 +408,12 @@ def figures_of(q: QueueProcess, shared: Snapshot | None) -> Figures:
     return q.figures()
 
 
-def queue_type(q: QueueProcess) -> str:
+def queue_type(q: Queue) -> str:
     """The queue's type name as the HTTP API shows it ("classic", "quorum"; broker/queues/queue_types.py)."""
     return q.type_name
 
 
-def effective_policy_definition(q: QueueProcess) -> dict[str, Any]:
+def effective_policy_definition(q: Queue) -> dict[str, Any]:
     """The queue's policy definition with its operator policy's merged in (RabbitMQ's
     ``effective_policy_definition``): where both give a number the lower wins, else the operator policy's."""
     vh = q.vhost
@@ -428,17 +428,17 @@ def effective_policy_definition(q: QueueProcess) -> dict[str, Any]:
     return out
 
 
-# What a queue's memory estimate adds to the bytes of its ready messages in RAM (QueueProcess.ram_bytes(),
+# What a queue's memory estimate adds to the bytes of its ready messages in RAM (Queue.ram_bytes(),
 # which counts their bookkeeping too): the queue object itself, and each unacknowledged message's object and
 # status (storage/variable_queue.py's MSG_OVERHEAD + STATUS_OVERHEAD).
 QUEUE_BASE_MEMORY = 2048
 UNACKED_MESSAGE_OVERHEAD = 600
 
 
-def queue_memory(q: QueueProcess, f: Figures) -> int:
+def queue_memory(q: Queue, f: Figures) -> int:
     """An estimate of the bytes of RAM the queue holds (RabbitMQ's ``memory``, which is the queue process's
     heap): the ready messages in RAM with their bookkeeping (what the memory budget pages by,
-    ``QueueProcess.ram_bytes()``; 0 for a stream, whose log is on disk), plus the unacknowledged messages'
+    ``Queue.ram_bytes()``; 0 for a stream, whose log is on disk), plus the unacknowledged messages'
     bodies and ``UNACKED_MESSAGE_OVERHEAD`` each, plus ``QUEUE_BASE_MEMORY`` for the queue itself. Python does
     not measure a queue's objects; this is the figure paging works with, not a measurement."""
     return QUEUE_BASE_MEMORY + q.ram_bytes() + f.unacked_bytes + f.unacked * UNACKED_MESSAGE_OVERHEAD
@@ -450,7 +450,7 @@ def format_timestamp(seconds: float) -> str:
     return datetime.datetime.fromtimestamp(seconds, datetime.UTC).isoformat(timespec="milliseconds")
 
 
-def queue_info(node: Node, q: QueueProcess, sampler: RateSampler | None = None,
+def queue_info(node: Node, q: Queue, sampler: RateSampler | None = None,
                shared: Snapshot | None = None) -> dict[str, Any]:
     """``shared``: a cluster member's count of the shared queues (figures_of)."""
     f = figures_of(q, shared)
@@ -806,7 +806,7 @@ def consumer_info(node: Node, conn: Reader, ch: Channel, consumer: Consumer) -> 
     return info
 
 
-def queue_consumer_details(node: Node, q: QueueProcess) -> list[dict[str, Any]]:
+def queue_consumer_details(node: Node, q: Queue) -> list[dict[str, Any]]:
     """The consumers of one queue (RabbitMQ's ``consumer_details`` of ``GET /api/queues/{vhost}/{name}``)."""
     return [consumer_info(node, conn, ch, c) for conn, ch, c in iter_consumers(node) if c.queue is q]
 

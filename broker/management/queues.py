@@ -51,7 +51,9 @@ log = structlog.get_logger("leveret.management")
 
 if TYPE_CHECKING:
     from broker.clustering.cluster_figures import Snapshot
+    from broker.queues.queue_types import Queue
     from broker.vhost import VHost
+    from storage.backing_queue import Figures
 
 ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
 
@@ -81,7 +83,7 @@ def sort_keys(shared: Snapshot | None) -> dict[str, Any]:
     """Sort keys read straight from the queue object, so a page of 10,000 queues sorts without building
     10,000 JSON objects (broker/management/listing.py); other sort fields fall back to the full build.
     ``shared``: a cluster member's count of the shared queues (objects.py figures_of)."""
-    def figures(q: Any) -> Any:
+    def figures(q: Queue | OtherMemberQueue) -> Figures:
         return q.figures() if isinstance(q, OtherMemberQueue) else figures_of(q, shared)
 
     return {
@@ -292,7 +294,7 @@ def _message_json(msg: Any, payload: bytes, redelivered: bool, encoding: str) ->
             "payload_encoding": payload_encoding}
 
 
-def _take_messages(q: Any, count: int, truncate: int | None, encoding: str, counters: Any,
+def _take_messages(q: Queue, count: int, truncate: int | None, encoding: str, counters: Any,
                    out: list[dict[str, Any]], taken: list[int]) -> None:
     """basic.get up to ``count`` messages (without settling them): their JSON into ``out``, their seq ids
     into ``taken``."""
