@@ -195,7 +195,7 @@ class Channel:
         self.published_to: set[Queue] = set()
         self.counters = reader.node.counters
         # This channel's message_stats (RabbitMQ's names after ``msg_``), plain ints the paths below add to;
-        # the HTTP API reads them (broker/management/objects.py: channel_message_counts).
+        # the HTTP API reads them (broker/management/presenters/connections.py: channel_message_counts).
         self.msg_publish = 0
         self.msg_confirm = 0
         self.msg_return_unroutable = 0

@@ -156,7 +156,7 @@ class RemoteQueue:
         return False  # (not reached: the registry's lookup refuses another member's queue with 405)
 
     def info_items(self, node_name: str) -> dict[str, Any]:
-        return {}  # (the HTTP API shows what its owner answers: broker/management/objects.py)
+        return {}  # (the HTTP API shows what its owner answers: broker/management/presenters/cluster.py)
 
     def purge_count_wait(self, answer: Callable[[int], None]) -> bool:
         return False  # (not reached, as basic_get_wait)

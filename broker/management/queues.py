@@ -32,16 +32,10 @@ from broker.management.common import (
     visible_vhosts,
 )
 from broker.management.listing import paged
-from broker.management.objects import (
-    OtherMemberQueue,
-    binding_info,
-    cluster_view,
-    default_binding_info,
-    figures_of,
-    other_member_queue_info,
-    queue_consumer_details,
-    queue_info,
-)
+from broker.management.presenters.bindings import binding_info, default_binding_info
+from broker.management.presenters.cluster import OtherMemberQueue, cluster_view, other_member_queue_info
+from broker.management.presenters.queue_figures import figures_of
+from broker.management.presenters.queues import queue_consumer_details, queue_info
 from broker.security import permissions
 from broker.topology import answered_call
 from protocol.frames import FrameError
@@ -82,7 +76,7 @@ def properties_json(header: bytes) -> dict[str, Any]:
 def sort_keys(shared: Snapshot | None) -> dict[str, Any]:
     """Sort keys read straight from the queue object, so a page of 10,000 queues sorts without building
     10,000 JSON objects (broker/management/listing.py); other sort fields fall back to the full build.
-    ``shared``: a cluster member's count of the shared queues (objects.py figures_of)."""
+    ``shared``: a cluster member's count of the shared queues (presenters/queue_figures.py figures_of)."""
     def figures(q: Queue | OtherMemberQueue) -> Figures:
         return q.figures() if isinstance(q, OtherMemberQueue) else figures_of(q, shared)
 
