@@ -73,6 +73,7 @@ if TYPE_CHECKING:
     from broker.node import Node
     from broker.queues.queue_types import Queue
     from broker.security.auth import User
+    from broker.topology import OtherMembersQueue
     from broker.vhost import VHost
 
 log = structlog.get_logger("leveret.channel")
@@ -192,7 +193,7 @@ class Channel:
         # the user's topic-permission check of its routing keys, or None (broker/security/topic_permissions.py).
         self.publish_checks: dict[str, topic_permissions.TopicCheck | None] = {}
         # Queues this channel published to: it counts as one of their publishers while it is open.
-        self.published_to: set[Queue] = set()
+        self.published_to: set[Queue | OtherMembersQueue] = set()  # (another member's queue too)
         self.counters = reader.node.counters
         # This channel's message_stats (RabbitMQ's names after ``msg_``), plain ints the paths below add to;
         # the HTTP API reads them (broker/management/presenters/connections.py: channel_message_counts).
@@ -1000,7 +1001,7 @@ class Channel:
                 return
             self._declared(queue, owner_checks, m.nowait)
 
-    def _declared(self, queue: Any, owner_checks: list[Callable[[], None]], nowait: bool) -> None:
+    def _declared(self, queue: Queue | OtherMembersQueue, owner_checks: list[Callable[[], None]], nowait: bool) -> None:
         """The end of a queue.declare: the checks left for the owner's answer (406), then declare-ok."""
         for check in owner_checks:
             check()

@@ -46,6 +46,7 @@ log = structlog.get_logger("leveret.management")
 if TYPE_CHECKING:
     from broker.clustering.cluster_figures import Snapshot
     from broker.queues.queue_types import Queue
+    from broker.topology import OtherMembersQueue
     from broker.vhost import VHost
     from storage.backing_queue import Figures
 
@@ -160,7 +161,7 @@ async def put_queue(request: web.Request) -> web.Response:
     # answer the same way, then runs here.
     owner_checks: list[Callable[[], None]] = []
 
-    def declare() -> tuple[Any, bool]:
+    def declare() -> tuple[Queue | OtherMembersQueue, bool]:
         owner_checks.clear()
         return vh.queues.declare(name, False, durable, False, auto_delete, arguments, None, owner_checks=owner_checks)
 

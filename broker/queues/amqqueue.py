@@ -19,7 +19,7 @@ from broker.queues.queue_args import effective_settings, validate_arguments
 from broker.queues.queue_process import QueueHost, QueueOwner
 from broker.queues.queue_types import OpenStore, Queue, memory_store, queue_type_of
 from broker.resources.memory_budget import default_budget
-from broker.topology import CatchUp, Topology
+from broker.topology import CatchUp, OtherMembersQueue, Topology
 from protocol.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED
 
 if TYPE_CHECKING:
@@ -210,7 +210,7 @@ class QueueRegistry:
 
     def declare(self, name: str, passive: bool, durable: bool, exclusive: bool, auto_delete: bool,
                 arguments: dict[str, Any], reader: Reader | None, server_named: bool = False,
-                owner_checks: list[Callable[[], None]] | None = None) -> tuple[Queue, bool]:
+                owner_checks: list[Callable[[], None]] | None = None) -> tuple[Queue | OtherMembersQueue, bool]:
         """(queue, created). Applies RabbitMQ's checks in its order: reserved names, passive, equivalence.
 
         In a cluster, a name another member holds answers that member's queue, checked against what it answers
