@@ -46,7 +46,7 @@ from storage.node_storage import NODE_KIND, NodeStorage
 from storage.stream_log import StreamLog
 
 if TYPE_CHECKING:
-    from broker.queues.queue_process import QueueProcess
+    from broker.queues.queue_types import Queue
     from broker.vhost import VHost
 
 log = structlog.get_logger("leveret.persistence")
@@ -95,7 +95,7 @@ class DurableDefinitions:
     def exchange_deleted(self, vhost: str, name: str) -> None:
         self.metadata.delete("exchange", (vhost, name))
 
-    def queue_declared(self, vhost: str, q: QueueProcess) -> None:
+    def queue_declared(self, vhost: str, q: Queue) -> None:
         if q.durable and q.exclusive_owner is None:
             self.metadata.put("queue", (vhost, q.name), {
                 "auto_delete": q.auto_delete, "arguments": table_of(q.arguments)})

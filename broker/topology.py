@@ -40,15 +40,68 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
+    from broker.deduplication import DedupCache
     from broker.exchanges.exchange import Binding, Exchange
     from broker.message import Message
 
-# Another member's queue as this member sees it (broker/clustering/remote_queue.py's RemoteQueue): handed back where a
-# queue of this node would be (routing, a declare of a name another member holds). Typed by the queue seam
-# (broker/queues/queue_types.py's Queue) once RemoteQueue is declared to satisfy it; Any until then.
-OtherMembersQueue = Any
-
 T = TypeVar("T")
+
+
+class ConsumerCount(Protocol):
+    """How many consumers a queue has (what a queue.declare-ok reports)."""
+
+    @property
+    def count(self) -> int: ...
+
+
+class OtherMembersQueue(Protocol):
+    """Another member's queue as this member sees it (broker/clustering/remote_queue.py's RemoteQueue), handed
+    back where a queue of this node would be: routing and the one publish path (broker/vhost.py,
+    broker/queues/delegate.py) and a queue.declare of a name another member holds (broker/queues/amqqueue.py).
+    Narrower than the queue seam (broker/queues/queue_types.py's Queue): it is never consumed, settled,
+    counted or listed here (the registry's look-up refuses it with 405), so it offers only what those callers
+    read, and they take ``Queue | OtherMembersQueue``."""
+
+    name: str
+    durable: bool
+    exclusive: bool
+    publisher_channels: set[Any]
+    """The channels that published to it (the publish path adds them, a channel's close removes itself)."""
+    dedup: DedupCache | None
+    """None: the owner deduplicates (the publish path reads it as for every queue)."""
+
+    @property
+    def remote(self) -> bool:
+        """True: this member forwards to it (a caller that must act on a queue of its own tests this)."""
+        ...
+
+    @property
+    def consumers(self) -> ConsumerCount:
+        """Its consumers as the owner last answered (declare-ok's consumer count)."""
+        ...
+
+    def deliver_or_enqueue(self, msg: Message, persistent: bool, confirm: Any = None) -> int:
+        """Forward one published message to the owner: ACCEPTED, or CONFIRM_LATER once committed for it."""
+        ...
+
+    @property
+    def overloaded(self) -> bool:
+        """Credit flow towards the owner: whether the publisher should wait (then :meth:`throttle`)."""
+        ...
+
+    def throttle(self, reader: Any) -> None: ...
+
+    def origins_held(self, seqs: set[int]) -> set[int]:
+        """Which delayed-message dispatches it holds: none that this member could know of."""
+        ...
+
+    def message_count_wait(self, answer: Callable[[], None]) -> bool:
+        """Whether a declare-ok must wait for the owner's answer (``answer`` is called once it is in)."""
+        ...
+
+    def message_count(self) -> int:
+        """The owner's count as it last answered."""
+        ...
 
 
 class Deferred(Exception):

@@ -28,7 +28,7 @@ from broker.queues.amqqueue import Definitions, QueueRegistry
 from broker.queues.dead_letter import deaths_of, is_cycle
 from broker.queues.queue_args import effective_settings
 from broker.security import permissions, topic_permissions
-from broker.topology import LOCAL, NEVER_BEHIND, CatchUp, Topology
+from broker.topology import LOCAL, NEVER_BEHIND, CatchUp, OtherMembersQueue, Topology
 from protocol.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from broker.observability.counters import GlobalCounters
     from broker.observability.trace import Tracer
-    from broker.queues.queue_process import QueueProcess
+    from broker.queues.queue_types import Queue
     from broker.security.auth import User
 
 log = structlog.get_logger("leveret.vhost")
@@ -341,12 +341,12 @@ class VHost:
         return [b for ex in self.exchanges.values() for b in ex.bindings.values()]
 
     # -- routing ----------------------------------------------------------------------------------------
-    def route(self, exchange: Exchange, msg: Message) -> list[QueueProcess]:
+    def route(self, exchange: Exchange, msg: Message) -> list[Queue | OtherMembersQueue]:
         """The queues a message published to ``exchange`` reaches (each once)."""
         clustered = self.clustered  # (one attribute test per message on a single node, as ever)
         if exchange.name == "":
             if msg.extra_keys is None:
-                q = self.queues.get(msg.routing_key)
+                q: Queue | OtherMembersQueue | None = self.queues.get(msg.routing_key)
                 if q is None and clustered:
                     q = self.remote.queue(msg.routing_key)
                 return [q] if q is not None else []
@@ -386,7 +386,7 @@ class VHost:
         get = self._local_or_remote if clustered else self.queues.get
         return [q for q in map(get, queue_names) if q is not None]
 
-    def _local_or_remote(self, name: str) -> Any:
+    def _local_or_remote(self, name: str) -> Queue | OtherMembersQueue | None:
         """A cluster member's routing: this node's queue of that name, else another member's."""
         q = self.queues.get(name)
         return q if q is not None else self.remote.queue(name)
@@ -424,7 +424,7 @@ class VHost:
                 if self.replies is not None and self.replies.deliver_reply(msg):
                     result = ROUTED
             elif msg.extra_keys is None:
-                q = self.queues.get(key)
+                q: Queue | OtherMembersQueue | None = self.queues.get(key)
                 if q is None and self.clustered:
                     q = self.remote.queue(key)  # another cluster member's (broker/clustering/remote_queue.py)
                     if q is None:

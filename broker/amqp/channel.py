@@ -71,8 +71,9 @@ from protocol.methods import method_frame
 if TYPE_CHECKING:
     from broker.config import Settings
     from broker.node import Node
-    from broker.queues.queue_process import QueueProcess
+    from broker.queues.queue_types import Queue
     from broker.security.auth import User
+    from broker.topology import OtherMembersQueue
     from broker.vhost import VHost
 
 log = structlog.get_logger("leveret.channel")
@@ -166,7 +167,7 @@ class Channel:
         self._commit_outbox: list[bytes] = []
         # Deliveries awaiting ack: delivery tag → (queue, seq_id, consumer or None for basic.get).
         self.next_delivery_tag = 1
-        self.unacked: dict[int, tuple[QueueProcess, int, Consumer | None]] = {}
+        self.unacked: dict[int, tuple[Queue, int, Consumer | None]] = {}
         self.consumer_unacked = 0
         self.consumers: dict[str, Consumer] = {}
         self.prefetch_count = 0  # for consumers created from now on (basic.qos global=false)
@@ -192,10 +193,10 @@ class Channel:
         # the user's topic-permission check of its routing keys, or None (broker/security/topic_permissions.py).
         self.publish_checks: dict[str, topic_permissions.TopicCheck | None] = {}
         # Queues this channel published to: it counts as one of their publishers while it is open.
-        self.published_to: set[QueueProcess] = set()
+        self.published_to: set[Queue | OtherMembersQueue] = set()  # (another member's queue too)
         self.counters = reader.node.counters
         # This channel's message_stats (RabbitMQ's names after ``msg_``), plain ints the paths below add to;
-        # the HTTP API reads them (broker/management/objects.py: channel_message_counts).
+        # the HTTP API reads them (broker/management/presenters/connections.py: channel_message_counts).
         self.msg_publish = 0
         self.msg_confirm = 0
         self.msg_return_unroutable = 0
@@ -570,14 +571,14 @@ class Channel:
     def can_deliver_no_ack(self) -> bool:
         return not self.closing and self.reader.writable
 
-    def deliver(self, consumer: Consumer, queue: QueueProcess, seq_id: int, msg: Message,
+    def deliver(self, consumer: Consumer, queue: Queue, seq_id: int, msg: Message,
                 redelivered: bool) -> None:
         self.deliver_parts(consumer, queue, seq_id, msg.names_raw, msg.header, msg.body, redelivered)
         tracer = self.vhost.tracing
         if tracer is not None:
             tracer.delivered(queue.name, msg, redelivered, self)  # the firehose (broker/observability/trace.py)
 
-    def deliver_parts(self, consumer: Consumer, queue: QueueProcess, seq_id: int, names_raw: bytes, header: bytes,
+    def deliver_parts(self, consumer: Consumer, queue: Queue, seq_id: int, names_raw: bytes, header: bytes,
                       body: bytes, redelivered: bool) -> None:
         """:meth:`deliver` from the three parts that go on the wire, for a queue that keeps a message as bytes
         (a stream: no Message is built per delivery). The firehose is the caller's to tell."""
@@ -654,7 +655,7 @@ class Channel:
                     self.send(spec.Basic.Cancel, consumer_tag=consumer.tag, nowait=True)
 
     # -- acknowledgements ------------------------------------------------------------------------------
-    def _collect(self, tag: int, multiple: bool) -> list[tuple[int, tuple[QueueProcess, int, Consumer | None]]]:
+    def _collect(self, tag: int, multiple: bool) -> list[tuple[int, tuple[Queue, int, Consumer | None]]]:
         """Take the deliveries an ack/nack/reject names out of ``unacked``: (tag, delivery) pairs.
         ``multiple`` with tag 0 means every outstanding delivery; an unknown tag is a 406."""
         unacked = self.unacked
@@ -676,9 +677,9 @@ class Channel:
             raise AMQPError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
         return [(tag, entry)]
 
-    def _settle(self, pairs: list[tuple[int, tuple[QueueProcess, int, Consumer | None]]], action: str) -> None:
+    def _settle(self, pairs: list[tuple[int, tuple[Queue, int, Consumer | None]]], action: str) -> None:
         """Ack, requeue or discard collected deliveries, one call per queue, then let queues deliver more."""
-        by_queue: dict[QueueProcess, list[int]] = {}
+        by_queue: dict[Queue, list[int]] = {}
         for _tag, (queue, seq_id, consumer) in pairs:
             if consumer is not None:
                 consumer.unacked -= 1
@@ -1000,7 +1001,7 @@ class Channel:
                 return
             self._declared(queue, owner_checks, m.nowait)
 
-    def _declared(self, queue: Any, owner_checks: list[Callable[[], None]], nowait: bool) -> None:
+    def _declared(self, queue: Queue | OtherMembersQueue, owner_checks: list[Callable[[], None]], nowait: bool) -> None:
         """The end of a queue.declare: the checks left for the owner's answer (406), then declare-ok."""
         for check in owner_checks:
             check()

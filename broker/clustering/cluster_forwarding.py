@@ -85,7 +85,6 @@ import binascii
 import json
 import time
 from collections.abc import Awaitable, Callable
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
@@ -97,8 +96,9 @@ from broker.message import Message
 from broker.persistence import binding_args_hash, table_of, untable
 from broker.publish import PENDING, REPLY_TO_PREFIX
 from broker.queues import delegate
+from broker.queues.amqqueue import DeclaredElsewhere
 from broker.queues.message_codec import decode_message, encode_message
-from broker.queues.queue_types import queue_type_of
+from broker.queues.queue_types import Queue, queue_type_of
 from broker.topology import Answers, Deferred, current_answers
 from protocol.constants import INTERNAL_ERROR, PRECONDITION_FAILED
 from storage.metadata_store import MetadataWriteError
@@ -403,10 +403,8 @@ class VHostLink(RemoteRoutes):
             log.info("queue declared as another member's without its equivalence checked (the member did not "
                      "answer)", vhost=self.vhost, queue=q.name, member=q.node)
             return
-        theirs = SimpleNamespace(name=q.name, durable=q.queue_durable, auto_delete=bool(info.get("auto_delete")),
-                                 exclusive_owner=None, arguments=_args_of(info["args"]))
-        self.vh.queues._assert_equivalence(theirs, durable, exclusive, theirs.auto_delete,  # type: ignore[arg-type]
-                                           arguments)
+        theirs = DeclaredElsewhere(q.name, q.queue_durable, bool(info.get("auto_delete")), _args_of(info["args"]))
+        self.vh.queues.assert_equivalence(theirs, durable, exclusive, theirs.auto_delete, arguments)
 
     def queue_gone(self, q: Any) -> None:
         if not q.remote and not queue_type_of(q.arguments).cluster_shared:
@@ -879,7 +877,7 @@ def _row_of(q: RemoteQueue, rows: list[Any] | None) -> dict[str, Any] | None:
     return None
 
 
-def queue_answer(q: Any, rates_of: Callable[[Any], dict[str, float]] | None = None) -> dict[str, Any]:
+def queue_answer(q: Queue, rates_of: Callable[[Queue], dict[str, float]] | None = None) -> dict[str, Any]:
     """One of this member's queues as it answers another member's question (figures, flags, arguments, its
     message counters, and their rates and its counts' as ``rates_of`` (the node's rate sampler) has them), so
     that the asker shows what this member shows."""

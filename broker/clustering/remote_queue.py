@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import structlog
 
@@ -42,6 +42,11 @@ from broker.message import Message
 from broker.queues.queue_info import CLASSIC, QueueCapabilities
 from broker.queues.queue_process import ACCEPTED, CONFIRM_LATER
 from protocol.constants import RESOURCE_LOCKED
+
+if TYPE_CHECKING:
+    from broker.deduplication import DedupCache
+    from broker.queues.queue_types import Queue
+    from broker.topology import OtherMembersQueue
 
 log = structlog.get_logger("leveret.cluster")
 
@@ -74,12 +79,13 @@ INFO_MAX_AGE = 0.25  # seconds an answer of the owner (or its silence) serves ag
 
 
 class RemoteQueue:
-    """A queue of another member (see the module docstring)."""
+    """A queue of another member (see the module docstring): broker/topology.py's ``OtherMembersQueue``, what
+    routing, the publish path and a queue.declare use of it (mypy checks it where the topology hands it out)."""
 
     remote: ClassVar[bool] = True
     capabilities: ClassVar[QueueCapabilities] = CLASSIC  # (as a node-local queue of its owner is classic)
     type_name: ClassVar[str] = "classic"
-    dedup = None
+    dedup: DedupCache | None = None  # (the owner deduplicates)
     exclusive_owner = None
     auto_delete = False
     consumers: Any = _NoConsumers()
@@ -156,7 +162,7 @@ class RemoteQueue:
         return False  # (not reached: the registry's lookup refuses another member's queue with 405)
 
     def info_items(self, node_name: str) -> dict[str, Any]:
-        return {}  # (the HTTP API shows what its owner answers: broker/management/objects.py)
+        return {}  # (the HTTP API shows what its owner answers: broker/management/presenters/cluster.py)
 
     def purge_count_wait(self, answer: Callable[[int], None]) -> bool:
         return False  # (not reached, as basic_get_wait)
@@ -248,7 +254,7 @@ class RemoteRoutes:
         return shadow is not None and Binding(source, queue, QUEUE, routing_key, arguments).key in shadow.bindings
 
 
-async def answered(queue: Any) -> None:
+async def answered(queue: Queue | OtherMembersQueue) -> None:
     """Until ``queue``'s message count (and a RemoteQueue's owner's answer) may be read without blocking, with
     the event loop free meanwhile: ``message_count_wait`` as a coroutine, for callers that can await (the HTTP
     API's declare, a definitions import). At once for a queue that has them at hand."""

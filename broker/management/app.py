@@ -45,7 +45,8 @@ from broker.management import (
     vhosts,
 )
 from broker.management.common import amqp_error, not_authorised, unauthenticated
-from broker.management.objects import RateSampler
+from broker.management.presenters.rates import RateSampler
+from broker.management.presenters.sampling import sample
 from broker.management.request_bodies import PUBLIC_BODY_LIMIT, allow_body
 from broker.management.sessions import SessionTable
 from storage.metadata_store import MetadataWriteError
@@ -145,7 +146,7 @@ async def _sample_rates(app: web.Application) -> Any:
             try:
                 # A cluster member samples the shared queues' figures as PostgreSQL counts them (the API's).
                 shared = await node.cluster.shared_figures() if node.cluster is not None else None
-                sampler.sample(node, shared)
+                sample(sampler, node, shared)
             except asyncio.CancelledError:
                 raise
             except Exception:

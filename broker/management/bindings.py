@@ -20,14 +20,14 @@ from broker.management.common import (
     vhost_for_write,
     visible_vhosts,
 )
-from broker.management.objects import (
+from broker.management.presenters.bindings import (
     binding_info,
     default_binding_info,
     kind_of,
-    lookup_exchange,
     properties_key,
     vhost_bindings,
 )
+from broker.management.presenters.exchanges import lookup_exchange
 from broker.security import permissions, topic_permissions
 from broker.topology import answered_call
 

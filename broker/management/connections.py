@@ -17,7 +17,7 @@ from broker.management.common import (
     user_of,
     vhost_for,
 )
-from broker.management.objects import (
+from broker.management.presenters.connections import (
     channel_info,
     channel_name,
     connection_info,

@@ -38,7 +38,8 @@ from aiohttp import web
 
 from broker.exchanges.delayed_exchange import FLAG_PERSISTENT, DelayedExchange
 from broker.management.common import bad_request, not_found, respond, user_of, vhost_for_write
-from broker.management.objects import iso_ms, lookup_exchange
+from broker.management.presenters.exchanges import lookup_exchange
+from broker.management.presenters.times import iso_ms
 from broker.management.queues import properties_json
 from broker.security import permissions
 from broker.vhost import VHost

@@ -30,13 +30,8 @@ from broker.management.common import (
     vhost_for_write,
     visible_vhosts,
 )
-from broker.management.objects import (
-    all_exchanges,
-    binding_info,
-    default_binding_info,
-    exchange_info,
-    lookup_exchange,
-)
+from broker.management.presenters.bindings import binding_info, default_binding_info
+from broker.management.presenters.exchanges import all_exchanges, exchange_info, lookup_exchange
 from broker.message import Message
 from broker.publish import PENDING, REFUSED, ROUTED
 from broker.security import permissions

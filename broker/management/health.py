@@ -3,7 +3,7 @@ answers: 200 ``{"status":"ok"}``, or 503 ``{"status":"failed","reason":...}``.""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -12,6 +12,10 @@ from broker.management.exchanges import make_message
 from broker.publish import ROUTED
 from broker.resources.os_probes import total_memory
 from broker.topology import answered_call
+
+if TYPE_CHECKING:
+    from broker.queues.queue_types import Queue
+    from broker.vhost import VHost
 
 ALIVENESS_QUEUE = "aliveness-test"
 # RabbitMQ's aliases in protocol-listener checks (rabbit_mgmt_wm_health_check_protocol_listener's
@@ -73,19 +77,25 @@ async def in_service(request: web.Request) -> web.Response:
     return ok()
 
 
+async def _declare_own(vh: VHost, name: str) -> Queue | None:
+    """Declare the non-durable queue ``name`` and answer it if it is this member's; None if another cluster
+    member holds the name (a name is one queue cluster-wide). A cluster member's claim of the name in the
+    directory is awaited (broker/topology.py answered_call)."""
+    queue, _created = await answered_call(lambda: vh.queues.declare(name, False, False, False, False, {}, None))
+    return None if queue.remote else vh.queues.get(name)
+
+
 async def aliveness_test(request: web.Request) -> web.Response:
     """Declare ``aliveness-test``, publish a message to it through the default exchange and get it back. On a
     cluster member whose vhost's ``aliveness-test`` another member holds (a name is one queue cluster-wide),
     the test runs on this member's own ``aliveness-test.<node name>``."""
     vh = vhost_for_write(request)
     name = ALIVENESS_QUEUE
-    # (A cluster member's claim of the name in the directory is awaited: broker/topology.py answered_call.)
-    queue, _created = await answered_call(lambda: vh.queues.declare(ALIVENESS_QUEUE, False, False, False, False, {},
-                                                                    None))
-    if queue.remote:
+    queue = await _declare_own(vh, name)
+    if queue is None:
         name = f"{ALIVENESS_QUEUE}.{node_of(request).name}"
-        queue, _created = await answered_call(lambda: vh.queues.declare(name, False, False, False, False, {}, None))
-        if queue.remote:
+        queue = await _declare_own(vh, name)
+        if queue is None:
             return failed(f"queue '{name}' is held by another cluster member")
     queue.purge()
     msg = make_message("", name, b"test_message", {})

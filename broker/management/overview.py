@@ -30,16 +30,11 @@ from broker.management.common import (
     user_of,
     visible_vhosts,
 )
-from broker.management.objects import (
-    churn_counts,
-    cluster_view,
-    iter_channels,
-    iter_consumers,
-    overview_message_stats,
-    vhost_message_rates,
-    vhost_message_totals,
-    with_details,
-)
+from broker.management.presenters.cluster import cluster_view
+from broker.management.presenters.connections import iter_channels, iter_consumers
+from broker.management.presenters.overview import churn_counts, overview_message_stats
+from broker.management.presenters.rates import with_details
+from broker.management.presenters.vhosts import vhost_message_rates, vhost_message_totals
 from broker.resources.os_probes import disk_free, open_fds, resident_memory
 
 if TYPE_CHECKING:
@@ -59,7 +54,7 @@ async def get_overview(request: web.Request) -> web.Response:
     all_visible = sees_all(user)
     totals = {"messages": 0, "messages_ready": 0, "messages_unacknowledged": 0}
     rates = dict.fromkeys(totals, 0.0)
-    view = await cluster_view(node)  # a cluster member's totals and rates: the cluster's (objects.py)
+    view = await cluster_view(node)  # a cluster member's totals and rates: the cluster's (presenters/cluster.py)
     for vh in vhs:
         for name, value in vhost_message_totals(vh, view).items():
             totals[name] += value

@@ -32,16 +32,10 @@ from broker.management.common import (
     visible_vhosts,
 )
 from broker.management.listing import paged
-from broker.management.objects import (
-    OtherMemberQueue,
-    binding_info,
-    cluster_view,
-    default_binding_info,
-    figures_of,
-    other_member_queue_info,
-    queue_consumer_details,
-    queue_info,
-)
+from broker.management.presenters.bindings import binding_info, default_binding_info
+from broker.management.presenters.cluster import OtherMemberQueue, cluster_view, other_member_queue_info
+from broker.management.presenters.queue_figures import figures_of
+from broker.management.presenters.queues import queue_consumer_details, queue_info
 from broker.security import permissions
 from broker.topology import answered_call
 from protocol.frames import FrameError
@@ -51,7 +45,10 @@ log = structlog.get_logger("leveret.management")
 
 if TYPE_CHECKING:
     from broker.clustering.cluster_figures import Snapshot
+    from broker.queues.queue_types import Queue
+    from broker.topology import OtherMembersQueue
     from broker.vhost import VHost
+    from storage.backing_queue import Figures
 
 ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
 
@@ -80,8 +77,8 @@ def properties_json(header: bytes) -> dict[str, Any]:
 def sort_keys(shared: Snapshot | None) -> dict[str, Any]:
     """Sort keys read straight from the queue object, so a page of 10,000 queues sorts without building
     10,000 JSON objects (broker/management/listing.py); other sort fields fall back to the full build.
-    ``shared``: a cluster member's count of the shared queues (objects.py figures_of)."""
-    def figures(q: Any) -> Any:
+    ``shared``: a cluster member's count of the shared queues (presenters/queue_figures.py figures_of)."""
+    def figures(q: Queue | OtherMemberQueue) -> Figures:
         return q.figures() if isinstance(q, OtherMemberQueue) else figures_of(q, shared)
 
     return {
@@ -164,7 +161,7 @@ async def put_queue(request: web.Request) -> web.Response:
     # answer the same way, then runs here.
     owner_checks: list[Callable[[], None]] = []
 
-    def declare() -> tuple[Any, bool]:
+    def declare() -> tuple[Queue | OtherMembersQueue, bool]:
         owner_checks.clear()
         return vh.queues.declare(name, False, durable, False, auto_delete, arguments, None, owner_checks=owner_checks)
 
@@ -292,7 +289,7 @@ def _message_json(msg: Any, payload: bytes, redelivered: bool, encoding: str) ->
             "payload_encoding": payload_encoding}
 
 
-def _take_messages(q: Any, count: int, truncate: int | None, encoding: str, counters: Any,
+def _take_messages(q: Queue, count: int, truncate: int | None, encoding: str, counters: Any,
                    out: list[dict[str, Any]], taken: list[int]) -> None:
     """basic.get up to ``count`` messages (without settling them): their JSON into ``out``, their seq ids
     into ``taken``."""

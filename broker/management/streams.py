@@ -47,12 +47,12 @@ from broker.management.common import (
     vhost_for_write,
     visible_vhosts,
 )
-from broker.queues.stream_queue import StreamQueue
+from broker.queues.queue_info import ConsumerGroups
 from broker.security import permissions
 from broker.vhost import VHost
 
 
-def _rows(q: StreamQueue) -> Iterator[dict[str, Any]]:
+def _rows(q: ConsumerGroups) -> Iterator[dict[str, Any]]:
     members = q.group_consumers()
     for name, group in sorted(q.groups().items()):
         yield q.group_info(name, group, members)
@@ -61,14 +61,16 @@ def _rows(q: StreamQueue) -> Iterator[dict[str, Any]]:
 async def list_stream_groups(request: web.Request) -> web.Response:
     vhs = [vhost_for(request)] if "vhost" in request.match_info else visible_vhosts(request)
     return respond_list(request, (row for vh in vhs for q in sorted(vh.queues, key=lambda q: q.name)
-                                  if isinstance(q, StreamQueue) for row in _rows(q)))
+                                  if (groups := q.consumer_groups()) is not None for row in _rows(groups)))
 
 
-def _stream(vh: VHost, name: str) -> StreamQueue:
+def _stream(vh: VHost, name: str) -> ConsumerGroups:
+    """The consumer groups of the stream ``name`` (the queue's declared ``consumer_groups``), or 404."""
     q = vh.queues.get(name)
-    if not isinstance(q, StreamQueue):
+    groups = q.consumer_groups() if q is not None else None
+    if groups is None:
         raise not_found(f"no stream queue '{name}' in vhost '{vh.name}'")
-    return q
+    return groups
 
 
 async def stream_groups(request: web.Request) -> web.Response:
@@ -76,19 +78,21 @@ async def stream_groups(request: web.Request) -> web.Response:
 
 
 async def stream_group(request: web.Request) -> web.Response:
-    q = _stream(vhost_for(request), request.match_info["stream"])
+    stream = request.match_info["stream"]
+    q = _stream(vhost_for(request), stream)
     name = request.match_info["group"]
     group = q.groups().get(name)
     if group is None:
-        raise not_found(f"no consumer group '{name}' on stream '{q.name}'")
+        raise not_found(f"no consumer group '{name}' on stream '{stream}'")
     return respond(q.group_info(name, group))
 
 
 async def commit_stream_group(request: web.Request) -> web.Response:
     vh = vhost_for_write(request)
-    q = _stream(vh, request.match_info["stream"])
+    stream = request.match_info["stream"]
+    q = _stream(vh, stream)
     try:
-        permissions.queue_read(user_of(request), vh.name, q.name)
+        permissions.queue_read(user_of(request), vh.name, stream)
     except AMQPError as exc:
         raise amqp_error(exc) from None
     offset = (await body_of(request)).get("committed_offset")

@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from broker.management.common import MONITOR_TAGS, node_of, not_found, require_tags, respond
-from broker.management.objects import format_timestamp
+from broker.management.presenters.times import format_timestamp
 
 PICTURE = "traffic.png"
 BATCHES = "_batches.jsonl"

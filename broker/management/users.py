@@ -21,7 +21,7 @@ from broker.management.common import (
     respond,
     respond_list,
 )
-from broker.management.objects import permission_info, user_info
+from broker.management.presenters.users import permission_info, user_info
 from broker.security import topic_permissions
 from broker.security.auth import HASHING_ALGORITHMS, SHA256, User, hash_password, valid_password_hash
 

@@ -20,7 +20,9 @@ from broker.management.common import (
     vhost_for,
     visible_vhosts,
 )
-from broker.management.objects import cluster_view, permission_info, vhost_info
+from broker.management.presenters.cluster import cluster_view
+from broker.management.presenters.users import permission_info
+from broker.management.presenters.vhosts import vhost_info
 from broker.observability.trace import start as start_tracing
 from broker.observability.trace import stop as stop_tracing
 
@@ -29,7 +31,7 @@ QUEUE_TYPES = ("classic", "quorum", "stream")
 
 async def list_vhosts(request: web.Request) -> web.Response:
     node, sampler = node_of(request), request.app["sampler"]
-    view = await cluster_view(node)  # a cluster member's totals: the cluster's (objects.py)
+    view = await cluster_view(node)  # a cluster member's totals: the cluster's (presenters/cluster.py)
     return respond_list(request, (vhost_info(node, vh, sampler, view) for vh in sorted(visible_vhosts(request),
                                                                                        key=lambda v: v.name)))
 

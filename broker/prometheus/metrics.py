@@ -2,7 +2,7 @@
 Grafana dashboards and alerts work, plus Leveret's own under ``leveret_``.
 
 The hot path only adds to plain integers (``node.counters``, a broker/observability/counters.py record, and
-``QueueProcess.stats``); this collector reads them, and the OS probes of broker/resources/os_probes.py, when
+``Queue.stats``); this collector reads them, and the OS probes of broker/resources/os_probes.py, when
 Prometheus scrapes. Nothing here runs per message. It sits at the top of the broker's layers, beside the
 HTTP API: it reads the node and nothing below imports it.
 
@@ -71,7 +71,6 @@ if TYPE_CHECKING:
     from broker.amqp.channel import Channel
     from broker.clustering.cluster_figures import Snapshot
     from broker.node import Node
-    from broker.queues.queue_process import QueueProcess
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PROTOCOL = "amqp091"
@@ -193,7 +192,7 @@ def stream_values(items: dict[str, Any]) -> dict[str, int]:
     }
 
 
-def shared_figures_of(q: QueueProcess, shared: Snapshot | None) -> Figures:
+def shared_figures_of(q: Queue, shared: Snapshot | None) -> Figures:
     """A cluster member's figures of a shared (quorum) queue as PostgreSQL counts them (``shared``:
     storage/pg/queue_figures.py, the same on every member); any other queue's own figures."""
     if shared is not None and queue_type_of(q.arguments).cluster_shared:
@@ -202,10 +201,10 @@ def shared_figures_of(q: QueueProcess, shared: Snapshot | None) -> Figures:
     return q.figures()
 
 
-def queue_counters(q: QueueProcess, shared: Snapshot | None) -> tuple[int, int, int, int, int]:
+def queue_counters(q: Queue, shared: Snapshot | None) -> tuple[int, int, int, int, int]:
     """(published, delivered, redelivered, acked, get) of a queue: on a cluster member, a shared queue's are
     every member's summed as PostgreSQL holds them (storage/pg/queue_stats.py: the same on every member, up
-    to about 2 s behind, never going down); any other queue's are its own (``QueueProcess.stats``)."""
+    to about 2 s behind, never going down); any other queue's are its own (``Queue.stats``)."""
     if shared is not None and queue_type_of(q.arguments).cluster_shared:
         c = shared.activity(q.vhost.name, q.name).counts
         return c["publish"], c["deliver"], c["redeliver"], c["ack"], c["get"]
@@ -217,7 +216,7 @@ def queue_counters(q: QueueProcess, shared: Snapshot | None) -> tuple[int, int, 
 MEMBER_LOCAL_GAUGES = frozenset({"rabbitmq_queue_consumers", "leveret_queue_publishers"})
 
 
-def reports_queue(q: QueueProcess, shared: Snapshot | None, member: str) -> bool:
+def reports_queue(q: Queue, shared: Snapshot | None, member: str) -> bool:
     """Whether this member reports the queue's messages and counters to Prometheus: always for its own
     queues; for a shared (quorum) queue, which every member serves with the same cluster-wide figures, only
     on the member :meth:`Snapshot.reporter` picks (RabbitMQ reports a quorum queue on its leader's node), so
@@ -229,10 +228,10 @@ def reports_queue(q: QueueProcess, shared: Snapshot | None, member: str) -> bool
     return shared.leader(q.vhost.name, q.name, member) == member
 
 
-def queue_values(q: QueueProcess, shared: Snapshot | None = None) -> dict[str, int]:
-    """Every per-queue metric of one queue process, by name: its figures (``QueueProcess.figures``, read
+def queue_values(q: Queue, shared: Snapshot | None = None) -> dict[str, int]:
+    """Every per-queue metric of one queue process, by name: its figures (``Queue.figures``, read
     now; a shared queue's from ``shared`` on a cluster member), consumers and publishers, and its counters
-    (``QueueProcess.stats``; a shared queue's summed over the members: queue_counters)."""
+    (``Queue.stats``; a shared queue's summed over the members: queue_counters)."""
     f = shared_figures_of(q, shared)
     published, delivered, redelivered, acked, get = queue_counters(q, shared)
     return {
@@ -253,7 +252,7 @@ def queue_values(q: QueueProcess, shared: Snapshot | None = None) -> dict[str, i
     }
 
 
-def raft_figures(q: QueueProcess) -> RaftFigures:
+def raft_figures(q: Queue) -> RaftFigures:
     """What broker/prometheus/metrics_runtime.py's Raft families are made of, for one quorum queue, read now."""
     s = q.stats
     return RaftFigures(q.vhost.name, q.name, s.published, s.acked, q.awaiting_confirm(), q.figures().messages)
@@ -401,7 +400,7 @@ class RabbitCollector:
         hist.add_metric([PROTOCOL], cumulative, sizes.sum)
         yield hist
 
-    def _queues(self, queues: list[QueueProcess]) -> Iterable[Metric]:
+    def _queues(self, queues: list[Queue]) -> Iterable[Metric]:
         labels = ["vhost", "queue"] if self.per_object else []
         gauges = [GaugeMetricFamily(name, help_, labels=labels) for name, help_ in QUEUE_GAUGES]
         counters = [CounterMetricFamily(name[: -len("_total")], help_, labels=labels)

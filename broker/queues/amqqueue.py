@@ -9,17 +9,17 @@ from __future__ import annotations
 import base64
 import os
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from broker.deduplication import open_cache, queue_settings
 from broker.errors import AMQPError
 from broker.exchanges.exchange import DurableStore
 from broker.policies import limits
 from broker.queues.queue_args import effective_settings, validate_arguments
-from broker.queues.queue_process import QueueHost, QueueOwner, QueueProcess
-from broker.queues.queue_types import OpenStore, memory_store, queue_type_of
+from broker.queues.queue_process import QueueHost, QueueOwner
+from broker.queues.queue_types import OpenStore, Queue, memory_store, queue_type_of
 from broker.resources.memory_budget import default_budget
-from broker.topology import CatchUp, Topology
+from broker.topology import CatchUp, OtherMembersQueue, Topology
 from protocol.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class Definitions(DurableStore, Protocol):
     """Where the registry writes a durable queue's definition (broker/persistence.py's DurableDefinitions;
     broker/vhost.py's VHostDefinitions adds what the vhost writes). Raises if it cannot, and nothing changes."""
 
-    def queue_declared(self, vhost: str, q: QueueProcess) -> None: ...
+    def queue_declared(self, vhost: str, q: Queue) -> None: ...
 
     def queue_deleted(self, vhost: str, name: str) -> None: ...
 
@@ -54,6 +54,38 @@ class VHost(QueueHost, Protocol):
     def policies_for_queue(self, name: str, queue_type: str = ...) -> tuple[Policy | None, Policy | None]: ...
 
     def remove_bindings_to_queue(self, queue_name: str) -> None: ...
+
+class Declared(Protocol):
+    """What a redeclare is compared with (RabbitMQ's ``assert_equivalence``): a queue of this node (a
+    :class:`Queue`), or another cluster member's as its owner answered (:class:`DeclaredElsewhere`, made by
+    broker/clustering/cluster_forwarding.py)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def durable(self) -> bool: ...
+
+    @property
+    def auto_delete(self) -> bool: ...
+
+    @property
+    def exclusive_owner(self) -> QueueOwner | None: ...
+
+    @property
+    def arguments(self) -> dict[str, Any]: ...
+
+
+class DeclaredElsewhere(NamedTuple):
+    """A queue as another cluster member answered for it: compared with a declare made here
+    (:meth:`QueueRegistry.assert_equivalence`); never exclusive (an exclusive queue is refused before)."""
+
+    name: str
+    durable: bool
+    auto_delete: bool
+    arguments: dict[str, Any]
+    exclusive_owner: QueueOwner | None = None
+
 
 # The queue arguments RabbitMQ compares on redeclare (rabbit_amqqueue's declare_args, and the stream's
 # retention and segment size); others are stored but not compared.
@@ -127,7 +159,7 @@ def _arg_value(arguments: dict[str, Any], key: str) -> Any:
 class QueueRegistry:
     def __init__(self, vhost: VHost, make_backing_queue: OpenStore | None = None) -> None:
         self.vhost = vhost
-        self._queues: dict[str, QueueProcess] = {}
+        self._queues: dict[str, Queue] = {}
         # Opens a queue's store: (name, durable, priority=None, on_confirm=None) → BackingQueue (queue_types
         # OpenStore). In memory until the node's storage is open (broker/persistence.py BackingQueueFactory).
         self.backing_queue_factory: OpenStore = make_backing_queue or memory_store
@@ -138,16 +170,15 @@ class QueueRegistry:
     def __len__(self) -> int:
         return len(self._queues)
 
-    def __iter__(self) -> Iterator[Any]:
-        """Every queue of the vhost, of whatever type (a snapshot: the caller may declare or delete meanwhile).
-        Any, not QueueProcess: the registry holds every type's queue (queue_types.Queue); typing it so is the
-        registry's retyping to that protocol, which its readers (management, metrics) must follow first."""
+    def __iter__(self) -> Iterator[Queue]:
+        """Every queue of the vhost, of whatever type (a snapshot: the caller may declare or delete meanwhile),
+        as the queue seam (broker/queues/queue_types.py's Queue): readers ask it, never its class."""
         return iter(list(self._queues.values()))
 
-    def get(self, name: str) -> QueueProcess | None:
+    def get(self, name: str) -> Queue | None:
         return self._queues.get(name)
 
-    def lookup(self, name: str, reader: Reader | None = None) -> QueueProcess:
+    def lookup(self, name: str, reader: Reader | None = None) -> Queue:
         """The queue, or 404; with ``reader``, 405 if another connection owns it exclusively."""
         q = self._queues.get(name)
         if q is None and self.vhost.catch_up.now():
@@ -159,7 +190,7 @@ class QueueRegistry:
             self.check_exclusive_access(q, reader)
         return q
 
-    def check_exclusive_access(self, q: QueueProcess, reader: Reader | None, strict: bool = False) -> None:
+    def check_exclusive_access(self, q: Queue, reader: Reader | None, strict: bool = False) -> None:
         """405 unless ``reader`` may use the queue: it is not exclusive, or ``reader`` owns it.
 
         ``strict`` is RabbitMQ's check on a redeclare (``assert_equivalence``), where the exclusive flag
@@ -179,7 +210,7 @@ class QueueRegistry:
 
     def declare(self, name: str, passive: bool, durable: bool, exclusive: bool, auto_delete: bool,
                 arguments: dict[str, Any], reader: Reader | None, server_named: bool = False,
-                owner_checks: list[Callable[[], None]] | None = None) -> tuple[QueueProcess, bool]:
+                owner_checks: list[Callable[[], None]] | None = None) -> tuple[Queue | OtherMembersQueue, bool]:
         """(queue, created). Applies RabbitMQ's checks in its order: reserved names, passive, equivalence.
 
         In a cluster, a name another member holds answers that member's queue, checked against what it answers
@@ -209,7 +240,7 @@ class QueueRegistry:
             existing = self._queues.get(name)
         if existing is not None:
             self.check_exclusive_access(existing, reader if exclusive else None, strict=True)
-            self._assert_equivalence(existing, durable, exclusive, auto_delete, arguments)
+            self.assert_equivalence(existing, durable, exclusive, auto_delete, arguments)
             existing.reset_expiry_timer()  # a redeclare renews an x-expires lease
             return existing, False
         limits.check_queue_limit(self.vhost, name, len(self._queues))
@@ -251,13 +282,13 @@ class QueueRegistry:
             return arguments
         return {**arguments, "x-queue-type": dqt}
 
-    def restore(self, name: str, auto_delete: bool, arguments: dict[str, Any]) -> QueueProcess:
+    def restore(self, name: str, auto_delete: bool, arguments: dict[str, Any]) -> Queue:
         """Recovery: a durable queue as it was declared; its backing queue brings its messages back (and its
         deduplication cache what it had admitted)."""
         return self._create(name, True, None, auto_delete, arguments, recovered=True)
 
     def _create(self, name: str, durable: bool, owner: Reader | None, auto_delete: bool,
-                arguments: dict[str, Any], recovered: bool = False) -> QueueProcess:
+                arguments: dict[str, Any], recovered: bool = False) -> Queue:
         qtype = queue_type_of(arguments)
         settings = effective_settings(arguments, *self.vhost.policies_for_queue(name, qtype.name))
         open_store = self.shared_store if qtype.cluster_shared and self.shared_store is not None \
@@ -269,11 +300,13 @@ class QueueRegistry:
             q.dedup = open_cache(dedup, self.vhost.clock, storage, "queue", self.vhost.name, name,
                                  durable=durable, recovered=recovered)
         q.set_ram_budget(default_budget(q))
-        self._queues[name] = q  # type: ignore[assignment]  # every queue type's queue is a Queue
-        return q  # type: ignore[return-value]
+        self._queues[name] = q
+        return q
 
-    def _assert_equivalence(self, q: QueueProcess, durable: bool, exclusive: bool, auto_delete: bool,
-                            arguments: dict[str, Any]) -> None:
+    def assert_equivalence(self, q: Declared, durable: bool, exclusive: bool, auto_delete: bool,
+                           arguments: dict[str, Any]) -> None:
+        """406 unless a redeclare with these properties and arguments is equivalent to ``q`` as declared
+        (RabbitMQ's ``rabbit_amqqueue:assert_equivalence``: durable, auto-delete, :data:`EQUIVALENCE_ARGS`)."""
         where = f"for queue '{q.name}' in vhost '{self.vhost.name}'"
         if q.exclusive_owner is None and q.durable != durable:
             raise AMQPError(PRECONDITION_FAILED, f"inequivalent arg 'durable' {where}: received "
@@ -286,7 +319,7 @@ class QueueRegistry:
             if new != old:
                 raise _inequivalent(key, where, _shown(arguments, key, new), _shown(q.arguments, key, old))
 
-    def delete(self, q: QueueProcess, reason: str = "deleted") -> int:
+    def delete(self, q: Queue, reason: str = "deleted") -> int:
         """Remove the queue, its bindings and its consumers; returns the number of messages dropped."""
         if self._queues.get(q.name) is not q:
             return 0

@@ -19,8 +19,11 @@ from broker.queues.queue_process import ACCEPTED, CONFIRM_LATER, REJECTED
 from storage.backing_queue import new_msg_id
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from broker.deduplication import DedupCache
-    from broker.queues.queue_process import QueueProcess
+    from broker.queues.queue_types import Queue
+    from broker.topology import OtherMembersQueue
 
 
 class HandOvers:
@@ -36,7 +39,7 @@ class HandOvers:
 handovers = HandOvers()
 
 
-def deliver(queues: list[QueueProcess], msg: Message, persistent: bool, publisher: Publisher | None = None,
+def deliver(queues: Sequence[Queue | OtherMembersQueue], msg: Message, persistent: bool, publisher: Publisher | None = None,
             confirm_seq: int = 0) -> int:
     """Give ``msg`` to each queue (a persistent message stays persistent only in durable queues).
 
@@ -72,7 +75,7 @@ def deliver(queues: list[QueueProcess], msg: Message, persistent: bool, publishe
     return (pending << PENDING) | refused
 
 
-def deliver_deduplicated(q: QueueProcess, cache: DedupCache, msg: Message, persistent: bool,
+def deliver_deduplicated(q: Queue | OtherMembersQueue, cache: DedupCache, msg: Message, persistent: bool,
                          confirm: tuple[Publisher | None, int] | None) -> int:
     """``q.deliver_or_enqueue`` for a queue with a deduplication cache. A message whose key the cache has seen
     is dropped and accepted: ACCEPTED, or CONFIRM_LATER when the entry it matched is not on disk yet (its

@@ -4,13 +4,17 @@ its class.
 
 Each queue class carries one :class:`QueueCapabilities` record as a class attribute (``capabilities``) and
 answers ``info_items(node_name)`` with the items its type adds to the common ones (a stream's offsets,
-segments and consumer groups; nothing for a classic or quorum queue). A new queue type declares both; no
+segments and consumer groups; nothing for a classic or quorum queue), and ``consumer_groups()`` with its
+:class:`ConsumerGroups` (a stream's; None for a type without groups). A new queue type declares all three; no
 renderer changes.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+if TYPE_CHECKING:
+    from storage.stream_log import GroupLog
 
 
 class QueueCapabilities(NamedTuple):
@@ -32,3 +36,26 @@ class QueueCapabilities(NamedTuple):
 CLASSIC = QueueCapabilities(basic_get=True, purge=True, global_qos=True, offsets=False, raft=False)
 QUORUM = QueueCapabilities(basic_get=True, purge=True, global_qos=False, offsets=False, raft=True)
 STREAM = QueueCapabilities(basic_get=False, purge=False, global_qos=False, offsets=True, raft=False)
+
+
+class ConsumerGroups(Protocol):
+    """A queue's consumer groups (Leveret's own, a stream's: broker/queues/stream_queue.py), what
+    ``/api/stream-groups`` and ``leveret ctl list_stream_groups`` read and the Spark source's commit writes. A
+    queue answers it from ``consumer_groups()``; a type without groups answers None there."""
+
+    def groups(self) -> dict[str, GroupLog]:
+        """Every group by name."""
+        ...
+
+    def group_consumers(self) -> dict[str, int]:
+        """How many consumers each group has now, by group name."""
+        ...
+
+    def group_info(self, name: str, group: GroupLog, members: dict[str, int] | None = None) -> dict[str, Any]:
+        """One group's row (committed offset, cursor, outstanding, lag, consumers, next offset)."""
+        ...
+
+    def commit_group_offset(self, name: str, offset: int) -> GroupLog:
+        """Move the group's committed offset forward to ``offset`` (creating the group there); AMQPError while
+        it has consumers."""
+        ...

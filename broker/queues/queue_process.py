@@ -30,7 +30,7 @@ from broker.publish import ROUTED
 from broker.queues import dead_letter
 from broker.queues.queue_args import QueueSettings
 from broker.queues.queue_consumers import Consumer, ConsumerSet
-from broker.queues.queue_info import CLASSIC, QueueCapabilities
+from broker.queues.queue_info import CLASSIC, ConsumerGroups, QueueCapabilities
 from broker.resources import memory_budget
 from protocol.properties import Long, with_properties
 from storage.backing_queue import BackingQueue, Figures
@@ -764,6 +764,10 @@ class QueueProcess:
     def origins_held(self, seqs: set[int]) -> set[int]:
         """Which delayed-message dispatches (delay-store seqs) this queue received (recovery only)."""
         return self.bq.origins_held(seqs)
+
+    def consumer_groups(self) -> ConsumerGroups | None:
+        """None: a classic or quorum queue has no consumer groups (broker/queues/queue_info.py)."""
+        return None
 
     def figures(self) -> Figures:
         """The queue's message figures (ready, unacked, their bytes, paged out), for the HTTP API and metrics:

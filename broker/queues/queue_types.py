@@ -11,11 +11,14 @@ the broker (channel, delegate, vhost, management, metrics, memory budget) uses, 
 - **consume**: ``add_consumer`` / ``remove_consumer``, and ``schedule_run`` when a consumer gets room;
 - **settle**: ``ack``, ``requeue``, ``reject_discard``;
 - **dequeue**: ``basic_get``;
-- **info / figures**: ``figures``, ``message_count``, ``stats``, ``consumers``, ``type_name``...;
+- **info / figures**: ``figures``, ``message_count``, ``awaiting_confirm``, ``stats``, ``consumers``,
+  ``type_name``, ``capabilities``, ``info_items`` and ``consumer_groups`` (a stream's; None for other types),
+  which the HTTP API and metrics read instead of testing the queue's class;
 - **lifecycle**: ``apply_settings`` (policies), ``reset_expiry_timer``, ``purge``, ``terminate``;
 - **memory**: ``set_ram_budget``, ``ram_bytes``, ``needs_paging``, ``page`` (no-ops for a queue holding no RAM).
 
-Nobody outside a queue touches its backing queue. Classic and quorum queues are both
+Nobody outside a queue touches its backing queue, or names its class: the queue registry maps names to
+:class:`Queue`. Classic and quorum queues are both
 broker/queues/queue_process.py's QueueProcess over a backing queue built by :func:`new_backing_queue` (plain,
 or one per priority); a quorum queue differs (on one node) only in its declare rules and in counting every
 message's returns (``x-delivery-count``). A stream is broker/queues/stream_queue.py's StreamQueue over a log
@@ -45,7 +48,7 @@ from broker.errors import AMQPError
 from broker.queues import queue_args
 from broker.queues.queue_args import QueueSettings
 from broker.queues.queue_consumers import Consumer, ConsumerSet
-from broker.queues.queue_info import QUORUM, QueueCapabilities
+from broker.queues.queue_info import QUORUM, ConsumerGroups, QueueCapabilities
 from broker.queues.queue_process import QueueHost, QueueOwner, QueueProcess, QueueStats
 from broker.queues.stream_queue import StreamQueueType
 from broker.resources.memory_budget import PagedQueue
@@ -86,45 +89,72 @@ def new_backing_queue(open_store: OpenStore, name: str, durable: bool, settings:
 
 
 class Queue(PagedQueue, Protocol):
-    """What the broker outside a queue may use of it (see the module docstring); QueueProcess is one."""
+    """What the broker outside a queue may use of it (see the module docstring): the queue registry maps names to
+    this, and the channel, delegate, vhost, persistence, the HTTP API and metrics read nothing else. QueueProcess
+    (classic, quorum) and StreamQueue are two; a new queue type offers these members and nothing is switched on
+    its class."""
 
     name: str
     vhost: QueueHost
+    """The vhost the queue lives in (its clock, policies, the publish path for dead letters)."""
     durable: bool
     auto_delete: bool
     exclusive_owner: QueueOwner | None
+    """The connection an exclusive queue belongs to; None for any other queue."""
     arguments: dict[str, Any]
+    """The arguments it was declared with, as the client sent them (shown, compared on redeclare, persisted)."""
     settings: QueueSettings
+    """Its effective settings: arguments, policy and operator policy merged (broker/queues/queue_args.py)."""
     stats: QueueStats
+    """Its plain-integer counters (published, delivered, acked...), read by the HTTP API and metrics."""
     consumers: ConsumerSet
+    """Its consumers (count, single-active consumer), read by declare-ok, the HTTP API and metrics."""
     exclusive_consumer: Consumer | None
     publisher_channels: set[Any]
+    """The channels that published to it and are open (the HTTP API's and metrics' ``publishers``)."""
     deleted: bool
     type_name: ClassVar[str]
-    # Whether this is another cluster member's queue, seen from here (broker/clustering/remote_queue.py's RemoteQueue):
-    # publishing to it forwards; it is not consumed, counted or listed here. False for every queue type's own.
+    """Its ``x-queue-type`` as the HTTP API shows it ("classic", "quorum", "stream")."""
     remote: ClassVar[bool]
-    # What the type offers and which info items it reports (broker/queues/queue_info.py): the HTTP API, ctl
-    # and metrics read these instead of switching on classes.
+    """Whether this is another cluster member's queue, seen from here (broker/clustering/remote_queue.py's
+    RemoteQueue): publishing to it forwards; it is not consumed, counted or listed here. False for every queue
+    type's own."""
     capabilities: ClassVar[QueueCapabilities]
-    # Message deduplication (broker/deduplication.py): set by the queue registry, checked by
-    # broker/queues/delegate.py before deliver_or_enqueue, so a queue type needs nothing of its own for it.
+    """What the type offers and which info items it reports (broker/queues/queue_info.py): the channel, the HTTP
+    API, ctl and metrics read these instead of switching on classes."""
     dedup: DedupCache | None
+    """Message deduplication (broker/deduplication.py): set by the queue registry, checked by
+    broker/queues/delegate.py before deliver_or_enqueue, so a queue type needs nothing of its own for it."""
 
     # deliver
-    def deliver_or_enqueue(self, msg: Message, persistent: bool, confirm: Any = None) -> int: ...
+    def deliver_or_enqueue(self, msg: Message, persistent: bool, confirm: Any = None) -> int:
+        """Take one published message: REJECTED, ACCEPTED, or CONFIRM_LATER (its confirm comes once stored)."""
+        ...
 
     @property
-    def overloaded(self) -> bool: ...
+    def overloaded(self) -> bool:
+        """Credit flow: whether the publisher that just published should stop until :meth:`throttle` lets go."""
+        ...
 
-    def throttle(self, reader: Any) -> None: ...
+    def throttle(self, reader: Any) -> None:
+        """Stop reading ``reader``'s socket until the queue has caught up (credit flow)."""
+        ...
+
+    def origins_held(self, seqs: set[int]) -> set[int]:
+        """Which delayed-message dispatches (delay-store seqs) the queue holds (recovery: broker/exchanges'
+        Route, storage/dispatch_evidence.py)."""
+        ...
 
     # consume
-    def add_consumer(self, consumer: Consumer) -> None: ...
+    def add_consumer(self, consumer: Consumer) -> None:
+        """basic.consume: raises AMQPError for a consumer the type refuses (a quorum queue's global QoS...)."""
+        ...
 
     def remove_consumer(self, consumer: Consumer) -> None: ...
 
-    def schedule_run(self) -> None: ...
+    def schedule_run(self) -> None:
+        """Run the deliver loop soon: a consumer got room (an ack, a qos, flow back on)."""
+        ...
 
     # settle
     def ack(self, seq_ids: list[int]) -> None: ...
@@ -134,7 +164,9 @@ class Queue(PagedQueue, Protocol):
     def reject_discard(self, seq_ids: list[int]) -> None: ...
 
     # dequeue
-    def basic_get(self, no_ack: bool) -> tuple[int, Message, bool, int] | None: ...
+    def basic_get(self, no_ack: bool) -> tuple[int, Message, bool, int] | None:
+        """basic.get: (seq_id, message, redelivered, messages left), or None when empty."""
+        ...
 
     # replies that may come later: True means the queue calls back once it knows (a cluster's quorum queue asks
     # PostgreSQL, another member's queue its owner) and the channel answers then; False, answer now
@@ -145,20 +177,44 @@ class Queue(PagedQueue, Protocol):
     def purge_count_wait(self, answer: Callable[[int], None]) -> bool: ...
 
     # info
-    def figures(self) -> Figures: ...
+    def figures(self) -> Figures:
+        """Its message figures (ready, unacked, their bytes, paged out), asked at a request or a scrape."""
+        ...
 
-    def message_count(self) -> int: ...
+    def message_count(self) -> int:
+        """The ready messages a queue.declare-ok or purge-ok reports."""
+        ...
 
-    def info_items(self, node_name: str) -> dict[str, Any]: ...
+    def awaiting_confirm(self) -> int:
+        """Publishes accepted and not yet confirmed (waiting for the fsync or commit that covers them): the
+        rabbitmq_raft_* series' uncommitted entries of a quorum queue."""
+        ...
+
+    def info_items(self, node_name: str) -> dict[str, Any]:
+        """The items its type adds to the HTTP API's queue object (a stream's offsets); {} for most types."""
+        ...
+
+    def consumer_groups(self) -> ConsumerGroups | None:
+        """Its consumer groups (a stream's: /api/stream-groups), or None for a type that has none: the HTTP
+        API asks this instead of testing the queue's class."""
+        ...
 
     # lifecycle
-    def apply_settings(self, settings: QueueSettings) -> None: ...
+    def apply_settings(self, settings: QueueSettings) -> None:
+        """New effective settings (a policy changed)."""
+        ...
 
-    def reset_expiry_timer(self) -> None: ...
+    def reset_expiry_timer(self) -> None:
+        """The queue was used: its ``x-expires`` lease starts again."""
+        ...
 
-    def purge(self) -> int: ...
+    def purge(self) -> int:
+        """Drop the ready messages; how many."""
+        ...
 
-    def terminate(self) -> int: ...
+    def terminate(self) -> int:
+        """The queue is deleted: cancel its consumers, settle its confirms, drop its messages; how many."""
+        ...
 
     # memory: the members the memory budget uses (broker/resources/memory_budget.py's PagedQueue, inherited)
 

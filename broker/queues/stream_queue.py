@@ -65,7 +65,7 @@ from broker.errors import AMQPError
 from broker.message import Message
 from broker.queues.queue_args import QueueSettings, parse_duration, refuse_unless_lasting
 from broker.queues.queue_consumers import Consumer, ConsumerSet
-from broker.queues.queue_info import STREAM, QueueCapabilities
+from broker.queues.queue_info import STREAM, ConsumerGroups, QueueCapabilities
 from broker.queues.queue_process import (
     ACCEPTED,
     CONFIRM_LATER,
@@ -657,6 +657,14 @@ class StreamQueue:
 
     def figures(self) -> Figures:
         return Figures(self.message_count(), 0, self.log.bytes, 0, 0)
+
+    def awaiting_confirm(self) -> int:
+        """Publishes appended and not yet confirmed: waiting for the fsync that covers them."""
+        return len(self._awaiting_confirm)
+
+    def consumer_groups(self) -> ConsumerGroups:
+        """The stream itself: its groups are its own (:meth:`groups`, :meth:`group_info`...)."""
+        return self
 
     def info_items(self, node_name: str) -> dict[str, Any]:
         """What a stream adds to its queue object (``type`` is "stream"; ``messages`` and ``messages_ready``

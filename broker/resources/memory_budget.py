@@ -13,7 +13,7 @@ resident size is :data:`RELEASE_STEP` above what it was after the last release a
 that much less than at their peak since then, the free memory is handed back (``release_free_memory``).
 The check reads one /proc file; the queues are summed only when the process has grown.
 
-It sees a queue only as a :class:`PagedQueue` (what broker/queues/queue_process.py's QueueProcess offers),
+It sees a queue only as a :class:`PagedQueue` (the part of broker/queues/queue_types.py's Queue seam it needs),
 never its backing queue: a queue type that keeps nothing in RAM answers with no-ops.
 """
 
