@@ -13,7 +13,10 @@ What it does, in the order a person doing it by hand would:
    parameters, policies, exchanges, queues, bindings). A section Leveret refuses is posted again object by
    object, so that one object Leveret cannot carry (an exchange type of a plugin it does not have, an
    argument it refuses, a parameter of a component it lacks) is dropped and named with Leveret's reason
-   while the rest is imported. The RabbitMQ's ``cluster_name`` and ``internal_cluster_id`` global
+   while the rest is imported. Users keep their passwords: RabbitMQ's hashing schemes (SHA-256, its
+   default, SHA-512, MD5) are Leveret's too (broker/security/auth.py); a user with another
+   ``hashing_algorithm`` is refused by the import, so dropped and named, and needs ``change_password``.
+   The RabbitMQ's ``cluster_name`` and ``internal_cluster_id`` global
    parameters are not taken: they say which cluster a node is (federation's loop detection reads the
    cluster name), and the Leveret stays itself;
 3. for each queue that holds messages (``GET URL/api/queues``) and whose definition was carried over,
