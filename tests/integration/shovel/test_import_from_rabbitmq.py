@@ -109,6 +109,9 @@ def test_import_from_rabbitmq_carries_definitions_and_moves_every_message_once(r
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "Imported from RabbitMQ 3.10.8" in out, out
+    # progress as it went: each move followed until its shovel removed itself
+    assert "Moving the messages of 2 queue(s) ..." in out, out
+    assert f"  queue 'qq' in vhost '{vh}': done\n" in out and f"  queue 'capped' in vhost '{vh}': done\n" in out, out
     assert f"exchange 'hashed' of type 'x-consistent-hash' in vhost '{vh}': unknown exchange type" in out, out
     assert f"binding of exchange 'hashed' to queue 'capped' with routing key '1' in vhost '{vh}'" in out, out
     assert "global parameter 'internal_cluster_id'" in out, out
