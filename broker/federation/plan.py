@@ -5,7 +5,8 @@ upstreams; one link per (exchange, upstream).
 
 A policy naming an upstream or a set that does not exist asks for nothing until it is defined (RabbitMQ
 starts no link either). Exchanges named ``amq.*`` are left alone, as is the default exchange, which is not in
-the vhost's ``exchanges``.
+the vhost's ``exchanges``; internal exchanges are left out by the supervisor, which sees the exchanges (RabbitMQ's
+``federate/1`` answers false for them).
 """
 
 from __future__ import annotations

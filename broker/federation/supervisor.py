@@ -47,6 +47,9 @@ class ExchangeView(Protocol):
     def type_name(self) -> str: ...
 
     @property
+    def internal(self) -> bool: ...
+
+    @property
     def bindings(self) -> Mapping[Any, BindingView]: ...
 
 
@@ -147,7 +150,9 @@ class FederationSupervisor:
             for (exchange, upstream_name), upstream in plan(iter(exchanges), vh.policies.values(),
                                                             vh.parameters).items():
                 ex = exchanges.get(exchange)
-                if ex is not None:
+                # An internal exchange is not federated, as RabbitMQ's rabbit_federation_exchange:federate/1
+                # decides (its own upstream exchanges are internal; a policy matching one starts no link).
+                if ex is not None and not ex.internal:
                     wanted[(vh.name, exchange, upstream_name)] = (upstream, ex.type_name)
         for key in [k for k, link in self.links.items()
                     if k not in wanted or (link.upstream, link.exchange_type) != wanted[k]]:

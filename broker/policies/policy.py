@@ -12,6 +12,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+# The federation plugin's policy keys (rabbit_federation_parameters:validate_policy): at most one of them, and
+# the name a key gives must be a string. RabbitMQ 3.10.8's 400 reasons, measured through its HTTP API.
+FEDERATION_KEYS = ("federation-upstream", "federation-upstream-set", "federation-upstream-pattern")
+FEDERATION_TOGETHER = ("cannot specify federation-upstream, federation-upstream-set or federation-upstream-pattern "
+                       "together")
+FEDERATION_NAMES = (("federation-upstream", "federation upstream name"),
+                    ("federation-upstream-set", "federation upstream set name"))
 APPLY_TO = ("queues", "classic_queues", "quorum_queues", "streams", "exchanges", "all")
 # The order the HTTP API names them in when it refuses one.
 APPLY_TO_IN_ERRORS = ("all", "queues", "exchanges", "classic_queues", "quorum_queues", "streams")
@@ -75,6 +82,9 @@ def validate_policy(body: dict[str, Any], operator: bool = False) -> dict[str, A
     definition = body.get("definition")
     if not isinstance(definition, dict) or not definition:
         raise ValueError("definition must be a non-empty object")
+    problem = federation_problem(definition)
+    if problem is not None:
+        raise ValueError(f"Validation failed\n\n{problem}\n")
     priority = body.get("priority", 0)
     if isinstance(priority, str) and priority.lstrip("-").isdigit():
         priority = int(priority)
@@ -84,3 +94,36 @@ def validate_policy(body: dict[str, Any], operator: bool = False) -> dict[str, A
     if apply_to not in APPLY_TO:
         raise ValueError(f"apply-to must be one of {', '.join(APPLY_TO_IN_ERRORS)}")
     return {"pattern": pattern, "definition": definition, "priority": priority, "apply-to": apply_to}
+
+
+def federation_problem(definition: dict[str, Any]) -> str | None:
+    """Why the federation keys of a policy definition are refused (RabbitMQ's reason), or None. Two of them at
+    once are refused whatever their values, as RabbitMQ's validate_policy clauses match on the number of keys
+    first."""
+    if sum(key in definition for key in FEDERATION_KEYS) > 1:
+        return FEDERATION_TOGETHER
+    for key, what in FEDERATION_NAMES:
+        if key in definition and not isinstance(definition[key], str):
+            return f"{_erl_html(definition[key])} is not a valid {what}"
+    return None
+
+
+def _erl(value: Any) -> str:
+    """A JSON value as Erlang's ``~p`` prints the term a policy definition decodes to (objects are maps)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return '<<"' + value.replace("\\", "\\\\").replace('"', '\\"') + '">>'
+    if isinstance(value, list):
+        return "[" + ",".join(_erl(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "#{" + ",".join(f"{_erl(k)} => {_erl(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def _erl_html(value: Any) -> str:
+    """:func:`_erl` as RabbitMQ's HTTP API answers it in a policy's 400 reason: ``<`` and ``>`` HTML-escaped
+    (measured on 3.10.8: ``[&lt;&lt;"x"&gt;&gt;] is not a valid federation upstream set name``)."""
+    return _erl(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

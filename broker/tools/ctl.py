@@ -62,6 +62,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from broker.config import ConfigError, Settings, env_name, load_settings, management_url
+from broker.tools import migrate_rabbitmq
 
 EX_DATAERR = 65
 EX_NOUSER = 67
@@ -1073,6 +1074,7 @@ OPERATOR_VERBS: dict[str, Callable[[Api, argparse.Namespace], str]] = {
     "rotate_logs": rotate_logs,
     "close_all_connections": close_all_connections,
     "close_all_user_connections": close_all_user_connections,
+    migrate_rabbitmq.VERB: migrate_rabbitmq.verb(CtlError),
 }
 
 VERBS = tuple(LISTS) + ACTIONS + tuple(OPERATOR_VERBS)
@@ -1098,6 +1100,7 @@ def _ctl_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--limit", type=int, default=0, help="close_all_connections: at most N (0: all)")
     ctl.add_argument("-t", "--timeout", type=float, default=None, metavar="SECONDS",
                      help="await_startup: how long to wait (default 300)")
+    migrate_rabbitmq.add_arguments(ctl)
     ctl.add_argument("verb", choices=VERBS, metavar="VERB", help=", ".join(VERBS))
     ctl.add_argument("columns", nargs="*", metavar="ARG", help="info columns of list_* verbs, or the verb's "
                      "arguments")

@@ -66,3 +66,12 @@ def test_version_is_the_installed_distributions(script, distribution):
     done = run([script, "--version"])
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip() == f"{script} {version(distribution)}"
+
+
+def test_ctl_import_from_rabbitmq_help_names_its_argument_and_options():
+    # ctl's verbs share one parser: a verb with options of its own (issue 37's import_from_rabbitmq) shows
+    # them in a group of that parser's help, which ``leveret ctl VERB --help`` prints.
+    text = assert_help(["leveret", "ctl", "import_from_rabbitmq", "--help"])
+    assert "import_from_rabbitmq URL:" in text, text
+    for option in ("--amqp-uri", "--no-wait", "--move-timeout", "--rabbitmq-cacert", "--rabbitmq-insecure"):
+        assert option in text, option
