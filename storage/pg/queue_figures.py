@@ -156,6 +156,9 @@ class PgQueueFigures:
         if conn is None or conn.is_closed():
             conn = self._conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT)
         queues: dict[tuple[str, str], list[int]] = {}
+        # now() is the transaction's start: the slot's time left is reckoned from before it began, so that the
+        # count is never answered past its slot's end (a count that took long is answered for less).
+        started = time.monotonic()
         async with conn.transaction(isolation="repeatable_read", readonly=True):
             rows = await conn.fetch(COUNTS)
             members = tuple(r[0] for r in await conn.fetch(LIVE_MEMBERS))
@@ -172,9 +175,9 @@ class PgQueueFigures:
             else:
                 c[1] += n
                 c[3] += nbytes
-        # (from the transaction's end, after its now(): the slot's end is overrun by the count's own duration)
-        return Snapshot(time.monotonic(), {k: QueueCounts(*v) for k, v in queues.items()}, members,
-                        activities, slot, counters, deltas), min(self.max_age, slot_left)
+        taken = time.monotonic()
+        return Snapshot(taken, {k: QueueCounts(*v) for k, v in queues.items()}, members,
+                        activities, slot, counters, deltas), min(self.max_age, slot_left - (taken - started))
 
     def _drop(self) -> None:
         if self._conn is not None and not self._conn.is_closed():
