@@ -700,6 +700,15 @@ class PgBackingQueue:
             _, local, callback = waiter
             callback(local + deleted if deleted is not None else local)
 
+    def purge_asked(self) -> list[int]:
+        """Another member purged the queue and marked the rows this member holds (storage/pg/purge.py): the
+        prefix goes back now, so none of it is delivered from here on (a marked row is not released: the answer
+        deletes it); returns the rows delivered so far, which stay. The counts are taken again soon."""
+        self.release_buffer()
+        self.count_stale = True
+        self.node.want_recount(self)
+        return list(self.pending)
+
     def delete_and_terminate(self) -> int:
         n = self.len() + len(self.pending)
         self._drop_unflushed(delivered_too=True)

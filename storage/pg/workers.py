@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import asyncpg
 
+from storage.pg import purge as purging
 from storage.pg.backing_queue import Buffered, Op, PgBackingQueue
 from storage.pg.progress import Progress
 
@@ -58,14 +60,16 @@ ACK = "DELETE FROM leveret.message WHERE seq = ANY($1::bigint[]) AND owner = $2"
 REQUEUE = ("UPDATE leveret.message SET state = 0, owner = NULL, redelivered = true "
            "WHERE seq = ANY($1::bigint[]) AND owner = $2")
 # A prefix handed back undelivered: redelivered unchanged, and its reservation does not count as a delivery.
+# A row another member's purge marked (state 2, storage/pg/purge.py) is not released: the answer deletes it.
 RELEASE = ("UPDATE leveret.message SET state = 0, owner = NULL, delivery_count = greatest(delivery_count - 1, 0) "
-           "WHERE seq = ANY($1::bigint[]) AND owner = $2")
+           "WHERE seq = ANY($1::bigint[]) AND owner = $2 AND state = 1")
 PURGE = ("DELETE FROM leveret.message WHERE queue_id = $1 AND priority BETWEEN $2 AND $3 "
          "AND (state = 0 OR (owner = $4 AND seq = ANY($5::bigint[])))")
 DELETE_ALL = "DELETE FROM leveret.message WHERE queue_id = $1 AND priority BETWEEN $2 AND $3"
 RECOUNT = """
 SELECT count(*) FILTER (WHERE state = 0), coalesce(sum(size) FILTER (WHERE state = 0), 0),
-       count(*) FILTER (WHERE state = 1 AND owner <> $4), coalesce(sum(size) FILTER (WHERE state = 1 AND owner <> $4), 0)
+       count(*) FILTER (WHERE state <> 0 AND owner <> $4),
+       coalesce(sum(size) FILTER (WHERE state <> 0 AND owner <> $4), 0)
   FROM leveret.message WHERE queue_id = $1 AND priority BETWEEN $2 AND $3
 """
 QUEUE_ID = """
@@ -121,6 +125,7 @@ class WorkerNode(Protocol):
     queues: dict[tuple[str, str, int | None], PgBackingQueue]
     publisher: Publisher
     acker: Acker
+    purge_waits: purging.Waits
 
     def fence(self, reason: str, epoch: int | None = None) -> None: ...
 
@@ -249,16 +254,23 @@ class Publisher(Worker):
 
 
 class Acker(Worker):
-    """The burst's acks (one DELETE), requeues (one UPDATE each kind) and purges, in one transaction."""
+    """The burst's acks (one DELETE), requeues (one UPDATE each kind), purges and answers to other members'
+    purges (storage/pg/purge.py), in one transaction that first takes its queues' purge locks."""
 
     def __init__(self, node: WorkerNode, conn: asyncpg.Connection, progress: Progress) -> None:
         super().__init__(node, conn, progress)
         self.dirty: dict[PgBackingQueue, None] = {}
+        self.answers: list[purging.Answer] = []
         self.enqueued_op = 0
         self.done_op = 0
 
     def idle(self) -> bool:
-        return not self.dirty and self.done_op == self.enqueued_op
+        return not self.dirty and not self.answers and self.done_op == self.enqueued_op
+
+    def answer(self, answer: purging.Answer) -> None:
+        """Answer another member's purge after the ops made here so far (storage/pg/purge.py, step 2)."""
+        self.answers.append(answer)
+        self.request()
 
     def add(self, q: PgBackingQueue) -> int:
         self.dirty[q] = None
@@ -271,6 +283,7 @@ class Acker(Worker):
         for q, _ in taken:
             q.ops = []
         self.dirty.clear()
+        answers, self.answers = self.answers, []
         upto = self.enqueued_op
         publisher = self.node.publisher
         target = publisher.started  # every row these ops touch was inserted by a statement begun by now
@@ -288,11 +301,17 @@ class Acker(Worker):
                 q.ops_failed(old)
         taken = [(q, [op for op in ops if op.epoch == epoch or op.kind not in ("ack", "requeue", "release")])
                  for q, ops in taken]
-        purged: list[tuple[PgBackingQueue, Op, int]] = []  # purge ops and the rows each deleted
+        purged: list[tuple[PgBackingQueue, Op, int, purging.Request]] = []  # purge ops, rows deleted, request
         try:
-            for q, _ in taken:
-                await queue_id(self.conn, q)
+            locks: dict[int, bool] = {a.request.queue_id: False for a in answers}
+            for q, ops in taken:
+                qid = await queue_id(self.conn, q)
+                locks[qid] = locks.get(qid, False) or any(op.kind == "purge" for op in ops)
             async with self.conn.transaction():
+                if locks:
+                    order = sorted(locks)
+                    await self.conn.execute(purging.LOCK_QUEUES, purging.PURGE_LOCK_CLASS, order,
+                                            [locks[qid] for qid in order])
                 acks: list[int] = []
                 requeues: list[int] = []
                 releases: list[int] = []
@@ -320,11 +339,24 @@ class Acker(Worker):
                         else:
                             await flush()
                             if op.kind == "purge":
+                                assert q.queue_id is not None
                                 status = await self.conn.execute(PURGE, q.queue_id, lo, hi, epoch, op.seqs)
-                                purged.append((q, op, int(status.rsplit(" ", 1)[-1])))
+                                holders = await self.conn.fetch(purging.MARK, q.queue_id, lo, hi, epoch)
+                                request = purging.Request(q.queue_id, lo, hi, self.node.purge_waits.token(),
+                                                          tuple(int(h[0]) for h in holders))
+                                if request.holders:
+                                    await self.conn.execute("SELECT pg_notify($1, $2)", purging.PURGE_BELL,
+                                                            request.payload())
+                                purged.append((q, op, int(status.rsplit(" ", 1)[-1]), request))
                             else:
                                 await self.conn.execute(DELETE_ALL, q.queue_id, lo, hi)
                 await flush()
+                for a in answers:
+                    if a.epoch != epoch:
+                        continue
+                    r = a.request
+                    await self.conn.execute(purging.ANSWER, r.queue_id, r.lo, r.hi, epoch, a.delivered,
+                                            purging.PURGED_BELL, f"{r.token} {epoch} ")
         except BaseException:
             for q, ops in taken:
                 q.ops_failed(ops)
@@ -333,10 +365,16 @@ class Acker(Worker):
         self.done_op = upto
         for q, ops in taken:
             q.ops_committed(ops, 0)
-        for q, op, deleted in purged:
-            q.purge_done(op, deleted)
+        for q, op, deleted, request in purged:
+            # purge-ok once the holders answered: with what they deleted of the rows they had not delivered
+            self.node.purge_waits.wait(request.token, request.holders, _purge_done(q, op, deleted))
         self.node.ring({q.queue_id for q, ops in taken
                         if q.queue_id is not None and any(op.kind in ("requeue", "release") for op in ops)})
+
+
+def _purge_done(q: PgBackingQueue, op: Op, deleted: int) -> Callable[[int], None]:
+    """The call that tells ``q`` its purge ``op`` is done: the rows it deleted plus those its answers did."""
+    return lambda others: q.purge_done(op, deleted + others)
 
 
 class Fetcher(Worker):
