@@ -56,6 +56,11 @@ RETURNING m.seq, m.priority, m.redelivered, m.expiry, m.size, m.body, m.delivery
 # The same, for rows a member dealt to other members' consumers whose grace is over (backing_queue.deal_here):
 # none newer than the newest of them, so rows dealt since stay the others' for their own grace.
 RESERVE_BELOW = RESERVE.replace("AND state = 0 AND", "AND state = 0 AND seq <= $6 AND")
+# The same, for the rows at the head the owner judged expired (backing_queue.expired_upto): only those.
+RESERVE_EXPIRED = RESERVE.replace("AND state = 0 AND", "AND state = 0 AND expiry <= $6 AND")
+# The head's expiries, read without reserving (nobody here could take a row, the owner judges the head).
+HEAD = ("SELECT expiry FROM leveret.message WHERE queue_id = $1 AND state = 0 AND priority BETWEEN $2 AND $3 "
+        "ORDER BY priority DESC, seq LIMIT $4")
 ACK = "DELETE FROM leveret.message WHERE seq = ANY($1::bigint[]) AND owner = $2"
 REQUEUE = ("UPDATE leveret.message SET state = 0, owner = NULL, redelivered = true "
            "WHERE seq = ANY($1::bigint[]) AND owner = $2")
@@ -83,15 +88,20 @@ def batch_for(q: PgBackingQueue) -> int:
     """How many rows to reserve: what the node's consumers of the queue can take now (their free prefetch),
     up to a batch; one for a basic.get on a node where nobody has room. Rows reserved beyond that would wait
     here (for a slow consumer, or unused until the idle prefix goes back) while other nodes' consumers with
-    room got nothing, or got later messages first. Reservations that judge the head where no consumer has
-    room (TTL, drop-head) take a batch, and go back at once (hand_back_unused). A priority queue's levels are
-    each bounded by the same room (together they may reserve more)."""
+    room got nothing, or got later messages first. Where no consumer has room, a reservation the owner asked
+    for to take rows (a drop-head's fetch, a peek) takes a batch, and what it leaves goes back at once
+    (hand_back_unused); one that would only judge the head (its TTL timer, consumers waiting on a queue their
+    member counts as empty) is 0: the fetcher reads the head's expiries instead (HEAD), so no row is hidden from
+    other members' consumers meanwhile, and then reserves only the rows the owner judged expired. A priority
+    queue's levels are each bounded by the same room (together they may reserve more)."""
     if q.room is None:
         return FETCH_BATCH
     room = q.room(FETCH_BATCH)
     if room:
         return room
-    return 1 if q.awaits_fetch() else FETCH_BATCH
+    if q.awaits_fetch():
+        return 1
+    return FETCH_BATCH if q.wants_rows() else 0
 
 
 async def queue_id(conn: asyncpg.Connection, q: PgBackingQueue) -> int:
@@ -457,18 +467,29 @@ class Fetcher(Worker):
         qid = await queue_id(self.conn, q)
         rgen, pgen, changes = q.rgen, q.pgen, q.changes
         lo, hi = q.priority_range
-        q.reserve_rounds += 1
         batch = batch_for(q)
+        if batch == 0:
+            head = await self.conn.fetch(HEAD, qid, lo, hi, FETCH_BATCH)
+            q.last_poll = time.monotonic()
+            q.head_read([r[0] for r in head], rgen, changes)
+            return
+        q.reserve_rounds += 1
         below = q.take_reserve_below()
-        if below is None:
+        upto, q.expired_upto = q.expired_upto, None
+        # (Consumers here with room take rows as they come, expired ones dropped from the prefix by the owner.)
+        if upto is not None and q.room is not None and not q.room(1) and not q.awaits_fetch():
+            records = await self.conn.fetch(RESERVE_EXPIRED, qid, lo, hi, batch, self.node.epoch, upto)
+        elif below is None:
+            upto = None
             records = await self.conn.fetch(RESERVE, qid, lo, hi, batch, self.node.epoch)
         else:
+            upto = None
             records = await self.conn.fetch(RESERVE_BELOW, qid, lo, hi, batch, self.node.epoch, below)
         decode = q.decode
         rows = [Buffered(r[0], r[5] if decode is None else decode(r[5]), r[4], r[2], r[3], max(0, r[6] - 1))
                 for r in sorted(records, key=lambda r: (-r[1], r[0]))]
         q.last_poll = time.monotonic()
-        q.rows_reserved(rows, rgen, pgen, batch, changes)
+        q.rows_reserved(rows, rgen, pgen, batch, changes, bounded=upto is not None)
 
     def _housekeeping(self, now: float) -> None:
         for q in self.node.queues.values():

@@ -5,11 +5,13 @@ tests/integration/cluster/test_cluster_purge.py."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import asyncpg
 
 from storage.pg import purge, schema
 from storage.pg.workers import PURGE
+from tests.unit.storage.pg.test_pg_cluster import fetch_wait
 
 pytest_plugins = ["pg_fixtures"]
 
@@ -111,3 +113,60 @@ async def test_purge_ok_waits_for_every_holder_or_the_deadline(monkeypatch) -> N
     assert got == [5, 0, 2, 0]
     assert purge.Request.parse(purge.Request(QID, 0, 0, "3.9", (5, 6)).payload()) == purge.Request(
         QID, 0, 0, "3.9", (5, 6))
+
+
+async def until(pred, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_two_nodes_a_purge_counts_the_other_nodes_prefix_and_leaves_its_deliveries(nodes, admin) -> None:
+    """b reserved five rows and delivered two (one acked): a's purge deletes the three in b's prefix and the
+    ready ones, counts them, and b's delivered one stays; b delivers nothing more."""
+    a, b = await nodes("a"), await nodes("b")
+    qa, qb = a.open_queue("/", "q"), b.open_queue("/", "q")
+    for i in range(8):
+        qa.publish(b"m%d" % i, 2, True)
+    await a.wait_idle()
+    qb.set_room(lambda most: min(most, 5))
+    first = await fetch_wait(qb)
+    second = qb.fetch(True)
+    assert second is not None and len(qb.buffer) == 3
+    qb.ack([first[0]])
+    counted: list[int] = []
+    qa.purge()
+    assert qa.when_purged(counted.append)
+    await until(lambda: bool(counted))
+    await b.wait_idle()
+    assert counted == [6] and not qb.buffer and qb.fetch(True) is None
+    assert [r[0] for r in await admin.fetch("SELECT seq FROM leveret.message")] == [second[0]]
+    assert (await admin.fetchrow("SELECT state, owner FROM leveret.message"))[0] == 1
+
+
+async def test_a_node_whose_consumers_have_no_room_reads_the_head_rather_than_reserving_it(nodes, admin) -> None:
+    """a's consumers have no room: its TTL judgement reads the head's expiries (no row reserved, so b's
+    consumers miss none), and only the rows it judges expired are reserved, to be dropped."""
+    a, b = await nodes("a"), await nodes("b")
+    qa, qb = a.open_queue("/", "q"), b.open_queue("/", "q")
+    now = 1_000_000
+    for i, expiry in enumerate((now - 2, now - 1, now + 50, now + 60)):
+        qb.publish(b"m%d" % i, 2, True, expiry=expiry)
+    await b.wait_idle()
+    qa.set_room(lambda most: 0)
+    available = asyncio.Event()
+    qa.on_available = available.set
+    await until(lambda: qa.head_expiry() is not None)  # (asked for while not at hand; a recount may call first)
+    assert qa.head_expiry() == now - 2
+    assert await admin.fetchval("SELECT count(*) FROM leveret.message WHERE state <> 0") == 0
+    available.clear()
+    dropped, _ = qa.dropwhile(lambda e: e is not None and e <= now)
+    assert dropped == 0  # the expired rows are reserved next, only they
+    await asyncio.wait_for(available.wait(), 5)
+    assert len(qa.buffer) == 2
+    dropped, head = qa.dropwhile(lambda e: e is not None and e <= now)
+    await a.wait_idle()
+    assert dropped == 2 and head is None
+    assert [r[0] for r in await admin.fetch("SELECT expiry FROM leveret.message WHERE state = 0 ORDER BY seq")] == [
+        now + 50, now + 60]
