@@ -171,6 +171,15 @@ class PgBackingQueue:
         # (hand_back_unused): a one-element tuple, or None when not known. head_expiry answers it while the
         # buffer is empty, so the owner's TTL timer, not each publish, makes the next reservation.
         self._head_hint: tuple[int | None] | None = None
+        # Whether the owner asked for rows to take (a fetch or peek that found the prefix empty): only then does a
+        # member whose consumers have no room reserve. Judging the head (its TTL timer, a consumer waiting on an
+        # empty queue) reads the head's expiries instead (``head_read``): rows reserved only to be looked at
+        # were skipped by the other members' consumers meanwhile (SKIP LOCKED), which then took newer rows first.
+        self._take = False
+        self._head_read: list[int | None] = []  # the expiries of the head's rows as last read (head_read)
+        # The newest expiry the owner judged expired of those (dropwhile/fetchwhile): the next reservation takes
+        # only rows that old, to drop them; None when no such reservation is due.
+        self.expired_upto: int | None = None
         # How many more messages the owner's consumers here could take (set_room; None: not told): a
         # reservation takes no more than that (workers.py batch_for), so rows they cannot take stay ready for
         # other nodes' consumers; a basic.get where nobody consumes takes one row.
@@ -366,9 +375,16 @@ class PgBackingQueue:
             self.hungry = True
             self.node.want_fetch(self)
 
-    def rows_reserved(self, rows: list[Buffered], rgen: int, pgen: int, asked: int, changes: int) -> None:
-        """The fetcher's batch arrived (sorted by priority, then seq)."""
+    def rows_reserved(self, rows: list[Buffered], rgen: int, pgen: int, asked: int, changes: int,
+                      bounded: bool = False) -> None:
+        """The fetcher's batch arrived (sorted by priority, then seq). ``bounded``: it took only rows of a bound
+        (expired ones: ``expired_upto``), so fewer than asked says nothing of the rows left."""
         self.changes += 1
+        self._take = False
+        self._head_read = []  # judged by the rows at hand from now on, or read again
+        if bounded and not rows:  # others took them meanwhile: the head is read again
+            self._head_hint = None
+            self._want()
         if self._fetch_waiters:  # after the rows below are at hand (or not)
             self.node.loop.call_soon(self._tell_fetched, self.reserve_rounds)
         n, nbytes = len(rows), sum(r.size for r in rows)
@@ -379,7 +395,7 @@ class PgBackingQueue:
         self.more = n >= asked
         self.db_ready = max(0, self.db_ready - n)
         self.db_ready_bytes = max(0, self.db_ready_bytes - nbytes)
-        if n < asked and changes == self.changes - 1:  # nothing else landed meanwhile: none left that we know
+        if n < asked and changes == self.changes - 1 and not bounded:  # nothing else landed: none left we know
             self.db_ready = self.db_ready_bytes = 0
         if rgen != self.rgen or self.closed:  # the prefix was handed back meanwhile: so go these
             if rows:
@@ -396,10 +412,35 @@ class PgBackingQueue:
         if self.on_available is not None:
             self.on_available()
 
+    def wants_rows(self) -> bool:
+        """Whether the owner asked for rows to take since the last reservation (fetch, peek, an expired head)."""
+        return self._take
+
+    def head_read(self, expiries: list[int | None], rgen: int, changes: int) -> None:
+        """The fetcher read the head's expiries (ready rows, in fetch order; none reserved) because nobody here
+        could take a row: the owner judges the head by them (``head_expiry``, its TTL timer)."""
+        self.changes += 1
+        if self._take and not self.closed:  # a fetch came meanwhile: it reserves now
+            self._want()
+            return
+        self.hungry = False
+        if rgen != self.rgen or self.buffer or self.closed:
+            return
+        if not expiries:
+            if changes == self.changes - 1:
+                self.db_ready = self.db_ready_bytes = 0
+            self.more = False
+            return
+        self._head_read = expiries
+        self._head_hint = (expiries[0],)
+        if self.on_available is not None:
+            self.on_available()
+
     def fetch(self, ack_required: bool) -> tuple[int, Any, bool] | None:
         if self.rank is not None and self.queue_id is not None and self._outranked():
             return None
         if not self.buffer:
+            self._take = True
             self._want()
             return None
         b = self.buffer.popleft()
@@ -545,6 +586,7 @@ class PgBackingQueue:
         if self.buffer:
             return self.buffer[0].msg
         if self.len():
+            self._take = True  # the message itself is wanted (a TTL changed): only a reservation reads it
             self._want()
         return None
 
@@ -553,7 +595,17 @@ class PgBackingQueue:
         PostgreSQL are not read (the contract lets an asynchronous store answer what it has at hand)."""
         return [(b.seq, b.msg, b.redelivered) for b in list(self.buffer)[:max(0, count)]]
 
+    def _judged(self, pred: Callable[[int | None], bool]) -> None:
+        """The prefix is empty and the owner judges the head by the expiries read (head_read): the rows among
+        them it finds expired are reserved next, and only those (``expired_upto``), to be dropped."""
+        expired = [e for e in self._head_read if e is not None and pred(e)]
+        if expired:
+            self.expired_upto = max(expired)
+            self._take = True
+
     def dropwhile(self, pred: Callable[[int | None], bool]) -> tuple[int, int | None]:
+        if not self.buffer:
+            self._judged(pred)
         dropped: list[int] = []
         while self.buffer and pred(self.buffer[0].expiry):
             dropped.append(self.buffer.popleft().seq)
@@ -566,6 +618,8 @@ class PgBackingQueue:
         return len(dropped), self.buffer[0].expiry if self.buffer else None
 
     def fetchwhile(self, pred: Callable[[int | None], bool]) -> list[tuple[int, Any, bool]]:
+        if not self.buffer:
+            self._judged(pred)
         out: list[tuple[int, Any, bool]] = []
         while self.buffer and pred(self.buffer[0].expiry):
             b = self.buffer.popleft()
@@ -699,6 +753,15 @@ class PgBackingQueue:
             self._purge_waiters.remove(waiter)
             _, local, callback = waiter
             callback(local + deleted if deleted is not None else local)
+
+    def purge_asked(self) -> list[int]:
+        """Another member purged the queue and marked the rows this member holds (storage/pg/purge.py): the
+        prefix goes back now, so none of it is delivered from here on (a marked row is not released: the answer
+        deletes it); returns the rows delivered so far, which stay. The counts are taken again soon."""
+        self.release_buffer()
+        self.count_stale = True
+        self.node.want_recount(self)
+        return list(self.pending)
 
     def delete_and_terminate(self) -> int:
         n = self.len() + len(self.pending)

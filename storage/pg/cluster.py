@@ -29,6 +29,7 @@ from typing import Any
 
 import asyncpg
 
+from storage.pg import purge as purging
 from storage.pg import schema
 from storage.pg.backing_queue import Credit, PgBackingQueue
 from storage.pg.connections import stop_tasks
@@ -55,9 +56,11 @@ RECONNECT_FIRST = 0.1  # seconds before the first attempt to reconnect after a f
 RECONNECT_MAX = 1.0  # a refused connect costs the server nothing: come back within a second of it
 CONNECT_TIMEOUT = 5.0  # one attempt to open a session (a server that does not answer at all)
 
+# (State 2: reserved and marked by a purge the holder has not answered: storage/pg/purge.py. Written as two
+# arms so that each uses its partial index.)
 REAP = ("UPDATE leveret.message SET state = 0, owner = NULL, redelivered = true "
-        "WHERE state = 1 AND owner = $1")
-SWEEP = ("UPDATE leveret.message SET state = 0, owner = NULL, redelivered = true WHERE state = 1 AND owner IN "
+        "WHERE (state = 1 AND owner = $1) OR (state = 2 AND owner = $1)")
+SWEEP = ("UPDATE leveret.message SET state = 0, owner = NULL, redelivered = true WHERE state IN (1, 2) AND owner IN "
          "(SELECT epoch FROM leveret.node WHERE dead_at IS NOT NULL OR stopped_at IS NOT NULL)")
 PEERS = ("SELECT epoch, lease_until < now() AS expired FROM leveret.node "
          "WHERE dead_at IS NULL AND stopped_at IS NULL AND epoch <> $1")
@@ -123,6 +126,8 @@ class PgCluster:
         self.progress = Progress()
         self.publisher = Publisher(self, pub_conn, self.progress)
         self.acker = Acker(self, ack_conn, self.progress)
+        # Purges made here waiting for the other members' answers (storage/pg/purge.py).
+        self.purge_waits = purging.Waits(self.loop, lambda: self.epoch)
         self.fetcher = Fetcher(self, fetch_conn, self.progress)
         self.queues: dict[tuple[str, str, int | None], PgBackingQueue] = {}
         self.fenced = False
@@ -174,6 +179,8 @@ class PgCluster:
         await conns[0].add_listener(DOORBELL, node._doorbell)
         await conns[0].add_listener(CLUSTER_NAME_BELL, node._cluster_name_bell)
         await conns[0].add_listener(CONSUMERS_BELL, node._consumers_bell)
+        await conns[0].add_listener(purging.PURGE_BELL, node._purge_bell)
+        await conns[0].add_listener(purging.PURGED_BELL, node._purged_bell)
         log.info("pg cluster: node %s joined with epoch %d", node_name, epoch)
         return node
 
@@ -218,6 +225,8 @@ class PgCluster:
             await self.lease_conn.add_listener(DOORBELL, self._doorbell)
             await self.lease_conn.add_listener(CLUSTER_NAME_BELL, self._cluster_name_bell)
             await self.lease_conn.add_listener(CONSUMERS_BELL, self._consumers_bell)
+            await self.lease_conn.add_listener(purging.PURGE_BELL, self._purge_bell)
+            await self.lease_conn.add_listener(purging.PURGED_BELL, self._purged_bell)
             async with self._lease_lock:
                 # Our old sessions are gone from here; any the server still counts (a half-open TCP link)
                 # is ended, so the key is free and the reap below (or the lease loop's next) requeues them.
@@ -478,6 +487,23 @@ class PgCluster:
         except ValueError:
             log.warning("pg cluster: unreadable consumer credit announcement %r", payload[:80])
 
+    # -- purges across members (storage/pg/purge.py) ----------------------------------------------------------
+    def _purge_bell(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        """Another member purged a queue and marked the rows this member holds: the queue's prefix goes back at
+        once (nothing of it is delivered from now on) and the acker answers after the ops made before."""
+        request = purging.Request.parse(payload)
+        if request is None or self.fenced or self.epoch not in request.holders:
+            return
+        delivered: list[int] = []
+        for q in self.queues.values():
+            lo, hi = q.priority_range
+            if q.queue_id == request.queue_id and lo <= request.hi and request.lo <= hi and not q.closed:
+                delivered.extend(q.purge_asked())
+        self.acker.answer(purging.Answer(request, delivered, self.epoch))
+
+    def _purged_bell(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        self.purge_waits.answered(payload)
+
     def credit(self, queue_id: int) -> list[Credit]:
         """What other members announced of their consumers of the queue within CREDIT_FRESH seconds."""
         members = self._credit.get(queue_id)
@@ -586,6 +612,7 @@ class PgCluster:
         log.error("pg cluster: node %s (epoch %d) fenced: %s", self.node_name, self.epoch, reason)
         for q in self.queues.values():
             q.fence()
+        self.purge_waits.finish_all()  # (purge_done of a fenced queue answers with its estimate)
         for q in self._sac_held.values():  # the locks went with the sessions
             self._sac_set(q, False, fenced=True)
         self._sac_held.clear()
@@ -701,6 +728,7 @@ class PgCluster:
                 log.warning("pg cluster: node %s stops with work not done after %g s (publisher idle: %s, "
                             "acker idle: %s); its reservations go back to the queues", self.node_name,
                             CLOSE_DRAIN_TIMEOUT, self.publisher.idle(), self.acker.idle())
+        self.purge_waits.finish_all()
         tasks = [t for t in (self._lease_task, self._block_task, self._ring_task, self._reconnect_task,
                              self._sac_task,
                              self.publisher.task,

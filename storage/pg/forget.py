@@ -49,7 +49,7 @@ class Forgotten(NamedTuple):
 # not running yet) or refused, never half deleted.
 NAME_LOCK_CLASS = 4262
 # Its runs' reservations: ready again, redelivered (as the reaper does for a dead member); their queue ids.
-_REQUEUE = ("UPDATE leveret.message SET state = 0, owner = NULL, redelivered = true WHERE state = 1 "
+_REQUEUE = ("UPDATE leveret.message SET state = 0, owner = NULL, redelivered = true WHERE state IN (1, 2) "
             "AND owner = ANY($1::bigint[]) RETURNING queue_id")
 # The longest a forget's statements may take (a long backlog forwarded to the member is deleted in one).
 STATEMENT_TIMEOUT_MS = 60_000

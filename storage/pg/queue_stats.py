@@ -107,7 +107,7 @@ due AS (
      AND NOT EXISTS (SELECT 1 FROM leveret.queue_stats_sample x
                       WHERE x.queue_id = i.queue_id AND x.node = $1 AND x.slot = k.slot)),
 counted AS (
-  SELECT m.queue_id, count(*) FILTER (WHERE m.state = 0) AS ready, count(*) FILTER (WHERE m.state = 1) AS unacked
+  SELECT m.queue_id, count(*) FILTER (WHERE m.state = 0) AS ready, count(*) FILTER (WHERE m.state <> 0) AS unacked
     FROM leveret.message m WHERE m.queue_id IN (SELECT queue_id FROM due) GROUP BY m.queue_id),
 sampled AS (
   INSERT INTO leveret.queue_stats_sample (queue_id, node, slot_ms, slot, taken_at, {_C}, ready, unacked)

@@ -45,7 +45,7 @@ CREATE TABLE leveret.message (
   seq            bigint   PRIMARY KEY,  -- from the node's block of leveret.seq_block
   queue_id       integer  NOT NULL,
   priority       smallint NOT NULL DEFAULT 0,
-  state          smallint NOT NULL DEFAULT 0,   -- 0 ready, 1 reserved by owner
+  state          smallint NOT NULL DEFAULT 0,   -- 0 ready, 1 reserved by owner (2: marked by a purge, version 9)
   owner          bigint,                        -- node epoch while reserved
   redelivered    boolean  NOT NULL DEFAULT false,
   delivery_count integer  NOT NULL DEFAULT 0,
@@ -179,10 +179,16 @@ CREATE TABLE leveret.cluster_setting (
     updated_at timestamptz NOT NULL DEFAULT now());
 """
 
+# A purge marks the rows other members hold (state 2) until each holder answers (storage/pg/purge.py): the
+# holder's answer and the reaper find them by this index (rows are in state 2 for milliseconds).
+MIGRATION_9 = """
+CREATE INDEX message_purging ON leveret.message (owner, queue_id) WHERE state = 2;
+"""
+
 # (version, sql), ascending. Append only: a released migration never changes.
 MIGRATIONS: list[tuple[int, str]] = [(1, MIGRATION_1), (2, MIGRATION_2), (3, MIGRATION_3), (4, MIGRATION_4),
                                      (5, MIGRATION_5), (6, MIGRATION_6), (7, MIGRATION_7),
-                                     (8, MIGRATION_8)]
+                                     (8, MIGRATION_8), (9, MIGRATION_9)]
 
 
 class SchemaTooNew(RuntimeError):

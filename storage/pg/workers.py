@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import asyncpg
 
+from storage.pg import purge as purging
 from storage.pg.backing_queue import Buffered, Op, PgBackingQueue
 from storage.pg.progress import Progress
 
@@ -54,18 +56,25 @@ RETURNING m.seq, m.priority, m.redelivered, m.expiry, m.size, m.body, m.delivery
 # The same, for rows a member dealt to other members' consumers whose grace is over (backing_queue.deal_here):
 # none newer than the newest of them, so rows dealt since stay the others' for their own grace.
 RESERVE_BELOW = RESERVE.replace("AND state = 0 AND", "AND state = 0 AND seq <= $6 AND")
+# The same, for the rows at the head the owner judged expired (backing_queue.expired_upto): only those.
+RESERVE_EXPIRED = RESERVE.replace("AND state = 0 AND", "AND state = 0 AND expiry <= $6 AND")
+# The head's expiries, read without reserving (nobody here could take a row, the owner judges the head).
+HEAD = ("SELECT expiry FROM leveret.message WHERE queue_id = $1 AND state = 0 AND priority BETWEEN $2 AND $3 "
+        "ORDER BY priority DESC, seq LIMIT $4")
 ACK = "DELETE FROM leveret.message WHERE seq = ANY($1::bigint[]) AND owner = $2"
 REQUEUE = ("UPDATE leveret.message SET state = 0, owner = NULL, redelivered = true "
            "WHERE seq = ANY($1::bigint[]) AND owner = $2")
 # A prefix handed back undelivered: redelivered unchanged, and its reservation does not count as a delivery.
+# A row another member's purge marked (state 2, storage/pg/purge.py) is not released: the answer deletes it.
 RELEASE = ("UPDATE leveret.message SET state = 0, owner = NULL, delivery_count = greatest(delivery_count - 1, 0) "
-           "WHERE seq = ANY($1::bigint[]) AND owner = $2")
+           "WHERE seq = ANY($1::bigint[]) AND owner = $2 AND state = 1")
 PURGE = ("DELETE FROM leveret.message WHERE queue_id = $1 AND priority BETWEEN $2 AND $3 "
          "AND (state = 0 OR (owner = $4 AND seq = ANY($5::bigint[])))")
 DELETE_ALL = "DELETE FROM leveret.message WHERE queue_id = $1 AND priority BETWEEN $2 AND $3"
 RECOUNT = """
 SELECT count(*) FILTER (WHERE state = 0), coalesce(sum(size) FILTER (WHERE state = 0), 0),
-       count(*) FILTER (WHERE state = 1 AND owner <> $4), coalesce(sum(size) FILTER (WHERE state = 1 AND owner <> $4), 0)
+       count(*) FILTER (WHERE state <> 0 AND owner <> $4),
+       coalesce(sum(size) FILTER (WHERE state <> 0 AND owner <> $4), 0)
   FROM leveret.message WHERE queue_id = $1 AND priority BETWEEN $2 AND $3
 """
 QUEUE_ID = """
@@ -79,15 +88,20 @@ def batch_for(q: PgBackingQueue) -> int:
     """How many rows to reserve: what the node's consumers of the queue can take now (their free prefetch),
     up to a batch; one for a basic.get on a node where nobody has room. Rows reserved beyond that would wait
     here (for a slow consumer, or unused until the idle prefix goes back) while other nodes' consumers with
-    room got nothing, or got later messages first. Reservations that judge the head where no consumer has
-    room (TTL, drop-head) take a batch, and go back at once (hand_back_unused). A priority queue's levels are
-    each bounded by the same room (together they may reserve more)."""
+    room got nothing, or got later messages first. Where no consumer has room, a reservation the owner asked
+    for to take rows (a drop-head's fetch, a peek) takes a batch, and what it leaves goes back at once
+    (hand_back_unused); one that would only judge the head (its TTL timer, consumers waiting on a queue their
+    member counts as empty) is 0: the fetcher reads the head's expiries instead (HEAD), so no row is hidden from
+    other members' consumers meanwhile, and then reserves only the rows the owner judged expired. A priority
+    queue's levels are each bounded by the same room (together they may reserve more)."""
     if q.room is None:
         return FETCH_BATCH
     room = q.room(FETCH_BATCH)
     if room:
         return room
-    return 1 if q.awaits_fetch() else FETCH_BATCH
+    if q.awaits_fetch():
+        return 1
+    return FETCH_BATCH if q.wants_rows() else 0
 
 
 async def queue_id(conn: asyncpg.Connection, q: PgBackingQueue) -> int:
@@ -121,6 +135,7 @@ class WorkerNode(Protocol):
     queues: dict[tuple[str, str, int | None], PgBackingQueue]
     publisher: Publisher
     acker: Acker
+    purge_waits: purging.Waits
 
     def fence(self, reason: str, epoch: int | None = None) -> None: ...
 
@@ -249,16 +264,23 @@ class Publisher(Worker):
 
 
 class Acker(Worker):
-    """The burst's acks (one DELETE), requeues (one UPDATE each kind) and purges, in one transaction."""
+    """The burst's acks (one DELETE), requeues (one UPDATE each kind), purges and answers to other members'
+    purges (storage/pg/purge.py), in one transaction that first takes its queues' purge locks."""
 
     def __init__(self, node: WorkerNode, conn: asyncpg.Connection, progress: Progress) -> None:
         super().__init__(node, conn, progress)
         self.dirty: dict[PgBackingQueue, None] = {}
+        self.answers: list[purging.Answer] = []
         self.enqueued_op = 0
         self.done_op = 0
 
     def idle(self) -> bool:
-        return not self.dirty and self.done_op == self.enqueued_op
+        return not self.dirty and not self.answers and self.done_op == self.enqueued_op
+
+    def answer(self, answer: purging.Answer) -> None:
+        """Answer another member's purge after the ops made here so far (storage/pg/purge.py, step 2)."""
+        self.answers.append(answer)
+        self.request()
 
     def add(self, q: PgBackingQueue) -> int:
         self.dirty[q] = None
@@ -271,6 +293,7 @@ class Acker(Worker):
         for q, _ in taken:
             q.ops = []
         self.dirty.clear()
+        answers, self.answers = self.answers, []
         upto = self.enqueued_op
         publisher = self.node.publisher
         target = publisher.started  # every row these ops touch was inserted by a statement begun by now
@@ -288,11 +311,17 @@ class Acker(Worker):
                 q.ops_failed(old)
         taken = [(q, [op for op in ops if op.epoch == epoch or op.kind not in ("ack", "requeue", "release")])
                  for q, ops in taken]
-        purged: list[tuple[PgBackingQueue, Op, int]] = []  # purge ops and the rows each deleted
+        purged: list[tuple[PgBackingQueue, Op, int, purging.Request]] = []  # purge ops, rows deleted, request
         try:
-            for q, _ in taken:
-                await queue_id(self.conn, q)
+            locks: dict[int, bool] = {a.request.queue_id: False for a in answers}
+            for q, ops in taken:
+                qid = await queue_id(self.conn, q)
+                locks[qid] = locks.get(qid, False) or any(op.kind == "purge" for op in ops)
             async with self.conn.transaction():
+                if locks:
+                    order = sorted(locks)
+                    await self.conn.execute(purging.LOCK_QUEUES, purging.PURGE_LOCK_CLASS, order,
+                                            [locks[qid] for qid in order])
                 acks: list[int] = []
                 requeues: list[int] = []
                 releases: list[int] = []
@@ -320,11 +349,24 @@ class Acker(Worker):
                         else:
                             await flush()
                             if op.kind == "purge":
+                                assert q.queue_id is not None
                                 status = await self.conn.execute(PURGE, q.queue_id, lo, hi, epoch, op.seqs)
-                                purged.append((q, op, int(status.rsplit(" ", 1)[-1])))
+                                holders = await self.conn.fetch(purging.MARK, q.queue_id, lo, hi, epoch)
+                                request = purging.Request(q.queue_id, lo, hi, self.node.purge_waits.token(),
+                                                          tuple(int(h[0]) for h in holders))
+                                if request.holders:
+                                    await self.conn.execute("SELECT pg_notify($1, $2)", purging.PURGE_BELL,
+                                                            request.payload())
+                                purged.append((q, op, int(status.rsplit(" ", 1)[-1]), request))
                             else:
                                 await self.conn.execute(DELETE_ALL, q.queue_id, lo, hi)
                 await flush()
+                for a in answers:
+                    if a.epoch != epoch:
+                        continue
+                    r = a.request
+                    await self.conn.execute(purging.ANSWER, r.queue_id, r.lo, r.hi, epoch, a.delivered,
+                                            purging.PURGED_BELL, f"{r.token} {epoch} ")
         except BaseException:
             for q, ops in taken:
                 q.ops_failed(ops)
@@ -333,10 +375,16 @@ class Acker(Worker):
         self.done_op = upto
         for q, ops in taken:
             q.ops_committed(ops, 0)
-        for q, op, deleted in purged:
-            q.purge_done(op, deleted)
+        for q, op, deleted, request in purged:
+            # purge-ok once the holders answered: with what they deleted of the rows they had not delivered
+            self.node.purge_waits.wait(request.token, request.holders, _purge_done(q, op, deleted))
         self.node.ring({q.queue_id for q, ops in taken
                         if q.queue_id is not None and any(op.kind in ("requeue", "release") for op in ops)})
+
+
+def _purge_done(q: PgBackingQueue, op: Op, deleted: int) -> Callable[[int], None]:
+    """The call that tells ``q`` its purge ``op`` is done: the rows it deleted plus those its answers did."""
+    return lambda others: q.purge_done(op, deleted + others)
 
 
 class Fetcher(Worker):
@@ -419,18 +467,29 @@ class Fetcher(Worker):
         qid = await queue_id(self.conn, q)
         rgen, pgen, changes = q.rgen, q.pgen, q.changes
         lo, hi = q.priority_range
-        q.reserve_rounds += 1
         batch = batch_for(q)
+        if batch == 0:
+            head = await self.conn.fetch(HEAD, qid, lo, hi, FETCH_BATCH)
+            q.last_poll = time.monotonic()
+            q.head_read([r[0] for r in head], rgen, changes)
+            return
+        q.reserve_rounds += 1
         below = q.take_reserve_below()
-        if below is None:
+        upto, q.expired_upto = q.expired_upto, None
+        # (Consumers here with room take rows as they come, expired ones dropped from the prefix by the owner.)
+        if upto is not None and q.room is not None and not q.room(1) and not q.awaits_fetch():
+            records = await self.conn.fetch(RESERVE_EXPIRED, qid, lo, hi, batch, self.node.epoch, upto)
+        elif below is None:
+            upto = None
             records = await self.conn.fetch(RESERVE, qid, lo, hi, batch, self.node.epoch)
         else:
+            upto = None
             records = await self.conn.fetch(RESERVE_BELOW, qid, lo, hi, batch, self.node.epoch, below)
         decode = q.decode
         rows = [Buffered(r[0], r[5] if decode is None else decode(r[5]), r[4], r[2], r[3], max(0, r[6] - 1))
                 for r in sorted(records, key=lambda r: (-r[1], r[0]))]
         q.last_poll = time.monotonic()
-        q.rows_reserved(rows, rgen, pgen, batch, changes)
+        q.rows_reserved(rows, rgen, pgen, batch, changes, bounded=upto is not None)
 
     def _housekeeping(self, now: float) -> None:
         for q in self.node.queues.values():

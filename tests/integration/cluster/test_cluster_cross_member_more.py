@@ -6,7 +6,8 @@ right after a purge-ok); queue.delete(if_unused) beside another member's consume
 members; a byte limit with reject-publish; a multiple nack with requeue. (Two probes of this session found
 differences left as they are, written down in README.md: consumers with room on two members do not share a
 stream of publishes made on one of them, and a TTL queue whose consumer on the publishing member is full may
-deliver a message or two out of order on the other member.) Real broker processes, a real PostgreSQL (tests/pg_server.py), pika clients."""
+deliver a message or two out of order on the other member; both since addressed by issue 35:
+test_cluster_fair_delivery.py, test_cluster_ttl_order.py.) Real broker processes, a real PostgreSQL (tests/pg_server.py), pika clients."""
 
 from __future__ import annotations
 
