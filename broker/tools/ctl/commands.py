@@ -137,7 +137,7 @@ def build_parser(groups: tuple[VerbGroup, ...] = GROUPS) -> argparse.ArgumentPar
                      help="await_startup: how long to wait (default 300)")
     for group in groups:
         group.add_options(ctl)
-    names = tuple(VERBS if groups is GROUPS else verb_table(groups))
+    names = tuple(verb_table(groups))
     ctl.add_argument("verb", choices=names, metavar="VERB", help=", ".join(names))
     ctl.add_argument("columns", nargs="*", metavar="ARG", help="info columns of list_* verbs, or the verb's "
                      "arguments")
