@@ -4,8 +4,8 @@
 [--prometheus-port N] [--log-level L] [--load-definitions FILE] [--set KEY=VALUE ...] [--force-reset]`` runs
 the broker (``--force-reset``, like ``rabbitmqctl force_reset``, wipes the data directory first: a one-off
 operator action, hence a flag and no configuration key);
-``leveret ctl VERB ...`` operates a running one over its HTTP API (see broker/tools/ctl.py);
-``leveret diagnostics COMMAND`` runs rabbitmq-diagnostics' health checks against it (also broker/tools/ctl.py);
+``leveret ctl VERB ...`` operates a running one over its HTTP API (see broker/tools/ctl/);
+``leveret diagnostics COMMAND`` runs rabbitmq-diagnostics' health checks against it (broker/tools/ctl/diagnostics.py);
 ``leveret perf [PerfTest's flags]`` is the load generator of broker/tools/perf.py (``leveret perf --help``).
 
 Settings come from built-in defaults < the config file < ``LEVERET_…`` environment variables < these flags.
@@ -97,9 +97,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return ctl.run(argv[1:])
     if argv and argv[0] == "diagnostics":
-        from broker.tools import ctl
+        from broker.tools.ctl import diagnostics
 
-        return ctl.diagnostics_run(argv[1:])
+        return diagnostics.run(argv[1:])
     if argv and argv[0] == "perf":
         from broker.tools import perf  # the PerfTest-like load generator, any broker by URL
 
@@ -128,9 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("perf", add_help=False,
                    help="load generator for any AMQP 0-9-1 broker, with PerfTest's flags (leveret perf --help)")
     from broker.tools import ctl
+    from broker.tools.ctl import diagnostics
 
     ctl.add_parser(sub)
-    ctl.diagnostics_add_parser(sub)
+    diagnostics.add_parser(sub)
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func  # each subcommand's set_defaults(func=...)
     return func(args)

@@ -1028,7 +1028,7 @@ def management_url(settings: Settings) -> str | None:
     plain HTTP unless only management.ssl.* is configured, then HTTPS on management.ssl.port (15671). A
     wildcard or loopback address is reached at 127.0.0.1.
 
-    The container's health check (broker/tools/healthcheck.py) and ``leveret ctl`` (broker/tools/ctl.py) derive their
+    The container's health check (broker/tools/healthcheck.py) and ``leveret ctl`` (broker/tools/ctl/target.py) derive their
     defaults from it, so a broker configured on other ports (LEVERET_* variables, the config file) is the one
     they talk to, never whatever else answers on 15672."""
     ssl = settings.management_ssl

@@ -40,9 +40,9 @@ gets a shovel anyway (one that finds it empty removes itself at once).
 Exit codes: 0 done (what was dropped is in the report), 64 usage, 69 RabbitMQ or Leveret unreachable, 1 a
 refusal that stops the import (credentials) or moves not finished within ``--move-timeout``.
 
-This module does not import broker/tools/ctl.py (ctl imports it): ctl hands over what it resolved (the
-Leveret's URL, credentials and TLS context, :class:`LeveretTarget`) and its own error class
-(:func:`verb`'s ``error``).
+This module does not import broker/tools/ctl/ (ctl imports it, through broker/tools/ctl/migration.py): ctl
+hands over what it resolved (the Leveret's URL, credentials and TLS context, :class:`LeveretTarget`) and its
+own error class (:func:`verb`'s ``error``).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ POLL_EVERY = 0.5
 
 
 class LeveretTarget(Protocol):
-    """The Leveret ctl resolved (broker/tools/ctl.py's ``Api``): its HTTP API, credentials, TLS context."""
+    """The Leveret ctl resolved (broker/tools/ctl/api.py's ``Api``): its HTTP API, credentials, TLS context."""
 
     @property
     def url(self) -> str: ...
