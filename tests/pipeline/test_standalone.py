@@ -211,8 +211,13 @@ def cluster_round(cluster: StandaloneCluster, broker: Any, name: str, tmp: Path,
     stream_offsets, stream_commits = out / "stream-checkpoint" / "offsets", out / "stream-checkpoint" / "commits"
     queue_commits = out / "queue-checkpoint" / "commits"
     common = ["--stream", src, "--dedup", dedup, "--queue", classic, "--rows", str(size.rows), "--partitions", "8"]
+    # The read's stage in 32 tasks, not 8: its kill waits for a moment when both executors have read and
+    # PENDING_TASKS are left to launch, and with 8 tasks of 0.1-0.5 s that window (about five task lengths)
+    # closed under CI load before a look at the REST API caught it ("phase read ended before an executor
+    # could be killed in it", 14 tasks completed); with 32 it stays open about seven times as long.
     t0 = time.monotonic()
-    first = cluster.submit(job_args(broker, "read,write,queue,stream", out, *common, "--per-trigger",
+    first = cluster.submit(job_args(broker, "read,write,queue,stream", out, *common, "--read-partitions", "32",
+                                    "--per-trigger",
                                     str(size.per_trigger), "--queue-per-trigger", str(size.queue_per_trigger),
                                     "--stream-trigger", "processing"), f"{name}-1")
     killed = [kill_executor_in(cluster, first, "read", task_done(first, "read"), both_read)]

@@ -7,7 +7,8 @@ committed files count).
 
 Phases:
 
-- ``read``: a batch read of stream queue ``--stream`` (``--partitions`` tasks) into parquet at ``<out>/read``.
+- ``read``: a batch read of stream queue ``--stream`` (``--read-partitions`` tasks, by default ``--partitions``)
+  into parquet at ``<out>/read``.
 - ``stream``: a streaming query from stream queue ``--stream`` to parquet at ``<out>/stream`` with checkpoint
   ``<out>/stream-checkpoint``, ``trigger(availableNow=True)``, ``--per-trigger`` records per micro-batch.
 - ``write``: ``--rows`` rows (bodies ``r<i>``) in ``--partitions`` tasks published into ``--dedup`` through
@@ -77,6 +78,7 @@ def main() -> None:
     p.add_argument("--queue", help="the classic or quorum queue that queue reads")
     p.add_argument("--out", required=True)
     p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--read-partitions", type=int, default=0, help="the read phase's (default: --partitions)")
     p.add_argument("--per-trigger", type=int, default=0)
     p.add_argument("--queue-per-trigger", type=int, default=0, help="the queue phase's (default: --per-trigger)")
     p.add_argument("--rows", type=int, default=0)
@@ -108,7 +110,7 @@ def main() -> None:
         out = os.path.join(a.out, phase)
         if phase == "read":
             df = spark.read.format("leveret").options(**conn, queue=a.stream, startingOffsets="earliest",
-                                                      minPartitions=str(a.partitions)).load()
+                                                      minPartitions=str(a.read_partitions or a.partitions)).load()
             df.select("offset", "body").write.mode("overwrite").parquet(out)
             sc.setJobGroup(phase + "-report", phase + " report")
             result = sink_report(spark, out, "offset")
