@@ -13,6 +13,7 @@ those are the knots the layering has to untie. tests/unit/test_layers.py keeps t
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +30,13 @@ def module_name(path: Path) -> str:
 
 
 def modules() -> dict[str, Path]:
+    return dict(_modules())
+
+
+# The source does not change while the tests run: parsing every module once per process, not once per call
+# (tests/unit/test_layers.py asks for the graph ten times; parsed each time, that was ~40 s of the lane).
+@functools.cache
+def _modules() -> dict[str, Path]:
     out = {}
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
@@ -63,13 +71,18 @@ def _imports(tree: ast.AST, kind: str = "module") -> Iterator[tuple[str, str]]:
 
 def edges() -> list[tuple[str, str, str]]:
     """(importer, imported, kind) between the project's own modules, each once per kind."""
-    mods = modules()
+    return list(_edges())
+
+
+@functools.cache
+def _edges() -> tuple[tuple[str, str, str], ...]:
+    mods = _modules()
     out = set()
     for name, path in mods.items():
         for target, kind in _imports(ast.parse(path.read_text(), str(path))):
             if target in mods and target != name and not name.startswith(target + "."):
                 out.add((name, target, kind))
-    return sorted(out)
+    return tuple(sorted(out))
 
 
 def strongly_connected(nodes: list[str], arrows: list[tuple[str, str]]) -> list[list[str]]:
