@@ -68,21 +68,58 @@ def ui_broker(launch) -> tuple[Any, Http]:
     return launch("--set", "collect_statistics_interval=1000")
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """Per module, not per session: Playwright's sync API keeps an event loop running on the main thread
-    while it is open, and every later test that calls asyncio.run (the unit tests run after tests/ui/) would
-    then fail with "cannot be called from a running event loop"."""
-    from playwright.sync_api import sync_playwright
+class _Chromium:
+    """One Playwright driver and one chromium for a run of consecutive UI tests (a worker's whole UI lane: the
+    lane is one xdist group, tests/conftest.py), closed as soon as the next test is not a UI test. Not a
+    session fixture: Playwright's sync API keeps an event loop running on the main thread while it is open,
+    and every later test that calls asyncio.run (the unit tests run after tests/ui/) would then fail with
+    "cannot be called from a running event loop". Not a module fixture either: started once per module, the
+    lane launched chromium 14 times, ~50 s of CPU of a run on 2 cores. Each test still gets a fresh browser
+    context (``page``): no cookie, storage or page is shared between tests."""
 
-    path = os.environ.get("LEVERET_CHROMIUM", CHROMIUM)
-    assert Path(path).exists(), f"{path} missing: `make test-tools` installs Debian's chromium"
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=path, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
-        yield b
-        b.close()
+    def __init__(self) -> None:
+        self._playwright: Any = None
+        self._browser: Any = None
+
+    def browser(self) -> Any:
+        if self._browser is None:
+            from playwright.sync_api import sync_playwright
+
+            path = os.environ.get("LEVERET_CHROMIUM", CHROMIUM)
+            assert Path(path).exists(), f"{path} missing: `make test-tools` installs Debian's chromium"
+            self._playwright = sync_playwright().start()
+            self._browser = self._playwright.chromium.launch(executable_path=path, headless=True, args=[
+                "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        return self._browser
+
+    def close(self) -> None:
+        browser, playwright = self._browser, self._playwright
+        self._browser = self._playwright = None
+        try:
+            if browser is not None:
+                browser.close()
+        finally:
+            if playwright is not None:
+                playwright.stop()
+
+
+_CHROMIUM = _Chromium()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a test's fixtures are torn down: close the browser unless the next test is a UI test too."""
+    try:
+        return (yield)
+    finally:
+        if nextitem is None or not nextitem.nodeid.startswith("tests/ui/"):
+            _CHROMIUM.close()
+
+
+@pytest.fixture
+def browser() -> Any:
+    return _CHROMIUM.browser()
 
 
 @pytest.fixture
