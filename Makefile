@@ -21,16 +21,21 @@ $(RUN_STAMP): pyproject.toml setup.py protocol/_codec.pyx
 	$(BIN)/python -m pip install -q -e .
 	touch $(RUN_STAMP)
 
+# The dev extra's requirements, read from pyproject.toml, installed as a list: `pip install -e '.[dev]'` would
+# build the editable leveret again (the compiled codec: ~9 s of a fresh clone's set-up) for nothing.
 $(STAMP): $(RUN_STAMP)
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["dev"]))' > $(VENV)/dev-requirements.txt
+	$(BIN)/python -m pip install -q -r $(VENV)/dev-requirements.txt
 	touch $(STAMP)
 
 # The Spark side (pipeline/: its own distribution, pyspark 4.3, about 500 MB), which tests/pipeline drives;
 # `make run` does not need it. Installed in "compat" editable mode (a path entry): Spark finds `pyspark_*` data
 # source modules with pkgutil.iter_modules, which does not see setuptools' default editable import hook.
+# --no-compile: pip would byte-compile all of pyspark, pandas and matplotlib (12 of the 30 s this install takes);
+# the modules the tests import are compiled when first imported, into the same __pycache__.
 PIPELINE_STAMP := $(VENV)/.pipeline-installed
 $(PIPELINE_STAMP): $(RUN_STAMP) pipeline/pyproject.toml
-	$(BIN)/python -m pip install -q -e pipeline --config-settings editable_mode=compat
+	$(BIN)/python -m pip install -q --no-compile -e pipeline --config-settings editable_mode=compat
 	touch $(PIPELINE_STAMP)
 
 # `make run PORT=5673 MANAGEMENT_PORT=15673 PROMETHEUS_PORT=15693 BIND=0.0.0.0 DATA_DIR=/srv/leveret`;
