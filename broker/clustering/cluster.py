@@ -25,7 +25,7 @@ from storage.backing_queue import BackingQueue
 from storage.commits import AllOf
 from storage.node_storage import NodeStorage
 from storage.pg.claims import AdvisoryClaims
-from storage.pg.cluster import NameTaken, PgCluster
+from storage.pg.cluster import LEASE_KEY, NameTaken, PgCluster
 from storage.pg.definitions_store import PgDefinitionsStore
 from storage.pg.forget import Forgotten, NotForgettable
 from storage.pg.queue_figures import PgQueueFigures
@@ -217,7 +217,10 @@ class Cluster:
             self.node.commits = AllOf(self.node.storage.metadata_commits, self.store.shared,
                                       self.forwarding.directory)
         # A dynamic shovel runs on the one member holding its claim (broker/shovel/placement.py).
-        self.claims = AdvisoryClaims(self.dsn)
+        # Under the member's epoch key: a member that hangs past its lease loses its shovels with its sessions.
+        pg = self.pg
+        assert pg is not None
+        self.claims = AdvisoryClaims(self.dsn, session_key=lambda: (LEASE_KEY, pg.epoch))
         self.node.shovels.placement = self.claims
         self.stats.start()
 

@@ -8,6 +8,12 @@ connection broke), so the next member to ask takes it. Two names whose hashes co
 member holding it runs both, which is still one member each. The locks are per database, so clusters on one
 server do not meet.
 
+The session also holds the member's epoch key (``session_key``: LEASE_KEY and the epoch, in shared mode, as
+every session of the member does, storage/pg/cluster.py). A member that hangs (SIGSTOP, a stalled VM) keeps its
+TCP connections open: without the key its claims would outlive its lease and no other member would ever take
+its shovels. With it, the peer that finds the member's lease expired ends this session with the member's
+others (cluster.py's HOLDERS), and the claims are free for the next member that asks.
+
 When the connection is found broken (a statement failed, or asyncpg reports it closed), every claim is
 :meth:`lost`: the holder must stop what it ran under them before asking again (another member may hold them
 now). The connection is opened again at the next :meth:`claim`. Every statement is bounded by ``timeout``: a
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import asyncpg
 
@@ -27,9 +34,13 @@ CLAIM_CLASS = 4243  # the advisory lock class of claims (LEASE_KEY is 4242: stor
 
 
 class AdvisoryClaims:
-    def __init__(self, dsn: str, *, timeout: float = 3.0) -> None:
+    def __init__(self, dsn: str, *, timeout: float = 3.0,
+                 session_key: Callable[[], tuple[int, int]] | None = None) -> None:
+        """``session_key``: the (class, key) of the member's epoch, taken in shared mode when the session opens
+        (asked then: a member fenced and back under a new epoch opens its next session under the new one)."""
         self.dsn = dsn
         self.timeout = timeout
+        self.session_key = session_key
         self._conn: asyncpg.Connection | None = None
         self._held: set[str] = set()
         self._lost = False
@@ -88,7 +99,15 @@ class AdvisoryClaims:
 
     async def _connection(self) -> asyncpg.Connection:
         if self._conn is None or self._conn.is_closed():
-            self._conn = await asyncpg.connect(self.dsn, timeout=self.timeout)
+            conn = await asyncpg.connect(self.dsn, timeout=self.timeout)
+            try:
+                if self.session_key is not None:
+                    classid, key = self.session_key()
+                    await conn.execute("SELECT pg_advisory_lock_shared($1, $2)", classid, key, timeout=self.timeout)
+            except BaseException:
+                conn.terminate()
+                raise
+            self._conn = conn
         return self._conn
 
     def _broken(self) -> None:

@@ -5,7 +5,8 @@ A shovel's parameter is a shared definition, so every member knows it. Before, e
 from an exchange declared a queue on each member and moved every message once per member (two members: each
 message twice). RabbitMQ runs it on one node. Here: one member lists it running and the other does not, a
 message published into the source exchange reaches the destination once, and after a kill -9 of the member
-running it the other member starts it (within seconds) and moves what is published next. Real broker processes,
+running it the other member starts it (within seconds) and moves what is published next; a member that hangs
+(SIGSTOP) loses it once its lease has run out and does not take it back when woken. Real broker processes,
 a real PostgreSQL (tests/pg_server.py), pika clients, the HTTP API."""
 
 from __future__ import annotations
@@ -94,3 +95,48 @@ def test_a_shovel_runs_on_one_member_moves_each_message_once_and_moves_on_a_kill
     publish(other, "shovel-src", [f"n{i}".encode() for i in range(200)])
     assert wait_count(other, "shovel-dst", 500, timeout=20), count(other, "shovel-dst")
     assert took < TAKEOVER, took
+
+
+HUNG_TAKEOVER = 20.0  # a 3 s lease, the survivor's reap round (0.5 s) and claim round (1 s), under the suite's load
+
+
+def test_a_hung_member_gives_its_shovel_up_and_does_not_take_it_back(start_broker, pg_dsn):
+    """A member that hangs (SIGSTOP) keeps its connections open; once its lease (3 s here) has run out, the
+    other member ends its sessions, the claims session among them (it holds the member's epoch key), and runs
+    the shovel. Woken up, the hung member finds its claims lost and does not run the shovel again."""
+    a, b = two(start_broker, pg_dsn, "--set", "cluster.postgres.lease_seconds=3")
+    conn, ch = channel(a)
+    ch.exchange_declare("shovel-src", "fanout", durable=True)
+    ch.queue_declare("shovel-dst", durable=True, arguments=QUORUM)
+    conn.close()
+    value = {"src-uri": "amqp://", "src-exchange": "shovel-src", "dest-uri": "amqp://", "dest-queue": "shovel-dst"}
+    status, body, _ = Http(a.management_port)("PUT", f"/api/parameters/shovel/%2F/{urllib.parse.quote(SHOVEL)}",
+                                              {"value": value})
+    assert status in (201, 204), body
+    holders = wait_running([a, b], 15)
+    assert len(holders) == 1, [running_here(m) for m in (a, b)]
+    holder = holders[0]
+    other = b if holder is a else a
+
+    os.kill(holder.pid, signal.SIGSTOP)
+    try:
+        hung_at = time.monotonic()
+        taken = wait_running([other], HUNG_TAKEOVER)  # only the other is asked: the hung one answers nothing
+        assert taken == [other], f"no member ran the shovel within {HUNG_TAKEOVER} s of the hang"
+        took = time.monotonic() - hung_at
+        publish(other, "shovel-src", [f"h{i}".encode() for i in range(200)])
+        assert wait_count(other, "shovel-dst", 200, timeout=20), count(other, "shovel-dst")
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+
+    deadline = time.monotonic() + 15
+    while running_here(holder):  # woken: it finds its sessions ended and stops what it ran under them
+        assert time.monotonic() < deadline, "the member that hung still runs the shovel"
+        time.sleep(0.2)
+    time.sleep(2.5)  # two more claim rounds: it would have taken the shovel back by now
+    assert [m for m in (a, b) if running_here(m)] == [other]
+    publish(holder, "shovel-src", [f"w{i}".encode() for i in range(100)])  # routed on the member that ran it
+    assert wait_count(other, "shovel-dst", 300, timeout=20), count(other, "shovel-dst")
+    time.sleep(1.5)
+    assert count(other, "shovel-dst") == 300  # each message once: one member moves them
+    assert took < HUNG_TAKEOVER, took

@@ -12,7 +12,8 @@ import asyncpg
 
 from storage.pg import workers
 from storage.pg.backing_queue import PgBackingQueue
-from storage.pg.cluster import REAP, PgCluster
+from storage.pg.claims import AdvisoryClaims
+from storage.pg.cluster import LEASE_KEY, REAP, PgCluster
 
 pytest_plugins = ["pg_fixtures"]
 
@@ -144,6 +145,30 @@ async def test_a_node_past_its_lease_is_terminated_then_reaped(nodes, admin) -> 
     assert await rows(admin) == [(b"m0", 0, None, True)]
     assert not await admin.fetchval(
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid::bigint = $1", a.epoch)
+
+
+async def test_a_hung_members_shovel_claims_end_with_its_sessions(nodes, pg_dsn) -> None:
+    """A member that hangs (SIGSTOP) keeps its TCP connections: its claims session (broker/shovel/placement.py)
+    holds its epoch's key like its other sessions, so the peer that reaps it ends that session too and the
+    shovels' claims are free for the peer to take. Without the key, A would hold them for as long as it hangs."""
+    a = await nodes("a", lease_seconds=1.0)
+    b = await nodes("b")
+    claims_a = AdvisoryClaims(pg_dsn, session_key=lambda: (LEASE_KEY, a.epoch))
+    claims_b = AdvisoryClaims(pg_dsn, session_key=lambda: (LEASE_KEY, b.epoch))
+    try:
+        assert await claims_a.claim("/ shovel-1")
+        assert not await claims_b.claim("/ shovel-1")  # one member at a time
+        assert a._lease_task is not None
+        a._lease_task.cancel()  # A hangs: connected, its heartbeat stopped
+        await _reap_until(b, a.epoch, 8)
+        deadline = time.monotonic() + 5
+        while not await claims_b.claim("/ shovel-1"):
+            assert time.monotonic() < deadline, "the hung member's claim outlived its reaping"
+            await asyncio.sleep(0.05)
+        assert claims_a.lost() and not claims_a.holds("/ shovel-1")  # A, back, stops its shovel
+    finally:
+        await claims_a.close()
+        await claims_b.close()
 
 
 async def test_members_and_a_clean_stop(nodes, admin) -> None:
