@@ -222,6 +222,12 @@ class BackingQueue(Protocol):
 
     def hand_back_unused(self) -> None: ...
 
+    def expect_takes(self, count: int) -> None:
+        """The owner's next takes off the head for itself, with no consumer to hand them to (a drop-head's
+        excess over max-length; 0: none known): a shared store that has to reserve rows for them reserves that
+        many rather than a batch, so that the other members' consumers are not kept from the rows behind."""
+        ...
+
     def want_single_active(self, wanted: bool) -> None: ...
 
     def deal_here(self) -> bool: ...
@@ -259,6 +265,9 @@ class LocalStore:
         return False
 
     def hand_back_unused(self) -> None:
+        pass
+
+    def expect_takes(self, count: int) -> None:
         pass
 
     def want_single_active(self, wanted: bool) -> None:

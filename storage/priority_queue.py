@@ -225,6 +225,11 @@ class PriorityBackingQueue:
         publishing member still delivers straight to its own consumers (a documented difference)."""
         return True
 
+    def expect_takes(self, count: int) -> None:
+        """Every level: the takes may come from any of them (each reserves at most ``count``)."""
+        for q in self._queues:
+            q.expect_takes(count)
+
     def hand_back_unused(self) -> None:
         """Every level's rows reserved only to judge the head go back (a shared store's; see its own), unless
         a basic.get waits on any level: it waits for every level's round and then takes the highest."""

@@ -176,6 +176,9 @@ class PgBackingQueue:
         # empty queue) reads the head's expiries instead (``head_read``): rows reserved only to be looked at
         # were skipped by the other members' consumers meanwhile (SKIP LOCKED), which then took newer rows first.
         self._take = False
+        # How many of those rows the owner will take for itself with no consumer to hand them to (expect_takes:
+        # a drop-head's excess): the reservation takes that many, not a batch. 0: not known.
+        self.takes_expected = 0
         self._head_read: list[int | None] = []  # the expiries of the head's rows as last read (head_read)
         # The newest expiry the owner judged expired of those (dropwhile/fetchwhile): the next reservation takes
         # only rows that old, to drop them; None when no such reservation is due.
@@ -381,6 +384,7 @@ class PgBackingQueue:
         (expired ones: ``expired_upto``), so fewer than asked says nothing of the rows left."""
         self.changes += 1
         self._take = False
+        self.takes_expected = 0
         self._head_read = []  # judged by the rows at hand from now on, or read again
         if bounded and not rows:  # others took them meanwhile: the head is read again
             self._head_hint = None
@@ -570,6 +574,9 @@ class PgBackingQueue:
     def awaits_fetch(self) -> bool:
         """Whether a basic.get waits for a reservation round (when_fetched)."""
         return bool(self._fetch_waiters)
+
+    def expect_takes(self, count: int) -> None:
+        self.takes_expected = max(0, count)
 
     def hand_back_unused(self) -> None:
         """None of the owner's consumers here has room (or it has none), and the head was reserved to judge

@@ -89,8 +89,8 @@ def batch_for(q: PgBackingQueue) -> int:
     up to a batch; one for a basic.get on a node where nobody has room. Rows reserved beyond that would wait
     here (for a slow consumer, or unused until the idle prefix goes back) while other nodes' consumers with
     room got nothing, or got later messages first. Where no consumer has room, a reservation the owner asked
-    for to take rows (a drop-head's fetch, a peek) takes a batch, and what it leaves goes back at once
-    (hand_back_unused); one that would only judge the head (its TTL timer, consumers waiting on a queue their
+    for to take rows takes a batch (a peek), or as many as the owner said it will take (``takes_expected``: a
+    drop-head's excess), and what it leaves goes back at once (hand_back_unused); one that would only judge the head (its TTL timer, consumers waiting on a queue their
     member counts as empty) is 0: the fetcher reads the head's expiries instead (HEAD), so no row is hidden from
     other members' consumers meanwhile, and then reserves only the rows the owner judged expired. A priority
     queue's levels are each bounded by the same room (together they may reserve more)."""
@@ -101,7 +101,9 @@ def batch_for(q: PgBackingQueue) -> int:
         return room
     if q.awaits_fetch():
         return 1
-    return FETCH_BATCH if q.wants_rows() else 0
+    if not q.wants_rows():
+        return 0
+    return min(FETCH_BATCH, q.takes_expected) if q.takes_expected else FETCH_BATCH
 
 
 async def queue_id(conn: asyncpg.Connection, q: PgBackingQueue) -> int:

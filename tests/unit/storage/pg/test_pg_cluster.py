@@ -147,6 +147,25 @@ async def test_a_node_past_its_lease_is_terminated_then_reaped(nodes, admin) -> 
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid::bigint = $1", a.epoch)
 
 
+async def test_a_drop_heads_reservation_takes_the_excess_not_a_batch(nodes, admin) -> None:
+    """A member with no consumer room that drops the head over max-length (the queue process says how many:
+    expect_takes) reserves that many rows, not a batch of 100: the rows behind stay ready for the other
+    members' consumers, who would otherwise take newer messages first while this member looked."""
+    a = await nodes("a")
+    qa = a.open_queue("/", "q")
+    qa.set_room(lambda most: 0)  # no consumer here has room
+    for i in range(10):
+        qa.publish(b"m%d" % i, 2, True)
+    await a.wait_idle()
+    qa.expect_takes(2)
+    assert qa.fetch(False) is None  # nothing at hand: a reservation round
+    got = await fetch_wait(qa, ack_required=False)
+    assert got[1] == b"m0"
+    await a.wait_idle()  # m0's drop applied
+    assert [(body, state) for body, state, _, _ in await rows(admin) if state == 1] == [(b"m1", 1)]
+    assert qa.takes_expected == 0  # asked once: a later reservation is a batch again
+
+
 async def test_a_hung_members_shovel_claims_end_with_its_sessions(nodes, pg_dsn) -> None:
     """A member that hangs (SIGSTOP) keeps its TCP connections: its claims session (broker/shovel/placement.py)
     holds its epoch's key like its other sessions, so the peer that reaps it ends that session too and the
