@@ -313,7 +313,7 @@ class RabbitCollector:
         yield from self._delayed([ex for vh in list(node.vhosts.values()) for ex in list(vh.exchanges.values())
                                   if isinstance(ex, DelayedExchange)])
         yield from shovel_families(node.shovels.workers.values())
-        yield from federation_families(node.federation.links.values())
+        yield from federation_families(node.federation.links.values(), node.federation.queue_links.values())
         # -- resources --------------------------------------------------------------------------------------
         mem = resident_memory()
         mem_limit = node.memory_limit

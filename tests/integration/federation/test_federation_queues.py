@@ -6,9 +6,11 @@ real RabbitMQ 3.10.8."""
 from __future__ import annotations
 
 import time
+import urllib.request
 
 import pika
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.federation.conftest import api, received, wait_for
 from tests.integration.shovel.helpers import count, publish
@@ -49,10 +51,28 @@ def moves_to_consumers(up_p: pika.ConnectionParameters, down, uri: str, uid: str
     assert wait_for(lambda: count(up_p, q) == 0, 10, "upstream queue drained")
 
 
+def federation_samples(broker) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The ``leveret_federation_*`` samples of the broker's /metrics: (name, sorted labels) -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.prometheus_port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) if family.name.startswith("leveret_federation")
+            for s in family.samples}
+
+
 def test_a_federated_queue_fetches_from_a_leveret_upstream_only_for_its_consumers(start_broker, uid):
     up = start_broker("--set", f"leveret.nodename=up-{uid}@localhost")
     down = start_broker("--set", f"leveret.nodename=down-{uid}@localhost")
     moves_to_consumers(up.pika_params(heartbeat=0), down, up.url, uid)
+    # The queue's link in Prometheus: what it moved (published here, acked upstream on confirm) and its status.
+    link = (("queue", f"fedq.{uid}"), ("upstream", "up"), ("vhost", "/"))
+    samples = wait_for(lambda: (got := federation_samples(down))
+                       .get(("leveret_federation_queue_messages_acked_total", link)) == 300 and got, 10,
+                       "300 acked upstream in the queue link's metrics")
+    assert samples[("leveret_federation_queue_messages_published_total", link)] == 300
+    assert samples[("leveret_federation_queue_link_status", (*link[:1], ("status", "running"), *link[1:]))] == 1
+    assert samples[("leveret_federation_queue_link_status", (*link[:1], ("status", "error"), *link[1:]))] == 0
+    assert samples[("leveret_federation_links", (("status", "running"),))] == 1
 
 
 def test_a_federated_queue_fetches_from_rabbitmq(rabbit, start_broker, uid):
