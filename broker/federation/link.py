@@ -78,6 +78,13 @@ class FederationLink:
         # a Leveret cluster, each running the link, share one upstream queue and take turns at its messages,
         # so a message crosses once whichever member's link takes it.
         self.internal_name = f"federation: {exchange} -> {cluster_name()}"
+        # The upstream exchange that carries X's bindings to that queue: one of two per member, "A" and "B"
+        # (RabbitMQ's scheme), a fresh one each session. What the link had bound upstream is known only to the
+        # process that bound it; after a restart the keys unbound here meanwhile would stay bound upstream for
+        # good. So each session binds the current keys on the other exchange of the pair, then deletes the old
+        # one with whatever it carried: no message is lost in between (both route into the queue meanwhile, a
+        # message once). Per member: the members of a cluster each keep their own pair, not each other's.
+        self.internal_exchange = ""
         self.id = link_id(vhost, exchange, upstream.name)
         self.state = "starting"
         self.error: str | None = None
@@ -165,12 +172,11 @@ class FederationLink:
             self._down, _ = await self._connect(("amqp://",), "downstream", self.vhost)
             up, down = self._up, self._down
             self._upstream_cluster = str(up.server_properties.get("cluster_name") or "")
-            await self._declare_upstream(up)
-            # What earlier sessions bound stays bound upstream: what is still wanted is bound again (a no-op,
-            # or the upstream lost it), what is not is unbound by the sync.
-            want = self.bindings()
-            self._bound = {k: v for k, v in self._bound.items() if k not in want}
+            old = await self._declare_upstream(up)
+            self._bound = {}  # a fresh internal exchange: every key X is bound with here is bound on it now
             await self._sync_bindings(up)
+            for name in old:  # and only then is the old one deleted, with the stale keys it carried
+                await up.rpc(method_frame(1, commands.Exchange.Delete, exchange=name), commands.Exchange.DeleteOk)
             if u.ack_mode == "on-confirm":
                 await down.rpc(method_frame(1, commands.Confirm.Select), commands.Confirm.SelectOk)
             if u.ack_mode != "no-ack":
@@ -196,9 +202,31 @@ class FederationLink:
                 for link in links:
                     link.abandon()
 
-    async def _declare_upstream(self, up: Link) -> None:
-        """The upstream exchange (declared like X here when it does not exist), the link's internal fanout
-        exchange and its queue (``expires``, ``message-ttl``)."""
+    def _pair(self) -> tuple[str, str]:
+        """``<queue name> <member> A`` and ``... B``: the member as 8 hex digits of its name's hash (a node name
+        beside the queue's could pass AMQP's 255 bytes), the queue's name cut short where the whole would."""
+        member = hashlib.sha1(self.node_name.encode()).hexdigest()[:8]
+        base = self.internal_name.encode()[:255 - len(member) - 3].decode(errors="ignore")
+        return f"{base} {member} A", f"{base} {member} B"
+
+    async def _exists(self, up: Link, exchange: str) -> bool:
+        """A passive declare: a 404 closes the channel, which is opened again."""
+        try:
+            await up.rpc(method_frame(1, commands.Exchange.Declare, exchange=exchange, passive=True),
+                         commands.Exchange.DeclareOk)
+            return True
+        except ChannelClosed as exc:
+            if exc.code != NOT_FOUND:
+                raise
+            await up.open_channel()
+            return False
+
+    async def _declare_upstream(self, up: Link) -> list[str]:
+        """The upstream exchange (declared like X here when it does not exist), the link's queue (``expires``,
+        ``message-ttl``) and a fresh internal fanout exchange bound to it: the one of this member's pair that is
+        not in use (emptied first if both were left by a session that ended mid-switch). Returns the exchanges to
+        delete once X's keys are bound on the new one: the other of the pair, and the single internal exchange
+        (named like the queue) that Leveret used before the pair, if they exist."""
         u = self.upstream
         try:
             await up.rpc(method_frame(1, commands.Exchange.Declare, exchange=self.upstream_exchange, passive=True),
@@ -209,8 +237,13 @@ class FederationLink:
             await up.open_channel()
             await up.rpc(method_frame(1, commands.Exchange.Declare, exchange=self.upstream_exchange,
                                       exchange_type=self.exchange_type, durable=True), commands.Exchange.DeclareOk)
-        await up.rpc(method_frame(1, commands.Exchange.Declare, exchange=self.internal_name, exchange_type="fanout",
+        a, b = self._pair()
+        old, new = (a, b) if await self._exists(up, a) else (b, a)
+        if await self._exists(up, new):  # both left: the new one may carry stale keys
+            await up.rpc(method_frame(1, commands.Exchange.Delete, exchange=new), commands.Exchange.DeleteOk)
+        await up.rpc(method_frame(1, commands.Exchange.Declare, exchange=new, exchange_type="fanout",
                                   durable=True, internal=True), commands.Exchange.DeclareOk)
+        self.internal_exchange = new
         arguments: dict[str, Any] = {}
         if u.expires is not None:
             arguments["x-expires"] = u.expires
@@ -218,20 +251,21 @@ class FederationLink:
             arguments["x-message-ttl"] = u.message_ttl
         await up.rpc(method_frame(1, commands.Queue.Declare, queue=self.internal_name, durable=True,
                                   arguments=arguments), commands.Queue.DeclareOk)
-        await up.rpc(method_frame(1, commands.Queue.Bind, queue=self.internal_name, exchange=self.internal_name,
+        await up.rpc(method_frame(1, commands.Queue.Bind, queue=self.internal_name, exchange=new,
                                   routing_key=""), commands.Queue.BindOk)
+        return [name for name in (old, self.internal_name) if await self._exists(up, name)]
 
     async def _sync_bindings(self, up: Link) -> None:
         """Bind upstream what X is bound with here and is not yet, unbind what X no longer is."""
         want = self.bindings()
         for key in [k for k in self._bound if k not in want]:
             routing_key, arguments = self._bound.pop(key)
-            await up.rpc(method_frame(1, commands.Exchange.Unbind, destination=self.internal_name,
+            await up.rpc(method_frame(1, commands.Exchange.Unbind, destination=self.internal_exchange,
                                       source=self.upstream_exchange, routing_key=routing_key, arguments=arguments),
                          commands.Exchange.UnbindOk)
         for key, (routing_key, arguments) in want.items():
             if key not in self._bound:
-                await up.rpc(method_frame(1, commands.Exchange.Bind, destination=self.internal_name,
+                await up.rpc(method_frame(1, commands.Exchange.Bind, destination=self.internal_exchange,
                                           source=self.upstream_exchange, routing_key=routing_key,
                                           arguments=arguments), commands.Exchange.BindOk)
                 self._bound[key] = (routing_key, arguments)
@@ -248,8 +282,10 @@ class FederationLink:
             return
         try:
             await up.rpc(method_frame(1, commands.Queue.Delete, queue=self.internal_name), commands.Queue.DeleteOk)
-            await up.rpc(method_frame(1, commands.Exchange.Delete, exchange=self.internal_name),
-                         commands.Exchange.DeleteOk)
+            for name in (*self._pair(), self.internal_name):
+                if await self._exists(up, name):
+                    await up.rpc(method_frame(1, commands.Exchange.Delete, exchange=name),
+                                 commands.Exchange.DeleteOk)
         except LinkError as exc:
             log.warning("federation link removed; deleting its upstream queue failed", vhost=self.vhost,
                         exchange=self.exchange, upstream=self.upstream.name, reason=str(exc))

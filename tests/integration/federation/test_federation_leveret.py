@@ -179,6 +179,41 @@ def test_link_survives_an_upstream_restart_without_losing_on_confirm_messages(st
     assert ids == set(range(n + 100))  # every one (a redelivery may come twice: at least once)
 
 
+def upstream_keys(up, exchange: str) -> set[str]:
+    """The keys the upstream's ``exchange`` is bound with (to the links' internal exchanges)."""
+    return {b["routing_key"] for b in api(up, "GET", "/api/bindings/%2F")[1] if b["source"] == exchange}
+
+
+def test_keys_unbound_while_the_upstream_was_away_are_unbound_after_a_restart_here(start_broker, uid):
+    """Unbound here while the upstream is away, then this node restarted before the link came back: the new
+    process never knew what the old one had bound upstream. The link's session binds X's keys on a fresh
+    internal exchange and deletes the old one, stale keys and all (RabbitMQ's A/B exchanges): before, the stale
+    key stayed bound upstream for good and its messages kept crossing to be dropped here."""
+    up = leveret_node(start_broker, f"up-{uid}@localhost")
+    down = leveret_node(start_broker, f"down-{uid}@localhost")
+    ex, q = f"fed.{uid}", f"{uid}-q"
+    up_p = up.pika_params(heartbeat=0)
+    declare(up_p, ex, "direct")
+    declare(down.pika_params(heartbeat=0), ex, "direct", bindings={q: ["k1", "k2"]})
+    federate(down, "up", up.url, "^fed\\.", **{"reconnect-delay": 1})
+    link_of(down, ex)
+    wait_for(lambda: upstream_keys(up, ex) == {"k1", "k2"}, 10, "both keys bound upstream")
+    up.stop()
+    link_of(down, ex, status="error", timeout=30)
+    with pika.BlockingConnection(down.pika_params(heartbeat=0)) as conn:
+        conn.channel().queue_unbind(q, ex, "k1")
+    down.stop()
+    down.start()
+    up.start()
+    link_of(down, ex, timeout=60)
+    wait_for(lambda: upstream_keys(up, ex) == {"k2"}, 10, "the stale key k1 unbound upstream")
+    internal = {b["destination"] for b in api(up, "GET", "/api/bindings/%2F")[1] if b["source"] == ex}
+    assert len(internal) == 1, internal  # one internal exchange of the pair left
+    publish(up_p, ex, ["k1", "k2"])
+    got = received(down.pika_params(heartbeat=0), q, at_least=1, timeout=30, quiet=1.5)
+    assert [p.message_id for p, _b in got] == ["1"]  # k2's crossed; k1's stayed upstream
+
+
 def test_an_upstream_that_cannot_be_reached_shows_error(start_broker, uid):
     down = leveret_node(start_broker, f"down-{uid}@localhost")
     ex = f"fed.{uid}"
