@@ -68,7 +68,7 @@ AUTH = "Basic " + b64encode(b"guest:guest").decode()
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One broker as a shovel end: how clients reach it, how a shovel running *on it* names it, its pid."""
+    """One broker as a shovel end: its AMQP port (the URL a shovel on another broker uses) and its pid."""
 
     name: str
     host_port: int
@@ -136,13 +136,14 @@ class Confirms:
     def on_confirm(self, tag: int, multiple: int, nack: bool) -> None:
         self.nacked += nack
         if multiple:
-            self.floor = max(self.floor, tag)
+            if tag > self.floor:
+                self.floor = tag
+                self.singles = {t for t in self.singles if t > tag}
         else:
             self.singles.add(tag)
-        while self.floor + 1 in self.singles:
+        while self.floor + 1 in self.singles:  # single confirms that close the gap above the floor
             self.floor += 1
             self.singles.discard(self.floor)
-        self.singles = {t for t in self.singles if t > self.floor} if self.singles else self.singles
 
 
 async def fill(url: str, queue: str, n: int, size: int) -> None:
