@@ -220,7 +220,7 @@ class Cluster:
         # Under the member's epoch key: a member that hangs past its lease loses its shovels with its sessions.
         pg = self.pg
         assert pg is not None
-        self.claims = AdvisoryClaims(self.dsn, session_key=lambda: (LEASE_KEY, pg.epoch))
+        self.claims = AdvisoryClaims(self.dsn, session_key=lambda: (LEASE_KEY, pg.epoch), node=self.node.name)
         self.node.shovels.placement = self.claims
         self.stats.start()
 

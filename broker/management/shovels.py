@@ -28,7 +28,8 @@ async def list_shovels(request: web.Request) -> web.Response:
         names = {vhost_for(request).name}
     else:
         names = {vh.name for vh in visible_vhosts(request)}
-    return respond_list(request, (s for s in node.shovels.status() if s["vhost"] in names))
+    # Every member's shovels (in a cluster, the others' as they reported them within seconds).
+    return respond_list(request, (s for s in await node.shovels.cluster_status() if s["vhost"] in names))
 
 
 async def restart_shovel(request: web.Request) -> web.Response:

@@ -15,7 +15,7 @@ member: a member that dies releases them with its session).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 CLAIM_EVERY = 1.0  # seconds between two rounds of claims for the shovels that run nowhere here
 
@@ -38,6 +38,15 @@ class ShovelPlacement(Protocol):
         claimed again before it runs here again."""
         ...
 
+    async def report(self, statuses: list[dict[str, Any]]) -> None:
+        """The status objects of the shovels this node runs, for the other members' listings (GET /api/shovels
+        lists every member's shovels, as RabbitMQ's lists every node's)."""
+        ...
+
+    async def others(self) -> list[dict[str, Any]]:
+        """The status objects the other members reported lately of the shovels they run."""
+        ...
+
 
 class EveryShovelHere:
     """A single node: it runs every shovel."""
@@ -53,6 +62,12 @@ class EveryShovelHere:
 
     def lost(self) -> bool:
         return False
+
+    async def report(self, statuses: list[dict[str, Any]]) -> None:
+        return None
+
+    async def others(self) -> list[dict[str, Any]]:
+        return []
 
 
 HERE = EveryShovelHere()

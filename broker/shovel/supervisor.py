@@ -97,6 +97,17 @@ class ShovelSupervisor:
         return [w.status() for (vh, _n), w in sorted(self.workers.items())
                 if (vhost is None or vh == vhost) and w.task is not None]
 
+    async def cluster_status(self, vhost: str | None = None) -> list[dict[str, Any]]:
+        """Every member's shovels, as RabbitMQ's GET /api/shovels lists every node's: those run here, and the
+        status the members running the others reported lately (broker/shovel/placement.py), for shovels whose
+        parameter this node has."""
+        own = self.status(vhost)
+        here = {(s["vhost"], s["name"]) for s in own}
+        others = [s for s in await self.placement.others()
+                  if (vhost is None or s.get("vhost") == vhost) and (s.get("vhost"), s.get("name")) not in here
+                  and (s.get("vhost"), s.get("name")) in self.workers]
+        return sorted(own + others, key=lambda s: (s["vhost"], s["name"]))
+
     # -- placement (broker/shovel/placement.py) -------------------------------------------------------------
     def _start_if_held(self, worker: ShovelWorker) -> None:
         if self.placement.holds(_key(worker)):
@@ -120,6 +131,7 @@ class ShovelSupervisor:
                         and self.workers.get((worker.d.vhost, worker.d.name)) is worker and worker.task is None:
                     log.info("shovel placed here", vhost=worker.d.vhost, shovel=worker.d.name, node=self.node_name)
                     worker.start()
+            await self.placement.report(self.status())  # for the other members' GET /api/shovels
             await asyncio.sleep(CLAIM_EVERY)
 
     def _release(self, vhost: str, name: str) -> None:

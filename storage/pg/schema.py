@@ -185,10 +185,22 @@ MIGRATION_9 = """
 CREATE INDEX message_purging ON leveret.message (owner, queue_id) WHERE state = 2;
 """
 
+# The status of each shovel as the member running it last reported it (storage/pg/claims.py): every member's
+# GET /api/shovels lists every member's shovels, as RabbitMQ's lists every node's.
+MIGRATION_10 = """
+CREATE TABLE leveret.shovel_status (
+    vhost      text NOT NULL,
+    name       text NOT NULL,
+    node       text NOT NULL,                  -- the member that runs it
+    status     jsonb NOT NULL,                 -- GET /api/shovels' object, as that member made it
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (vhost, name));
+"""
+
 # (version, sql), ascending. Append only: a released migration never changes.
 MIGRATIONS: list[tuple[int, str]] = [(1, MIGRATION_1), (2, MIGRATION_2), (3, MIGRATION_3), (4, MIGRATION_4),
                                      (5, MIGRATION_5), (6, MIGRATION_6), (7, MIGRATION_7),
-                                     (8, MIGRATION_8), (9, MIGRATION_9)]
+                                     (8, MIGRATION_8), (9, MIGRATION_9), (10, MIGRATION_10)]
 
 
 class SchemaTooNew(RuntimeError):

@@ -31,10 +31,23 @@ SHOVEL = "one-member"
 TAKEOVER = 15.0  # the killed member's session ends at once; the survivor claims every second (CLAIM_EVERY)
 
 
-def running_here(m) -> list[str]:
+def node_name(m) -> str:
+    status, overview, _ = Http(m.management_port)("GET", "/api/overview")
+    assert status == 200, overview
+    return str(overview["node"])
+
+
+def listed(m) -> list[dict]:
+    """The shovel's entries in ``m``'s GET /api/shovels (every member's shovels, as RabbitMQ lists them)."""
     status, shovels, _ = Http(m.management_port)("GET", "/api/shovels")
     assert status == 200, shovels
-    return [s["node"] for s in shovels if s["name"] == SHOVEL and s["state"] == "running"]
+    return [s for s in shovels if s["name"] == SHOVEL]
+
+
+def running_here(m) -> list[str]:
+    """``m``'s own node name if ``m`` runs the shovel."""
+    me = node_name(m)
+    return [s["node"] for s in listed(m) if s["state"] == "running" and s["node"] == me]
 
 
 def wait_running(members, timeout: float) -> list:
@@ -80,6 +93,13 @@ def test_a_shovel_runs_on_one_member_moves_each_message_once_and_moves_on_a_kill
     assert len(holders) == 1, [running_here(m) for m in (a, b)]
     holder = holders[0]
     other = b if holder is a else a
+    # Every member lists it, once, with the member that runs it (the other from the holder's report).
+    assert [(s["node"], s["state"]) for s in listed(holder)] == [(node_name(holder), "running")]
+    deadline = time.monotonic() + 10
+    while [(s["node"], s["state"]) for s in listed(other)] != [(node_name(holder), "running")]:
+        assert time.monotonic() < deadline, listed(other)
+        time.sleep(0.2)
+    assert listed(other)[0]["dest_queue"] == "shovel-dst"
 
     publish(a, "shovel-src", [f"m{i}".encode() for i in range(300)])
     assert wait_count(a, "shovel-dst", 300, timeout=20), count(a, "shovel-dst")
