@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 import warnings
 from collections.abc import Iterator
@@ -479,3 +480,71 @@ def test_external_refuses_a_certificate_naming_no_user(start_broker, certs):
     with pytest.raises(pika.exceptions.AMQPConnectionError):
         pika.BlockingConnection(_external_params(b, client_context(certs)))
     assert f"EXTERNAL login refused: user '{CLIENT_CN}'" in b.log_text()
+
+
+# -- a shovel whose source is this TLS listener (issue 37: amqps URIs with RabbitMQ's TLS options) -------------
+
+def _shovel_over_amqps(start_broker, tls_broker, certs, uid: str, ca: Path) -> tuple[BrokerProcess, str, str]:
+    """A second Leveret runs a shovel from a queue of the TLS broker (amqps, a client certificate, the CA given
+    by ``cacertfile``, the host name checked through ``server_name_indication``) into a local queue."""
+    from tests.integration.shovel.conftest import api
+
+    client_pem, client_key = certs.dir / "client.pem", certs.dir / "client.key"
+    certs.client.cert_chain_pems[0].write_to_path(str(client_pem))
+    certs.client.private_key_pem.write_to_path(str(client_key))
+    query = "&".join(f"{k}={urllib.parse.quote(str(v), safe='/')}" for k, v in {
+        "cacertfile": ca, "certfile": client_pem, "keyfile": client_key, "verify": "verify_peer",
+        "server_name_indication": "localhost"}.items())
+    down = start_broker()
+    name = f"{uid}-amqps"
+    status, body = api(down, "PUT", f"/api/parameters/shovel/%2F/{name}", {"value": {
+        "src-uri": f"amqps://guest:guest@127.0.0.1:{tls_broker.tls_port}/%2F?{query}", "src-queue": f"{uid}-src",
+        "dest-uri": "amqp://", "dest-queue": f"{uid}-dst"}})
+    assert status in (201, 204), body
+    return down, name, query
+
+
+def _shovel_state(down: BrokerProcess, name: str) -> dict | None:
+    from tests.integration.shovel.conftest import api
+
+    return next((s for s in api(down, "GET", "/api/shovels")[1] if s["name"] == name), None)
+
+
+def test_a_shovel_moves_from_an_amqps_source_with_a_client_certificate(tls_broker, certs, start_broker, uid):
+    conn = pika.BlockingConnection(pika_params(tls_broker, client_context(certs)))
+    try:
+        ch = conn.channel()
+        ch.queue_declare(f"{uid}-src", durable=True)
+        ch.confirm_delivery()
+        for i in range(200):
+            ch.basic_publish("", f"{uid}-src", f"m{i}".encode(), pika.BasicProperties(delivery_mode=2))
+    finally:
+        conn.close()
+    down, name, _query = _shovel_over_amqps(start_broker, tls_broker, certs, uid, certs.ca)
+    local = pika.ConnectionParameters("127.0.0.1", down.port, credentials=pika.PlainCredentials("guest", "guest"))
+    deadline = time.monotonic() + 30
+    while True:
+        with pika.BlockingConnection(local) as c:
+            try:
+                moved = c.channel().queue_declare(f"{uid}-dst", passive=True).method.message_count
+            except pika.exceptions.ChannelClosedByBroker:
+                moved = 0
+        if moved == 200:
+            break
+        assert time.monotonic() < deadline, f"{moved} of 200 moved over amqps: {_shovel_state(down, name)}"
+        time.sleep(0.2)
+    state = _shovel_state(down, name)
+    assert state is not None and state["state"] == "running", state
+    assert state["src_uri"].startswith("amqps://127.0.0.1:") and "guest" not in state["src_uri"]  # no credentials
+
+
+def test_a_shovel_to_an_amqps_source_signed_by_another_ca_is_terminated_with_the_reason(
+        tls_broker, certs, start_broker, uid):
+    other = certs.dir / "other-ca.pem"
+    certs.other_ca.cert_pem.write_to_path(str(other))
+    down, name, _query = _shovel_over_amqps(start_broker, tls_broker, certs, uid, other)
+    deadline = time.monotonic() + 20
+    while (state := _shovel_state(down, name)) is None or state["state"] != "terminated":
+        assert time.monotonic() < deadline, state
+        time.sleep(0.2)
+    assert "certificate" in state["reason"].lower(), state  # the verification failure, said so
