@@ -612,3 +612,39 @@ def test_rabbitmqadmin_against_leveret(mgmt, uid):
     run("delete", "exchange", f"name={uid}-x")
     run("delete", "user", f"name={uid}-u")
     assert not any(q_["name"] == f"{uid}-q" for q_ in json.loads(run("list", "queues")))
+
+
+def test_rabbitmqadmin_declares_a_shovel_and_a_federation_upstream(mgmt, uid):
+    """rabbitmqadmin's parameter commands, as a RabbitMQ operator declares shovels and upstreams (issue 37)."""
+    tool = _find_rabbitmqadmin()
+    if tool is None:
+        pytest.skip("rabbitmqadmin is not installed (apt-get install rabbitmq-server ships it)")
+    port = int(mgmt[1].base.rsplit(":", 1)[1])
+
+    def run(*args: str) -> str:
+        out = subprocess.run([sys.executable, tool, "-H", "127.0.0.1", "-P", str(port), "-u", "guest",
+                              "-p", "guest", "-f", "raw_json", *args], capture_output=True, text=True, timeout=30,
+                             check=False)
+        assert out.returncode == 0, out.stderr + out.stdout
+        return out.stdout
+
+    run("declare", "queue", f"name={uid}-sq", "durable=true")
+    for i in range(5):
+        run("publish", "exchange=amq.default", f"routing_key={uid}-sq", f"payload=m{i}")
+    shovel = {"src-uri": "amqp://", "src-queue": f"{uid}-sq", "dest-uri": "amqp://", "dest-queue": f"{uid}-dq"}
+    run("declare", "parameter", "component=shovel", f"name={uid}-sh", f"value={json.dumps(shovel)}")
+    run("declare", "parameter", "component=federation-upstream", f"name={uid}-up",
+        'value={"uri": "amqp://", "max-hops": 2}')
+    params = json.loads(run("list", "parameters"))
+    assert {(p["component"], p["name"]) for p in params} >= {("shovel", f"{uid}-sh"),
+                                                             ("federation-upstream", f"{uid}-up")}
+    deadline = time.monotonic() + 20
+    while not any(q_["name"] == f"{uid}-dq" and q_.get("messages") == 5 for q_ in json.loads(run("list", "queues"))):
+        assert time.monotonic() < deadline, "the shovel declared with rabbitmqadmin moved nothing"
+        time.sleep(0.3)
+    run("delete", "parameter", "component=shovel", f"name={uid}-sh")
+    run("delete", "parameter", "component=federation-upstream", f"name={uid}-up")
+    assert not {(p["component"], p["name"]) for p in json.loads(run("list", "parameters"))} & {
+        ("shovel", f"{uid}-sh"), ("federation-upstream", f"{uid}-up")}
+    run("delete", "queue", f"name={uid}-sq")
+    run("delete", "queue", f"name={uid}-dq")
