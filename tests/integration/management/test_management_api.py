@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pika
@@ -580,7 +580,9 @@ def _find_rabbitmqadmin() -> str | None:
     return None
 
 
-def test_rabbitmqadmin_against_leveret(mgmt, uid):
+def _rabbitmqadmin(mgmt) -> Callable[..., str]:
+    """``run(*args)``: rabbitmqadmin against the module's Leveret as guest, its raw JSON output (the command
+    must succeed)."""
     tool = _find_rabbitmqadmin()
     if tool is None:
         pytest.skip("rabbitmqadmin is not installed (apt-get install rabbitmq-server ships it)")
@@ -588,9 +590,16 @@ def test_rabbitmqadmin_against_leveret(mgmt, uid):
 
     def run(*args: str) -> str:
         out = subprocess.run([sys.executable, tool, "-H", "127.0.0.1", "-P", str(port), "-u", "guest",
-                              "-p", "guest", "-f", "raw_json", *args], capture_output=True, text=True, timeout=30, check=False)
+                              "-p", "guest", "-f", "raw_json", *args], capture_output=True, text=True, timeout=30,
+                             check=False)
         assert out.returncode == 0, out.stderr + out.stdout
         return out.stdout
+
+    return run
+
+
+def test_rabbitmqadmin_against_leveret(mgmt, uid):
+    run = _rabbitmqadmin(mgmt)
 
     run("declare", "exchange", f"name={uid}-x", "type=topic")
     run("declare", "queue", f"name={uid}-q", "durable=false")
@@ -616,17 +625,7 @@ def test_rabbitmqadmin_against_leveret(mgmt, uid):
 
 def test_rabbitmqadmin_declares_a_shovel_and_a_federation_upstream(mgmt, uid):
     """rabbitmqadmin's parameter commands, as a RabbitMQ operator declares shovels and upstreams (issue 37)."""
-    tool = _find_rabbitmqadmin()
-    if tool is None:
-        pytest.skip("rabbitmqadmin is not installed (apt-get install rabbitmq-server ships it)")
-    port = int(mgmt[1].base.rsplit(":", 1)[1])
-
-    def run(*args: str) -> str:
-        out = subprocess.run([sys.executable, tool, "-H", "127.0.0.1", "-P", str(port), "-u", "guest",
-                              "-p", "guest", "-f", "raw_json", *args], capture_output=True, text=True, timeout=30,
-                             check=False)
-        assert out.returncode == 0, out.stderr + out.stdout
-        return out.stdout
+    run = _rabbitmqadmin(mgmt)
 
     run("declare", "queue", f"name={uid}-sq", "durable=true")
     for i in range(5):
