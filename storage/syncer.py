@@ -45,8 +45,10 @@ log = logging.getLogger("leveret.storage")
 
 # Test-only hook, never set in production: LEVERET_TEST_FSYNC_DELAY_MS slows the disk writer. When set,
 # the fsync thread sleeps that many milliseconds before each fsync round, as a slow disk would, so that
-# tests can make publishes pile up waiting for their fsync (credit flow). Read once, at import.
-_TEST_FSYNC_DELAY = max(0.0, float(os.environ.get("LEVERET_TEST_FSYNC_DELAY_MS") or 0) / 1000.0)
+# tests can make publishes pile up waiting for their fsync (credit flow). Read when the fsync thread starts
+# (not at import: the suite forks its brokers from a process that imported this module once, tests/broker_forks.py).
+def _test_fsync_delay() -> float:
+    return max(0.0, float(os.environ.get("LEVERET_TEST_FSYNC_DELAY_MS") or 0) / 1000.0)
 
 
 # Back-off between retries of a flush whose writes failed (seconds): soon at first, then once a second.
@@ -249,6 +251,7 @@ class Syncer:
 
     def _run(self) -> None:
         cond = self._cond
+        test_delay = _test_fsync_delay()
         while True:
             with cond:
                 while not self._queue and not self._stopping:
@@ -256,8 +259,8 @@ class Syncer:
                 if not self._queue:
                     return
                 self._busy = True
-            if _TEST_FSYNC_DELAY:
-                time.sleep(_TEST_FSYNC_DELAY)  # test-only: a slow disk writer (see _TEST_FSYNC_DELAY)
+            if test_delay:
+                time.sleep(test_delay)  # test-only: a slow disk writer (see _test_fsync_delay)
             with cond:
                 batch, self._queue = self._queue, []
             gen = batch[-1][0]

@@ -21,7 +21,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.parse
@@ -42,6 +41,7 @@ if CLUSTER_NODES == 1 or CLUSTER_NODES < 0:
 ROOT = Path(__file__).resolve().parent.parent
 
 
+from broker_forks import ForkedBroker, start_broker_process
 from worker_resources import free_port
 
 
@@ -54,7 +54,7 @@ class BrokerProcess:
     user: str = "guest"
     password: str = "guest"
     vhost: str = "/"
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen | ForkedBroker | None = None
     data_dir: Path | None = None
     log_path: Path | None = None
     extra_args: list[str] = field(default_factory=list)
@@ -103,14 +103,14 @@ class BrokerProcess:
             self.management_port = self.management_port or free_port()
             self.prometheus_port = self.prometheus_port or free_port()
             ports = ["--management-port", str(self.management_port), "--prometheus-port", str(self.prometheus_port)]
-        cmd = [
-            sys.executable, "-m", "broker", "serve",
-            "--bind", self.host, "--port", str(self.port), "--data-dir", str(self.data_dir),
+        argv = [
+            "serve", "--bind", self.host, "--port", str(self.port), "--data-dir", str(self.data_dir),
             *ports, *self.extra_args,
         ]
         env = dict(os.environ, PYTHONUNBUFFERED="1", LEVERET_LOG_FORMAT="json")
-        log = open(self.log_path, "ab")  # noqa: SIM115
-        self.process = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+        with open(self.log_path, "ab") as log:
+            # `python -m broker ARGV`, forked from a process that imported the broker once (tests/broker_forks.py)
+            self.process = start_broker_process(argv, env, log)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
