@@ -15,11 +15,12 @@ exit status. So the fork server forks twice (the middle process exits at once) w
 :class:`ForkedBroker` waits for it with ``waitpid`` like Popen. The mark is cleared as soon as the broker is
 adopted, so nothing else the test starts is adopted meanwhile.
 
-What a fork cannot change is what an import already read: environment variables read at import time (the
-broker reads none at import; storage/syncer.py's test hook reads its variable when its thread starts), and
-the interpreter's own ``PYTHON…`` variables. A start whose ``PYTHON…`` variables differ from the fork
-server's falls back to Popen, as does every start with ``LEVERET_TEST_FORK=0`` in the environment (to compare,
-or to rule the fork server out).
+What a fork cannot change is what was read before it: the variables the dynamic loader (``LD_PRELOAD``:
+libfaketime), the interpreter (``PYTHON…``) and imports read (``LEVERET_NO_EXTENSIONS``: protocol/__init__.py
+picks its codec at import). So a start forks only when its environment differs from the fork server's in
+``LEVERET_…`` variables the broker reads at run time (the configuration's; storage/syncer.py's test hook reads
+its variable when its thread starts), pytest's ``PYTEST_…`` and ``PYTHONUNBUFFERED`` (set up by the fork); any other difference starts
+it with Popen, as does ``LEVERET_TEST_FORK=0`` (to compare, or to rule the fork server out).
 """
 
 from __future__ import annotations
@@ -49,9 +50,17 @@ def enabled() -> bool:
     return os.environ.get("LEVERET_TEST_FORK", "1") != "0" and sys.platform == "linux"
 
 
-def _interpreter_environment(env: dict[str, str]) -> dict[str, str]:
-    """The variables the interpreter reads at its own start (PYTHONUNBUFFERED aside: the fork sets it up)."""
-    return {k: v for k, v in env.items() if k.startswith("PYTHON") and k != "PYTHONUNBUFFERED"}
+_READ_AT_IMPORT = frozenset({"LEVERET_NO_EXTENSIONS"})
+
+
+def _read_at_run_time(name: str) -> bool:
+    """Whether a forked broker sees variable ``name`` as set for its start (see the module)."""
+    return (name == "PYTHONUNBUFFERED" or name.startswith("PYTEST_")  # (pytest's own: PYTEST_CURRENT_TEST)
+            or (name.startswith("LEVERET_") and name not in _READ_AT_IMPORT))
+
+
+def _read_before_the_fork(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if not _read_at_run_time(k)}
 
 
 class ForkedBroker:
@@ -116,6 +125,16 @@ class ForkedBroker:
                 pass
 
 
+_environment: dict[str, str] | None = None
+
+
+def remember_environment() -> None:
+    """Take this process's environment now as the fork server's (pytest_configure, before any test sets a
+    variable for one start of its own: a fork server started in such a test would keep it for all)."""
+    global _environment
+    _environment = dict(os.environ)
+
+
 class _ForkServer:
     """This process's fork server (started at the first broker start; it dies with this process)."""
 
@@ -123,7 +142,7 @@ class _ForkServer:
         self._lock = threading.Lock()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = ours
-        self._env = dict(os.environ)
+        self._env = dict(os.environ if _environment is None else _environment)
         self._process = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), str(theirs.fileno())],
             cwd=ROOT, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), env=self._env)
@@ -138,7 +157,7 @@ class _ForkServer:
         return self._process.poll() is None
 
     def can_fork(self, env: dict[str, str]) -> bool:
-        return _interpreter_environment(env) == _interpreter_environment(self._env)
+        return _read_before_the_fork(env) == _read_before_the_fork(self._env)
 
     def start(self, argv: list[str], env: dict[str, str], cwd: Path, output: IO[bytes]) -> ForkedBroker:
         request = json.dumps({"argv": argv, "env": env, "cwd": str(cwd)}).encode()

@@ -41,6 +41,7 @@ if CLUSTER_NODES == 1 or CLUSTER_NODES < 0:
 ROOT = Path(__file__).resolve().parent.parent
 
 
+import broker_forks
 from broker_forks import ForkedBroker, start_broker_process
 from worker_resources import free_port
 
@@ -348,6 +349,7 @@ def pytest_configure(config):
 
     leftovers.mark_owner()
     leftovers.install_interrupt_handler()
+    broker_forks.remember_environment()  # the fork server's, before any test changes it (tests/broker_forks.py)
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist), before any worker starts
         for line in leftovers.clean_up_after_dead_runs():
             print(f"leftover of a killed test run: {line}")

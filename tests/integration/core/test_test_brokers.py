@@ -17,7 +17,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from broker_forks import ROOT, ForkedBroker
 
 pytestmark = pytest.mark.leveret_only
@@ -66,3 +65,11 @@ def test_popen_when_the_fork_server_is_turned_off(start_broker, monkeypatch):
     b = start_broker()
     assert isinstance(b.process, subprocess.Popen)
     assert _overview(b)["product_name"] == "Leveret"
+
+
+@pytest.mark.parametrize("variable", ["LEVERET_NO_EXTENSIONS", "LD_PRELOAD"])
+def test_popen_when_a_variable_is_read_before_the_fork(start_broker, monkeypatch, variable):
+    """The codec is chosen at import, the preload by the loader: a fork would not see them (libfaketime's tests)."""
+    monkeypatch.setenv(variable, "1" if variable.startswith("LEVERET") else "")
+    b = start_broker()
+    assert isinstance(b.process, subprocess.Popen)
