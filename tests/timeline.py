@@ -1,5 +1,6 @@
 """Where a parallel run's time goes, test by test: ``PYTEST_ADDOPTS="-p timeline" LEVERET_TEST_TIMELINE=DIR``
-writes one JSON line per test phase (worker, test, phase, start and end on the wall clock) to DIR/<worker>.jsonl.
+writes one JSON line per test (worker, test, start and end on the wall clock, the CPU seconds of the test process
+and of its children waited for meanwhile: brokers and tools) to DIR/<worker>.jsonl.
 The per-lane sums and the slowest tests that every run prints say what costs; this says what ran beside what,
 e.g. when all workers sat in sleeping tests and the two cores idled (issue 33: the parallel pass is CPU-bound
 except for such stretches). ``python tests/timeline.py DIR`` prints the stretches with the tests then running."""
@@ -20,12 +21,20 @@ _DIR = os.environ.get("LEVERET_TEST_TIMELINE")
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: Any) -> Any:
-    start = time.time()
+    start, cpu, children = time.time(), time.process_time(), _children_cpu()
     yield
     if _DIR:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(Path(_DIR) / f"{worker}.jsonl", "a") as out:
-            out.write(json.dumps({"worker": worker, "test": item.nodeid, "start": start, "end": time.time()}) + "\n")
+            out.write(json.dumps({"worker": worker, "test": item.nodeid, "start": start, "end": time.time(),
+                                  "cpu": time.process_time() - cpu, "children_cpu": _children_cpu() - children})
+                      + "\n")
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's children that have ended and been waited for (its brokers, tools)."""
+    t = os.times()
+    return t.children_user + t.children_system
 
 
 def _report(directory: str, width: float = 10.0) -> None:

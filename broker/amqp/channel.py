@@ -13,9 +13,9 @@ handled without pamqp; everything else goes through :meth:`handle_method`'s tabl
 Some replies cannot be given at once in a cluster: a quorum queue's basic.get and declare-ok wait for a round
 in PostgreSQL, a declare of another member's queue for that member's answer, an unbind of it for the member to
 carry it out. The channel answers them from a callback, the event loop serving everyone else meanwhile, and
-holds its own later frames back until then (:meth:`Channel._hold`; channel.close too, which the reader answers
-itself: :meth:`Channel.hold_call`): AMQP 0-9-1 answers a channel's methods in the order they came, and a client
-that pipelines relies on it. The connection's other channels go on.
+pauses its pipeline until then (broker/amqp/method_pipeline.py: the later frames wait, channel.close too): AMQP
+0-9-1 answers a channel's methods in the order they came, and a client that pipelines relies on it. The
+connection's other channels go on.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,6 +31,7 @@ from pamqp import commands as spec
 
 from broker.amqp.command_assembler import CommandAssembler
 from broker.amqp.confirms import Confirms
+from broker.amqp.method_pipeline import MethodPipeline
 from broker.amqp.tx import COMMIT_FAILED, Transaction
 from broker.errors import AMQPError
 from broker.exchanges.exchange import EXCHANGE, QUEUE, Exchange
@@ -78,15 +78,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("leveret.channel")
 
-# What a held-back frame was (Channel._hold): the reader's entry point it came through, or (_CALL) a method the
-# reader handles itself, channel.close or access.request (Channel.hold_call).
-_PUBLISH, _HEADER, _BODY, _WHOLE, _ACK, _NACK, _REJECT, _METHOD, _CALL = range(9)
-# (class id, method id) a close reports for an error in a held-back frame, as the reader's _failing_method.
-_HELD_IDS = {_PUBLISH: (60, 40), _HEADER: (60, 40), _BODY: (60, 40), _WHOLE: (60, 40), _ACK: (60, 80),
-             _NACK: (60, 120), _REJECT: (60, 90)}
-HOLD_MAX = 10_000  # frames held back on one channel above which the connection's socket is not read meanwhile
-REPLAY_PER_TURN = 500  # held-back frames handled per event-loop turn once the reply is sent
-
 # Client libraries (client_properties "product") that give basic.qos's global flag its AMQP 0-9-1 meaning on a
 # broker not named RabbitMQ: py-amqp, under kombu and Celery (see Channel._basic_qos).
 SPEC_QOS_CLIENTS = frozenset({"py-amqp"})
@@ -127,6 +118,8 @@ class ChannelConnection(QueueOwner, Protocol):
 
     def resume_for(self, reason: object) -> None: ...
 
+    def channel_frame_in_turn(self, channel: Channel, frame_type: int, payload: Any) -> None: ...
+
 
 class Channel:
     def __init__(self, reader: ChannelConnection, channel_id: int) -> None:
@@ -142,22 +135,12 @@ class Channel:
         self.on_header = self.assembler.on_header
         self.on_body = self.assembler.on_body
         self.on_whole_publish = self.assembler.on_whole_publish
-        # The reader's other entry points, bound here too, so that _hold can swap every one of them for a
-        # holder and back: holding costs nothing per frame while nothing is held (no test in the hot path).
-        self.on_ack: Callable[[int, bool], None] = self._on_ack
-        self.on_nack: Callable[[int, bool, bool], None] = self._on_nack
-        self.on_reject: Callable[[int, bool], None] = self._on_reject
-        self.handle_method: Callable[[Any], None] = self._handle_method
-        self._direct: tuple[Callable[..., None], ...] = (
-            self.on_publish, self.on_header, self.on_body, self.on_whole_publish, self.on_ack, self.on_nack,
-            self.on_reject, self.handle_method)
-        # Holding back (_hold): whether a reply of this channel is deferred, the frames that came after it (None
-        # when nothing is held), whether the socket is paused for them, whether their replay is scheduled.
-        self.reply_pending = False
-        self.held: deque[tuple[int, tuple[Any, ...]]] | None = None
-        self._hold_paused = False
-        self._replay_scheduled = False
-        # Replies on commit (storage/commits.py; _handle_method): the node's commits, and while a method runs,
+        # The channel's frames in order: paused while a reply of it is deferred, its later frames waiting
+        # (broker/amqp/method_pipeline.py); the reader hands a frame to it instead of handling it then.
+        self.pipeline = MethodPipeline(
+            dispatch=lambda frame_type, payload: reader.channel_frame_in_turn(self, frame_type, payload),
+            flow=reader, mid_content=lambda: self.assembler.publish is not None, closed=lambda: self.closing)
+        # Replies on commit (storage/commits.py; handle_method): the node's commits, and while a method runs,
         # the writes accepted before it and its replies sent after a write of its own (None between methods);
         # then, until they are committed, the commit and those replies (_answer_later sends them first).
         self._commits = reader.node.commits
@@ -237,16 +220,16 @@ class Channel:
         frame = method_frame(self.id, cls, **values)
         outbox = self._outbox
         if outbox is not None and self._commits.accepted != self._accepted_at:
-            outbox.append(frame)  # after the running method wrote a definition: sent on commit (_handle_method)
+            outbox.append(frame)  # after the running method wrote a definition: sent on commit (handle_method)
         else:
             self.reader.send(frame)
 
-    # -- deferred replies: the channel's later frames held back ------------------------------------------
+    # -- deferred replies: the pipeline paused meanwhile -------------------------------------------------
     def _answer_later(self, answer: Callable[[], None], class_id: int, method_id: int) -> Callable[[], None]:
         """The callback of a reply that comes later (a queue's ``basic_get_wait`` / ``message_count_wait``, an
         unbind's future): it runs ``answer`` (the reply, or an AMQPError closing the channel, reported as the
         method ``class_id``/``method_id`` failing, as the reader reports one raised at once), then lets the
-        frames held back since (:meth:`_hold`) go on. Nothing if the channel has closed meanwhile."""
+        frames that came since go on (the pipeline resumes). Nothing if the channel has closed meanwhile."""
 
         def run() -> None:
             if self.closing:
@@ -254,7 +237,7 @@ class Channel:
             commit = self._commit
             if commit is not None:
                 if not commit.done():
-                    commit.add_done_callback(lambda _f: run())  # the method's writes first (_handle_method)
+                    commit.add_done_callback(lambda _f: run())  # the method's writes first (handle_method)
                     return
                 self._commit = None
             try:
@@ -270,12 +253,12 @@ class Channel:
                 log.exception("internal error answering a deferred method", channel=self.id)
                 self.reader.channel_error(self.id, AMQPError(INTERNAL_ERROR, "internal error", class_id, method_id))
                 return
-            self._resume()
+            self.pipeline.resume()
 
         return run
 
     def _committed(self, commit: asyncio.Future[None]) -> None:
-        """The writes of the method whose reply waited (:meth:`_handle_method`) are committed: its replies
+        """The writes of the method whose reply waited (:meth:`handle_method`) are committed: its replies
         go out; or they were not within the store's timeout: 541, as a write that fails at once."""
         outbox, self._commit_outbox = self._commit_outbox, []
         exc = commit.exception()
@@ -283,119 +266,6 @@ class Channel:
             raise AMQPError(INTERNAL_ERROR, str(exc))
         for frame in outbox:
             self.reader.send(frame)
-
-    def _hold(self) -> None:
-        """A reply of this channel is deferred (its callback, made by :meth:`_answer_later`, runs later, never
-        before the deferring method returns): until it is sent, the channel's later frames are not handled but
-        held back, in order, and handled once it is (:meth:`_replay`), so no reply or effect of a later method
-        overtakes it. The reader's entry points for this channel are swapped for holders meanwhile: nothing is
-        tested per frame, held or not. A client that pipelines more than HOLD_MAX frames behind the reply has
-        its socket paused (credit flow) until they are handled."""
-        self.reply_pending = True
-        if self.held is not None:
-            return
-        held: deque[tuple[int, tuple[Any, ...]]] = deque()
-        self.held = held
-
-        def holder(kind: int) -> Callable[..., None]:
-            def hold(*args: Any) -> None:
-                held.append((kind, args))
-                if len(held) > HOLD_MAX and not self._hold_paused:
-                    self._hold_paused = True
-                    self.reader.pause_for(self)
-            return hold
-
-        (self.on_publish, self.on_header, self.on_body, self.on_whole_publish, self.on_ack, self.on_nack,
-         self.on_reject, self.handle_method) = (holder(kind) for kind in range(8))
-
-    def hold_call(self, run: Callable[[], None], class_id: int, method_id: int) -> None:
-        """A method the reader handles itself (channel.close, access.request) came while this channel's frames are
-        held back (``held`` is not None): it waits behind them, and :meth:`_replay` calls ``run`` (its handling)
-        in its turn. RabbitMQ's channel process takes a channel's methods in order: handled at once, a pipelined
-        channel.close would answer close-ok before the deferred reply and drop the frames held before it
-        (publishes never routed, replies never sent). ``class_id``/``method_id`` name the method if it fails in
-        its turn (505: it came in the middle of a publish's content). The reader tests ``held`` only for these
-        methods, never per frame."""
-        held = self.held
-        assert held is not None, "hold_call without frames held back"
-        held.append((_CALL, (run, class_id, method_id)))
-        if len(held) > HOLD_MAX and not self._hold_paused:
-            self._hold_paused = True
-            self.reader.pause_for(self)
-
-    def holds_call(self, class_id: int, method_id: int) -> bool:
-        """Whether the method ``class_id``/``method_id`` came through :meth:`hold_call` and waits among the held-back
-        frames (a channel error drops them: the reader answers a held channel.close as one that came after its
-        own channel.close)."""
-        held = self.held
-        return held is not None and any(kind == _CALL and args[1] == class_id and args[2] == method_id
-                                        for kind, args in held)
-
-    def _resume(self) -> None:
-        """The deferred reply is sent: the frames held back behind it are handled from the next turn on."""
-        self.reply_pending = False
-        if self.held is not None and not self._replay_scheduled:
-            self._replay_scheduled = True
-            asyncio.get_running_loop().call_soon(self._replay)
-
-    def _replay(self) -> None:
-        """Handle the held-back frames in order, as the reader would have (:meth:`_handle_held`), until one
-        defers its reply again (the rest stays held) or the channel closes; REPLAY_PER_TURN per turn."""
-        self._replay_scheduled = False
-        held = self.held
-        if held is None or self.closing:
-            return
-        n = 0
-        while held and not self.reply_pending:
-            if n >= REPLAY_PER_TURN and self.assembler.publish is None:  # (never between a publish's frames)
-                self._replay_scheduled = True
-                asyncio.get_running_loop().call_soon(self._replay)
-                break
-            kind, args = held.popleft()
-            n += 1
-            try:
-                self._handle_held(kind, args)
-            except AMQPError as exc:
-                if exc.class_id is None:
-                    if kind == _METHOD:
-                        exc.class_id, exc.method_id = args[0].index >> 16, args[0].index & 0xFFFF
-                    elif kind == _CALL:
-                        exc.class_id, exc.method_id = args[1], args[2]
-                    else:
-                        exc.class_id, exc.method_id = _HELD_IDS[kind]
-                self.reader.channel_error(self.id, exc)
-                return
-            except Exception:
-                log.exception("internal error handling a held-back frame", channel=self.id)
-                self.reader.channel_error(self.id, AMQPError(INTERNAL_ERROR, "internal error", 0, 0))
-                return
-            if self.closing:
-                return
-        if self._hold_paused and len(held) <= HOLD_MAX // 2:
-            self._hold_paused = False
-            self.reader.resume_for(self)
-        if not held and not self.reply_pending:
-            self._release()
-
-    def _handle_held(self, kind: int, args: tuple[Any, ...]) -> None:
-        """One held-back frame, through the entry point the reader called (or, for a method the reader handles
-        itself, the reader's handling: :meth:`hold_call`), with the reader's check that a method does not come in
-        the middle of a publish's content (broker/amqp/reader.py ``_channel_frame``)."""
-        if (kind >= _ACK or kind in (_PUBLISH, _WHOLE)) and self.assembler.publish is not None:
-            self.assembler.on_method()  # content is awaited: a method frame is unexpected (505)
-        if kind == _CALL:
-            args[0]()
-        else:
-            self._direct[kind](*args)
-
-    def _release(self) -> None:
-        """Nothing is held back any more: the reader's entry points go straight to the handlers again."""
-        self.held = None
-        (self.on_publish, self.on_header, self.on_body, self.on_whole_publish, self.on_ack, self.on_nack,
-         self.on_reject, self.handle_method) = self._direct
-        if self._hold_paused:
-            self._hold_paused = False
-            self.reader.resume_for(self)
 
     # -- content assembly (broker/amqp/command_assembler.py) ------------------------------------------------
     def _publish_command(self, args: PublishArgs, header: bytes, body: bytes) -> None:
@@ -431,7 +301,7 @@ class Channel:
                 with deferring(answers):
                     exchange = self.vhost.check_publishable(name)
             except Deferred as exc:
-                self._hold()
+                self.pipeline.pause()
                 exc.future.add_done_callback(lambda _f: self._publish_again(args, msg, answers))
                 return
         if topic is not None:
@@ -450,7 +320,7 @@ class Channel:
                 # moment ago: routed once the directory and the definitions feed have answered
                 # (broker/clustering/cluster_forwarding.py VHostLink._lookup, broker/clustering/cluster_definitions.py soon), the loop
                 # serving others meanwhile and this channel's later frames held back, so none overtakes it.
-                self._hold()
+                self.pipeline.pause()
                 answer = self._answer_later(lambda: self._publish_routed(exchange, args, msg, persistent),
                                             CLASS_BASIC, 40)
                 learning.add_done_callback(lambda _f: answer())
@@ -476,7 +346,7 @@ class Channel:
         basic.publish's; the frames held back behind it go on unless it waits again."""
         if self.closing:
             return
-        self.reply_pending = False  # (its later frames stay held: ``held`` is kept until _replay empties it)
+        self.pipeline.resume()  # (the frames after it wait for a later turn; it pauses again if it waits again)
         try:
             self.basic_publish(args, msg, answers)
         except AMQPError as exc:
@@ -487,9 +357,6 @@ class Channel:
         except Exception:
             log.exception("internal error publishing again", channel=self.id)
             self.reader.channel_error(self.id, AMQPError(INTERNAL_ERROR, "internal error", CLASS_BASIC, 40))
-            return
-        if not self.reply_pending:
-            self._resume()
 
     def _publish_routed(self, exchange: Exchange, args: PublishArgs, msg: Message, persistent: bool) -> None:
         """A publish past its checks: into the transaction, or routed now."""
@@ -707,28 +574,28 @@ class Channel:
         for consumer in list(self.consumers.values()):
             consumer.queue.schedule_run()
 
-    def _on_ack(self, tag: int, multiple: bool) -> None:
+    def on_ack(self, tag: int, multiple: bool) -> None:
         pairs = self._collect(tag, multiple)
         if self.tx is not None:
             self.tx.add_settle("ack", pairs)
             return
         self._settle(pairs, "ack")
 
-    def _on_nack(self, tag: int, multiple: bool, requeue: bool) -> None:
+    def on_nack(self, tag: int, multiple: bool, requeue: bool) -> None:
         pairs = self._collect(tag, multiple)
         if self.tx is not None:
             self.tx.add_settle("requeue" if requeue else "discard", pairs)
             return
         self._settle(pairs, "requeue" if requeue else "discard")
 
-    def _on_reject(self, tag: int, requeue: bool) -> None:
-        self._on_nack(tag, False, requeue)
+    def on_reject(self, tag: int, requeue: bool) -> None:
+        self.on_nack(tag, False, requeue)
 
     # -- other methods ---------------------------------------------------------------------------------
-    def _handle_method(self, method: Any, answers: Answers | None = None) -> None:
+    def handle_method(self, method: Any, answers: Answers | None = None) -> None:
         """One method of :attr:`_handlers`, replied on commit: a method that wrote a definition the store
         commits later (a cluster member's PostgreSQL table, storage/commits.py) has its replies sent after
-        the commit, its channel's later methods held back meanwhile (:meth:`_hold`); the event loop serves
+        the commit, its channel's later methods waiting meanwhile (its pipeline paused); the event loop serves
         everyone else. A store that commits within the call (SQLite) leaves ``accepted`` as it was: the
         replies go out as the method ends.
 
@@ -762,27 +629,27 @@ class Channel:
             if deferred is None:
                 answers.settle()
         if deferred is not None:
-            self._hold()
+            self.pipeline.pause()
             deferred.future.add_done_callback(lambda _f: self._handle_again(method, answers))
             return
         if commit is not None:
             self._commit, self._commit_outbox = commit, outbox
-            if not self.reply_pending:  # (else the method's own deferred reply waits for the commit: _answer_later)
-                self._hold()
+            if not self.pipeline.paused:  # (else the method's own deferred reply waits for the commit: _answer_later)
+                self.pipeline.pause()
                 answer = self._answer_later(_nothing, method.index >> 16, method.index & 0xFFFF)
                 commit.add_done_callback(lambda _f: answer())
 
     def _handle_again(self, method: Any, answers: Answers) -> None:
-        """The directory answered what ``method`` waited for (:meth:`_handle_method`): the method is handled
+        """The directory answered what ``method`` waited for (:meth:`handle_method`): the method is handled
         again with the answer at hand, its errors reported as the reader reports a method's; the frames held
         back behind it go on unless it defers its reply again. Nothing but the clean-up of the answers if the
         channel has closed meanwhile."""
         if self.closing:
             answers.settle()
             return
-        self.reply_pending = False  # (its later frames stay held: ``held`` is kept until _replay empties it)
+        self.pipeline.resume()  # (the frames after it wait for a later turn; it pauses again if it waits again)
         try:
-            self._handle_method(method, answers)
+            self.handle_method(method, answers)
         except AMQPError as exc:
             answers.settle()
             if exc.class_id is None:
@@ -794,9 +661,6 @@ class Channel:
             log.exception("internal error handling a method again", channel=self.id)
             self.reader.channel_error(self.id, AMQPError(INTERNAL_ERROR, "internal error", method.index >> 16,
                                                          method.index & 0xFFFF))
-            return
-        if not self.reply_pending:
-            self._resume()
 
     def _queue_name(self, name: str) -> str:
         """RabbitMQ's shortcut: an empty queue name means the queue last declared on this channel."""
@@ -903,7 +767,7 @@ class Channel:
             # messages that are not at hand yet: it fetches and calls back, and the answer is sent then.
             if not waited and queue.basic_get_wait(self._answer_later(lambda: self._basic_get(m, waited=True),
                                                                       CLASS_BASIC, 70)):
-                self._hold()
+                self.pipeline.pause()
                 return
             counters.messages_get_empty += 1
             self.msg_get_empty += 1
@@ -974,7 +838,7 @@ class Channel:
             self.send(spec.Queue.DeclareOk, queue=name, message_count=0, consumer_count=1)
             return
         if not name and not m.passive:
-            # (The same name each time the declare is handled again after a directory answer: _handle_method.)
+            # (The same name each time the declare is handled again after a directory answer: handle_method.)
             answers = current_answers()
             name = _random_tag("amq.gen-") if answers is None else \
                 answers.memo(("server-named",), lambda: _random_tag("amq.gen-"))
@@ -997,7 +861,7 @@ class Channel:
             # asks its member (figures, and the arguments to check). Either calls back then.
             if queue.message_count_wait(self._answer_later(lambda: self._declared(queue, owner_checks, m.nowait),
                                                            CLASS_QUEUE, 10)):
-                self._hold()
+                self.pipeline.pause()
                 return
             self._declared(queue, owner_checks, m.nowait)
 
@@ -1037,7 +901,7 @@ class Channel:
             # Another cluster member's queue: unbind-ok once that member has carried the unbind out.
             answer = self._answer_later(lambda: self._unbound(unbinding), CLASS_QUEUE, 50)
             unbinding.add_done_callback(lambda _f: answer())
-            self._hold()
+            self.pipeline.pause()
             return
         self.send(spec.Queue.UnbindOk)
 
@@ -1061,7 +925,7 @@ class Channel:
             reply()
 
         if queue.purge_count_wait(purged):
-            self._hold()
+            self.pipeline.pause()
             return
         self.send(spec.Queue.PurgeOk, message_count=count[0])
 
@@ -1087,7 +951,7 @@ class Channel:
             # A quorum queue in a cluster recounts first (as for declare-ok): delete-ok counts what other
             # members published, not this member's estimate.
             if queue.message_count_wait(self._answer_later(lambda: self._delete(queue, m.nowait), CLASS_QUEUE, 40)):
-                self._hold()
+                self.pipeline.pause()
                 return
             self._delete(queue, m.nowait)
         elif not m.nowait:
@@ -1205,7 +1069,4 @@ class Channel:
         if confirms is not None:
             confirms.clear()
         self.assembler.reset()
-        self.reply_pending = False
-        if self.held is not None:
-            self.held.clear()
-            self._release()
+        self.pipeline.clear()

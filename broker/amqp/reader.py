@@ -85,6 +85,7 @@ READ_BYTES_PER_TURN = 16 * 1024
 # curves, docs/decisions/performance.md: fan-out to 1,000 queues delivered nothing in a 10 s window). About 10-40 ms of work.
 ROUTED_PER_TURN = 2048
 _ACCESS_REQUEST = (30 << 16) | 10
+_CHANNEL_CLOSE = (20 << 16) | 40  # channel.close
 _RUNNING = 4  # Reader.RUNNING, as a module constant for the hot path
 _unpack_index = struct.Struct(">I").unpack_from
 _ACCESS_REQUEST_OK = b"\x00\x1e\x00\x0b\x00\x01"  # class 30, method 11, ticket 1
@@ -366,12 +367,39 @@ class Reader(asyncio.Protocol):
         self._channel_frame(channel, frame_type, payload)
 
     def _channel_frame(self, channel: Channel, frame_type: int, payload: bytes) -> None:
-        """A frame for an open channel: the per-message frames go straight to the fast codec."""
+        """A frame for an open channel: it waits its turn while a reply of the channel is deferred
+        (broker/amqp/method_pipeline.py), else it is handled now."""
+        pipeline = channel.pipeline
+        if pipeline.backlog is not None:
+            pipeline.add(frame_type, payload)
+            return
+        self._handle_channel_frame(channel, frame_type, payload)
+
+    def channel_frame_in_turn(self, channel: Channel, frame_type: int, payload: Any) -> None:
+        """A frame of ``channel``'s backlog, its turn come (broker/amqp/method_pipeline.py): handled as a live
+        frame is, its errors answered as :meth:`_frames` answers them."""
+        if self.state >= Reader.CLOSING or self.channels.get(channel.id) is not channel:
+            return
+        try:
+            self._handle_channel_frame(channel, frame_type, payload)
+        except AMQPError as exc:
+            if exc.class_id is None:
+                exc.class_id, exc.method_id = self._failing_method(frame_type, channel.id, payload)
+            self._error(channel.id, exc)
+        except FrameError as exc:
+            self.close_connection(exc.reply_code, exc.text, *self._failing_method(frame_type, channel.id, payload))
+        except Exception:
+            log.exception("internal error handling a frame", **self.log_id)
+            self.close_connection(541, "internal error")
+
+    def _handle_channel_frame(self, channel: Channel, frame_type: int, payload: Any) -> None:
+        """A frame for an open channel, its turn come: the per-message frames go straight to the fast codec."""
         if frame_type == FRAME_PUBLISH:
             if channel.assembler.publish is None and self.has_published:
                 channel.on_whole_publish(*payload)
             else:  # content was awaited (an error), or the first publish: the three frames one by one
-                self._frames(split_publish(channel.id, payload), None)
+                for part_type, _, part in split_publish(channel.id, payload):
+                    self._handle_channel_frame(channel, part_type, part)
         elif frame_type == FRAME_BODY:
             channel.on_body(payload)
         elif frame_type == FRAME_HEADER:
@@ -398,22 +426,15 @@ class Reader(asyncio.Protocol):
             raise AMQPError(UNEXPECTED_FRAME, f"heartbeat frame on channel {channel.id}")
 
     def _channel_method(self, channel: Channel, index: int, payload: bytes) -> None:
-        # The two methods answered here rather than by the channel wait their turn while a reply of the channel is
-        # deferred (``held``: broker/amqp/channel.py Channel._hold), as its other frames do, so their answer
-        # does not overtake the replies of the methods before them (tested here only, not per frame).
+        # The two methods answered here rather than by the channel come in their turn, like its other frames
+        # (_channel_frame): their answer does not overtake the deferred replies of the methods before them.
         if index == _ACCESS_REQUEST:
             # access.request (class 30, deprecated): answered with request-ok, ticket 1, for old clients.
-            if channel.held is not None:
-                channel.hold_call(lambda: self._access_request_ok(channel), 30, 10)
-            else:
-                self._access_request_ok(channel)
+            self._access_request_ok(channel)
             return
         method = decode_method(payload)
         if isinstance(method, spec.Channel.Close):
-            if channel.held is not None:
-                channel.hold_call(lambda: self._close_channel(channel), 20, 40)
-            else:
-                self._close_channel(channel)
+            self._close_channel(channel)
         elif isinstance(method, spec.Channel.CloseOk):
             pass  # we never sent a close that this answers
         elif isinstance(method, spec.Channel.Open):
@@ -765,9 +786,10 @@ class Reader(asyncio.Protocol):
             self.node.counters.channels_closed += 1
             log.warning("channel error", **self.log_id, channel=channel_id, reply_code=exc.reply_code,
                         reply_text=exc.reply_text)
-            # The client's channel.close may be waiting behind the failing method (Channel.hold_call); shutdown
-            # drops it with the other held frames.
-            client_closed = channel.holds_call(20, 40)
+            # The client's channel.close may be waiting behind the failing method (in the channel's backlog);
+            # shutdown drops it with the other waiting frames.
+            client_closed = any(frame_type == FRAME_METHOD and method_index(payload) == _CHANNEL_CLOSE
+                                for frame_type, payload in channel.pipeline.frames())
             channel.shutdown()
             self.closing_channels.add(channel_id)
             self.send(method_frame(channel_id, spec.Channel.Close, reply_code=exc.reply_code,

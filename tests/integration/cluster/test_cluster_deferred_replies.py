@@ -26,7 +26,7 @@ import pika.exceptions
 import pytest
 from rawamqp import Frame, RawAMQPClient, body_frame, commands, content_header_frame, method_frame, raw_frame
 
-from broker.amqp.channel import HOLD_MAX
+from broker.amqp.method_pipeline import HOLD_MAX
 from tests.integration.cluster.test_cluster_forwarding import (
     bound_classic_queue,
     channel,
