@@ -204,9 +204,17 @@ class BaselineLeveret(Leveret):
                        check=True, capture_output=True)
         if (self.worktree / "setup.py").exists():
             # Its own compiled codec, in place: otherwise the editable install's finder hands the worktree's
-            # ``protocol`` package this tree's extension module, built from another _codec.pyx.
-            subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=self.worktree,
-                           check=True, capture_output=True)
+            # ``protocol`` package this tree's extension module, built from another _codec.pyx. The same source
+            # as this tree's: this tree's build is copied (building needs Cython and a setuptools that reads
+            # this pyproject.toml, which the editable install's isolated build had and .venv may not).
+            source = Path("protocol") / "_codec.pyx"
+            built = sorted((ROOT / "protocol").glob("_codec*.so"))
+            if built and (self.worktree / source).read_bytes() == (ROOT / source).read_bytes():
+                for extension in built:
+                    shutil.copy2(extension, self.worktree / "protocol" / extension.name)
+            else:
+                subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=self.worktree,
+                               check=True, capture_output=True)
         super().__init__(port, self.worktree)
         self.log_path = Path(tempfile.gettempdir()) / f"leveret-baseline-bench-{port}.log"
 
