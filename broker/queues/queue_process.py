@@ -379,8 +379,11 @@ class QueueProcess:
         if s.overflow != "drop-head" or (s.max_length is None and s.max_length_bytes is None):
             return
         bq = self.bq
+        excess = bq.len() - s.max_length if s.max_length is not None else 0
+        if excess <= 0 and (s.max_length_bytes is None or bq.ready_bytes() <= s.max_length_bytes):
+            return  # (the common case, at every publish: nothing to drop, nothing to tell the store)
         # The excess by count, for a shared store that must reserve the head first (by bytes it is not known).
-        bq.expect_takes(bq.len() - s.max_length if s.max_length is not None else 0)
+        bq.expect_takes(max(excess, 0))
         dropped: list[Message] = []
         while (s.max_length is not None and bq.len() > s.max_length) or \
                 (s.max_length_bytes is not None and bq.ready_bytes() > s.max_length_bytes):
