@@ -15,12 +15,16 @@ exit status. So the fork server forks twice (the middle process exits at once) w
 :class:`ForkedBroker` waits for it with ``waitpid`` like Popen. The mark is cleared as soon as the broker is
 adopted, so nothing else the test starts is adopted meanwhile.
 
-What a fork cannot change is what was read before it: the variables the dynamic loader (``LD_PRELOAD``:
-libfaketime), the interpreter (``PYTHON…``) and imports read (``LEVERET_NO_EXTENSIONS``: protocol/__init__.py
-picks its codec at import). So a start forks only when its environment differs from the fork server's in
-``LEVERET_…`` variables the broker reads at run time (the configuration's; storage/syncer.py's test hook reads
-its variable when its thread starts), pytest's ``PYTEST_…`` and ``PYTHONUNBUFFERED`` (set up by the fork); any other difference starts
-it with Popen, as does ``LEVERET_TEST_FORK=0`` (to compare, or to rule the fork server out).
+What a fork cannot change is what was read before it. A fork server is therefore started with one
+environment, and a start forks from it when its environment differs only in ``LEVERET_…`` variables the broker
+reads at run time (the configuration's; storage/syncer.py's test hook reads its variable when its thread
+starts), pytest's ``PYTEST_…`` and ``PYTHONUNBUFFERED`` (set up by the fork). When anything else differs,
+which is what a test process does to itself when a fixture sets a variable for good (tests/pipeline/conftest.py
+sets ``PYSPARK_PYTHON``), the fork server is replaced by one started with the new environment. Variables the
+dynamic loader (``LD_PRELOAD``: libfaketime, which also reads the clock it fakes as it loads), the interpreter
+(``PYTHON…``) and imports (``LEVERET_NO_EXTENSIONS``: protocol/__init__.py picks its codec at import) read are
+only ever set by a test for its own broker: such a start runs with Popen, as every start does with
+``LEVERET_TEST_FORK=0`` (to compare, or to rule the fork server out).
 """
 
 from __future__ import annotations
@@ -61,6 +65,16 @@ def _read_at_run_time(name: str) -> bool:
 
 def _read_before_the_fork(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not _read_at_run_time(k)}
+
+
+def _read_by_the_loader_or_interpreter(name: str) -> bool:
+    """Whether a start that changes variable ``name`` runs with Popen rather than a new fork server."""
+    return name.startswith(("LD_", "PYTHON")) or name in _READ_AT_IMPORT
+
+
+def _starts_with_popen(env: dict[str, str], server_env: dict[str, str]) -> bool:
+    return any(_read_by_the_loader_or_interpreter(k) and env.get(k) != server_env.get(k)
+               for k in env.keys() | server_env.keys() if not _read_at_run_time(k))
 
 
 class ForkedBroker:
@@ -138,14 +152,14 @@ def remember_environment() -> None:
 class _ForkServer:
     """This process's fork server (started at the first broker start; it dies with this process)."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str]) -> None:
         self._lock = threading.Lock()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = ours
-        self._env = dict(os.environ if _environment is None else _environment)
+        self.env = dict(env)
         self._process = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), str(theirs.fileno())],
-            cwd=ROOT, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), env=self._env)
+            cwd=ROOT, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), env=self.env)
         theirs.close()
         ours.settimeout(120)
         reply = ours.recv(64)
@@ -157,7 +171,16 @@ class _ForkServer:
         return self._process.poll() is None
 
     def can_fork(self, env: dict[str, str]) -> bool:
-        return _read_before_the_fork(env) == _read_before_the_fork(self._env)
+        return _read_before_the_fork(env) == _read_before_the_fork(self.env)
+
+    def close(self) -> None:
+        """Retire it: it exits when its end of the socket reads empty (brokers it forked are not its)."""
+        self._sock.close()
+        try:
+            self._process.wait(10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
 
     def start(self, argv: list[str], env: dict[str, str], cwd: Path, output: IO[bytes]) -> ForkedBroker:
         request = json.dumps({"argv": argv, "env": env, "cwd": str(cwd)}).encode()
@@ -186,7 +209,10 @@ def start_broker_process(argv: list[str], env: dict[str, str], output: IO[bytes]
     if enabled():
         with _server_lock:
             if _server is None or not _server.alive():
-                _server = _ForkServer()
+                _server = _ForkServer(os.environ if _environment is None else _environment)
+            if not _server.can_fork(env) and not _starts_with_popen(env, _server.env):
+                _server.close()  # this process's environment changed for good (see the module)
+                _server = _ForkServer(_read_before_the_fork(env))
             server = _server
         if server.can_fork(env):
             return server.start(argv, env, ROOT, output)

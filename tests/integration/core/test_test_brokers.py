@@ -67,6 +67,18 @@ def test_popen_when_the_fork_server_is_turned_off(start_broker, monkeypatch):
     assert _overview(b)["product_name"] == "Leveret"
 
 
+def test_a_variable_the_test_process_sets_for_good_gets_a_fork_server_of_its_own(start_broker, monkeypatch):
+    """What tests/pipeline/conftest.py does with PYSPARK_PYTHON: later brokers still fork, and see it."""
+    monkeypatch.setenv("UNRELATED_TOOL_HOME", "/opt/tool")
+    for _ in range(2):
+        b = start_broker()
+        assert isinstance(b.process, ForkedBroker)
+        environ = Path(f"/proc/{b.pid}/environ").read_bytes().split(b"\0")
+        assert b"UNRELATED_TOOL_HOME=/opt/tool" in environ
+        assert _overview(b)["product_name"] == "Leveret"
+        b.stop()
+
+
 @pytest.mark.parametrize("variable", ["LEVERET_NO_EXTENSIONS", "LD_PRELOAD"])
 def test_popen_when_a_variable_is_read_before_the_fork(start_broker, monkeypatch, variable):
     """The codec is chosen at import, the preload by the loader: a fork would not see them (libfaketime's tests)."""
