@@ -49,7 +49,7 @@ from broker.queues import direct_reply_to
 from broker.queues.direct_reply_to import ReplyConsumer
 from broker.queues.queue_args import amqp_type_name
 from broker.queues.queue_consumers import Consumer
-from broker.queues.queue_process import QueueOwner
+from broker.queues.queue_shell import QueueOwner
 from broker.security import permissions, topic_permissions
 from broker.topology import Answers, Deferred, current_answers, deferring
 from protocol import fastcodec

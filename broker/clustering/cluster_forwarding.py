@@ -97,6 +97,7 @@ from broker.persistence import binding_args_hash, table_of, untable
 from broker.publish import PENDING, REPLY_TO_PREFIX
 from broker.queues import delegate
 from broker.queues.amqqueue import DeclaredElsewhere
+from broker.queues.credit_flow import Pausable, PublisherFlow
 from broker.queues.message_codec import decode_message, encode_message
 from broker.queues.queue_types import Queue, queue_type_of
 from broker.topology import Answers, Deferred, current_answers
@@ -538,7 +539,7 @@ class ClusterForwarding:
         self.forwarded = 0  # messages handed to the forwarder (tests, bench)
         self.delivered = 0  # messages other members forwarded here, put into local queues
         self.dropped = 0  # of those, copies whose queue was gone
-        self._throttled: set[Any] = set()
+        self._paused = PublisherFlow(self)  # publishers paused until the forwards catch up (credit flow)
         self._reload_task: asyncio.Task[None] | None = None
         self._resync_task: asyncio.Task[None] | None = None
         self._reload_again = False
@@ -788,10 +789,8 @@ class ClusterForwarding:
         backlog = pg.backlog
         return backlog > FLOW_HIGH or pg.owner_lag.get(owner, 0) + backlog > OWNER_LAG_HIGH
 
-    def throttle(self, reader: Any) -> None:
-        if reader not in self._throttled:
-            self._throttled.add(reader)
-            reader.pause_for(self)
+    def throttle(self, reader: Pausable) -> None:
+        self._paused.pause(reader)
 
     def _confirmed(self, confirms: list[Any], ok: bool) -> None:
         for publisher, seq in confirms:
@@ -800,13 +799,11 @@ class ClusterForwarding:
 
     def _release_publishers(self) -> None:
         """Let paused publishers go once the commits and every owner have caught up (the low marks)."""
-        if not self._throttled:
+        if not self._paused:
             return
         pg = self.pg
         if pg is None or (pg.backlog <= FLOW_LOW and all(n <= OWNER_LAG_LOW for n in pg.owner_lag.values())):
-            for reader in self._throttled:
-                reader.resume_for(self)
-            self._throttled.clear()
+            self._paused.release()
 
     def _deliver(self, rows: list[Forwarded]) -> Awaitable[None] | None:
         """A batch other members forwarded here: into the local queues now (in order); the awaitable returned

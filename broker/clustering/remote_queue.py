@@ -40,7 +40,7 @@ from broker.exchanges.exchange import (
 )
 from broker.message import Message
 from broker.queues.queue_info import CLASSIC, QueueCapabilities
-from broker.queues.queue_process import ACCEPTED, CONFIRM_LATER
+from broker.queues.queue_shell import ACCEPTED, CONFIRM_LATER
 from protocol.constants import RESOURCE_LOCKED
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from broker.errors import AMQPError
 from broker.exchanges.exchange import DurableStore
 from broker.policies import limits
 from broker.queues.queue_args import effective_settings, validate_arguments
-from broker.queues.queue_process import QueueHost, QueueOwner
+from broker.queues.queue_shell import QueueHost, QueueOwner
 from broker.queues.queue_types import OpenStore, Queue, memory_store, queue_type_of
 from broker.resources.memory_budget import default_budget
 from broker.topology import CatchUp, OtherMembersQueue, Topology

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from broker.message import Message
 from broker.publish import PENDING, REFUSED, Publisher
-from broker.queues.queue_process import ACCEPTED, CONFIRM_LATER, REJECTED
+from broker.queues.queue_shell import ACCEPTED, CONFIRM_LATER, REJECTED
 from storage.backing_queue import new_msg_id
 
 if TYPE_CHECKING:

@@ -22,15 +22,25 @@ queue's own expiry (``x-expires``), so a test moves time with a ManualClock inst
 
 from __future__ import annotations
 
-import asyncio
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from broker.message import Message
 from broker.publish import ROUTED
 from broker.queues import dead_letter
+from broker.queues.confirm_book import ConfirmBook
+from broker.queues.credit_flow import DELIVER_BACKLOG_HIGH, DELIVER_BACKLOG_LOW, FLOW_HIGH, FLOW_LOW
 from broker.queues.queue_args import QueueSettings
 from broker.queues.queue_consumers import Consumer, ConsumerSet
 from broker.queues.queue_info import CLASSIC, ConsumerGroups, QueueCapabilities
+from broker.queues.queue_shell import (
+    ACCEPTED,
+    CONFIRM_LATER,
+    DELIVERY_BUDGET,
+    REJECTED,
+    QueueHost,
+    QueueOwner,
+    QueueShell,
+)
 from broker.resources import memory_budget
 from protocol.properties import Long, with_properties
 from storage.backing_queue import BackingQueue, Figures
@@ -38,94 +48,12 @@ from storage.backing_queue import BackingQueue, Figures
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from broker.clock import Clock, TimerHandle
-    from broker.deduplication import DedupCache
-    from broker.exchanges.exchange import Exchange
-    from broker.observability.trace import Tracer
-    from broker.policies.policy import Policy
+    from broker.clock import TimerHandle
 
 
-class QueueOwner(Protocol):
-    """The connection an exclusive queue belongs to (broker/amqp/reader.py's Reader), as the queue layer sees it."""
-
-    name: str
-    exclusive_queues: list[Any]
-
-
-class QueueDeleter(Protocol):
-    def delete(self, q: Any, reason: str = ...) -> int: ...
-
-
-class QueueHost(Protocol):
-    """What a queue asks of its vhost (broker/vhost.py's VHost), declared here so that the queue layer need not
-    import the layer above it: its clock, counters, policies, the dead-letter exchanges and the one publish
-    path, and the registry that deletes an expired queue."""
-
-    name: str
-    clock: Clock
-    counters: Any  # broker/observability/counters.py GlobalCounters, or None
-    default_exchange: Exchange
-    exchanges: dict[str, Exchange]
-    policies: dict[str, Policy]
-    operator_policies: dict[str, Policy]
-    # broker/observability/trace.py's Tracer while the vhost traces, else None (acks and dead-letterings are traced here).
-    tracing: Tracer | None
-
-    @property
-    def queues(self) -> QueueDeleter: ...
-
-    def publish(self, exchange: Exchange, msg: Message, persistent: bool, mandatory: bool = False,
-                publisher: Any = None, confirm_seq: int = 0, dead_letter: bool = False) -> int: ...
-
-# Deliveries per turn of the deliver loop before yielding to other work.
-DELIVERY_BUDGET = 256
-# Credit flow: a queue with this many publishes waiting for their fsync stops reading its publishers'
-# sockets, and lets them go again once the backlog is down to the low mark.
-FLOW_HIGH = 4000
-FLOW_LOW = 1000
-# Credit flow towards consumers: while consumers have room but the deliver loop is this far behind, the
-# publishers wait (RabbitMQ's queue process is then "busy" and grants no credit), so that a publisher
-# that can outrun the consumers does not starve them by filling the queue instead.
-DELIVER_BACKLOG_HIGH = 2000
-DELIVER_BACKLOG_LOW = 500
-# What deliver_or_enqueue tells the publisher's channel.
-REJECTED, ACCEPTED, CONFIRM_LATER = 0, 1, 2
-
-
-class QueueStats:
-    """Plain-integer counters (seed 004's per-queue statistics), read by metrics at scrape time."""
-
-    __slots__ = (
-        "acked",
-        "dead_lettered",
-        "delivered",
-        "dropped",
-        "expired",
-        "get",
-        "published",
-        "redelivered",
-        "rejected_publishes",
-    )
-
-    def __init__(self) -> None:
-        self.published = 0
-        self.delivered = 0
-        self.acked = 0
-        self.redelivered = 0
-        self.get = 0
-        self.dead_lettered = 0
-        self.expired = 0
-        self.dropped = 0
-        self.rejected_publishes = 0
-
-    def message_stats(self) -> dict[str, int]:
-        """The counters as the HTTP API's queue ``message_stats`` names them (its rates are sampled apart)."""
-        return {"publish": self.published, "deliver_get": self.delivered + self.get, "deliver": self.delivered,
-                "get": self.get, "redeliver": self.redelivered, "ack": self.acked}
-
-
-class QueueProcess:
-    """A classic queue's process; other queue types (broker/queues/queue_types.py) subclass it or stand beside it.
+class QueueProcess(QueueShell):
+    """A classic queue's process over its backing queue; the quorum queue of one node subclasses it, the stream
+    stands beside it (broker/queues/queue_types.py), both on broker/queues/queue_shell.py's QueueShell.
 
     The backing queue is private: callers outside use the queue's own methods (``figures``, ``purge``,
     ``set_ram_budget``...), so a queue type may hold its messages any way it likes."""
@@ -134,28 +62,18 @@ class QueueProcess:
     # (quorum queues do, for the ``x-delivery-count`` header, whether or not a delivery limit is set).
     type_name: ClassVar[str] = "classic"
     counts_deliveries: ClassVar[bool] = False
-    remote: ClassVar[bool] = False  # a queue of this node (broker/clustering/remote_queue.py's stand for other members')
     capabilities: ClassVar[QueueCapabilities] = CLASSIC  # (broker/queues/queue_info.py)
-    # Message deduplication (broker/deduplication.py): the queue's cache, set by the queue registry and checked
-    # by broker/queues/delegate.py before deliver_or_enqueue; None (no deduplication) costs one attribute read.
-    dedup: DedupCache | None = None
+    confirms: ConfirmBook
 
     def __init__(self, vhost: QueueHost, name: str, durable: bool, exclusive_owner: QueueOwner | None,
                  auto_delete: bool, arguments: dict[str, Any], bq: BackingQueue,
                  settings: QueueSettings) -> None:
-        self.vhost = vhost
-        self._clock = vhost.clock
-        self.name = name
-        self.durable = durable
-        self.exclusive_owner = exclusive_owner
-        self.auto_delete = auto_delete
-        self.arguments = arguments
+        super().__init__(vhost, name, durable, exclusive_owner, auto_delete, arguments, settings,
+                         ConsumerSet(single_active=settings.single_active_consumer), ConfirmBook())
         self.bq = bq
         self._ram_budget_given: int | None | bool = False  # the last set_ram_budget (False: none yet)
         bq.on_confirm = self.on_confirmed
         bq.on_available = self._store_brought_messages  # an asynchronous store has brought messages in
-        self.settings = settings
-        self.consumers = ConsumerSet(single_active=settings.single_active_consumer)
         # A single-active-consumer queue whose store is shared by a cluster's members: only the member holding
         # the queue's lock delivers (its first consumer is the active one), so one consumer is active
         # cluster-wide (storage/pg/cluster.py SAC_KEY).
@@ -176,14 +94,7 @@ class QueueProcess:
         # consumer: its cluster-wide lock says which member delivers.
         self._deal: Callable[[], bool] | None = (
             bq.deal_here if bq.shared and not settings.single_active_consumer else None)
-        self.exclusive_consumer: Consumer | None = None
         self.has_had_consumers = False
-        self.deleted = False
-        self.stats = QueueStats()
-        # Open channels that have published to this queue (seed 004's "publishers"), kept by delegate.
-        self.publisher_channels: set[Any] = set()
-        self._run_scheduled = False
-        self._loop: asyncio.AbstractEventLoop | None = None  # bound at the first delivery run
         recovered = not bq.is_empty()
         # Whether any message may carry a deadline (a recovered queue's may: their expiries were stored).
         self._ttl_possible = settings.message_ttl is not None or recovered
@@ -203,10 +114,6 @@ class QueueProcess:
         # Such a store keeps every message as persistent, transient ones too, so a confirm means stored (as a
         # quorum queue confirms every message once a quorum has it).
         self._persist_all = bq.persists_every_message
-        # Publisher confirms waiting for an fsync: the confirm tokens handed to the backing queue.
-        self._awaiting_confirm: set[Any] = set()
-        # Publishing connections whose reading this queue paused (credit flow).
-        self._throttled: set[Any] = set()
         # The deliver loop last stopped because no consumer had room (prefetch, or a slow socket).
         self._consumers_full = False
         self.reset_expiry_timer()
@@ -248,7 +155,7 @@ class QueueProcess:
         if self._persist_all:
             persistent = True
         if confirm is not None and persistent:
-            self._awaiting_confirm.add(confirm)
+            self.confirms.add(confirm)
         else:
             confirm = None
         if settings.message_ttl is None and msg.expiration_ms is None:
@@ -265,7 +172,7 @@ class QueueProcess:
             # reaches the head: TTL applies at the head only.
             self.stats.expired += 1
             if confirm is not None:
-                self._awaiting_confirm.discard(confirm)
+                self.confirms.discard(confirm)
             return ACCEPTED
         self.bq.publish(msg, len(msg.body), persistent, expiry, confirm, msg.msg_id)
         if settings.max_length is not None or settings.max_length_bytes is not None:
@@ -278,41 +185,24 @@ class QueueProcess:
     def on_confirmed(self) -> None:
         """The backing queue's fsync covered some persistent messages: confirm them to their publishers
         (or nack them, where the fsync failed)."""
-        awaiting = self._awaiting_confirm
-        for token in self.bq.drain_confirmed():
-            if token in awaiting:
-                awaiting.discard(token)
-                token[0].confirm_from_queue(token[1])
-        for token in self.bq.drain_failed():  # their fsync failed: the publisher is nacked
-            if token in awaiting:
-                awaiting.discard(token)
-                token[0].confirm_from_queue(token[1], False)
-        if self._throttled:
+        self.confirms.settle(self.bq.drain_confirmed(), True)
+        self.confirms.settle(self.bq.drain_failed(), False)  # their fsync failed: the publisher is nacked
+        if self.flow:
             self.maybe_release_publishers()
 
     def maybe_release_publishers(self) -> None:
-        if len(self._awaiting_confirm) > FLOW_LOW:
+        """Down to :data:`FLOW_LOW` owed confirms, and the deliver loop caught up (or its consumers full)."""
+        if len(self.confirms) > FLOW_LOW:
             return
         if self.bq.len() > DELIVER_BACKLOG_LOW and self.consumers.count and not self._consumers_full:
             return
         self.release_publishers()
 
-    def throttle(self, reader: Any) -> None:
-        """Credit flow: too many of this queue's publishes await their fsync; stop reading ``reader``."""
-        if reader not in self._throttled:
-            self._throttled.add(reader)
-            reader.pause_for(self)
-
-    def release_publishers(self) -> None:
-        for reader in self._throttled:
-            reader.resume_for(self)
-        self._throttled.clear()
-
     @property
     def overloaded(self) -> bool:
         """Whether the publisher that just handed over a message should wait (credit flow): too many of
         the queue's publishes await their fsync, or its consumers have room but the deliver loop lags."""
-        if len(self._awaiting_confirm) > FLOW_HIGH:
+        if len(self.confirms) > FLOW_HIGH:
             return True
         if not self.consumers.count or self.bq.len() <= DELIVER_BACKLOG_HIGH:
             return False
@@ -535,20 +425,7 @@ class QueueProcess:
             if vhost.publish(exchange, dead, dead.props.delivery_mode == 2, dead_letter=True) & ROUTED:
                 self.stats.dead_lettered += 1
 
-    def awaiting_confirm(self) -> int:
-        """Publishes accepted and not yet confirmed: waiting for the fsync (or commit) that covers them."""
-        return len(self._awaiting_confirm)
-
     # -- delivering --------------------------------------------------------------------------------------
-    def schedule_run(self) -> None:
-        """Run the deliver loop soon (once, however many times this is called before it runs)."""
-        if not self._run_scheduled and not self.deleted and self.consumers.count:
-            self._run_scheduled = True
-            loop = self._loop
-            if loop is None:
-                loop = self._loop = asyncio.get_running_loop()
-            loop.call_soon(self.run_message_queue)
-
     def run_message_queue(self) -> None:
         self._run_scheduled = False
         if self.deleted:
@@ -566,7 +443,7 @@ class QueueProcess:
                 self._consumers_full = True
                 if self._ttl_possible:
                     self.drop_expired_msgs()  # the head waits for room: its expiry needs its timer
-                if self._throttled:
+                if self.flow:
                     self.release_publishers()
                 return
             if self._ttl_possible:
@@ -589,7 +466,7 @@ class QueueProcess:
             budget -= 1
         if self._ttl_possible:
             self.drop_expired_msgs()  # the new head's expiry needs its timer (consumers may be full now)
-        if self._throttled:
+        if self.flow:
             self.maybe_release_publishers()
         if not budget and not bq.is_empty():
             self.schedule_run()
@@ -725,7 +602,7 @@ class QueueProcess:
             return
         if self.exclusive_consumer is consumer:
             self.exclusive_consumer = None
-        if self._throttled and not self.consumers.count:
+        if self.flow and not self.consumers.count:
             self.maybe_release_publishers()
         if not self.consumers.count:
             memory_budget.consumers_changed(self)
@@ -743,10 +620,6 @@ class QueueProcess:
         return self.bq.len()
 
     # -- memory (broker/resources/memory_budget.py's PagedQueue) ------------------------------------------------------
-    @property
-    def consumer_count(self) -> int:
-        return self.consumers.count
-
     def set_ram_budget(self, max_bytes: int | None) -> None:
         """Bound the RAM this queue's ready messages use (None: no bound); paging is done by :meth:`page`.
         The same budget again for an empty queue changes nothing and is skipped: the memory budget hands
@@ -795,16 +668,8 @@ class QueueProcess:
     def terminate(self) -> int:
         """The queue is being deleted: cancel consumers (notifying their clients) and drop the messages.
         Publishes still waiting for their fsync are confirmed: the queue has dealt with them."""
-        self.deleted = True
-        for token in self._awaiting_confirm:
-            token[0].confirm_from_queue(token[1])
-        self._awaiting_confirm.clear()
-        self.release_publishers()
+        self._end()
         for timer in (self._ttl_timer, self._expiry_timer):
             if timer is not None:
                 timer.cancel()
-        for consumer in list(self.consumers):
-            self.consumers.remove(consumer)
-            consumer.channel.consumer_cancelled_by_queue(consumer)
-        self.exclusive_consumer = None
         return self.bq.delete_and_terminate()

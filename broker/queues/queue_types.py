@@ -22,7 +22,9 @@ Nobody outside a queue touches its backing queue, or names its class: the queue 
 broker/queues/queue_process.py's QueueProcess over a backing queue built by :func:`new_backing_queue` (plain,
 or one per priority); a quorum queue differs (on one node) only in its declare rules and in counting every
 message's returns (``x-delivery-count``). A stream is broker/queues/stream_queue.py's StreamQueue over a log
-(storage/stream_log.py), beside QueueProcess rather than under it.
+(storage/stream_log.py), beside QueueProcess rather than under it. Both are broker/queues/queue_shell.py's
+QueueShell around their store: identity, consumers, counters, credit flow towards publishers, the confirms
+owed and the deliver loop's scheduling are written once there.
 
 **Adding a queue type** (a stream, say) is one new class and one registry line::
 
@@ -49,7 +51,8 @@ from broker.queues import queue_args
 from broker.queues.queue_args import QueueSettings
 from broker.queues.queue_consumers import Consumer, ConsumerSet
 from broker.queues.queue_info import QUORUM, ConsumerGroups, QueueCapabilities
-from broker.queues.queue_process import QueueHost, QueueOwner, QueueProcess, QueueStats
+from broker.queues.queue_process import QueueProcess
+from broker.queues.queue_shell import QueueHost, QueueOwner, QueueStats
 from broker.queues.stream_queue import StreamQueueType
 from broker.resources.memory_budget import PagedQueue
 from protocol.constants import NOT_IMPLEMENTED

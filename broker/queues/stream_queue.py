@@ -56,27 +56,24 @@ A delivery's ``seq_id`` (what the channel hands back on ack) packs the offset, t
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 from collections import deque
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from broker.errors import AMQPError
 from broker.message import Message
+from broker.queues.confirm_book import OffsetConfirmBook
+from broker.queues.credit_flow import DELIVER_BACKLOG_HIGH, DELIVER_BACKLOG_LOW, FLOW_HIGH, FLOW_LOW, Pausable
 from broker.queues.queue_args import QueueSettings, parse_duration, refuse_unless_lasting
 from broker.queues.queue_consumers import Consumer, ConsumerSet
 from broker.queues.queue_info import STREAM, ConsumerGroups, QueueCapabilities
-from broker.queues.queue_process import (
+from broker.queues.queue_shell import (
     ACCEPTED,
     CONFIRM_LATER,
-    DELIVER_BACKLOG_HIGH,
-    DELIVER_BACKLOG_LOW,
     DELIVERY_BUDGET,
-    FLOW_HIGH,
-    FLOW_LOW,
     QueueHost,
     QueueOwner,
-    QueueStats,
+    QueueShell,
 )
 from broker.queues.stream_record import delivered_message, encode_record, wire_parts
 from protocol.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
@@ -152,48 +149,28 @@ class _Reader:
         self.group = group
 
 
-class StreamQueue:
+class StreamQueue(QueueShell):
     """A stream: the members of broker/queues/queue_types.py's Queue over a StreamLog (see the module docstring)."""
 
     type_name: ClassVar[str] = "stream"
-    remote: ClassVar[bool] = False  # a queue of this node (broker/clustering/remote_queue.py's stand for other members')
     capabilities: ClassVar[QueueCapabilities] = STREAM  # (broker/queues/queue_info.py)
-    # HOOK (message deduplication): the stream's cache (broker/deduplication.py), set by the queue registry and
-    # checked by broker/queues/delegate.py before deliver_or_enqueue; nothing else here knows of it.
-    dedup: Any = None
+    confirms: OffsetConfirmBook  # (offset, token) in offset order
 
     def __init__(self, vhost: QueueHost, name: str, arguments: dict[str, Any], settings: QueueSettings,
                  log: StreamLog) -> None:
-        self.vhost = vhost
-        self._clock = vhost.clock
-        self.name = name
-        self.durable = True
-        self.auto_delete = False
-        self.exclusive_owner: QueueOwner | None = None
-        self.arguments = arguments
-        self.settings = settings
-        self.stats = QueueStats()
-        self.consumers = ConsumerSet()
-        self.exclusive_consumer: Consumer | None = None
-        self.publisher_channels: set[Any] = set()
-        self.deleted = False
+        super().__init__(vhost, name, True, None, False, arguments, settings, ConsumerSet(), OffsetConfirmBook())
         self.log = log
         log.on_durable = self.on_durable
         log.on_durable_failed = self.on_durable_failed
-        # Publisher confirms waiting for their fsync: (offset, confirm token), in offset order.
-        self._awaiting_confirm: deque[tuple[int, Any]] = deque()
         # Every offset below this is durable (what the log recovered, then on_durable's last word). Consumers
         # read only below it: a record a crash could still take away (and a later publish reuse the offset of)
         # is never handed out.
         self._durable_below = log.next_offset
-        self._throttled: set[Any] = set()
         self._readers: dict[int, _Reader] = {}  # consumer serial → reader
         self._by_consumer: dict[Consumer, _Reader] = {}
         self._next_serial = 1
         self._groups: dict[str, _Group] = {}
         self._group_by_index: dict[int, _Group] = {}
-        self._run_scheduled = False
-        self._loop: asyncio.AbstractEventLoop | None = None
         # Round-robin: the position (in _readers' order) the next deliver turn starts from.
         self._turn = 0
         # Credit flow towards consumers: the lowest place among consumers with credit after a deliver turn
@@ -260,7 +237,7 @@ class StreamQueue:
         assert stored == offset, "a stream log numbers its records in order"
         if confirm is None or stored < self._durable_below:
             return ACCEPTED
-        self._awaiting_confirm.append((stored, confirm))
+        self.confirms.append((stored, confirm))
         return CONFIRM_LATER
 
     def on_durable(self, below: int) -> None:
@@ -276,11 +253,8 @@ class StreamQueue:
         self._settle_confirms(below, False)
 
     def _settle_confirms(self, below: int, stored: bool) -> None:
-        awaiting = self._awaiting_confirm
-        while awaiting and awaiting[0][0] < below:
-            _offset, token = awaiting.popleft()
-            token[0].confirm_from_queue(token[1], stored)
-        if self._throttled:
+        self.confirms.settle_below(below, stored)
+        if self.flow:
             self.maybe_release_publishers()
 
     @property
@@ -291,7 +265,7 @@ class StreamQueue:
         delivering share one event loop: a publisher that can outrun delivery would otherwise starve it),
         unless the publisher was let go under that lag and has not used its share of publishes yet.
         Consumers without credit, or none, never hold a publisher back."""
-        if len(self._awaiting_confirm) > FLOW_HIGH:
+        if len(self.confirms) > FLOW_HIGH:
             return True
         lag_from = self._lag_from
         if lag_from is None or self._durable_below - lag_from <= DELIVER_BACKLOG_HIGH:
@@ -307,7 +281,7 @@ class StreamQueue:
         replaying a long stream slows publishers down without stopping them, once the deliver loop has
         sent :data:`DELIVER_BACKLOG_HIGH` messages since they were stopped (then with
         :data:`REPLAY_PUBLISH_SHARE` publishes to make before the lag may stop them again)."""
-        if len(self._awaiting_confirm) > FLOW_LOW:
+        if len(self.confirms) > FLOW_LOW:
             return
         lag_from = self._lag_from
         if lag_from is not None and self._durable_below - lag_from > DELIVER_BACKLOG_LOW:
@@ -317,17 +291,10 @@ class StreamQueue:
             self._lag_pause_from = self.log.next_offset + REPLAY_PUBLISH_SHARE
         self.release_publishers()
 
-    def throttle(self, reader: Any) -> None:
-        if not self._throttled:
-            self._delivered_while_throttled = 0
-        if reader not in self._throttled:
-            self._throttled.add(reader)
-            reader.pause_for(self)
-
-    def release_publishers(self) -> None:
-        for reader in self._throttled:
-            reader.resume_for(self)
-        self._throttled.clear()
+    def throttle(self, reader: Pausable) -> None:
+        if not self.flow:
+            self._delivered_while_throttled = 0  # (maybe_release_publishers' count starts now)
+        self.flow.pause(reader)
 
     # -- consumers ----------------------------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
@@ -419,23 +386,10 @@ class StreamQueue:
             reader.group.members -= 1
         if self._lag_from is not None:
             self._lag_from = self._slowest_with_credit()
-        if self._throttled:
+        if self.flow:
             self.maybe_release_publishers()
 
-    @property
-    def consumer_count(self) -> int:
-        return self.consumers.count
-
     # -- delivering --------------------------------------------------------------------------------------
-    def schedule_run(self) -> None:
-        """Run the deliver loop soon (once, however many times this is called before it runs)."""
-        if not self._run_scheduled and not self.deleted and self.consumers.count:
-            self._run_scheduled = True
-            loop = self._loop
-            if loop is None:
-                loop = self._loop = asyncio.get_running_loop()
-            loop.call_soon(self.run_message_queue)
-
     def run_message_queue(self) -> None:
         """One turn of delivery: each consumer with credit gets a batch read from its place (or its group's),
         round-robin from the one after the consumer served last, until nobody can take more or the budget is
@@ -478,7 +432,7 @@ class StreamQueue:
             self._lag_from = self._slowest_with_credit()
         else:
             self._lag_from = None  # everyone with credit has all there is: delivery does not lag
-        if self._throttled:
+        if self.flow:
             self.maybe_release_publishers()
 
     def _group_shares(self, readers: list[_Reader]) -> dict[_Group, int]:
@@ -658,10 +612,6 @@ class StreamQueue:
     def figures(self) -> Figures:
         return Figures(self.message_count(), 0, self.log.bytes, 0, 0)
 
-    def awaiting_confirm(self) -> int:
-        """Publishes appended and not yet confirmed: waiting for the fsync that covers them."""
-        return len(self._awaiting_confirm)
-
     def consumer_groups(self) -> ConsumerGroups:
         """The stream itself: its groups are its own (:meth:`groups`, :meth:`group_info`...)."""
         return self
@@ -771,20 +721,12 @@ class StreamQueue:
         """The stream is deleted: consumers are cancelled, publishes awaiting their fsync confirmed (the queue
         has dealt with them), and the log with its groups deleted."""
         count = self.message_count()
-        self.deleted = True
-        for _offset, token in self._awaiting_confirm:
-            token[0].confirm_from_queue(token[1])
-        self._awaiting_confirm.clear()
-        self.release_publishers()
         if self._retention_timer is not None:
             self._retention_timer.cancel()
             self._retention_timer = None
-        for consumer in list(self.consumers):
-            self.consumers.remove(consumer)
-            consumer.channel.consumer_cancelled_by_queue(consumer)
+        self._end()
         self._readers.clear()
         self._by_consumer.clear()
-        self.exclusive_consumer = None
         self.log.delete()
         return count
 

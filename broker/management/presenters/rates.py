@@ -11,7 +11,7 @@ from broker.queues.queue_types import Queue
 
 if TYPE_CHECKING:
     from broker.clustering.cluster_figures import Snapshot
-    from broker.queues.queue_process import QueueStats
+    from broker.queues.queue_shell import QueueStats
     from storage.backing_queue import Figures
 
 

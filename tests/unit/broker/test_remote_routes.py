@@ -12,7 +12,7 @@ from broker.clustering.cluster_forwarding import node_tag, tag_node
 from broker.clustering.remote_queue import RemoteQueue, RemoteRoutes, routing_type
 from broker.message import Message
 from broker.publish import REPLY_TO_PREFIX, ROUTED
-from broker.queues.queue_process import ACCEPTED, CONFIRM_LATER
+from broker.queues.queue_shell import ACCEPTED, CONFIRM_LATER
 from broker.vhost import VHost
 from protocol.properties import with_properties
 

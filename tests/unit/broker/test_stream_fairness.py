@@ -16,8 +16,8 @@ from pamqp import commands as spec
 from broker.clock import ManualClock
 from broker.message import Message
 from broker.observability.counters import GlobalCounters
+from broker.queues.credit_flow import DELIVER_BACKLOG_HIGH, DELIVER_BACKLOG_LOW
 from broker.queues.queue_consumers import Consumer
-from broker.queues.queue_process import DELIVER_BACKLOG_HIGH, DELIVER_BACKLOG_LOW
 from broker.queues.stream_queue import REPLAY_PUBLISH_SHARE, StreamQueue
 from broker.vhost import VHost
 from protocol.fastcodec import build_content_header, shortstr

@@ -20,7 +20,7 @@ from broker.observability.counters import GlobalCounters
 from broker.policies.policy import Policy
 from broker.queues.queue_args import effective_settings, parse_duration
 from broker.queues.queue_consumers import Consumer
-from broker.queues.queue_process import ACCEPTED, CONFIRM_LATER
+from broker.queues.queue_shell import ACCEPTED, CONFIRM_LATER
 from broker.queues.stream_queue import OFFSET_SHIFT, RETENTION_INTERVAL, StreamQueue
 from broker.vhost import VHost
 from protocol.fastcodec import build_content_header, shortstr
