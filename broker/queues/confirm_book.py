@@ -34,9 +34,10 @@ class ConfirmBook(set[Any]):
     def settle(self, tokens: Iterable[Any], stored: bool) -> None:
         """Ack (``stored``) or nack the publishers of those ``tokens`` still owed; others were settled already
         (the queue was deleted meanwhile) and are skipped."""
+        discard = self.discard
         for token in tokens:
             if token in self:
-                self.discard(token)
+                discard(token)
                 token[0].confirm_from_queue(token[1], stored)
 
     def settle_all(self) -> None:
