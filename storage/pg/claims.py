@@ -21,7 +21,9 @@ must not break the session that holds the claims).
 
 When the connection is found broken (a statement failed, or asyncpg reports it closed), every claim is
 :meth:`lost`: the holder must stop what it ran under them before asking again (another member may hold them
-now). The connection is opened again at the next :meth:`claim`. Every statement is bounded by ``timeout``: a
+now). The connection is opened again at the next :meth:`claim` once the lost claims are forgotten, never while
+claims are held: a status report that found the session ended once reconnected silently, and a member woken
+from a hang went on running the shovel another member had taken. Every statement is bounded by ``timeout``: a
 PostgreSQL that does not answer is a claim not taken, never a wait on the loop beyond it.
 """
 
@@ -45,6 +47,10 @@ REPORT = ("INSERT INTO leveret.shovel_status (vhost, name, node, status) "
           "SET node = excluded.node, status = excluded.status, updated_at = now()")
 OTHERS = ("SELECT status::text FROM leveret.shovel_status WHERE node <> $1 "
           "AND updated_at > now() - $2 * interval '1 second' ORDER BY vhost, name")
+
+
+class SessionEnded(ConnectionError):
+    """A statement on claims held by a session that has ended (caught with the connection errors)."""
 
 
 class AdvisoryClaims:
@@ -154,6 +160,11 @@ class AdvisoryClaims:
 
     async def _connection(self) -> asyncpg.Connection:
         if self._conn is None or self._conn.is_closed():
+            if self._held:
+                # The session that held them ended after lost() was last asked (a statement waited for the
+                # lock meanwhile): a new session would not hold them, another member may. Lost, not carried over.
+                self._lost = True
+                raise SessionEnded("the session that held this member's claims ended")
             conn = await asyncpg.connect(self.dsn, timeout=self.timeout)
             try:
                 if self.session_key is not None:

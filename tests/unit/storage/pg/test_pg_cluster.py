@@ -190,6 +190,35 @@ async def test_a_hung_members_shovel_claims_end_with_its_sessions(nodes, pg_dsn)
         await claims_b.close()
 
 
+async def test_claims_are_lost_when_their_session_ends_while_a_statement_waits(nodes, pg_dsn, admin) -> None:
+    """The session holding the claims ends (a peer reaped the member) while a status report waits for the
+    statement lock, past its own lost() check: the report must not open a new session and carry on as the
+    holder (a woken member kept running a shovel another member had taken: the integration test's flake)."""
+    a = await nodes("a")  # (the schema, and the member's epoch key the claims session holds)
+    claims = AdvisoryClaims(pg_dsn, session_key=lambda: (LEASE_KEY, a.epoch), node="a")
+    status = [{"vhost": "/", "name": "shovel-1", "state": "running"}]
+    try:
+        assert await claims.claim("/ shovel-1")
+        assert claims._conn is not None
+        pid = claims._conn.get_server_pid()
+        async with claims._lock:  # a statement in flight: a release from its own task, say
+            report = asyncio.create_task(claims.report(status))
+            await asyncio.sleep(0.05)  # the report has passed its lost() check and waits for the lock
+            assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+            deadline = time.monotonic() + 5
+            while not claims._conn.is_closed():  # asyncpg sees the session end
+                assert time.monotonic() < deadline, "the terminated session still looks open"
+                await asyncio.sleep(0.02)
+        await asyncio.wait_for(report, 5)
+        assert claims.lost() and not claims.holds("/ shovel-1")
+        assert await admin.fetchval("SELECT count(*) FROM leveret.shovel_status") == 0  # nothing reported as holder
+        assert await claims.claim("/ shovel-1")  # forgotten, then taken afresh on a new session
+        await claims.report(status)
+        assert await admin.fetchval("SELECT count(*) FROM leveret.shovel_status") == 1  # as the holder now
+    finally:
+        await claims.close()
+
+
 async def test_members_and_a_clean_stop(nodes, admin) -> None:
     a, b = await nodes("a"), await nodes("b")
     assert [(m["name"], m["epoch"], m["alive"]) for m in await b.members()] == [
