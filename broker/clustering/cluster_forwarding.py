@@ -556,7 +556,7 @@ class ClusterForwarding:
         except DirectoryUnavailable as exc:  # the poll writes them once PostgreSQL answers
             log.warning("cannot write this member's directory of node-local queues yet", error=str(exc))
         self.pg = PgForwarding(self.dsn, self.name, encode_message, self._confirmed, self._deliver,
-                               self.directory_changed, self.answer)
+                               self.directory_changed, self.answer, on_lag=self._release_publishers)
         await self.pg.start()
         if await self.pg.namesakes() > 0:
             log.warning("another live cluster member has this node's name (or this node's previous process is "
@@ -787,7 +787,12 @@ class ClusterForwarding:
         if pg is None:
             return False
         backlog = pg.backlog
-        return backlog > FLOW_HIGH or pg.owner_lag.get(owner, 0) + backlog > OWNER_LAG_HIGH
+        if backlog > FLOW_HIGH:
+            return True
+        if pg.owner_lag.get(owner, 0) + backlog > OWNER_LAG_HIGH:
+            pg.refresh_owner_lag()  # the lag is an estimate that only grows between reads: read it now
+            return True
+        return False
 
     def throttle(self, reader: Pausable) -> None:
         self._paused.pause(reader)

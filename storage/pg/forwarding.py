@@ -507,7 +507,8 @@ class PgForwarding:
     of a burst once its INSERT committed (ok) or failed. ``deliver(rows)`` puts a batch taken for this node
     into its queues at once (batches in order) and returns an awaitable (or None) done when the queues have
     stored it; the batch's DELETE commits then (if it raises, the rows stay and are taken again).
-    ``on_directory()`` is called when another member's directory rows changed.
+    ``on_directory()`` is called when another member's directory rows changed. ``on_lag()`` is called when
+    :meth:`refresh_owner_lag` has read :attr:`owner_lag` again.
 
     Taking is two batches deep, on two connections: while one batch waits for the local stores and its
     commit, the next is taken (its rows are past the first's, which are locked: SKIP LOCKED) and delivered
@@ -518,9 +519,12 @@ class PgForwarding:
                  on_confirm: Callable[[list[Any], bool], None],
                  deliver: Callable[[list[Forwarded]], Awaitable[None] | None],
                  on_directory: Callable[[], None],
-                 on_ask: Callable[[str | None, list[str] | None], list[Any]] | None = None) -> None:
+                 on_ask: Callable[[str | None, list[str] | None], list[Any]] | None = None,
+                 on_lag: Callable[[], None] | None = None) -> None:
         self.dsn = dsn
         self.on_ask = on_ask
+        self.on_lag = on_lag
+        self._lag_task: asyncio.Task[None] | None = None
         self.node = node
         self.encode = encode
         self.on_confirm = on_confirm
@@ -848,6 +852,28 @@ class PgForwarding:
         self.owner_lag = lag
         return lag
 
+    def refresh_owner_lag(self) -> None:
+        """Read :attr:`owner_lag` now rather than at the next poll, then call ``on_lag`` (one read at a time).
+
+        Between two reads the lag only grows (each commit adds its rows; what the owners took shows at the next
+        read), so a publisher that crossed the mark on that estimate would otherwise wait for the poll
+        (:data:`DIRECTORY_POLL`): with owners keeping up, that capped forwarding at about the mark's worth of
+        messages per poll interval (20,000 per 2 s: the 10k msg/s bench/RESULTS.md reported)."""
+        if self._lag_task is None and not self._closing:
+            self._lag_task = self.loop.create_task(self._refresh_owner_lag())
+
+    async def _refresh_owner_lag(self) -> None:
+        try:
+            await self.read_owner_lag()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 (the poll reads it again; paused publishers wait for that)
+            log.warning("reading the owners' lag failed: %s", exc)
+        finally:
+            self._lag_task = None
+        if self.on_lag is not None:
+            self.on_lag()
+
     async def _poll_loop(self) -> None:
         last_reap = time.monotonic()
         while True:
@@ -874,7 +900,7 @@ class PgForwarding:
                 await asyncio.wait_for(self._idle.wait(), 5)
             except TimeoutError:
                 pass
-        tasks = [*self._tasks, *(t for t in (self._ring_task, *self._finishing) if t is not None)]
+        tasks = [*self._tasks, *(t for t in (self._ring_task, self._lag_task, *self._finishing) if t is not None)]
         await stop_tasks(*tasks)  # (re-cancelled while running: a cancel wait_for swallowed would hang the stop)
         for conn in (self._pub_conn, *self._take_conns, self._bell_conn):
             if conn is not None and not conn.is_closed():

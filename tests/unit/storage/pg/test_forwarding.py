@@ -270,3 +270,37 @@ async def test_a_failed_insert_fails_its_confirms(admin, pg_dsn) -> None:
         assert confirmed[-1] == (["next"], True)
     finally:
         await b.close()
+
+
+async def test_the_owners_lag_is_read_again_on_demand_not_only_at_the_poll(admin, pg_dsn) -> None:
+    """Between two reads the lag estimate only grows (each commit adds its rows); a publisher paused on it must
+    not wait for the 2 s poll while the owner keeps up: refresh_owner_lag reads the table now and tells on_lag
+    (the member then lets its publishers go: broker/clustering/cluster_forwarding.py)."""
+    await live(admin, "a", "b")
+    taken: list[Forwarded] = []
+
+    async def deliver(rows: list[Forwarded]) -> None:
+        taken.extend(rows)
+
+    told: list[dict[str, int]] = []
+    b = PgForwarding(pg_dsn, "b", lambda m: m, lambda c, ok: None, deliver, lambda: None,
+                     on_lag=lambda: told.append(dict(b.owner_lag)))
+    await b.start()
+    a = await forwarding(pg_dsn, "a", deliver=deliver)
+    try:
+        for i in range(300):
+            b.add("a", "/", "q", b"m%d" % i, True)
+        await b.flushed()
+        assert b.owner_lag.get("a") == 300  # counted at the commit
+        await until(lambda: _empty(admin))  # the owner took them all (the estimate learns it at a read)
+        b.refresh_owner_lag()
+        b.refresh_owner_lag()  # one read at a time
+        await until(lambda: _told(told))  # (the poll reads too, but never tells on_lag)
+        assert told == [{}] and b.owner_lag.get("a", 0) == 0
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def _told(told: list[dict[str, int]]) -> bool:
+    return bool(told)
