@@ -4,12 +4,15 @@ Two measurements, side by side in one run:
 
 1. **S3-like throughput** (persistent, publisher confirms ≤ 100 outstanding, 1 KiB, manual acks with prefetch
    100) into one quorum queue, with one publisher and one consumer per node, on 1, 2 and 3 Leveret nodes
-   sharing one PostgreSQL; RabbitMQ 3.10's quorum queue on its one node gets the same numbers of clients.
+   sharing one PostgreSQL; RabbitMQ 3.10's quorum queue on its one node gets the same numbers of clients, or
+   with ``--rabbitmq-cluster`` a RabbitMQ cluster of three nodes on this machine (:class:`RabbitCluster`): on
+   n nodes the queue has n replicas (``x-quorum-initial-group-size``) and the clients are spread over them.
    PostgreSQL runs with ``fsync = on`` and ``synchronous_commit = on`` (what a confirm means; the test
    suite's throwaway servers run with fsync off), its other settings from tests/pg_server.py.
 2. **Fail-over time**: a consumer on node A holds every message of a quorum queue unacked (prefetch =
    the message count) while a consumer on node B waits; node A is killed with SIGKILL, and the time from the
-   kill to B's first and last redelivery is taken, over ``--rounds`` rounds (p50, p99).
+   kill to B's first and last redelivery is taken, over ``--rounds`` rounds (p50, p99). With
+   ``--rabbitmq-cluster``, the same on the RabbitMQ cluster (its killed node started again after each round).
 
 It starts its own PostgreSQL (tests/pg_server.py: run it from a source checkout with PostgreSQL installed,
 as ``make test`` leaves the machine) and RabbitMQ (bench/run_bench.py's, on its own ports). Load generator,
@@ -28,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -123,10 +127,11 @@ def delete_queue(url: str, queue: str) -> None:
     conn.close()
 
 
-def perf(urls: list[str], pairs: int, seconds: int, queue: str) -> dict[str, Any]:
-    """broker/tools/perf.py's S3 load against ``queue`` (a quorum queue, declared first on every node), ``pairs``
-    publishers and consumers whose connections are spread over ``urls``."""
-    declare_everywhere(urls, queue)
+def perf(urls: list[str], pairs: int, seconds: int, queue: str,
+         arguments: dict[str, Any] | None = None) -> dict[str, Any]:
+    """broker/tools/perf.py's S3 load against ``queue`` (a quorum queue unless ``arguments`` say otherwise,
+    declared first on every node), ``pairs`` publishers and consumers whose connections are spread over ``urls``."""
+    declare_everywhere(urls, queue, arguments)
     cmd = [PY, "-m", "broker.tools.perf", "-H", ",".join(urls), "-x", str(pairs), "-y", str(pairs), "-s", "1024",
            "-f", "persistent", "-c", "100", "-q", "100", "-p", "-u", queue,
            "-z", str(seconds), "--warmup", "2", "-i", "0", "--json"]
@@ -140,7 +145,54 @@ def perf(urls: list[str], pairs: int, seconds: int, queue: str) -> dict[str, Any
     return result
 
 
-def throughput(pg: PgServer, rabbit: RabbitMQ | None, seconds: int) -> list[dict[str, Any]]:
+class RabbitCluster:
+    """Three RabbitMQ nodes on this machine, each with its own name, ports and data directory (bench/run_bench.py's
+    RabbitMQ, run as the ``rabbitmq`` user sharing its Erlang cookie), joined into one cluster with
+    ``rabbitmqctl join_cluster`` as RabbitMQ's clustering guide does it."""
+
+    def __init__(self, base_port: int, size: int = 3) -> None:
+        self.nodes = [RabbitMQ(base_port + 100 * i) for i in range(size)]
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.start()
+        first = self.nodes[0].node
+        for node in self.nodes[1:]:
+            ctl = "/usr/lib/rabbitmq/bin/rabbitmqctl -n $RABBITMQ_NODENAME"
+            node._su(f"{ctl} stop_app && {ctl} join_cluster {first} && {ctl} start_app", check=True,
+                     capture_output=True)
+
+    def urls(self, n: int) -> list[str]:
+        return [node.url for node in self.nodes[:n]]
+
+    def kill9(self, i: int) -> None:
+        node = self.nodes[i]
+        if node.pid is not None:
+            os.kill(node.pid, signal.SIGKILL)
+            while Path(f"/proc/{node.pid}").exists():
+                time.sleep(0.05)
+            node.pid = None
+
+    def restart(self, i: int) -> None:
+        """Start a killed node again on its data directory: it rejoins the cluster it was in."""
+        node = self.nodes[i]
+        node._su("ulimit -n $(ulimit -Hn); nohup /usr/lib/rabbitmq/bin/rabbitmq-server "
+                 f">> {node.base}/log/stdout 2>&1 &", check=True)
+        deadline = time.monotonic() + 120
+        while node._su("/usr/lib/rabbitmq/bin/rabbitmqctl -n $RABBITMQ_NODENAME await_startup",
+                       capture_output=True).returncode != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"RabbitMQ node {node.node} did not start again; see {node.base}/log")
+            time.sleep(1)
+        node.pid = node._find_pid()
+
+    def stop(self) -> None:
+        for node in reversed(self.nodes):
+            node.stop()
+
+
+def throughput(pg: PgServer, rabbit: RabbitMQ | None, seconds: int,
+               rabbit_cluster: RabbitCluster | None = None) -> list[dict[str, Any]]:
     rows = []
     for n in (1, 2, 3):
         db = f"tp{n}"
@@ -159,6 +211,11 @@ def throughput(pg: PgServer, rabbit: RabbitMQ | None, seconds: int) -> list[dict
             rres = perf([rabbit.url], n, seconds, f"cq-{n}")
             row["rabbitmq_publish"] = rres.get("publish_rate")
             row["rabbitmq_consume"] = rres.get("consume_rate")
+        if rabbit_cluster is not None:
+            rres = perf(rabbit_cluster.urls(n), n, seconds, f"cq-{n}",
+                        {"x-queue-type": "quorum", "x-quorum-initial-group-size": n})
+            row["rabbitmq_cluster_publish"] = rres.get("publish_rate")
+            row["rabbitmq_cluster_consume"] = rres.get("consume_rate")
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
@@ -202,12 +259,55 @@ class Waiter:
         deadline = time.monotonic() + 60
         while not self.done.is_set() and time.monotonic() < deadline:
             conn.process_data_events(0.05)
-        conn.close()
+        try:
+            conn.close()
+        except pika.exceptions.AMQPError:  # its node is being stopped (the run is over)
+            pass
 
 
 def hold_into(held: list[int]):
     """A consumer callback that keeps every delivery unacked (its tag noted in ``held``)."""
     return lambda _ch, method, _props, _body: held.append(method.delivery_tag)
+
+
+def failover_round(a_url: str, b_url: str, queue: str, messages: int, kill_a: Callable[[], None],
+                   arguments: dict[str, Any] | None = None) -> tuple[float, float]:
+    """One round: ``messages`` confirmed into ``queue`` through A, all held unacked by a consumer on A while a
+    consumer on B waits; ``kill_a()``; the ms from the kill to B's first and last redelivery."""
+    conn = pika.BlockingConnection(pika.URLParameters(a_url))
+    ch = conn.channel()
+    ch.queue_declare(queue, durable=True, arguments=arguments or {"x-queue-type": "quorum"})
+    ch.confirm_delivery()
+    for _ in range(messages):
+        ch.basic_publish("", queue, b"x" * 1024, pika.BasicProperties(delivery_mode=2))
+    ch.basic_qos(prefetch_count=messages)
+    held: list[int] = []
+    ch.basic_consume(queue, hold_into(held))
+    deadline = time.monotonic() + 30
+    while len(held) < messages and time.monotonic() < deadline:
+        conn.process_data_events(0.05)
+    if len(held) < messages:
+        raise RuntimeError(f"{queue}: node A delivered {len(held)} of {messages}")
+    waiter = Waiter(b_url, queue, messages)
+    waiter.ready.wait(10)
+    time.sleep(0.3)  # B's consumer is registered and its fetcher idle: nothing is ready
+    if waiter.times:
+        raise RuntimeError(f"{queue}: B received messages A held")
+    killed = time.monotonic()
+    kill_a()
+    if not waiter.done.wait(60):
+        raise RuntimeError(f"{queue}: B got {len(waiter.times)} of {messages} after the kill")
+    return (waiter.times[0] - killed) * 1000, (waiter.times[-1] - killed) * 1000
+
+
+def _summary(rounds: int, messages: int, first: list[float], last: list[float]) -> dict[str, Any]:
+    def pct(xs: list[float], q: float) -> float:
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+    return {"rounds": rounds, "messages": messages,
+            "first_p50_ms": round(statistics.median(first), 1), "first_p99_ms": round(pct(first, 0.99), 1),
+            "last_p50_ms": round(statistics.median(last), 1), "last_p99_ms": round(pct(last, 0.99), 1)}
 
 
 def failover(pg: PgServer, rounds: int, messages: int) -> dict[str, Any]:
@@ -221,44 +321,29 @@ def failover(pg: PgServer, rounds: int, messages: int) -> dict[str, Any]:
         for r in range(rounds):
             a = Node(f"fo-a{r}", pg.dsn(db))
             a.start()
-            queue = f"failover-{r}"
-            conn = pika.BlockingConnection(pika.URLParameters(a.url))
-            ch = conn.channel()
-            ch.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
-            ch.confirm_delivery()
-            for i in range(messages):
-                ch.basic_publish("", queue, b"x" * 1024, pika.BasicProperties(delivery_mode=2))
-            ch.basic_qos(prefetch_count=messages)
-            held: list[int] = []
-            ch.basic_consume(queue, hold_into(held))
-            deadline = time.monotonic() + 30
-            while len(held) < messages and time.monotonic() < deadline:
-                conn.process_data_events(0.05)
-            if len(held) < messages:
-                raise RuntimeError(f"round {r}: node A delivered {len(held)} of {messages}")
-            waiter = Waiter(b.url, queue, messages)
-            waiter.ready.wait(10)
-            time.sleep(0.3)  # B's consumer is registered and its fetcher idle: nothing is ready
-            if waiter.times:
-                raise RuntimeError(f"round {r}: B received messages A held")
-            killed = time.monotonic()
-            a.kill9()
-            if not waiter.done.wait(60):
-                raise RuntimeError(f"round {r}: B got {len(waiter.times)} of {messages} after the kill")
-            first.append((waiter.times[0] - killed) * 1000)
-            last.append((waiter.times[-1] - killed) * 1000)
-            print(json.dumps({"round": r, "first_ms": round(first[-1], 1), "last_ms": round(last[-1], 1)}),
-                  flush=True)
+            f, la = failover_round(a.url, b.url, f"failover-{r}", messages, a.kill9)
+            first.append(f)
+            last.append(la)
+            print(json.dumps({"round": r, "first_ms": round(f, 1), "last_ms": round(la, 1)}), flush=True)
     finally:
         b.stop()
+    return _summary(rounds, messages, first, last)
 
-    def pct(xs: list[float], q: float) -> float:
-        xs = sorted(xs)
-        return xs[min(len(xs) - 1, int(q * len(xs)))]
 
-    return {"rounds": rounds, "messages": messages,
-            "first_p50_ms": round(statistics.median(first), 1), "first_p99_ms": round(pct(first, 0.99), 1),
-            "last_p50_ms": round(statistics.median(last), 1), "last_p99_ms": round(pct(last, 0.99), 1)}
+def failover_rabbitmq(cluster: RabbitCluster, rounds: int, messages: int) -> dict[str, Any]:
+    """The same rounds on the RabbitMQ cluster: A is its second node, B its third (the queue's three replicas
+    keep a quorum without A); A is started again after each round."""
+    first: list[float] = []
+    last: list[float] = []
+    a_url, b_url = cluster.urls(3)[1:]
+    for r in range(rounds):
+        f, la = failover_round(a_url, b_url, f"failover-{r}", messages, lambda: cluster.kill9(1),
+                               {"x-queue-type": "quorum", "x-quorum-initial-group-size": 3})
+        first.append(f)
+        last.append(la)
+        print(json.dumps({"rabbitmq_round": r, "first_ms": round(f, 1), "last_ms": round(la, 1)}), flush=True)
+        cluster.restart(1)
+    return _summary(rounds, messages, first, last)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,24 +354,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-rabbitmq", action="store_true")
     ap.add_argument("--only", choices=("throughput", "failover"))
     ap.add_argument("--rabbitmq-port", type=int, default=5692)
+    ap.add_argument("--rabbitmq-cluster", action="store_true",
+                    help="compare with a three-node RabbitMQ cluster on this machine instead of one node")
     args = ap.parse_args(argv)
     pg = start_postgres()
     rabbit = None
+    cluster = None
     try:
         result: dict[str, Any] = {"machine": machine_info(), "postgresql": pg_settings(pg)}
-        if args.only != "failover":
-            if not args.no_rabbitmq:
-                if not port_free(args.rabbitmq_port):
-                    raise SystemExit(f"port {args.rabbitmq_port} is taken")
+        if not args.no_rabbitmq:
+            if not port_free(args.rabbitmq_port):
+                raise SystemExit(f"port {args.rabbitmq_port} is taken")
+            if args.rabbitmq_cluster:
+                cluster = RabbitCluster(args.rabbitmq_port)
+                cluster.start()
+            elif args.only != "failover":
                 rabbit = RabbitMQ(args.rabbitmq_port)
                 rabbit.start()
-            result["throughput"] = throughput(pg, rabbit, args.seconds)
+        if args.only != "failover":
+            result["throughput"] = throughput(pg, rabbit, args.seconds, cluster)
         if args.only != "throughput":
             result["failover"] = failover(pg, args.rounds, args.messages)
+            if cluster is not None:
+                result["failover_rabbitmq"] = failover_rabbitmq(cluster, args.rounds, args.messages)
         print(json.dumps(result, indent=1))
     finally:
         if rabbit is not None:
             rabbit.stop()
+        if cluster is not None:
+            cluster.stop()
         pg.stop()
     return 0
 
