@@ -22,6 +22,7 @@ brokers and PostgreSQL share the machine's CPUs: read the ratios, not the absolu
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import signal
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -346,13 +348,59 @@ def failover_rabbitmq(cluster: RabbitCluster, rounds: int, messages: int) -> dic
     return _summary(rounds, messages, first, last)
 
 
+def _http(method: str, url: str, body: bytes | None = None, timeout: float = 600) -> Any:
+    request = urllib.request.Request(url, data=body, method=method)
+    request.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    if body is not None:
+        request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        data = response.read()
+    return json.loads(data) if data else None
+
+
+def definitions_import(pg: PgServer, queues: int) -> dict[str, Any]:
+    """A definitions import on a two-member cluster (issue 35: >= 2,000 bindings/s): ``queues`` durable classic
+    queues, each bound to amq.topic, posted to member A's POST /api/definitions (what ``rabbitmqadmin import`` and
+    the UI send); the time until the HTTP answer, when every queue and binding is in A's directory in PostgreSQL
+    for B to route to. Checked after: B's GET /api/overview counts them (its listing includes A's queues)."""
+    db = "defs"
+    psql(pg, f"CREATE DATABASE {db}")
+    members = [Node(name, pg.dsn(db)) for name in ("defs-a", "defs-b")]
+    http_ports = [free_port(), free_port()]
+    for node, port in zip(members, http_ports, strict=True):
+        node.extra_args += ["--management-port", str(port)]
+    definitions = {
+        "queues": [{"name": f"imported-{i}", "vhost": "/", "durable": True, "auto_delete": False, "arguments": {}}
+                   for i in range(queues)],
+        "bindings": [{"source": "amq.topic", "vhost": "/", "destination": f"imported-{i}",
+                      "destination_type": "queue", "routing_key": f"key.{i}.#", "arguments": {}}
+                     for i in range(queues)],
+    }
+    body = json.dumps(definitions).encode()
+    try:
+        for node in members:
+            node.start()
+        started = time.monotonic()
+        _http("POST", f"http://127.0.0.1:{http_ports[0]}/api/definitions", body)
+        took = time.monotonic() - started
+        totals = _http("GET", f"http://127.0.0.1:{http_ports[1]}/api/overview")["object_totals"]
+    finally:
+        for node in members:
+            node.stop()
+    return {"queues": queues, "bindings": queues, "seconds": round(took, 2),
+            "bindings_per_s": round(queues / took), "queues_per_s": round(queues / took),
+            "b_object_totals_queues": totals.get("queues")}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.cluster_quorum", description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=int, default=10, help="length of each throughput run")
     ap.add_argument("--rounds", type=int, default=20, help="fail-over rounds")
     ap.add_argument("--messages", type=int, default=100, help="messages held by the killed node per round")
     ap.add_argument("--no-rabbitmq", action="store_true")
-    ap.add_argument("--only", choices=("throughput", "failover"))
+    ap.add_argument("--only", choices=("throughput", "failover", "definitions"))
+    ap.add_argument("--definitions-queues", type=int, default=10_000,
+                    help="queues (each with one binding) in the definitions import")
     ap.add_argument("--rabbitmq-port", type=int, default=5692)
     ap.add_argument("--rabbitmq-cluster", action="store_true",
                     help="compare with a three-node RabbitMQ cluster on this machine instead of one node")
@@ -362,6 +410,10 @@ def main(argv: list[str] | None = None) -> int:
     cluster = None
     try:
         result: dict[str, Any] = {"machine": machine_info(), "postgresql": pg_settings(pg)}
+        if args.only == "definitions":
+            result["definitions_import"] = definitions_import(pg, args.definitions_queues)
+            print(json.dumps(result, indent=1))
+            return 0
         if not args.no_rabbitmq:
             if not port_free(args.rabbitmq_port):
                 raise SystemExit(f"port {args.rabbitmq_port} is taken")
