@@ -178,14 +178,7 @@ class RabbitCluster:
     def restart(self, i: int) -> None:
         """Start a killed node again on its data directory: it rejoins the cluster it was in."""
         node = self.nodes[i]
-        node._su("ulimit -n $(ulimit -Hn); nohup /usr/lib/rabbitmq/bin/rabbitmq-server "
-                 f">> {node.base}/log/stdout 2>&1 &", check=True)
-        deadline = time.monotonic() + 120
-        while node._su("/usr/lib/rabbitmq/bin/rabbitmqctl -n $RABBITMQ_NODENAME await_startup",
-                       capture_output=True).returncode != 0:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"RabbitMQ node {node.node} did not start again; see {node.base}/log")
-            time.sleep(1)
+        node.launch()
         node.pid = node._find_pid()
 
     def stop(self) -> None:

@@ -269,17 +269,7 @@ class RabbitMQ:
             f"export RABBITMQ_PID_FILE={self.base}/pid",
             "export HOME=/var/lib/rabbitmq", ""]))
         subprocess.run(["chown", "-R", "rabbitmq:rabbitmq", str(self.base)], check=True)
-        self._su("ulimit -n $(ulimit -Hn); nohup /usr/lib/rabbitmq/bin/rabbitmq-server "
-                 f"> {self.base}/log/stdout 2>&1 &", check=True)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            r = self._su("/usr/lib/rabbitmq/bin/rabbitmqctl -n $RABBITMQ_NODENAME await_startup",
-                         capture_output=True)
-            if r.returncode == 0:
-                break
-            time.sleep(1)
-        else:
-            raise RuntimeError(f"RabbitMQ did not start; see {self.base}/log")
+        self.launch()
         if self.tls and not wait_port(self.tls_port, 30):
             raise RuntimeError(f"RabbitMQ's TLS listener did not open; see {self.base}/log")
         self.pid = self._find_pid()
@@ -287,6 +277,20 @@ class RabbitMQ:
         # anyway (a no-op when on) so that S8/S9 never fail on a node started with flags held back.
         self._su("/usr/lib/rabbitmq/bin/rabbitmqctl -n $RABBITMQ_NODENAME enable_feature_flag stream_queue",
                  capture_output=True)
+
+    def launch(self) -> None:
+        """Run the node on its prepared directory (:meth:`start`; bench/cluster_quorum.py's restart of a killed
+        cluster node) and wait until it has started."""
+        self._su("ulimit -n $(ulimit -Hn); nohup /usr/lib/rabbitmq/bin/rabbitmq-server "
+                 f">> {self.base}/log/stdout 2>&1 &", check=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            r = self._su("/usr/lib/rabbitmq/bin/rabbitmqctl -n $RABBITMQ_NODENAME await_startup",
+                         capture_output=True)
+            if r.returncode == 0:
+                return
+            time.sleep(1)
+        raise RuntimeError(f"RabbitMQ did not start; see {self.base}/log")
 
     def _find_pid(self) -> int:
         try:
