@@ -115,8 +115,10 @@ class VariableQueue(LocalStore):
         self._failed: list[Any] = []  # confirms whose fsync failed: the owner nacks them
         self.recovered_clean: bool | None = None
         self.deleted = False
-        if durable:
+        if durable and self._index.found:
             self._recover()
+        elif durable:
+            self.recovered_clean = True  # no directory: nothing on disk, nothing to doubt
 
     # -- publishing ---------------------------------------------------------------------------------------
     def _new_status(self, msg: Any, size: int, persistent: bool, delivered: bool, expiry: int | None,

@@ -8,7 +8,7 @@ import os
 import threading
 from pathlib import Path
 
-from storage.node_storage import NodeStorage
+from storage.node_storage import NodeStorage, queue_dir_name
 
 
 def msg(i: int, size: int = 100) -> bytes:
@@ -94,6 +94,25 @@ def test_clean_restart_keeps_order_and_delivered_flags(harness) -> None:
     assert [d for _, _, d in got] == [True] + [False] * 7  # only the unacked one was delivered
     assert got[0][0] == f0[0]
     assert vq.fetch(False) is None  # the transient message is gone
+
+
+def test_a_queue_has_a_directory_only_once_it_writes_a_file(harness) -> None:
+    """A declare makes no directory (a definitions import declares thousands of queues, and each mkdir waits on
+    the file system's journal); the first index entry does. A queue that never wrote one restarts empty and
+    clean, clean or not; one that did recovers its messages."""
+    h = harness(durable=True)
+    qdir = Path(h.root) / "queues" / queue_dir_name("/", "q")
+    assert not qdir.exists()
+    vq = h.restart(clean=True)
+    assert not qdir.exists() and vq.recovered_clean is True and vq.len() == 0
+    vq = h.restart(clean=False)
+    assert not qdir.exists() and vq.recovered_clean is True and vq.len() == 0
+    vq.publish(msg(1), 100, True)
+    h.settle()
+    assert sorted(p.suffix for p in qdir.iterdir()) == [".idx"]
+    vq = h.restart(clean=False)
+    assert vq.recovered_clean is False and vq.len() == 1
+    assert vq.fetch(False)[1] == msg(1)
 
 
 def test_dirty_restart_marks_everything_delivered(harness) -> None:
