@@ -178,10 +178,11 @@ class Wait:
         self.answered = answered
 
 
-def _answered(act: Callable[[], T]) -> Generator[Wait, None, T]:
+def _answered(act: Callable[[], T], shared: Answers | None = None) -> Generator[Wait, None, T]:
     """``act()`` as broker/topology.py's ``answered_call`` runs it, as steps of the import: inside ``deferring``,
-    and again from its start after each Wait for what it asked (it asks before it changes anything)."""
-    answers = Answers()
+    and again from its start after each Wait for what it asked (it asks before it changes anything). With
+    ``shared``, the answers asked ahead for a slice of steps (:func:`_queue_slices`), settled by the slice."""
+    answers = Answers() if shared is None else shared
     try:
         while True:
             try:
@@ -190,7 +191,36 @@ def _answered(act: Callable[[], T]) -> Generator[Wait, None, T]:
             except Deferred as exc:
                 yield Wait(partial(_until, exc.future))
     finally:
-        answers.settle()
+        if shared is None:
+            answers.settle()
+
+
+# Queues whose names a cluster member claims in one question before declaring them (Topology.claim_ahead):
+# one committed round trip per slice instead of one per queue (issue 35: 10,000 queues with bindings imported
+# at 698 bindings/s on two members when each claim was its own).
+CLAIM_SLICE = 500
+
+
+def _queue_slices(queues: list[dict[str, Any]], vhost_of: Callable[[dict[str, Any]], VHost]
+                  ) -> Iterator[tuple[list[dict[str, Any]], dict[str, Answers], list[asyncio.Future[None]]]]:
+    """The document's queues in slices of CLAIM_SLICE, each with the Answers its declares share per vhost and
+    the claims asked ahead for them (awaited before the slice is declared)."""
+    for start in range(0, len(queues), CLAIM_SLICE):
+        chunk = queues[start:start + CLAIM_SLICE]
+        by_vhost: dict[str, tuple[VHost, list[tuple[str, bool, bool, dict[str, Any]]]]] = {}
+        for q in chunk:
+            name, arguments = q.get("name"), q.get("arguments") or {}
+            if isinstance(name, str) and isinstance(arguments, dict):
+                try:
+                    vh = vhost_of(q)
+                except DefinitionsError:
+                    continue  # raised by its declare, in its turn
+                by_vhost.setdefault(vh.name, (vh, []))[1].append((name, _bool(q, "durable", True), False,
+                                                                  arguments))
+        answers = {name: Answers() for name in by_vhost}
+        claims = [f for name, (vh, specs) in by_vhost.items()
+                  if (f := vh.remote.claim_ahead(answers[name], specs)) is not None]
+        yield chunk, answers, claims
 
 
 async def _until(future: asyncio.Future[Any]) -> None:
@@ -303,16 +333,26 @@ def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[Wait | N
             vhost_of(x).declare_exchange(name, _str(x, "type", "exchange"), False, _bool(x, "durable", True),
                                          _bool(x, "auto_delete", False), _bool(x, "internal", False), args)
             yield None
-        for q in _list(data, "queues"):
-            # In a cluster: the claim of its name (or the feed's read for a quorum queue) waited for; another
-            # member's queue of that name has its equivalence check wait for that member's answer, then run here.
-            owner_checks: list[Callable[[], None]] = []
-            queue, _created = yield from _answered(partial(_declare_queue, vhost_of(q), q, owner_checks))
-            if owner_checks:
-                yield Wait(partial(remote_queue.answered, queue))
-                for check in owner_checks:
-                    check()
-            yield None
+        for chunk, answers, claims in _queue_slices(_list(data, "queues"), vhost_of):
+            # In a cluster: the claims of the slice's names asked in one question, waited for (a name asked
+            # past it, or the feed's read for a quorum queue, waited for by its declare); another member's
+            # queue of that name has its equivalence check wait for that member's answer, then run here.
+            try:
+                for claim in claims:
+                    yield Wait(partial(_until, claim))
+                for q in chunk:
+                    vh = vhost_of(q)
+                    owner_checks: list[Callable[[], None]] = []
+                    queue, _created = yield from _answered(partial(_declare_queue, vh, q, owner_checks),
+                                                           answers.get(vh.name))
+                    if owner_checks:
+                        yield Wait(partial(remote_queue.answered, queue))
+                        for check in owner_checks:
+                            check()
+                    yield None
+            finally:
+                for slice_answers in answers.values():
+                    slice_answers.settle()
         for b in _list(data, "bindings"):
             vh = vhost_of(b)
             kind = QUEUE if b.get("destination_type", "queue") == "queue" else EXCHANGE

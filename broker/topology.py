@@ -236,6 +236,14 @@ class Topology(Protocol):
         ``owner_checks``)."""
         ...
 
+    def claim_ahead(self, answers: Answers, queues: list[tuple[str, bool, bool, dict[str, Any]]]
+                    ) -> asyncio.Future[None] | None:
+        """Claim the names of many queues about to be declared (``(name, durable, exclusive, arguments)``: a
+        definitions import's slice) in one question, its answers put into ``answers`` as :meth:`claim` would
+        put each; the declares, handled inside ``deferring(answers)`` once the future is done, take them instead
+        of asking one by one, and ``answers.settle()`` releases those not used. None: nothing to ask."""
+        ...
+
     def refuse(self, name: str, action: str) -> None:
         """Raise 405 if ``name`` is another member's queue (``action``: what only its member can do)."""
         ...
@@ -295,6 +303,9 @@ class LocalTopology:
 
     def claim(self, name: str, durable: bool, exclusive: bool, arguments: dict[str, Any],
               owner_checks: list[Callable[[], None]] | None = None) -> None:
+        return None
+
+    def claim_ahead(self, answers: Answers, queues: list[tuple[str, bool, bool, dict[str, Any]]]) -> None:
         return None
 
     def refuse(self, name: str, action: str) -> None:

@@ -85,6 +85,7 @@ import binascii
 import json
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
@@ -136,6 +137,15 @@ def _args_text(arguments: dict[str, Any]) -> str:
 
 def _args_of(text: str) -> dict[str, Any]:
     return untable(base64.b64decode(text))
+
+
+def _claimable(arguments: dict[str, Any]) -> bool:
+    """Whether a declare with ``arguments`` would claim its name in the directory: a node-local type (a shared
+    one's definition is the feed's), named validly (an unknown type is the declare's error to give, unclaimed)."""
+    try:
+        return not queue_type_of(arguments).cluster_shared
+    except (KeyError, TypeError, AttributeError):
+        return False
 
 
 def node_tag(name: str) -> str:
@@ -368,6 +378,32 @@ class VHostLink(RemoteRoutes):
             lambda owner: (lambda: self._unclaimed(name)) if owner is None else None))
         future.add_done_callback(lambda _f: self._claiming.pop(name, None))
         raise Deferred(future)
+
+    def claim_ahead(self, answers: Answers, queues: list[tuple[str, bool, bool, dict[str, Any]]]
+                    ) -> asyncio.Future[None] | None:
+        """broker/topology.py: one claim for the names of ``queues`` that a declare would claim (not here, not
+        shared, not exclusive), each answer put into ``answers`` under the key :meth:`_claimed` takes, with the
+        release of a claim no declare used. The directory not answering is each declare's answer too (declared
+        without its row, as :meth:`claim` logs)."""
+        wanted: list[tuple[str, bool, bool]] = [
+            (name, durable, exclusive) for name, durable, exclusive, arguments in queues
+            if not exclusive and self.vh.queues.get(name) is None and name not in self._claiming
+            and _claimable(arguments)]
+        if not wanted or not self.fw.directory.available:
+            return None
+        return self._start(self._claimed_ahead(answers, wanted))
+
+    async def _claimed_ahead(self, answers: Answers, wanted: list[tuple[str, bool, bool]]) -> None:
+        try:
+            owners: dict[str, Any] = await self.fw.directory.claim_many(self.vhost, wanted)
+        except DirectoryUnavailable as exc:
+            for name, durable, exclusive in wanted:
+                answers.put(("claim", name, durable, exclusive), exc)
+            return
+        for name, durable, exclusive in wanted:
+            owner = owners.get(name)
+            answers.put(("claim", name, durable, exclusive), owner,
+                        partial(self._unclaimed, name) if owner is None else None)
 
     def _claimed_later(self, name: str) -> Any:
         """A claim asked outside ``deferring``, where nothing may wait (no caller in the broker does: see

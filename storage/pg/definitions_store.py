@@ -74,6 +74,13 @@ _PUT = ("INSERT INTO leveret.definition (kind, key, value, version, writer) "
         "VALUES ($1, $2, $3, nextval('leveret.definition_version'), $4) "
         "ON CONFLICT (kind, key) DO UPDATE SET value = EXCLUDED.value, version = EXCLUDED.version, "
         "writer = EXCLUDED.writer")
+# _PUT for many rows in one statement (a definitions import's thousands of queues and bindings), their versions
+# drawn in the rows' order.
+_PUT_MANY = ("INSERT INTO leveret.definition (kind, key, value, version, writer) "
+             "SELECT k, key, v, nextval('leveret.definition_version'), $4 "
+             "FROM unnest($1::text[], $2::text[], $3::bytea[]) WITH ORDINALITY AS r(k, key, v, n) ORDER BY n "
+             "ON CONFLICT (kind, key) DO UPDATE SET value = EXCLUDED.value, version = EXCLUDED.version, "
+             "writer = EXCLUDED.writer")
 _DELETE = ("UPDATE leveret.definition SET value = NULL, version = nextval('leveret.definition_version'), "
            "writer = $3 WHERE kind = $1 AND key = $2 AND value IS NOT NULL")
 _DELETE_PREFIX = ("UPDATE leveret.definition SET value = NULL, "
@@ -224,15 +231,34 @@ class PgDefinitionsStore:
 
     async def _execute(self, ops: list[Op], conn: asyncpg.Connection) -> int:
         n = 0
+        puts: dict[tuple[str, str], bytes] = {}  # a run of puts of distinct keys, written in one statement
+
+        async def put_run() -> int:
+            if not puts:
+                return 0
+            if len(puts) == 1:
+                ((kind, key), value), = puts.items()
+                status = await conn.execute(_PUT, kind, key, value, self.writer)
+            else:
+                kinds, keys = zip(*puts, strict=True)
+                status = await conn.execute(_PUT_MANY, list(kinds), list(keys), list(puts.values()), self.writer)
+            puts.clear()
+            return int(status.rsplit(" ", 1)[-1])
+
         for action, kind, key, value in ops:
             if action == "put":
-                status = await conn.execute(_PUT, kind, _key(key), msgpack.packb(value, use_bin_type=True),
-                                            self.writer)
-            elif action == "delete":
+                row_key = (kind, _key(key))
+                if row_key in puts:  # (one statement may not write a row twice; the order of versions kept)
+                    n += await put_run()
+                puts[row_key] = msgpack.packb(value, use_bin_type=True)
+                continue
+            n += await put_run()
+            if action == "delete":
                 status = await conn.execute(_DELETE, kind, _key(key), self.writer)
             else:
                 status = await conn.execute(_DELETE_PREFIX, kind, SEP.join(key) + SEP, self.writer)
             n += int(status.rsplit(" ", 1)[-1])
+        n += await put_run()
         if n:
             await conn.execute("SELECT pg_notify($1, '')", DEFINITIONS_BELL)
         return n

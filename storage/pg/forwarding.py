@@ -86,6 +86,20 @@ CLAIM = (
     "SELECT node, durable, exclusive, pg_notify('" + DIRECTORY_BELL + "', $3) FROM ins "
     "UNION ALL SELECT node, durable, exclusive, NULL FROM leveret.local_queue "
     "WHERE vhost = $1 AND name = $2 AND NOT EXISTS (SELECT 1 FROM ins)")
+# CLAIM for many names of one vhost in one statement (a definitions import's slice): the rows taken, then the
+# owners of those another live member holds. Names in sorted order: two members claiming overlapping sets take
+# their row locks in the same order (no deadlock).
+CLAIM_MANY = (
+    "WITH want AS (SELECT * FROM unnest($2::text[], $4::bool[], $5::bool[]) AS w(name, durable, exclusive)), "
+    "ins AS (INSERT INTO leveret.local_queue AS q (vhost, name, node, durable, exclusive) "
+    "SELECT $1, w.name, $3, w.durable, w.exclusive FROM want w ORDER BY w.name "
+    "ON CONFLICT (vhost, name) DO UPDATE SET node = EXCLUDED.node, "
+    "durable = EXCLUDED.durable, exclusive = EXCLUDED.exclusive "
+    "WHERE q.node = EXCLUDED.node OR (NOT q.durable AND NOT " + _LIVE.format(t="q") + ") "
+    "RETURNING q.name, q.node, q.durable, q.exclusive) "
+    "SELECT name, node, durable, exclusive, pg_notify('" + DIRECTORY_BELL + "', $3) FROM ins "
+    "UNION ALL SELECT q.name, q.node, q.durable, q.exclusive, NULL FROM leveret.local_queue q "
+    "JOIN want w ON q.name = w.name WHERE q.vhost = $1 AND NOT EXISTS (SELECT 1 FROM ins WHERE ins.name = q.name)")
 LOOKUP = "SELECT node, durable, exclusive FROM leveret.local_queue WHERE vhost = $1 AND name = $2"
 RELEASE = ("WITH d AS (DELETE FROM leveret.local_queue WHERE vhost = $1 AND name = $2 AND node = $3 RETURNING 1) "
            "SELECT pg_notify('" + DIRECTORY_BELL + "', $3) FROM d")
@@ -96,6 +110,17 @@ BIND = ("WITH ins AS (INSERT INTO leveret.local_binding "
         "ON CONFLICT (vhost, source, queue, routing_key, args_hash) DO UPDATE SET arguments = EXCLUDED.arguments, "
         "routing = EXCLUDED.routing, node = EXCLUDED.node RETURNING 1) "
         "SELECT pg_notify('" + DIRECTORY_BELL + "', $8) FROM ins")
+# BIND for the rows of many bindings (those written while the directory's session was busy) in one statement.
+BIND_MANY = (
+    "WITH ins AS (INSERT INTO leveret.local_binding "
+    "(vhost, source, queue, routing_key, args_hash, arguments, routing, node) "
+    "SELECT r.vhost, r.source, r.queue, r.routing_key, r.args_hash, r.arguments, r.routing, $8 "
+    "FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[]) "
+    "AS r(vhost, source, queue, routing_key, args_hash, arguments, routing) "
+    "WHERE EXISTS (SELECT 1 FROM leveret.local_queue q WHERE q.vhost = r.vhost AND q.name = r.queue AND q.node = $8) "
+    "ON CONFLICT (vhost, source, queue, routing_key, args_hash) DO UPDATE SET arguments = EXCLUDED.arguments, "
+    "routing = EXCLUDED.routing, node = EXCLUDED.node RETURNING 1) "
+    "SELECT pg_notify('" + DIRECTORY_BELL + "', $8) FROM ins LIMIT 1")
 UNBIND = ("WITH d AS (DELETE FROM leveret.local_binding WHERE vhost = $1 AND source = $2 AND queue = $3 "
           "AND routing_key = $4 AND args_hash = $5 AND node = $6 RETURNING 1) "
           "SELECT pg_notify('" + DIRECTORY_BELL + "', $6) FROM d LIMIT 1")
@@ -198,6 +223,12 @@ class PgDirectory:
         # reply (queue.bind-ok) waits for it through the storage/commits.py seam (committed).
         self._accepted = 0
         self._last: asyncio.Task[Any] | None = None
+        # Calls submitted so far, and the binding rows of the last one if it is a write of binding rows that has
+        # not started yet: a bind made while nothing was submitted after it joins it (one statement, one commit,
+        # for the bindings of a definitions import or a burst of queue.binds; never reordered past another call).
+        self._submitted = 0
+        self._binds: list[tuple[str, str, str, str, str, bytes, str]] | None = None
+        self._binds_after = -1
 
     # -- one session, one call at a time ---------------------------------------------------------------------
     async def _call(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
@@ -226,6 +257,7 @@ class PgDirectory:
         if not force and time.monotonic() < self.down_until:
             raise DirectoryUnavailable("the cluster's PostgreSQL did not answer recently")
         task = asyncio.get_running_loop().create_task(self._call(fn))
+        self._submitted += 1
         self._calls.add(task)
         task.add_done_callback(self._calls.discard)
         return task
@@ -280,6 +312,29 @@ class PgDirectory:
 
         return await self._wait(run)
 
+    async def claim_many(self, vhost: str, queues: Sequence[tuple[str, bool, bool]]) -> dict[str, Owner | None]:
+        """:meth:`claim` for many ``(name, durable, exclusive)`` of ``vhost`` in one statement (one commit): by
+        name, None (ours now) or the Owner that holds it. A definitions import claims a slice of its queues so
+        (broker/definitions.py), instead of one committed round trip per queue."""
+        wanted = sorted({name: (durable, exclusive) for name, durable, exclusive in queues}.items())
+
+        async def run(conn: asyncpg.Connection) -> dict[str, Owner | None]:
+            answers: dict[str, Owner | None] = {}
+            todo = wanted
+            for _ in range(3):
+                rows = await conn.fetch(CLAIM_MANY, vhost, [n for n, _ in todo], self.node,
+                                        [d for _, (d, _e) in todo], [e for _, (_d, e) in todo])
+                for name, node, durable, exclusive, _bell in rows:
+                    answers[name] = None if node == self.node else Owner(node, durable, exclusive)
+                todo = [item for item in todo if item[0] not in answers]
+                if not todo:
+                    break
+            for name, _ in todo:
+                answers[name] = None  # claimed and released under us three times: ours, as claim() says
+            return answers
+
+        return await self._wait(run)
+
     async def lookup(self, vhost: str, name: str) -> Owner | None:
         """The member whose node-local queue ``name`` is (None: nobody's), within ``timeout``."""
 
@@ -298,11 +353,29 @@ class PgDirectory:
         """Write the binding's row, in call order, without waiting: the caller's reply waits for
         :meth:`committed` (the event loop serves others meanwhile). A row that could not be written makes
         the directory unavailable for a while and is rewritten when PostgreSQL is back (replace_own)."""
-        task = self._submit(lambda conn: conn.execute(BIND, vhost, source, queue, routing_key, args_hash,
-                                                      arguments, routing, self.node))
+        row = (vhost, source, queue, routing_key, args_hash, arguments, routing)
+        if self._binds is not None and self._binds_after == self._submitted:
+            self._binds.append(row)  # the write submitted last has not started: in its statement
+            self._accepted += 1
+            return
+        rows = [row]
+        task = self._submit(lambda conn: self._write_bindings(conn, rows))
+        self._binds, self._binds_after = rows, self._submitted
         task.add_done_callback(self._later_done)
         self._accepted += 1
         self._last = task
+
+    async def _write_bindings(self, conn: asyncpg.Connection,
+                              rows: list[tuple[str, str, str, str, str, bytes, str]]) -> None:
+        """The binding rows :meth:`bind` gathered, in one statement (the last row of a key wins, as it would
+        have one statement at a time)."""
+        if self._binds is rows:
+            self._binds = None  # started: a later bind is a write of its own
+        if len(rows) == 1:
+            await conn.execute(BIND, *rows[0], self.node)
+            return
+        last = list({row[:5]: row for row in rows}.values())
+        await conn.execute(BIND_MANY, *(list(column) for column in zip(*last, strict=True)), self.node)
 
     @property
     def accepted(self) -> int:

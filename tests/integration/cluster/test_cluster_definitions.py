@@ -5,13 +5,16 @@ writing its own defaults over them. Real broker processes and a real PostgreSQL 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.error
 
+import asyncpg
 import pika
 import pika.exceptions
 import pytest
 
+from broker.definitions import CLAIM_SLICE
 from tests.conftest import BrokerProcess, free_port
 from tests.integration.management.test_management_api import Http, q, wait_for
 
@@ -154,3 +157,60 @@ def test_every_member_is_listed_by_the_api_and_cluster_status(start_broker, pg_d
     assert set(nodes) == {"a@test", "b@test"} and not nodes["b@test"]["running"]
     out = _cli("ctl", f"http://127.0.0.1:{a.management_port}", "cluster_status")
     assert "Running Nodes\n\na@test\n" in out.stdout and "Disk Nodes\n\na@test\nb@test\n" in out.stdout
+
+
+def test_an_import_claims_its_queues_a_slice_at_a_time_and_releases_the_names_it_did_not_declare(start_broker,
+                                                                                                  pg_dsn):
+    """A definitions import on a claims its queues' names a slice at a time (broker/definitions.py CLAIM_SLICE):
+    every queue it made is a's in the directory and routed to from b, a name b holds stays b's (the import
+    declares it as b's queue, equivalence checked), and the names of a slice it stopped before declaring (a bad
+    queue: 400) are released, free for b to declare as its own."""
+    a = member(start_broker, pg_dsn, "a@test")
+    b = member(start_broker, pg_dsn, "b@test")
+    conn = pika.BlockingConnection(b.pika_params())
+    conn.channel().queue_declare("held-by-b", durable=True)
+    conn.close()
+    api_a = Http(a.management_port)
+    count = CLAIM_SLICE + 30
+
+    def queue(name: str, **arguments) -> dict:
+        return {"name": name, "vhost": "/", "durable": True, "auto_delete": False, "arguments": arguments}
+
+    document = {"queues": [queue(f"imp-{i}") for i in range(count)] + [queue("held-by-b")],
+                "bindings": [{"source": "amq.direct", "vhost": "/", "destination": f"imp-{i}",
+                              "destination_type": "queue", "routing_key": f"imp-{i}", "arguments": {}}
+                             for i in range(count)]}
+    status, body, _ = api_a("POST", "/api/definitions", document)
+    assert status in (200, 201, 204), (status, body)
+    owners = _directory_owners(pg_dsn, [f"imp-{i}" for i in range(count)] + ["held-by-b"])
+    assert owners == {**{f"imp-{i}": "a@test" for i in range(count)}, "held-by-b": "b@test"}
+    conn = pika.BlockingConnection(b.pika_params())
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.basic_publish("amq.direct", f"imp-{count - 1}", b"routed", mandatory=True)  # b routes by the binding row
+    conn.close()
+    assert wait_for(lambda: Http(a.management_port)("GET", f"/api/queues/%2F/imp-{count - 1}")[1]
+                    .get("messages") == 1, 10)
+
+    bad = {"queues": [queue("late-1"), queue("late-bad", **{"x-max-length": "many"}), queue("late-2")]}
+    status, body, _ = api_a("POST", "/api/definitions", bad)
+    assert status == 400 and "x-max-length" in body["reason"], (status, body)
+    assert _directory_owners(pg_dsn, ["late-1", "late-bad", "late-2"]) == {"late-1": "a@test"}
+    conn = pika.BlockingConnection(b.pika_params())
+    conn.channel().queue_declare("late-2", durable=True)  # b's own queue now
+    conn.close()
+    assert _directory_owners(pg_dsn, ["late-2"]) == {"late-2": "b@test"}
+
+
+def _directory_owners(dsn: str, names: list[str]) -> dict[str, str]:
+    """The members that hold ``names`` in the directory of node-local queues (storage/pg/forwarding.py)."""
+
+    async def read() -> dict[str, str]:
+        conn = await asyncpg.connect(dsn)
+        try:
+            rows = await conn.fetch("SELECT name, node FROM leveret.local_queue WHERE name = any($1::text[])", names)
+            return {r[0]: r[1] for r in rows}
+        finally:
+            await conn.close()
+
+    return asyncio.run(read())

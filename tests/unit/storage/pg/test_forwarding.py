@@ -68,6 +68,52 @@ async def test_a_name_is_claimed_once_cluster_wide(admin, directory) -> None:
     assert await b.claim("/", "q", False, True) is None
 
 
+async def test_many_names_are_claimed_in_one_statement_as_one_by_one(admin, directory) -> None:
+    """claim_many (a definitions import's slice): each name answered as claim() answers it — ours (new, or
+    ours already), another live member's, a gone member's non-durable row taken over — in one statement."""
+    await live(admin, "a", "b")
+    gone, a, b = directory("gone"), directory("a"), directory("b")
+    assert await b.claim("/", "b-durable", True, False) is None
+    assert await gone.claim("/", "stale", False, False) is None
+    assert await a.claim("/", "mine", True, False) is None
+    answers = await a.claim_many("/", [("new-1", True, False), ("b-durable", True, False), ("stale", True, False),
+                                       ("mine", True, False), ("new-2", False, False), ("new-1", True, False)])
+    assert answers == {"new-1": None, "b-durable": Owner("b", True, False), "stale": None, "mine": None,
+                       "new-2": None}
+    rows = await admin.fetch("SELECT name, node, durable FROM leveret.local_queue WHERE vhost = '/' ORDER BY name")
+    assert [tuple(r) for r in rows] == [("b-durable", "b", True), ("mine", "a", True), ("new-1", "a", True),
+                                        ("new-2", "a", False), ("stale", "a", True)]
+    written = await admin.fetchval("SELECT count(DISTINCT xmin::text) FROM leveret.local_queue "
+                                   "WHERE name IN ('new-1', 'new-2', 'stale')")
+    assert written == 1, "the rows written by one transaction"
+    assert await a.claim_many("/", []) == {}
+
+
+async def test_binds_made_while_the_session_is_busy_are_one_statement_in_call_order(admin, directory) -> None:
+    """Binding rows written without waiting join the write submitted last while it has not started (one statement
+    for a burst), never across another call: bind, unbind, bind of one key leaves the row."""
+    await live(admin, "a")
+    a = directory("a")
+    assert await a.claim("/", "q", True, False) is None
+    async with admin.transaction():  # the session is held up: everything below queues behind it
+        await admin.execute("LOCK TABLE leveret.local_binding IN ACCESS EXCLUSIVE MODE")
+        a.bind("/", "x", "q", "k1", "h", b"", "direct")
+        for i in range(2, 200):
+            a.bind("/", "x", "q", f"k{i}", "h", b"", "direct")
+        a.bind("/", "x", "q", "k1", "h", b"again", "direct")  # the same key twice in one statement: the last wins
+        a.unbind("/", "x", "q", "k2", "h")
+        a.bind("/", "x", "q", "k2", "h", b"back", "direct")
+        a.unbind("/", "x", "q", "k3", "h")
+        assert len(a._calls) == 4, "the 200 binds are one call, then unbind, bind, unbind"
+    await committed(a)
+    assert await a.lookup("/", "q") is not None  # after the fire-and-forget unbind
+    rows = {r[0]: (bytes(r[1]), r[2]) for r in await admin.fetch(
+        "SELECT routing_key, arguments, xmin::text FROM leveret.local_binding")}
+    assert len(rows) == 198 and "k3" not in rows
+    assert rows["k1"][0] == b"again" and rows["k2"][0] == b"back"
+    assert len({xmin for key, (_args, xmin) in rows.items() if key != "k2"}) == 1, "one statement's rows"
+
+
 async def test_the_calls_do_not_block_the_loop(admin, directory) -> None:
     """claim, lookup and has_binding (what a channel's method or an HTTP handler awaits, broker/topology.py
     "Answers that come later") leave the caller's loop serving while PostgreSQL has not answered (held here by a
