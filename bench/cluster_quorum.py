@@ -14,6 +14,10 @@ Two measurements, side by side in one run:
    kill to B's first and last redelivery is taken, over ``--rounds`` rounds (p50, p99). With
    ``--rabbitmq-cluster``, the same on the RabbitMQ cluster (its killed node started again after each round).
 
+``--only definitions`` measures instead a definitions import (10,000 durable queues, each with a binding)
+posted to one member of a two-member cluster; with ``--rabbitmq-cluster``, the same into a two-node RabbitMQ
+cluster's management API.
+
 It starts its own PostgreSQL (tests/pg_server.py: run it from a source checkout with PostgreSQL installed,
 as ``make test`` leaves the machine) and RabbitMQ (bench/run_bench.py's, on its own ports). Load generator,
 brokers and PostgreSQL share the machine's CPUs: read the ratios, not the absolute rates.
@@ -152,8 +156,10 @@ class RabbitCluster:
     RabbitMQ, run as the ``rabbitmq`` user sharing its Erlang cookie), joined into one cluster with
     ``rabbitmqctl join_cluster`` as RabbitMQ's clustering guide does it."""
 
-    def __init__(self, base_port: int, size: int = 3) -> None:
-        self.nodes = [RabbitMQ(base_port + 100 * i) for i in range(size)]
+    def __init__(self, base_port: int, size: int = 3, management_port: int | None = None) -> None:
+        """``management_port``: the first node's HTTP API (the management plugin, on every node)."""
+        self.nodes = [RabbitMQ(base_port + 100 * i, None if management_port is None else management_port + i)
+                      for i in range(size)]
 
     def start(self) -> None:
         for node in self.nodes:
@@ -351,6 +357,29 @@ def _http(method: str, url: str, body: bytes | None = None, timeout: float = 600
     return json.loads(data) if data else None
 
 
+def _definitions(queues: int) -> bytes:
+    """The document both brokers import: ``queues`` durable classic queues, each bound to amq.topic."""
+    return json.dumps({
+        "queues": [{"name": f"imported-{i}", "vhost": "/", "durable": True, "auto_delete": False, "arguments": {}}
+                   for i in range(queues)],
+        "bindings": [{"source": "amq.topic", "vhost": "/", "destination": f"imported-{i}",
+                      "destination_type": "queue", "routing_key": f"key.{i}.#", "arguments": {}}
+                     for i in range(queues)],
+    }).encode()
+
+
+def _timed_import(post_to: str, count_from: str, body: bytes, queues: int) -> dict[str, Any]:
+    """POST ``body`` to ``post_to`` (one member's /api/definitions), timed until the answer; then the queues
+    the other member's /api/overview counts (``count_from``)."""
+    started = time.monotonic()
+    _http("POST", post_to + "/api/definitions", body)
+    took = time.monotonic() - started
+    totals = _http("GET", count_from + "/api/overview")["object_totals"]
+    return {"queues": queues, "bindings": queues, "seconds": round(took, 2),
+            "bindings_per_s": round(queues / took), "queues_per_s": round(queues / took),
+            "b_object_totals_queues": totals.get("queues")}
+
+
 def definitions_import(pg: PgServer, queues: int) -> dict[str, Any]:
     """A definitions import on a two-member cluster (issue 35: >= 2,000 bindings/s): ``queues`` durable classic
     queues, each bound to amq.topic, posted to member A's POST /api/definitions (what ``rabbitmqadmin import`` and
@@ -362,27 +391,28 @@ def definitions_import(pg: PgServer, queues: int) -> dict[str, Any]:
     http_ports = [free_port(), free_port()]
     for node, port in zip(members, http_ports, strict=True):
         node.extra_args += ["--management-port", str(port)]
-    definitions = {
-        "queues": [{"name": f"imported-{i}", "vhost": "/", "durable": True, "auto_delete": False, "arguments": {}}
-                   for i in range(queues)],
-        "bindings": [{"source": "amq.topic", "vhost": "/", "destination": f"imported-{i}",
-                      "destination_type": "queue", "routing_key": f"key.{i}.#", "arguments": {}}
-                     for i in range(queues)],
-    }
-    body = json.dumps(definitions).encode()
+    body = _definitions(queues)
     try:
         for node in members:
             node.start()
-        started = time.monotonic()
-        _http("POST", f"http://127.0.0.1:{http_ports[0]}/api/definitions", body)
-        took = time.monotonic() - started
-        totals = _http("GET", f"http://127.0.0.1:{http_ports[1]}/api/overview")["object_totals"]
+        return _timed_import(f"http://127.0.0.1:{http_ports[0]}", f"http://127.0.0.1:{http_ports[1]}", body,
+                             queues)
     finally:
         for node in members:
             node.stop()
-    return {"queues": queues, "bindings": queues, "seconds": round(took, 2),
-            "bindings_per_s": round(queues / took), "queues_per_s": round(queues / took),
-            "b_object_totals_queues": totals.get("queues")}
+
+
+def definitions_import_rabbitmq(base_port: int, queues: int) -> dict[str, Any]:
+    """The same import into a two-node RabbitMQ cluster (its management plugin's POST /api/definitions on the
+    first node; the second node's overview counted after)."""
+    management = free_port()
+    cluster = RabbitCluster(base_port, size=2, management_port=management)
+    try:
+        cluster.start()
+        return _timed_import(f"http://127.0.0.1:{management}", f"http://127.0.0.1:{management + 1}",
+                             _definitions(queues), queues)
+    finally:
+        cluster.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -405,6 +435,9 @@ def main(argv: list[str] | None = None) -> int:
         result: dict[str, Any] = {"machine": machine_info(), "postgresql": pg_settings(pg)}
         if args.only == "definitions":
             result["definitions_import"] = definitions_import(pg, args.definitions_queues)
+            if args.rabbitmq_cluster:
+                result["definitions_import_rabbitmq"] = definitions_import_rabbitmq(args.rabbitmq_port,
+                                                                                    args.definitions_queues)
             print(json.dumps(result, indent=1))
             return 0
         if not args.no_rabbitmq:

@@ -227,8 +227,9 @@ class BaselineLeveret(Leveret):
 class RabbitMQ:
     name = "rabbitmq"
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, management_port: int | None = None) -> None:
         self.port = port
+        self.management_port = management_port  # the management plugin's HTTP API, when given
         self.base = Path(f"/tmp/leveret-bench-rabbitmq-{port}")
         self.node = f"leveret-bench-{port}@localhost"
         self.pid: int | None = None
@@ -255,8 +256,11 @@ class RabbitMQ:
         if self.tls:
             opts = {"listeners.ssl.default": f"127.0.0.1:{self.tls_port}", **self.tls.settings()}
             conf += "".join(f"{k} = {v}\n" for k, v in opts.items())
+        if self.management_port is not None:
+            conf += f"management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = {self.management_port}\n"
         (self.base / "rabbitmq.conf").write_text(conf)
-        (self.base / "enabled_plugins").write_text("[].\n")
+        plugins = "rabbitmq_management" if self.management_port is not None else ""
+        (self.base / "enabled_plugins").write_text(f"[{plugins}].\n")
         (self.base / "env").write_text("\n".join([
             f"export RABBITMQ_NODENAME={self.node}",
             "export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1",
