@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
             if time.monotonic() - started > args.seconds + args.catch_up + 120:
                 print("the job did not catch up within --catch-up", file=sys.stderr)
                 return True
-            return sink.events >= _api(management, "GET", "queues/%2F/trace")["next_offset"]
+            # (events are per queue and kind, the stream's offsets per trace message: compare offsets)
+            return sink.last_offset + 1 >= _api(management, "GET", "queues/%2F/trace")["next_offset"]
 
         run(spark, job, on_batch=on_batch, until=caught_up)
         lags = _lags(job.out, window["first"], window["last"])

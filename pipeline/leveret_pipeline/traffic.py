@@ -269,6 +269,7 @@ class TrafficSink:
     on_batch: Callable[[dict[str, Any]], None] | None = None
     batches: int = 0
     events: int = 0
+    last_offset: int = -1  # the highest stream offset among the events counted (a reader's "caught up")
     first_minute: int | None = None
     last_minute: int | None = None
     interrupted: bool = False
@@ -289,7 +290,8 @@ class TrafficSink:
         events = trace_events(batch).persist()
         try:
             counted = events.groupBy("vhost", "date", "minute").agg(
-                F.count(F.lit(1)).alias("n"), F.min("t").alias("lo"), F.max("t").alias("hi")).collect()
+                F.count(F.lit(1)).alias("n"), F.min("t").alias("lo"), F.max("t").alias("hi"),
+                F.max("offset").alias("top")).collect()
             if not counted:
                 return
             read = time.time()
@@ -307,10 +309,13 @@ class TrafficSink:
         n = sum(r.n for r in counted)
         self.batches += 1
         self.events += n
+        top = max(r.top for r in counted)
+        self.last_offset = max(self.last_offset, top)
         self.first_minute = min(minutes + ([self.first_minute] if self.first_minute is not None else []))
         self.last_minute = max(minutes + ([self.last_minute] if self.last_minute is not None else []))
         done = time.time()
-        record = {"batch": batch_id, "events": n, "minutes": len(set(minutes)), "started_ms": int(started * 1000),
+        record = {"batch": batch_id, "events": n, "top_offset": top, "minutes": len(set(minutes)),
+                  "started_ms": int(started * 1000),
                   "done_ms": int(done * 1000), "read_s": round(read - started, 3),
                   "events_s": round(kept - read, 3), "minutes_s": round(done - kept, 3)}
         with open(self.out / "_batches.jsonl", "a") as f:

@@ -226,8 +226,9 @@ def test_the_pipeline_on_a_real_trace_counts_each_event_once(spark, start_broker
     _wait_for_trace(broker, events)
     conn.close()
     assert main([*argv, "--no-picture"]) == 0
-    batches = [json.loads(line)["batch"] for line in (out / "_batches.jsonl").read_text().splitlines()]
-    assert batches == [0, 0, 1]
+    records = [json.loads(line) for line in (out / "_batches.jsonl").read_text().splitlines()]
+    assert [r["batch"] for r in records] == [0, 0, 1]
+    assert records[-1]["top_offset"] == events - 1  # the stream read to its end (a reader's "caught up")
     work = _totals(out, "work")
     assert (work["published"], work["published_bytes"], work["delivered"], work["acked"],
             work["publish_to_deliver_n"], work["deliver_to_ack_n"]) == (15, 1050, 17, 13, 15, 13)
