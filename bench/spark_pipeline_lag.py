@@ -164,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
             if time.monotonic() - started > args.seconds + args.catch_up + 120:
                 print("the job did not catch up within --catch-up", file=sys.stderr)
                 return True
-            # (events are per queue and kind, the stream's offsets per trace message: compare offsets)
-            return sink.last_offset + 1 >= _api(management, "GET", "queues/%2F/trace")["next_offset"]
+            # (the source's offsets, not the sink's events: those are per queue and kind, and a publish that
+            # reached no queue has none)
+            return sink.read_to.get("trace", 0) >= _api(management, "GET", "queues/%2F/trace")["next_offset"]
 
         run(spark, job, on_batch=on_batch, until=caught_up)
         lags = _lags(job.out, window["first"], window["last"])

@@ -269,7 +269,9 @@ class TrafficSink:
     on_batch: Callable[[dict[str, Any]], None] | None = None
     batches: int = 0
     events: int = 0
-    last_offset: int = -1  # the highest stream offset among the events counted (a reader's "caught up")
+    read_to: dict[str, int] = field(default_factory=dict)
+    """The stream's next offset after the last committed micro-batch, as the source reported it (run() keeps it):
+    the job has read everything once it reaches the stream's ``next_offset``."""
     first_minute: int | None = None
     last_minute: int | None = None
     interrupted: bool = False
@@ -310,7 +312,6 @@ class TrafficSink:
         self.batches += 1
         self.events += n
         top = max(r.top for r in counted)
-        self.last_offset = max(self.last_offset, top)
         self.first_minute = min(minutes + ([self.first_minute] if self.first_minute is not None else []))
         self.last_minute = max(minutes + ([self.last_minute] if self.last_minute is not None else []))
         done = time.time()
@@ -456,6 +457,7 @@ def run(spark: SparkSession, job: TrafficJob, on_batch: Callable[[dict[str, Any]
         deadline = None if job.duration is None or job.once else time.monotonic() + job.duration
         while query.isActive and (deadline is None or time.monotonic() < deadline):
             query.awaitTermination(1)  # raises the query's failure
+            sink.read_to = _end_offsets(query.lastProgress) or sink.read_to
             if until is not None and until(sink):
                 break
         _between_batches(query)
@@ -468,6 +470,19 @@ def run(spark: SparkSession, job: TrafficJob, on_batch: Callable[[dict[str, Any]
     if failure is not None:
         raise RuntimeError(f"the traffic query failed: {failure}")
     return sink
+
+
+def _end_offsets(progress: Any) -> dict[str, int] | None:
+    """The source's end offsets in a query progress report (pyspark_leveret's offsets: queue -> next offset)."""
+    if not progress:
+        return None
+    sources = progress["sources"]
+    if not sources:
+        return None
+    end = sources[0]["endOffset"]
+    if isinstance(end, str):
+        end = json.loads(end)
+    return {str(q): int(v) for q, v in end.items()} if isinstance(end, dict) else None
 
 
 def _between_batches(query: Any, timeout: float = 600.0) -> None:
