@@ -49,6 +49,13 @@ OTHERS = ("SELECT status::text FROM leveret.shovel_status WHERE node <> $1 "
           "AND updated_at > now() - $2 * interval '1 second' ORDER BY vhost, name")
 
 
+# What a statement on a lost, refused or slow session raises. asyncpg's InternalClientError is not one of its
+# InterfaceErrors: a member woken from a hang (SIGSTOP) whose session the server had ended got "cannot switch to
+# state 12; another operation is in progress" from its next statement, and the shovel placement's loop died of it
+# (its claims never found lost, its shovel run beside the member that took it).
+PG_FAILURES = (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)
+
+
 class SessionEnded(ConnectionError):
     """A statement on claims held by a session that has ended (caught with the connection errors)."""
 
@@ -92,7 +99,7 @@ class AdvisoryClaims:
                 conn = await self._connection()
                 taken = bool(await conn.fetchval("SELECT pg_try_advisory_lock($1, hashtext($2))", CLAIM_CLASS, key,
                                                  timeout=self.timeout))
-        except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except PG_FAILURES as exc:
             log.warning("cluster: cannot claim %s in PostgreSQL: %s", key, exc)
             self._broken()
             return False
@@ -111,7 +118,7 @@ class AdvisoryClaims:
             async with self._lock:
                 await conn.execute("SELECT pg_advisory_unlock($1, hashtext($2))", CLAIM_CLASS, key,
                                    timeout=self.timeout)
-        except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        except PG_FAILURES:
             self._broken()  # the session is unusable: ending it frees every claim it held
 
     async def report(self, statuses: list[dict[str, Any]]) -> None:
@@ -124,7 +131,7 @@ class AdvisoryClaims:
                 conn = await self._connection()
                 await conn.execute(REPORT, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
                                    self.node, timeout=self.timeout)
-        except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except PG_FAILURES as exc:
             log.warning("cluster: cannot report the shovels' status to PostgreSQL: %s", exc)
             self._broken()
 
@@ -132,19 +139,19 @@ class AdvisoryClaims:
         """The other members' fresh status rows; none if PostgreSQL does not answer within ``timeout``."""
         try:
             conn = await asyncpg.connect(self.dsn, timeout=self.timeout)
-        except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except PG_FAILURES as exc:
             log.warning("cluster: cannot read the other members' shovels from PostgreSQL: %s", exc)
             return []
         try:
             rows = await conn.fetch(OTHERS, self.node, STATUS_FRESH, timeout=self.timeout)
             return [json.loads(r[0]) for r in rows]
-        except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except PG_FAILURES as exc:
             log.warning("cluster: cannot read the other members' shovels from PostgreSQL: %s", exc)
             return []
         finally:
             try:
                 await asyncio.wait_for(conn.close(), self.timeout)
-            except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            except PG_FAILURES:
                 conn.terminate()
 
     async def close(self) -> None:
@@ -155,7 +162,7 @@ class AdvisoryClaims:
         if conn is not None and not conn.is_closed():
             try:
                 await asyncio.wait_for(conn.close(), self.timeout)
-            except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            except PG_FAILURES:
                 conn.terminate()
 
     async def _connection(self) -> asyncpg.Connection:

@@ -52,7 +52,7 @@ from storage.pg.schema import migrate
 log = logging.getLogger("leveret.pg.definitions")
 
 # What a statement on a lost, refused or slow connection raises.
-_PG_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+_PG_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError, TimeoutError)
 
 # The advisory lock every writing transaction takes first (pg_advisory_xact_lock(DEFINITIONS_LOCK_CLASS,
 # DEFINITIONS_LOCK_ID)): versions then commit in the order they are drawn.

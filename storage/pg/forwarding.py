@@ -55,7 +55,7 @@ log = logging.getLogger("leveret.pg.forwarding")
 
 T = TypeVar("T")
 
-PG_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+PG_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError, TimeoutError)
 
 FORWARD_BELL = "leveret_forward"  # payload: the target node's name
 DIRECTORY_BELL = "leveret_directory"  # payload: the node whose directory rows changed
