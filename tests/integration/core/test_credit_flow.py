@@ -32,10 +32,12 @@ alarm blocks publishers outright), and this test is about credit flow alone.
 from __future__ import annotations
 
 import itertools
+import select
 import socket
 import struct
 import threading
 import time
+from typing import NamedTuple
 
 import pika
 import pytest
@@ -57,7 +59,8 @@ WINDOW = 10_000  # unconfirmed publishes per channel of A
 # reading its publishers (written here, not imported, so the test fails if the broker's credit grows).
 CREDIT = 4000
 # What the broker may read beyond the credit: the frames already read when it pauses the socket (a read is
-# at most 256 KiB, ~60 publishes) and sampling skew (acks on their way to A): a quarter of the credit.
+# at most 256 KiB, ~60 publishes) and sampling skew (the sample's parts are not read at one instant; samples
+# with a confirm in flight are left out, see Flooder.sample): a quarter of the credit.
 CREDIT_SLACK = 1000
 B_RATE = 1000  # messages/s B offers to QB
 B_WINDOW = 2.0  # B's rate is checked in windows of this length
@@ -80,12 +83,19 @@ def rss(pid: int) -> int:
     return 0
 
 
-def tcp_queues(broker_port: int, client_port: int) -> tuple[int, int] | None:
-    """For one loopback connection, from /proc/net/tcp: (bytes the client's kernel holds unsent or
-    unacknowledged, bytes the broker's kernel has received and the broker not yet read); None if either
-    end is not listed."""
+class TcpQueues(NamedTuple):
+    """One loopback connection's kernel queues, from /proc/net/tcp."""
+
+    client_unsent: int  # A's publishes its kernel holds unsent or unacknowledged
+    broker_unread: int  # A's publishes the broker's kernel has received and the broker not yet read
+    broker_unsent: int  # confirms the broker's kernel holds on their way to A
+    client_unread: int  # confirms A's kernel has received and A not yet read
+
+
+def tcp_queues(broker_port: int, client_port: int) -> TcpQueues | None:
+    """The four queues of one loopback connection; None if either end is not listed."""
     bp, cp = f"{broker_port:04X}", f"{client_port:04X}"
-    txq = rxq = None
+    client = broker = None
     with open("/proc/net/tcp") as f:
         for line in f:
             parts = line.split()
@@ -94,10 +104,13 @@ def tcp_queues(broker_port: int, client_port: int) -> tuple[int, int] | None:
             local, remote = parts[1].split(":")[1], parts[2].split(":")[1]
             tx, rx = (int(v, 16) for v in parts[4].split(":"))
             if local == cp and remote == bp:
-                txq = tx
+                client = (tx, rx)
             elif local == bp and remote == cp:
-                rxq = rx
-    return None if txq is None or rxq is None else (txq, rxq)
+                broker = (tx, rx)
+    if client is None or broker is None:
+        return None
+    return TcpQueues(client_unsent=client[0], broker_unread=broker[1], broker_unsent=broker[0],
+                     client_unread=client[1])
 
 
 class Flooder:
@@ -132,7 +145,9 @@ class Flooder:
         self.send_blocked = 0.0  # seconds spent in sends that took longer than 50 ms
         self.max_unconfirmed = 0
         self.max_in_broker = 0
-        self.in_broker_samples = 0
+        self.in_broker_samples = 0  # samples taken with no confirm in flight
+        self.found_in_proc = 0  # samples that found A's connection in /proc/net/tcp
+        self.partial_frame = 0  # bytes A has read of a frame not yet complete
         self.confirmed_series: list[tuple[float, int]] = []  # (time, total confirmed), from the sampler
 
     def total_confirmed(self) -> int:
@@ -143,17 +158,27 @@ class Flooder:
 
     def sample(self) -> None:
         """Publishes inside the broker (read from its socket, not yet confirmed): A's unconfirmed ones
-        minus those still in this process or in either kernel's socket buffers."""
+        minus those still in this process or in either kernel's socket buffers.
+
+        A confirm on its way back makes the broker look fuller than it is (it confirms a whole fsync round
+        at once, with ``multiple``, and reads on at once): a sample is taken only while no confirm is in
+        flight — none in either kernel's buffers, and none read by A and not yet counted (the reader
+        receives and counts under ``cond``, which the sample holds)."""
         with self.cond:
             unconfirmed = self.unconfirmed()
             queues = tcp_queues(self.broker_port, self.client_port)
             unsent = self.unsent
+            partial = self.partial_frame
             self.confirmed_series.append((time.monotonic(), self.total_confirmed()))
         self.max_unconfirmed = max(self.max_unconfirmed, unconfirmed)
-        if queues is not None:
-            self.in_broker_samples += 1
-            in_kernels = unsent + queues[0] + queues[1]
-            self.max_in_broker = max(self.max_in_broker, unconfirmed - in_kernels // self.frame_len)
+        if queues is None:
+            return
+        self.found_in_proc += 1
+        if queues.broker_unsent or queues.client_unread or partial:
+            return
+        self.in_broker_samples += 1
+        in_kernels = unsent + queues.client_unsent + queues.broker_unread
+        self.max_in_broker = max(self.max_in_broker, unconfirmed - in_kernels // self.frame_len)
 
     def send_loop(self) -> None:
         try:
@@ -187,33 +212,42 @@ class Flooder:
                 self.error = e
 
     def recv_loop(self) -> None:
+        """Waits for the socket outside ``cond`` and receives and counts under it, so a sample never
+        sees confirms out of the kernel and not yet counted."""
         try:
             buf = bytearray()
             while not self.stop.is_set():
-                data = self.sock.recv(65536)
-                if not data:
-                    raise ConnectionError("the broker closed connection A")
-                buf += data
-                acks = []
-                while len(buf) >= 7:
-                    ftype, ch, size = struct.unpack_from(">BHI", buf)
-                    if len(buf) < 8 + size:
-                        break
-                    if ftype == 1:
-                        cls, meth = struct.unpack_from(">HH", buf, 7)
-                        if cls == 60 and meth in (80, 120):  # basic.ack / basic.nack
-                            tag, _bits = struct.unpack_from(">QB", buf, 11)
-                            acks.append((ch, tag, meth == 120))
-                        elif cls in (10, 20) and meth == 40:  # connection.close / channel.close
-                            raise ConnectionError(f"the broker closed A: {bytes(buf[7:8 + size])!r}")
-                    del buf[:8 + size]
-                if acks:
-                    with self.cond:
-                        for ch, tag, nack in acks:
-                            # One queue, so confirms come in order: a tag confirms every tag before it
-                            # whether or not "multiple" is set.
-                            self.confirmed[ch] = max(self.confirmed[ch], tag)
-                            self.nacked += nack
+                readable, _, _ = select.select([self.sock], [], [], 0.1)
+                if not readable:
+                    continue
+                with self.cond:
+                    try:
+                        data = self.sock.recv(65536, socket.MSG_DONTWAIT)
+                    except BlockingIOError:
+                        continue
+                    if not data:
+                        raise ConnectionError("the broker closed connection A")
+                    buf += data
+                    acks = []
+                    while len(buf) >= 7:
+                        ftype, ch, size = struct.unpack_from(">BHI", buf)
+                        if len(buf) < 8 + size:
+                            break
+                        if ftype == 1:
+                            cls, meth = struct.unpack_from(">HH", buf, 7)
+                            if cls == 60 and meth in (80, 120):  # basic.ack / basic.nack
+                                tag, _bits = struct.unpack_from(">QB", buf, 11)
+                                acks.append((ch, tag, meth == 120))
+                            elif cls in (10, 20) and meth == 40:  # connection.close / channel.close
+                                raise ConnectionError(f"the broker closed A: {bytes(buf[7:8 + size])!r}")
+                        del buf[:8 + size]
+                    self.partial_frame = len(buf)
+                    for ch, tag, nack in acks:
+                        # One queue, so confirms come in order: a tag confirms every tag before it
+                        # whether or not "multiple" is set.
+                        self.confirmed[ch] = max(self.confirmed[ch], tag)
+                        self.nacked += nack
+                    if acks:
                         self.cond.notify_all()
         except BaseException as e:  # noqa: BLE001
             if not self.stop.is_set():
@@ -353,7 +387,7 @@ def test_flooding_publisher_is_throttled_and_others_keep_their_rate(start_broker
     peak = sampler.peak_rss
     report = (f"A: sent {sent_a}, confirmed {confirmed_a} ({confirm_rate:.0f}/s, bound {max_confirm_rate:.0f}/s; "
               f"per second {per_second}, longest gap {max_gap:.2f} s), nacked {flooder.nacked}, max unconfirmed {flooder.max_unconfirmed}, "
-              f"max inside the broker {flooder.max_in_broker} ({flooder.in_broker_samples} samples; credit {CREDIT} + {CREDIT_SLACK}), blocked in "
+              f"max inside the broker {flooder.max_in_broker} ({flooder.in_broker_samples} of {flooder.found_in_proc} samples; credit {CREDIT} + {CREDIT_SLACK}), blocked in "
               f"send {flooder.send_blocked:.1f} s of {flood:.1f}; RSS idle {idle / MIB:.1f} MiB, peak "
               f"{peak / MIB:.1f} MiB (+{(peak - idle) / MIB:.1f}, bound +{RSS_HEADROOM / MIB:.0f}); B: sent "
               f"{probe.sent}, received {len(probe.received)}, rate per {B_WINDOW:.0f} s window of the flood "
@@ -362,7 +396,8 @@ def test_flooding_publisher_is_throttled_and_others_keep_their_rate(start_broker
     print(report)
 
     # A was throttled by credit flow, and released again.
-    assert flooder.in_broker_samples > 50, f"A's connection not found in /proc/net/tcp: {report}"
+    assert flooder.found_in_proc > 50, f"A's connection not found in /proc/net/tcp: {report}"
+    assert flooder.in_broker_samples > 50, f"too few samples without a confirm in flight: {report}"
     assert flooder.max_in_broker <= CREDIT + CREDIT_SLACK, f"the broker read past its credit: {report}"
     assert confirm_rate <= max_confirm_rate, f"A's confirms outran the slowed disk: {report}"
     assert flooder.nacked == 0, report
