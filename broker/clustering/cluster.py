@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import asyncpg
 import structlog
 
 from broker.clustering.cluster_definitions import DefinitionsFollower, make_where
@@ -26,6 +25,7 @@ from storage.commits import AllOf
 from storage.node_storage import NodeStorage
 from storage.pg.claims import AdvisoryClaims
 from storage.pg.cluster import LEASE_KEY, NameTaken, PgCluster
+from storage.pg.connections import PG_FAILURES
 from storage.pg.definitions_store import PgDefinitionsStore
 from storage.pg.forget import Forgotten, NotForgettable
 from storage.pg.queue_figures import PgQueueFigures
@@ -100,7 +100,7 @@ class Cluster:
             # cluster.postgres.lease_seconds: how soon peers fence this node if it hangs (broker/config.py).
             self.pg = await PgCluster.connect(self.dsn, self.node.name,
                                               lease_seconds=float(self.node.settings.cluster_lease_seconds))
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except PG_FAILURES as exc:
             raise ClusterError(f"cannot reach the cluster's PostgreSQL at {safe_dsn(self.dsn)} "
                                f"(cluster.postgres.dsn): {exc}") from None
         except (SchemaTooNew, NameTaken) as exc:
@@ -109,13 +109,13 @@ class Cluster:
         pg.on_cluster_name = self._cluster_name_changed
         try:
             self.node.cluster_name = await pg.init_cluster_name(self.node.settings.cluster_name, self.node.name)
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except PG_FAILURES as exc:
             await pg.close()
             raise ClusterError(f"cannot read the cluster's name from PostgreSQL at {safe_dsn(self.dsn)}: "
                                f"{exc}") from None
         try:
             self.definitions = await PgDefinitionsStore.open(self.dsn, writer=self.node.name)
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, SchemaTooNew) as exc:
+        except (*PG_FAILURES, SchemaTooNew) as exc:
             await pg.close()
             raise ClusterError(f"cannot read the cluster's definitions from PostgreSQL at {safe_dsn(self.dsn)}: "
                                f"{exc or 'no answer'}") from None
@@ -133,7 +133,7 @@ class Cluster:
             raise ClusterError("this member is not connected to the cluster's PostgreSQL")
         try:
             await asyncio.wait_for(self.pg.set_cluster_name(name), CLUSTER_NAME_TIMEOUT)
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except PG_FAILURES as exc:
             raise ClusterError(f"cannot set the cluster's name: {exc or 'PostgreSQL did not answer'}") from None
 
     def queue_store(self, vhost: str) -> SharedQueueStore:
@@ -147,7 +147,7 @@ class Cluster:
             return []
         try:
             return await self.pg.members()
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except PG_FAILURES as exc:
             log.warning("cannot list the cluster's members", error=str(exc))
             return []
 
@@ -161,7 +161,7 @@ class Cluster:
             gone = await self.pg.forget(name)
         except NotForgettable as exc:
             raise CannotForget(str(exc), unknown=exc.unknown) from None
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except PG_FAILURES as exc:
             raise ClusterError(f"cannot forget node {name}: {exc}") from None
         log.warning("forgot cluster member", member=name, runs=gone.runs, queues=gone.queues,
                     forwarded_messages_dropped=gone.forwarded, reservations_requeued=gone.requeued)

@@ -37,6 +37,8 @@ from typing import Any
 
 import asyncpg
 
+from storage.pg.connections import PG_FAILURES
+
 log = logging.getLogger("leveret.pg")
 
 CLAIM_CLASS = 4243  # the advisory lock class of claims (LEASE_KEY is 4242: storage/pg/cluster.py)
@@ -47,13 +49,6 @@ REPORT = ("INSERT INTO leveret.shovel_status (vhost, name, node, status) "
           "SET node = excluded.node, status = excluded.status, updated_at = now()")
 OTHERS = ("SELECT status::text FROM leveret.shovel_status WHERE node <> $1 "
           "AND updated_at > now() - $2 * interval '1 second' ORDER BY vhost, name")
-
-
-# What a statement on a lost, refused or slow session raises. asyncpg's InternalClientError is not one of its
-# InterfaceErrors: a member woken from a hang (SIGSTOP) whose session the server had ended got "cannot switch to
-# state 12; another operation is in progress" from its next statement, and the shovel placement's loop died of it
-# (its claims never found lost, its shovel run beside the member that took it).
-PG_FAILURES = (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)
 
 
 class SessionEnded(ConnectionError):

@@ -1,5 +1,5 @@
-"""What every holder of a PostgreSQL connection of the cluster store does at its end: close the connection,
-and stop the tasks that use it."""
+"""What every holder of a PostgreSQL connection of the cluster store shares: what a failed statement raises,
+and what it does at its end (close the connection, stop the tasks that use it)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,13 @@ import asyncio
 import asyncpg
 
 CLOSE_TIMEOUT = 2.0  # seconds a polite close may take before the connection is cut
+
+# What a statement on a lost, refused or slow session raises: the one tuple every holder catches. asyncpg's
+# InternalClientError is not one of its InterfaceErrors: a member woken from a hang (SIGSTOP) whose session the
+# server had ended got "cannot switch to state 12; another operation is in progress" from its next statement,
+# and the shovel placement's loop died of it (its claims never found lost, its shovel run beside the member
+# that took it).
+PG_FAILURES = (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)
 
 
 async def close_connection(conn: asyncpg.Connection | None, timeout: float = CLOSE_TIMEOUT) -> None:

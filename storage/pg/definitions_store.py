@@ -47,12 +47,10 @@ import asyncpg
 import msgpack
 
 from storage.metadata_store import SEP, MetadataStoreError, MetadataWriteError, Op, split_key
+from storage.pg.connections import PG_FAILURES
 from storage.pg.schema import migrate
 
 log = logging.getLogger("leveret.pg.definitions")
-
-# What a statement on a lost, refused or slow connection raises.
-_PG_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError, TimeoutError)
 
 # The advisory lock every writing transaction takes first (pg_advisory_xact_lock(DEFINITIONS_LOCK_CLASS,
 # DEFINITIONS_LOCK_ID)): versions then commit in the order they are drawn.
@@ -347,7 +345,7 @@ class PgDefinitionsStore:
                         async with self._session_lock():
                             await asyncio.wait_for(self._commit(ops), self.timeout)
                         break
-                    except _PG_ERRORS as exc:
+                    except PG_FAILURES as exc:
                         if pause == RETRY_FIRST:
                             log.warning("cannot commit the cluster's definitions to PostgreSQL; retrying: %s", exc)
                         self._drop()
@@ -375,7 +373,7 @@ class PgDefinitionsStore:
             async with self._session_lock():
                 conn = await asyncio.wait_for(self._connection(), self.timeout)
                 rows = await asyncio.wait_for(conn.fetch(_CHANGES, version, limit), self.timeout)
-        except _PG_ERRORS as exc:
+        except PG_FAILURES as exc:
             self._drop()
             raise self._read_error(exc) from None
         return _changes(rows)

@@ -49,13 +49,11 @@ from typing import Any, NamedTuple, TypeVar
 
 import asyncpg
 
-from storage.pg.connections import CLOSE_TIMEOUT, close_connection, stop_tasks
+from storage.pg.connections import CLOSE_TIMEOUT, PG_FAILURES, close_connection, stop_tasks
 
 log = logging.getLogger("leveret.pg.forwarding")
 
 T = TypeVar("T")
-
-PG_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError, TimeoutError)
 
 FORWARD_BELL = "leveret_forward"  # payload: the target node's name
 DIRECTORY_BELL = "leveret_directory"  # payload: the node whose directory rows changed
@@ -267,7 +265,7 @@ class PgDirectory:
         serves everyone else meanwhile. DirectoryUnavailable if it failed or did not answer."""
         try:
             return await asyncio.wait_for(task, self.timeout)
-        except PG_ERRORS as exc:  # TimeoutError among them
+        except PG_FAILURES as exc:  # TimeoutError among them
             raise self._unavailable(exc) from None
 
     async def _wait(self, fn: Callable[[asyncpg.Connection], Awaitable[T]], force: bool = False) -> T:
@@ -495,7 +493,7 @@ class PgDirectory:
                 return None
             await asyncio.wait_for(done, timeout)
             return rows
-        except (TimeoutError, *PG_ERRORS):
+        except PG_FAILURES:
             return None
         finally:
             self._asks.pop(ask_id, None)
