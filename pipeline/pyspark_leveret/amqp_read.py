@@ -5,7 +5,8 @@ per delivery in generic frame objects, callbacks and property classes (measured 
 messages against ~70k msg/s for the broker's raw drain), which would make the connector a third as fast as a
 plain consumer. This client decodes deliveries straight from the receive buffer with precompiled structs,
 batches acks (``multiple=true``; on a stream an ack only gives credit back) and hands out plain tuples.
-The rare methods (handshake, qos, consume, cancel, close) go through pamqp, the broker's own codec.
+Headers tables are decoded by field_table.py (only the keys a read asks for, option ``headerKeys``). The
+rare methods (handshake, qos, consume, cancel, close) go through pamqp.
 
 It speaks just what a stream read needs: one connection, channel 1, ``basic.qos(prefetch, global=false)``,
 ``basic.consume`` with manual acks and ``x-stream-offset``, ``basic.cancel``. Heartbeats are turned off (the
@@ -26,9 +27,9 @@ from pamqp import commands
 from pamqp import frame as pframe
 from pamqp import header as pheader
 from pamqp import heartbeat as pheartbeat
-from pamqp.decode import field_table
 
 from pyspark_leveret.client import Endpoint
+from pyspark_leveret.field_table import decode_table
 from pyspark_leveret.tls import explain
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
@@ -89,9 +90,11 @@ def _plan(flags: int) -> tuple[tuple[int, int], ...]:
 _PLANS: dict[int, tuple[tuple[int, int], ...]] = {}
 
 
-def decode_properties(flags: int, data: bytes | bytearray | memoryview, pos: int) -> tuple[tuple[Any, ...], int]:
+def decode_properties(flags: int, data: bytes | bytearray | memoryview, pos: int,
+                      header_keys: frozenset[str] | None = None) -> tuple[tuple[Any, ...], int]:
     """The property fields present in ``flags``, decoded from ``data`` at ``pos``: a 14-tuple, and the
-    stream offset taken out of the headers (-1 when the delivery has none)."""
+    stream offset taken out of the headers (-1 when the delivery has none). ``header_keys``: the only headers
+    decoded (``x-stream-offset`` among them), None for all."""
     if not flags:
         return _NO_PROPERTIES, -1
     values: list[Any] = [None] * len(PROPERTY_NAMES)
@@ -110,7 +113,7 @@ def decode_properties(flags: int, data: bytes | bytearray | memoryview, pos: int
                 # The usual stream delivery: a table with nothing but x-stream-offset (a long).
                 offset = _I64.unpack_from(data, pos + 21)[0]
             else:
-                _, table = field_table(bytes(data[pos:pos + 4 + n]))
+                table, _ = decode_table(data, pos, header_keys)
                 raw = table.pop(OFFSET_HEADER, None)
                 if isinstance(raw, int):
                     offset = raw
@@ -125,9 +128,11 @@ def decode_properties(flags: int, data: bytes | bytearray | memoryview, pos: int
 class StreamConnection:
     """One AMQP connection with channel 1 open, to consume one stream queue from one offset."""
 
-    def __init__(self, endpoint: Endpoint, timeout: float) -> None:
+    def __init__(self, endpoint: Endpoint, timeout: float, header_keys: frozenset[str] | None = None) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
+        # The headers decoded into each delivery (option headerKeys; the offset's header always): None for all.
+        self.header_keys = None if header_keys is None else header_keys | {OFFSET_HEADER}
         self.sock: socket.socket | None = None
         self.buf = bytearray()
         self.frame_max = CLIENT_FRAME_MAX
@@ -207,6 +212,7 @@ class StreamConnection:
         out: list[tuple[int, Delivery]] = []
         pending: list[Any] | None = None  # [tag, exchange, routing_key, (offset, props), body parts, remaining]
         names: dict[bytes, str] = {}  # exchange and routing key texts, decoded once
+        header_keys = self.header_keys
         have_data = bool(buf)  # set-up may have read the first deliveries already
         while True:
             if not have_data:
@@ -253,7 +259,7 @@ class StreamConnection:
                             bsize = _U32.unpack_from(buf, hstop + 4)[0]
                             bstop = hstop + 8 + bsize
                             if bsize == body_size and bstop < end:
-                                props, offset = decode_properties(flags, buf, pos + 21)
+                                props, offset = decode_properties(flags, buf, pos + 21, header_keys)
                                 out.append((tag, (offset, exchange, routing_key, bytes(buf[hstop + 8:bstop]),
                                                   props)))
                                 pos = bstop + 1
@@ -271,7 +277,7 @@ class StreamConnection:
                 elif ftype == FRAME_HEADER:
                     assert pending is not None
                     _cls, _weight, body_size, flags = _HEADER_BODY.unpack_from(buf, start)
-                    props, offset = decode_properties(flags, buf, start + 14)
+                    props, offset = decode_properties(flags, buf, start + 14, header_keys)
                     pending[3] = (offset, props)
                     pending[5] = body_size
                     if body_size == 0:

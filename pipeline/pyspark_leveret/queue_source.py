@@ -35,7 +35,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from pyspark_leveret.amqp_read import PROPERTY_NAMES, Delivery
+from pyspark_leveret.amqp_read import HEADERS_INDEX, PROPERTY_NAMES, Delivery
 from pyspark_leveret.tls import pika_parameters
 
 log = logging.getLogger("pyspark_leveret")
@@ -51,9 +51,12 @@ class QueuePartition(InputPartition):
     rows: list[Delivery] = field(default_factory=list)
 
 
-def _delivery(seq: int, method: Any, props: Any, body: bytes) -> Delivery:
-    values = tuple(getattr(props, name, None) for name in PROPERTY_NAMES)
-    return (seq, method.exchange, method.routing_key, bytes(body), values)
+def _delivery(seq: int, method: Any, props: Any, body: bytes, header_keys: frozenset[str] | None) -> Delivery:
+    values = [getattr(props, name, None) for name in PROPERTY_NAMES]
+    headers = values[HEADERS_INDEX]
+    if header_keys is not None and headers:
+        values[HEADERS_INDEX] = {k: v for k, v in headers.items() if k in header_keys}
+    return (seq, method.exchange, method.routing_key, bytes(body), tuple(values))
 
 
 class LeveretQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -128,7 +131,7 @@ class LeveretQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         for method, props, body in ch.consume(self.queue, inactivity_timeout=IDLE_SECONDS):
             if method is None:
                 break
-            self._held.append((self._next, method.delivery_tag, _delivery(self._next, method, props, body)))
+            self._held.append((self._next, method.delivery_tag, _delivery(self._next, method, props, body, self.config.header_keys)))
             self._next += 1
             got += 1
             if got >= want:

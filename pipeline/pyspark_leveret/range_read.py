@@ -44,7 +44,7 @@ def read_stream_range(config: ReadConfig, schema: StructType, queue: str, start:
 
 def _read(config: ReadConfig, builder: RowBuilder, queue: str, start: int, end: int,
           rows_per_batch: int) -> Iterator[pa.RecordBatch]:
-    conn = StreamConnection(config.endpoint, config.read_timeout)
+    conn = StreamConnection(config.endpoint, config.read_timeout, config.header_keys)
     rows: list[Delivery] = []
     expected = start  # the next offset this range wants
     # The cyclic GC off while deliveries pile up: a batch's ~10k tuples would trigger collections that walk

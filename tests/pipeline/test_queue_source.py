@@ -102,3 +102,22 @@ def test_batches_acked_after_commit_and_requeued_for_a_restarted_driver(broker, 
     finally:
         restarted.stop()
     assert counts(broker, q) == (0, 0)  # everything committed was acked: nothing comes back
+
+
+def test_header_keys_applies_to_a_queue_read_too(broker, uid):
+    q = f"{uid}-c"
+    conn = pika.BlockingConnection(broker.pika_params())
+    try:
+        ch = conn.channel()
+        ch.queue_declare(q, durable=True)
+        ch.basic_publish("", q, b"m", pika.BasicProperties(message_id="0", headers={"keep": "k", "drop": "d"}))
+    finally:
+        conn.close()
+    driver = LeveretDataSource(read_options(broker, queue=q, headerKeys="keep")).streamReader(READ_STRUCT)
+    try:
+        end = driver.latestOffset({q: 0}, ReadMaxRows(10))
+        (part,) = driver.partitions({q: 0}, end)
+        (batch,) = list(pickle.loads(pickle.dumps(driver)).read(pickle.loads(pickle.dumps(part))))
+        assert [dict(h) for h in batch.column("headers").to_pylist()] == [{"keep": "k"}]
+    finally:
+        driver.stop()

@@ -281,6 +281,27 @@ def test_bodies_empty_and_larger_than_a_frame(broker, uid):
     assert {p["user_id"] for p in table.column("properties").to_pylist()} == {"guest"}
 
 
+def test_header_keys_reads_only_those_headers(broker, uid):
+    """Option headerKeys: the headers column holds just the named headers (the others stepped over unread,
+    a nested table among them), the offset is still each delivery's; an empty list is refused at load()."""
+    q = declare_stream(broker, f"{uid}-s")
+    headers = {"vhost": "/", "routed_queues": ["a", "b"], "properties": {"headers": {"x": 1}, "delivery_mode": 2},
+               "x-leveret-event-time": 1_764_496_800_123, "node": "n@h"}
+    publish(broker, q, [b"x%d" % i for i in range(20)], pika.BasicProperties(headers=headers))
+    reader = LeveretBatchReader(read_options(broker, queue=q, headerKeys="routed_queues, x-leveret-event-time,absent"),
+                                READ_STRUCT)
+    table = read_partitions(reader, reader.partitions())
+    assert table.column("offset").to_pylist() == list(range(20))
+    assert {tuple(sorted(dict(h).items())) for h in table.column("headers").to_pylist()} == \
+        {(("routed_queues", '["a","b"]'), ("x-leveret-event-time", "1764496800123"))}
+    everything = LeveretBatchReader(read_options(broker, queue=q), READ_STRUCT)
+    assert dict(read_partitions(everything, everything.partitions()).column("headers")[0].as_py())["properties"] == \
+        '{"headers":{"x":1},"delivery_mode":2}'
+    for bad in ("", " , "):
+        with pytest.raises(ValueError, match="headerKeys must name at least one header"):
+            LeveretBatchReader(read_options(broker, queue=q, headerKeys=bad), READ_STRUCT)
+
+
 def test_several_queues_one_offset_each_and_json_body(broker, uid):
     a, b = declare_stream(broker, f"{uid}-a"), declare_stream(broker, f"{uid}-b")
     publish(broker, a, [json.dumps({"user": f"u{i}", "amount": i / 2}).encode() for i in range(30)])
