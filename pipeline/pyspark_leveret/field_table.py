@@ -65,6 +65,7 @@ def decode_table(data: bytes | bytearray | memoryview, pos: int,
         pos += 1 + n
         if pos >= end:
             raise FieldTableError(f"field table entry {raw!r} has no value")
+        key: str | None
         if wanted is None:
             key = raw.decode("utf-8")
         else:
