@@ -39,7 +39,9 @@ What Leveret does:
   broker/clock.py), so it means the same after a restart; ``x-deduplication-header`` names another header.
   Keys are header values by type and value, except that a long string and a byte array with the same bytes
   are one key (the plugin sees both as binaries); a table or an array is not checked (the plugin does not
-  handle them either); values longer than :data:`MAX_KEY_BYTES` are keyed by their SHA-256.
+  handle them either); values longer than :data:`MAX_KEY_BYTES` are keyed by their SHA-256. A cache keeps
+  16 bytes of BLAKE2b of each key (:func:`digest_key`), in a ring of about 42 bytes an entry for a large cache
+  (broker/deduplication_ring.py: 10 million ids in 396 MB, 41.5 bytes an id measured; Python objects took ~180).
 - **A duplicate is acked** to a confirming publisher at both levels: it is accounted for, and a nack would
   only make the publisher retry what is already there (LavinMQ acks too; the plugin's queues nack). Its ack
   waits for the fsync of the entry it matched, so it never promises more than the first publish's own
@@ -64,11 +66,11 @@ from __future__ import annotations
 import datetime
 import decimal
 import hashlib
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from broker.clock import Clock
+from broker.deduplication_ring import DIGEST_SIZE, ring_for
 from broker.errors import AMQPError
 from broker.message import Message
 from protocol.constants import PRECONDITION_FAILED
@@ -85,6 +87,10 @@ DEFAULT_QUEUE_CACHE_SIZE = 128
 # Header values longer than this are keyed by their digest, so an entry's memory and log record stay small.
 MAX_KEY_BYTES = 128
 PERSISTENCE = ("disk", "memory")
+# The largest x-cache-size taken (neither the plugin nor LavinMQ has one): a large cache reserves its memory
+# up front (broker/deduplication_ring.py, ~42 bytes an entry: 4.2 GB of address space here, resident only as
+# it fills), and a size beyond what the machine could ever hold is a mistake better refused at declare.
+MAX_CACHE_SIZE = 100_000_000
 
 
 class DedupSettings:
@@ -129,6 +135,8 @@ def exchange_settings(arguments: dict[str, Any]) -> DedupSettings:
     if size is None:
         raise AMQPError(PRECONDITION_FAILED,
                         "Missing or invalid argument, 'x-cache-size' must be an integer greater than 0")
+    if size > MAX_CACHE_SIZE:
+        raise AMQPError(PRECONDITION_FAILED, f"Invalid argument, 'x-cache-size' must be at most {MAX_CACHE_SIZE}")
     ttl = None
     if "x-cache-ttl" in arguments:
         ttl = _positive(arguments["x-cache-ttl"])
@@ -158,6 +166,8 @@ def _queue_arg_problem(key: str, value: Any) -> str | None:
             return f'"expected integer, got {_type_name(value)}"'
         if value < 1:
             return "{value_zero,0}" if value == 0 else "{value_negative," + str(value) + "}"
+        if key == "x-cache-size" and value > MAX_CACHE_SIZE:
+            return "{value_too_large," + str(value) + f"}}; at most {MAX_CACHE_SIZE}"
         return None
     if key == "x-cache-persistence":
         text = _text(value)
@@ -226,34 +236,61 @@ def encode_key(value: Any) -> bytes | None:
 
 # -- the cache --------------------------------------------------------------------------------------------------
 
+def digest_key(key: bytes) -> bytes:
+    """What a cache keeps of a key: 16 bytes of BLAKE2b. Two of 10 million keys share one with a probability
+    of about 1.5e-25 (the birthday bound at 2^128), far below that of a flipped bit in RAM."""
+    return hashlib.blake2b(key, digest_size=DIGEST_SIZE).digest()
+
+
+# Snapshot entries copied into the log's next file with each admission while it rotates (storage/
+# deduplication_log.py): the copy gains one entry per admission on the ring's newest end, so a snapshot of
+# ``size`` entries completes within ``size`` admissions, half the records that start the next rotation.
+SNAPSHOT_STEP = 2
+
+
 class DedupCache:
     """The values a queue or exchange has admitted: at most ``size`` (the oldest go first), each until its
-    expiry (wall-clock ms; 0: none). ``log`` keeps it on disk (None: in memory). Built by :func:`open_cache`.
+    expiry (wall-clock ms; 0: none), kept as digests in a :class:`~broker.deduplication_ring.DigestRing`.
+    ``log`` keeps it on disk (None: in memory). Built by :func:`open_cache`.
 
     The check is two steps so that only an admitted message is remembered: :meth:`seen`, then, once the
-    message was taken, :meth:`admit`."""
+    message was taken, :meth:`admit`. Keys are :func:`digest_key` digests (:meth:`key_of` makes them)."""
 
-    __slots__ = ("_clock", "_entries", "_header", "_header_raw", "_log", "_rotate_at", "dropped", "size",
-                 "ttl_ms")
+    __slots__ = ("_clock", "_header", "_header_raw", "_log", "_missed", "_ring", "_rotate_at", "_snapshot_at",
+                 "dropped", "replay_now", "size", "ttl_ms")
 
-    def __init__(self, settings: DedupSettings, clock: Clock, log: DedupLog | None = None,
-                 entries: list[tuple[bytes, int]] | None = None) -> None:
+    def __init__(self, settings: DedupSettings, clock: Clock) -> None:
         self.size = settings.size
         self.ttl_ms = settings.ttl_ms
         self._header = settings.header
         self._header_raw = settings.header.encode()
         self._clock = clock
-        self._log = log
-        self._entries: OrderedDict[bytes, int] = OrderedDict()
+        self._log: DedupLog | None = None
+        self._ring = ring_for(self.size)
         self.dropped = 0  # duplicates dropped (the HTTP API shows it)
         # The log starts its next file (a snapshot of the live entries) past this many records.
         self._rotate_at = 2 * self.size + 1024
-        if entries:
-            now = self._clock.now_ms()
-            for key, expires_at in entries:
-                if not expires_at or expires_at > now:
-                    self._insert(key, expires_at)
+        self._snapshot_at = 0  # the ring position the log's rotation copies next
+        self.replay_now = 0.0  # the wall clock when the log's replay started (ms)
+        self._missed: bytes | None = None  # the key seen() last looked for and did not find
 
+    # -- recovery -------------------------------------------------------------------------------------------
+    def replayed(self, key: bytes, expires_at: int, digested: bool) -> None:
+        """One entry of the log, oldest first (storage/deduplication_log.py): admitted again, unless expired
+        (by the time the replay started: :func:`open_cache` sets ``replay_now``)."""
+        if expires_at and expires_at <= self.replay_now:
+            return
+        digest = bytes(key) if digested else digest_key(bytes(key))
+        slot = self._ring.find(digest)
+        if slot >= 0:
+            self._ring.remove(slot)
+        self._ring.append(digest, expires_at)
+
+    def attach(self, log: DedupLog) -> None:
+        """Keep the cache on disk from now on (after its entries were replayed from ``log``)."""
+        self._log = log
+
+    # -- the check ------------------------------------------------------------------------------------------
     def key_of(self, msg: Message) -> bytes | None:
         """The message's key, or None when it has no such header (it is then not checked)."""
         if self._header_raw not in msg.header:  # a cheap look at the raw properties before decoding them
@@ -264,15 +301,20 @@ class DedupCache:
             return None
         if self._header not in headers:
             return None
-        return encode_key(headers[self._header])
+        raw = encode_key(headers[self._header])
+        return None if raw is None else digest_key(raw)
 
     def seen(self, key: bytes) -> bool:
         """Whether ``key`` was admitted and has not expired (an expired entry is dropped here)."""
-        expires_at = self._entries.get(key)
-        if expires_at is None:
+        ring = self._ring
+        slot = ring.find(key)
+        if slot < 0:
+            self._missed = key
             return False
+        expires_at = ring.expiry(slot)
         if expires_at and expires_at <= self._clock.now_ms():
-            del self._entries[key]
+            ring.remove(slot)
+            self._missed = key
             return False
         return True
 
@@ -284,22 +326,43 @@ class DedupCache:
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 ttl = value
         expires_at = int(self._clock.now_ms()) + ttl if ttl else 0
-        self._insert(key, expires_at)
+        ring = self._ring
+        if key is not self._missed:  # not what seen() just looked for and missed: it may be there
+            slot = ring.find(key)
+            if slot >= 0:  # admitted again (two of a batch checked before either was admitted): to the newest end
+                ring.remove(slot)
+        self._missed = None
+        ring.append(key, expires_at)
         log = self._log
         if log is not None:
             log.append(key, expires_at)
-            if log.records >= self._rotate_at:
-                log.rotate(self._entries.items())
+            if log.rotating:
+                self._copy_snapshot(log, SNAPSHOT_STEP)
+            elif log.records >= self._rotate_at:
+                log.start_rotation()
+                self._snapshot_at = ring.head
+                self._copy_snapshot(log, SNAPSHOT_STEP)
 
-    def _insert(self, key: bytes, expires_at: int) -> None:
-        entries = self._entries
-        if entries.pop(key, None) is None:
-            while len(entries) >= self.size:
-                entries.popitem(last=False)
-        entries[key] = expires_at
+    def _copy_snapshot(self, log: DedupLog, count: int) -> None:
+        """Copy up to ``count`` live, unexpired entries, oldest first, into the rotating log's next file (those
+        the ring dropped meanwhile are skipped); once the copy reaches the newest entry, finish the rotation.
+        Each admission adds one entry and copies up to ``count`` > 1, so the copy catches up."""
+        ring = self._ring
+        now = self._clock.now_ms()
+        position = max(self._snapshot_at, ring.head)
+        end = ring.tail
+        while count and position < end:
+            entry = ring.entry_at(position)
+            position += 1
+            if entry is not None and (not entry[1] or entry[1] > now):
+                log.append_snapshot(*entry)
+                count -= 1
+        self._snapshot_at = position
+        if position >= end:
+            log.finish_rotation()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._ring)
 
     # -- confirms ---------------------------------------------------------------------------------------------
     @property
@@ -317,7 +380,7 @@ class DedupCache:
     # -- info and lifecycle -------------------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
         """For the HTTP API (the plugin's ``cache_info``: entries and size)."""
-        return {"entries": len(self._entries), "size": self.size, "ttl": self.ttl_ms,
+        return {"entries": len(self._ring), "size": self.size, "ttl": self.ttl_ms,
                 "persistence": "memory" if self._log is None else "disk", "dropped": self.dropped}
 
     def close(self) -> None:
@@ -327,7 +390,7 @@ class DedupCache:
 
     def delete(self) -> None:
         """Its queue or exchange is deleted: entries and files go."""
-        self._entries.clear()
+        self._ring.clear()
         if self._log is not None:
             self._log.delete()
             self._log = None
@@ -338,7 +401,9 @@ def open_cache(settings: DedupSettings, clock: Clock, storage: NodeStorage | Non
     """The cache of a queue or exchange (``kind``): on disk for a durable owner on a node with storage, unless
     ``x-cache-persistence: memory``; a ``recovered`` one comes back with what it had, a new one starts empty
     (whatever an earlier owner of the name left is removed)."""
+    cache = DedupCache(settings, clock)
     if storage is None or not durable or settings.persistence == "memory":
-        return DedupCache(settings, clock)
-    log, entries = storage.open_dedup_log(kind, vhost, name, fresh=not recovered)
-    return DedupCache(settings, clock, log, entries)
+        return cache
+    cache.replay_now = clock.now_ms()
+    cache.attach(storage.open_dedup_log(kind, vhost, name, fresh=not recovered, replay=cache.replayed))
+    return cache

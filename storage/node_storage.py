@@ -272,14 +272,15 @@ class NodeStorage:
             self._stream_stores[vhost] = store
         return store.open_stream(name, max_segment_size_bytes=max_segment_size_bytes)
 
-    def open_dedup_log(self, kind: str, vhost: str, name: str, *,
-                       fresh: bool) -> tuple[DedupLog, list[tuple[bytes, int]]]:
-        """The durable log of a deduplication cache (``kind``: "queue" or "exchange") and the entries it holds,
-        oldest first; ``fresh`` for a cache just declared, whose name may have been used before."""
+    def open_dedup_log(self, kind: str, vhost: str, name: str, *, fresh: bool,
+                       replay: Callable[[bytes, int, bool], None]) -> DedupLog:
+        """The durable log of a deduplication cache (``kind``: "queue" or "exchange"), its entries fed to
+        ``replay`` oldest first (storage/deduplication_log.py); ``fresh`` for a cache just declared, whose name
+        may have been used before."""
         ident = log_id(kind, vhost, name)
-        dedup_log, entries = DedupLog.open(os.path.join(self.data_dir, DEDUP_DIRECTORY), ident, self.syncer, fresh)
+        dedup_log = DedupLog.open(os.path.join(self.data_dir, DEDUP_DIRECTORY), ident, self.syncer, fresh, replay)
         self._dedup_logs[ident] = dedup_log
-        return dedup_log, entries
+        return dedup_log
 
     def open_delay_store(self, now_ms: Callable[[], int]) -> DelayStore:
         """The node's delay store (one for every delayed exchange of every vhost), opened on first use with

@@ -32,6 +32,7 @@ the error is kept in ``error`` until a write succeeds. Every offset handed out b
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import struct
 from collections.abc import Iterator
@@ -126,46 +127,64 @@ def scan(data: bytes, name: str = "", keep_damaged_tail: bool = False) -> tuple[
     ``keep_damaged_tail`` it is skipped and kept in place like damage in the middle (``good_end`` is then the
     file's end), for a log whose positions must not be reused (the stream message log: storage/stream_store.py).
     """
-    view = memoryview(data)
-    end = len(data)
-    pos = 0
-    records: list[tuple[int, int, int]] = []
-    good_end = 0
-    skipped = 0
-    while pos < end:
-        n = _valid_at(view, pos, end)
-        if n >= 0:
-            records.append((pos, pos + HEADER_SIZE, n))
-            pos += HEADER_SIZE + n
-            good_end = pos
-            continue
-        # Damage at pos: find the next record that validates, if any.
-        probe = pos + 1
-        while True:
-            probe = data.find(MAGIC_BYTES, probe)
-            if probe < 0 or _valid_at(view, probe, end) >= 0:
-                break
-            probe += 1
-        if probe < 0:
-            # Nothing valid follows: a write cut short (never confirmed), or damage to the last record.
-            if torn_at(view, pos, end):
-                log.warning("storage: cut a torn write of %d bytes at offset %d of %s (a record cut short: never "
-                            "confirmed)", end - pos, pos, name or "a file")
-                break
-            if keep_damaged_tail:
-                corruption.report(name or "a file", pos, f"the last {end - pos} bytes are a whole record that fails "
-                                  "its check (damage, not a torn write)", "skipped; kept in place")
-                skipped += end - pos
-                good_end = end
-                break
-            corruption.report(name or "a file", pos, f"the last {end - pos} bytes are a whole record that fails its "
-                              "check (damage, not a torn write)", "cut off")
-            break
-        corruption.report(name or "a file", pos, f"{probe - pos} bytes fail their check (magic, length or CRC)",
-                          "skipped; the valid records after them are kept")
-        skipped += probe - pos
-        pos = probe
-    return records, good_end, skipped
+    found = Scan(data, name, keep_damaged_tail)
+    records = list(found)
+    return records, found.good_end, found.skipped
+
+
+class Scan:
+    """:func:`scan` one record at a time, for files too large to list every record of (a deduplication log of
+    millions of entries): iterating yields ``(record offset, payload offset, payload length)``; once it is
+    exhausted, ``good_end`` and ``skipped`` are :func:`scan`'s. ``data`` may be a memory map."""
+
+    def __init__(self, data: bytes | mmap.mmap, name: str = "", keep_damaged_tail: bool = False) -> None:
+        self.data = data
+        self.name = name
+        self.keep_damaged_tail = keep_damaged_tail
+        self.good_end = 0
+        self.skipped = 0
+
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+        data, name, keep_damaged_tail = self.data, self.name, self.keep_damaged_tail
+        view = memoryview(data)
+        end = len(data)
+        pos = 0
+        try:
+            while pos < end:
+                n = _valid_at(view, pos, end)
+                if n >= 0:
+                    yield pos, pos + HEADER_SIZE, n
+                    pos += HEADER_SIZE + n
+                    self.good_end = pos
+                    continue
+                # Damage at pos: find the next record that validates, if any.
+                probe = pos + 1
+                while True:
+                    probe = data.find(MAGIC_BYTES, probe)
+                    if probe < 0 or _valid_at(view, probe, end) >= 0:
+                        break
+                    probe += 1
+                if probe < 0:
+                    # Nothing valid follows: a write cut short (never confirmed), or damage to the last record.
+                    if torn_at(view, pos, end):
+                        log.warning("storage: cut a torn write of %d bytes at offset %d of %s (a record cut short: "
+                                    "never confirmed)", end - pos, pos, name or "a file")
+                        break
+                    if keep_damaged_tail:
+                        corruption.report(name or "a file", pos, f"the last {end - pos} bytes are a whole record "
+                                          "that fails its check (damage, not a torn write)", "skipped; kept in place")
+                        self.skipped += end - pos
+                        self.good_end = end
+                        break
+                    corruption.report(name or "a file", pos, f"the last {end - pos} bytes are a whole record that "
+                                      "fails its check (damage, not a torn write)", "cut off")
+                    break
+                corruption.report(name or "a file", pos, f"{probe - pos} bytes fail their check (magic, length or "
+                                  "CRC)", "skipped; the valid records after them are kept")
+                self.skipped += probe - pos
+                pos = probe
+        finally:
+            view.release()
 
 
 class AppendFile:

@@ -5,13 +5,21 @@ The broker-process tests (restarts, kill -9, real clients) are tests/integration
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import pytest
 from pamqp import commands as spec
 
 from broker.clock import ManualClock
-from broker.deduplication import DedupCache, DedupSettings, encode_key, exchange_settings, queue_settings
+from broker.deduplication import (
+    DedupCache,
+    DedupSettings,
+    digest_key,
+    encode_key,
+    exchange_settings,
+    queue_settings,
+)
 from broker.errors import AMQPError
 from broker.message import Message
 from broker.observability.counters import GlobalCounters
@@ -78,7 +86,7 @@ def test_the_oldest_entry_goes_first_when_the_cache_is_full(clock):
         assert key is not None and not cache.seen(key)
         cache.admit(key, dup(value))
     assert len(cache) == 2
-    assert [cache.seen(encode_key(v)) for v in ("a", "b", "c")] == [False, True, True]  # type: ignore[arg-type]
+    assert [cache.seen(digest_key(encode_key(v))) for v in ("a", "b", "c")] == [False, True, True]  # type: ignore[arg-type]
 
 
 def test_entries_expire_by_the_cache_ttl_or_the_message_header(clock):
@@ -101,7 +109,38 @@ def test_a_message_without_the_header_has_no_key_and_another_header_can_be_named
     cache = DedupCache(DedupSettings(10, header="id"), clock)
     assert cache.key_of(message()) is None
     assert cache.key_of(dup("a")) is None
-    assert cache.key_of(message(id="a")) == encode_key("a")
+    assert cache.key_of(message(id="a")) == digest_key(encode_key("a"))  # type: ignore[arg-type]
+
+
+def test_the_log_rotates_a_few_entries_at_a_time_and_a_crash_at_any_point_keeps_every_live_entry(tmp_path, clock):
+    """A durable cache of 10 admits 200 keys: its log rotates several times, each snapshot copied
+    SNAPSHOT_STEP entries per admission; after every admission the files, read as after a kill -9 (what the
+    kernel has), hold every live entry, and the finished rotations left only the newest file."""
+    from broker.deduplication import SNAPSHOT_STEP, open_cache
+    from storage.deduplication_log import DIRECTORY
+
+    settings = DedupSettings(10)
+    storage = NodeStorage(str(tmp_path))
+    cache = open_cache(settings, clock, storage, "queue", "/", "q", durable=True, recovered=False)
+    cache._rotate_at = 25  # small, so that 200 admissions rotate often (the product's: 2 × size + 1024)
+    assert SNAPSHOT_STEP >= 2  # the copy gains on the newest end: a snapshot of 10 completes within 10 admissions
+    for i in range(200):
+        key = cache.key_of(dup(f"v{i}"))
+        assert key is not None and not cache.seen(key)
+        cache.admit(key, dup(f"v{i}"))
+        if i % 7 == 0:
+            storage.syncer.flush()  # fsynced (inline: no loop), so a finished rotation drops its older files
+        else:
+            cache._log._file.write_out()  # only written: what the kernel has is what a kill -9 leaves
+        crashed = DedupCache(settings, clock)
+        NodeStorage(str(tmp_path)).open_dedup_log("queue", "/", "q", fresh=False, replay=crashed.replayed)
+        assert list(crashed._ring.entries()) == list(cache._ring.entries()), i  # exactly, in order
+    storage.syncer.sync()
+    assert len(os.listdir(tmp_path / DIRECTORY)) <= 2  # the rotations finished dropped their older files
+    cache.close()
+    storage.close()
+    again = open_cache(settings, clock, NodeStorage(str(tmp_path)), "queue", "/", "q", durable=True, recovered=True)
+    assert len(again) == 10 and all(again.seen(cache.key_of(dup(f"v{j}"))) for j in range(190, 200))  # type: ignore[arg-type]
 
 
 # -- arguments ------------------------------------------------------------------------------------------------
@@ -122,6 +161,9 @@ def test_the_exchange_takes_numeric_strings_and_checks_ttl_and_persistence():
         exchange_settings({"x-cache-size": 10, "x-cache-ttl": 0})
     with pytest.raises(AMQPError, match="'x-cache-persistence' must be either 'disk' or 'memory'"):
         exchange_settings({"x-cache-size": 10, "x-cache-persistence": "tape"})
+    assert exchange_settings({"x-cache-size": 100_000_000}).size == 100_000_000
+    with pytest.raises(AMQPError, match="'x-cache-size' must be at most 100000000"):
+        exchange_settings({"x-cache-size": 100_000_001})
 
 
 def test_queue_arguments_are_checked_only_when_deduplication_is_asked_for():
@@ -133,7 +175,9 @@ def test_queue_arguments_are_checked_only_when_deduplication_is_asked_for():
                                ({"x-message-deduplication": True, "x-cache-size": 0}, "{value_zero,0}"),
                                ({"x-message-deduplication": True, "x-cache-ttl": -5}, "{value_negative,-5}"),
                                ({"x-message-deduplication": True, "x-cache-size": "9"},
-                                '"expected integer, got longstr"')):
+                                '"expected integer, got longstr"'),
+                               ({"x-message-deduplication": True, "x-cache-size": 1 << 40},
+                                "{value_too_large,1099511627776}; at most 100000000")):
         with pytest.raises(AMQPError) as err:
             queue_settings(arguments, "q", "/")
         key = [k for k in arguments if k != "x-message-deduplication"] or ["x-message-deduplication"]
