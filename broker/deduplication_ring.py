@@ -59,7 +59,7 @@ class DigestRing:
             raise ValueError("a ring holds at least one entry")
         self.capacity = capacity
         self._digests: bytearray | mmap.mmap = bytearray()
-        self._expiry: array.array[int] | memoryview = array.array("q")
+        self._expiry: array.array[int] | memoryview | list[int] = array.array("q")
         self._slots = 0
         self.head = 0  # absolute position of the oldest entry in the ring
         self.tail = 0  # absolute position the next entry takes
@@ -142,69 +142,60 @@ class SmallRing(DigestRing):
     """A ring of Python lists, doubling from HEAP_START slots up to its capacity, indexed by a dict: each
     operation a few C calls (what the publish path of a queue with the default cache of 128 pays)."""
 
-    __slots__ = ("_keys", "_slot_of", "_times")
+    __slots__ = ("_keys", "_slot_of")
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
         self._slot_of: dict[bytes, int] = {}
         self._keys: list[bytes] = []
-        self._times: list[int] = []
         self._allocate(min(capacity, HEAP_START))
 
     def _allocate(self, slots: int) -> None:
         self._slots = slots
         self._keys = [b""] * slots
-        self._times = [0] * slots
+        self._expiry = [0] * slots
 
     def find(self, digest: bytes) -> int:
         return self._slot_of.get(digest, -1)
 
-    def expiry(self, slot: int) -> int:
-        return self._times[slot]
-
     def _digest_at(self, slot: int) -> bytes:
         return self._keys[slot]
 
+    def _place(self, digest: bytes, slot: int) -> None:
+        self._slot_of[digest] = slot
+
+    def _unindex(self, slot: int) -> None:
+        del self._slot_of[self._keys[slot]]
+
     def append(self, digest: bytes, expires_at: int) -> None:
-        slots, tail = self._slots, self.tail
+        """DigestRing.append with its steps inline (the hot path of every queue with a cache)."""
+        slots, tail, expiry = self._slots, self.tail, self._expiry
         if tail - self.head == slots:
             if slots < self.capacity:
                 self._grow()
-                slots = self._slots
+                slots, expiry = self._slots, self._expiry
             else:  # the oldest goes (a dead one is already out of the index)
                 old = self.head % slots
-                if self._times[old] != DEAD:
+                if expiry[old] != DEAD:
                     del self._slot_of[self._keys[old]]
                     self.live -= 1
                 self.head += 1
         slot = tail % slots
         self._keys[slot] = digest
-        self._times[slot] = expires_at
+        expiry[slot] = expires_at
         self._slot_of[digest] = slot
         self.tail = tail + 1
         self.live += 1
 
-    def remove(self, slot: int) -> None:
-        del self._slot_of[self._keys[slot]]
-        self._times[slot] = DEAD
-        self.live -= 1
-
-    def entry_at(self, position: int) -> tuple[bytes, int] | None:
-        if not self.head <= position < self.tail:
-            return None
-        slot = position % self._slots
-        expires_at = self._times[slot]
-        return None if expires_at == DEAD else (self._keys[slot], expires_at)
-
     def _grow(self) -> None:
         """Double (up to the capacity), every entry at the same absolute position."""
-        keys, times, slots = self._keys, self._times, self._slots
+        keys, expiry, slots = self._keys, self._expiry, self._slots
         self._allocate(min(2 * slots, self.capacity))
         for position in range(self.head, self.tail):
             old, new = position % slots, position % self._slots
             self._keys[new] = keys[old]
-            self._times[new] = times[old]
-            if times[old] != DEAD:
+            self._expiry[new] = expiry[old]
+            if expiry[old] != DEAD:
                 self._slot_of[keys[old]] = new
 
     def clear(self) -> None:
