@@ -73,13 +73,12 @@ class DigestRing:
         """The slot holding ``digest`` (live: dead entries are not indexed), or -1."""
         raise NotImplementedError
 
-    def _place(self, digest: bytes, slot: int) -> None:
-        raise NotImplementedError
-
     def _unindex(self, slot: int) -> None:
         raise NotImplementedError
 
-    def _grow(self) -> None:
+    def append(self, digest: bytes, expires_at: int) -> None:
+        """Add an entry at the newest end (its digest must not be live: :meth:`remove` it first), dropping the
+        oldest one if the ring is full."""
         raise NotImplementedError
 
     # -- the ring ---------------------------------------------------------------------------------------------
@@ -89,28 +88,6 @@ class DigestRing:
 
     def expiry(self, slot: int) -> int:
         return self._expiry[slot]
-
-    def append(self, digest: bytes, expires_at: int) -> None:
-        """Add an entry at the newest end (its digest must not be live: :meth:`remove` it first), dropping the
-        oldest one if the ring is full."""
-        if len(digest) != DIGEST_SIZE:
-            raise ValueError(f"a digest is {DIGEST_SIZE} bytes")
-        if self.tail - self.head == self._slots:
-            if self._slots < self.capacity:
-                self._grow()
-            else:  # the oldest goes (a dead one is already out of the index)
-                old = self.head % self._slots
-                if self._expiry[old] != DEAD:
-                    self._unindex(old)
-                    self.live -= 1
-                self.head += 1
-        slot = self.tail % self._slots
-        start = slot * DIGEST_SIZE
-        self._digests[start:start + DIGEST_SIZE] = digest
-        self._expiry[slot] = expires_at
-        self._place(digest, slot)
-        self.tail += 1
-        self.live += 1
 
     def remove(self, slot: int) -> None:
         """Mark a live entry dead and take it out of the index (its slot waits for the head)."""
@@ -161,14 +138,11 @@ class SmallRing(DigestRing):
     def _digest_at(self, slot: int) -> bytes:
         return self._keys[slot]
 
-    def _place(self, digest: bytes, slot: int) -> None:
-        self._slot_of[digest] = slot
-
     def _unindex(self, slot: int) -> None:
         del self._slot_of[self._keys[slot]]
 
     def append(self, digest: bytes, expires_at: int) -> None:
-        """DigestRing.append with its steps inline (the hot path of every queue with a cache)."""
+        """Grows by doubling until the capacity; each step inline (the hot path of every queue with a cache)."""
         slots, tail, expiry = self._slots, self.tail, self._expiry
         if tail - self.head == slots:
             if slots < self.capacity:
@@ -238,6 +212,25 @@ class LargeRing(DigestRing):
                 return v - 1
             i = (i + 1) & mask
 
+    def append(self, digest: bytes, expires_at: int) -> None:
+        """Add an entry at the newest end (its digest must not be live: :meth:`remove` it first), dropping the
+        oldest one if the ring is full (allocated whole: it never grows)."""
+        if len(digest) != DIGEST_SIZE:
+            raise ValueError(f"a digest is {DIGEST_SIZE} bytes")
+        if self.tail - self.head == self._slots:  # the oldest goes (a dead one is already out of the index)
+            old = self.head % self._slots
+            if self._expiry[old] != DEAD:
+                self._unindex(old)
+                self.live -= 1
+            self.head += 1
+        slot = self.tail % self._slots
+        start = slot * DIGEST_SIZE
+        self._digests[start:start + DIGEST_SIZE] = digest
+        self._expiry[slot] = expires_at
+        self._place(digest, slot)
+        self.tail += 1
+        self.live += 1
+
     def _place(self, digest: bytes, slot: int) -> None:
         hashed = int.from_bytes(digest[:4], "little")
         self._hashes[slot] = hashed
@@ -265,9 +258,6 @@ class LargeRing(DigestRing):
                 index[i] = v
                 i = j
         index[i] = 0
-
-    def _grow(self) -> None:
-        raise AssertionError("a large ring is allocated whole")
 
     def clear(self) -> None:
         """Also hand the pages back to the kernel (they read as zeros again)."""
