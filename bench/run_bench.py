@@ -227,9 +227,10 @@ class BaselineLeveret(Leveret):
 class RabbitMQ:
     name = "rabbitmq"
 
-    def __init__(self, port: int, management_port: int | None = None) -> None:
+    def __init__(self, port: int, management_port: int | None = None, prometheus_port: int | None = None) -> None:
         self.port = port
         self.management_port = management_port  # the management plugin's HTTP API, when given
+        self.prometheus_port = prometheus_port  # the prometheus plugin's exporter, when given
         self.base = Path(f"/tmp/leveret-bench-rabbitmq-{port}")
         self.node = f"leveret-bench-{port}@localhost"
         self.pid: int | None = None
@@ -259,7 +260,11 @@ class RabbitMQ:
         if self.management_port is not None:
             conf += f"management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = {self.management_port}\n"
         (self.base / "rabbitmq.conf").write_text(conf)
-        plugins = "rabbitmq_management" if self.management_port is not None else ""
+        if self.prometheus_port is not None:
+            conf += f"prometheus.tcp.ip = 127.0.0.1\nprometheus.tcp.port = {self.prometheus_port}\n"
+        plugins = ",".join(name for name, port in (("rabbitmq_management", self.management_port),
+                                                   ("rabbitmq_prometheus", self.prometheus_port))
+                           if port is not None)
         (self.base / "enabled_plugins").write_text(f"[{plugins}].\n")
         (self.base / "env").write_text("\n".join([
             f"export RABBITMQ_NODENAME={self.node}",

@@ -61,11 +61,11 @@ from broker.exchanges.delayed_exchange import DelayedExchange
 from broker.federation.metrics import federation_families
 from broker.observability.counters import MESSAGE_SIZE_BOUNDS
 from broker.prometheus.metrics_runtime import RaftFigures, raft_families, runtime_families
-from broker.queues.queue_types import Queue, queue_type_of
+from broker.prometheus.queue_series import QueueScan, aggregated_text, per_object_text, scan
+from broker.queues.queue_types import Queue
 from broker.resources.os_probes import disk_free, max_fds, open_fds, resident_memory, uptime_seconds
 from broker.shovel.metrics import shovel_families
 from storage import corruption
-from storage.backing_queue import Figures
 
 if TYPE_CHECKING:
     from broker.amqp.channel import Channel
@@ -148,26 +148,6 @@ CHANNEL_COUNTER_METRICS = {
     "rabbitmq_channel_messages_acked": ("messages_acknowledged",
                                         "Total number of messages acknowledged by consumers"),
 }
-# Per-queue gauges and counters: (metric, help); their values come from queue_values.
-QUEUE_GAUGES = (
-    ("rabbitmq_queue_messages_ready", "Messages ready to be delivered to consumers"),
-    ("rabbitmq_queue_messages_unacked", "Messages delivered to consumers but not yet acknowledged"),
-    ("rabbitmq_queue_messages", "Sum of ready and unacknowledged messages - total queue depth"),
-    ("rabbitmq_queue_messages_ready_bytes", "Size in bytes of ready messages"),
-    ("rabbitmq_queue_messages_unacked_bytes", "Size in bytes of all unacknowledged messages"),
-    ("rabbitmq_queue_messages_bytes", "Size in bytes of ready and unacknowledged messages"),
-    ("rabbitmq_queue_consumers", "Consumers on a queue"),
-    ("leveret_queue_publishers", "Channels that have published to a queue and are still open"),
-    ("leveret_queue_messages_paged_out", "Ready messages whose body is on disk only (paged out: betas and delta)"),
-)
-QUEUE_COUNTERS = (
-    ("rabbitmq_queue_messages_published_total", "Total number of messages published to queues"),
-    ("rabbitmq_queue_messages_delivered_total", "Total number of messages delivered to consumers"),
-    ("rabbitmq_queue_messages_redelivered_total", "Total number of messages redelivered to consumers"),
-    ("rabbitmq_queue_messages_acked_total", "Total number of messages acknowledged by consumers"),
-    ("rabbitmq_queue_get_total", "Total number of messages fetched with basic.get"),
-)
-
 # Per-stream gauges (labels vhost, queue on /metrics/per-object; summed on /metrics where marked True).
 STREAM_GAUGES = (
     ("leveret_stream_first_offset", "Oldest offset a stream retains (equals next_offset when it is empty)", False),
@@ -192,66 +172,6 @@ def stream_values(items: dict[str, Any]) -> dict[str, int]:
     }
 
 
-def shared_figures_of(q: Queue, shared: Snapshot | None) -> Figures:
-    """A cluster member's figures of a shared (quorum) queue as PostgreSQL counts them (``shared``:
-    storage/pg/queue_figures.py, the same on every member); any other queue's own figures."""
-    if shared is not None and queue_type_of(q.arguments).cluster_shared:
-        c = shared.counts(q.vhost.name, q.name)
-        return Figures(c.ready, c.unacked, c.ready_bytes, c.unacked_bytes, 0)
-    return q.figures()
-
-
-def queue_counters(q: Queue, shared: Snapshot | None) -> tuple[int, int, int, int, int]:
-    """(published, delivered, redelivered, acked, get) of a queue: on a cluster member, a shared queue's are
-    every member's summed as PostgreSQL holds them (storage/pg/queue_stats.py: the same on every member, up
-    to about 2 s behind, never going down); any other queue's are its own (``Queue.stats``)."""
-    if shared is not None and queue_type_of(q.arguments).cluster_shared:
-        c = shared.activity(q.vhost.name, q.name).counts
-        return c["publish"], c["deliver"], c["redeliver"], c["ack"], c["get"]
-    s = q.stats
-    return s.published, s.delivered, s.redelivered, s.acked, s.get
-
-
-# Per-queue gauges that are a member's own even for a shared queue (its consumers and publishers are on it).
-MEMBER_LOCAL_GAUGES = frozenset({"rabbitmq_queue_consumers", "leveret_queue_publishers"})
-
-
-def reports_queue(q: Queue, shared: Snapshot | None, member: str) -> bool:
-    """Whether this member reports the queue's messages and counters to Prometheus: always for its own
-    queues; for a shared (quorum) queue, which every member serves with the same cluster-wide figures, only
-    on the member :meth:`Snapshot.reporter` picks (RabbitMQ reports a quorum queue on its leader's node), so
-    that a sum over the members' scrapes counts it once. A member that does not see itself among the live
-    members (PostgreSQL out of reach, its lease lapsed) reports it: better twice than not at all
-    (:meth:`Snapshot.leader`, the rule the HTTP API's ``leader`` follows too)."""
-    if shared is None or not queue_type_of(q.arguments).cluster_shared:
-        return True
-    return shared.leader(q.vhost.name, q.name, member) == member
-
-
-def queue_values(q: Queue, shared: Snapshot | None = None) -> dict[str, int]:
-    """Every per-queue metric of one queue process, by name: its figures (``Queue.figures``, read
-    now; a shared queue's from ``shared`` on a cluster member), consumers and publishers, and its counters
-    (``Queue.stats``; a shared queue's summed over the members: queue_counters)."""
-    f = shared_figures_of(q, shared)
-    published, delivered, redelivered, acked, get = queue_counters(q, shared)
-    return {
-        "rabbitmq_queue_messages_ready": f.ready,
-        "rabbitmq_queue_messages_unacked": f.unacked,
-        "rabbitmq_queue_messages": f.messages,
-        "rabbitmq_queue_messages_ready_bytes": f.ready_bytes,
-        "rabbitmq_queue_messages_unacked_bytes": f.unacked_bytes,
-        "rabbitmq_queue_messages_bytes": f.bytes,
-        "rabbitmq_queue_consumers": q.consumers.count,
-        "leveret_queue_publishers": len(q.publisher_channels),
-        "leveret_queue_messages_paged_out": f.paged_out,
-        "rabbitmq_queue_messages_published_total": published,
-        "rabbitmq_queue_messages_delivered_total": delivered,
-        "rabbitmq_queue_messages_redelivered_total": redelivered,
-        "rabbitmq_queue_messages_acked_total": acked,
-        "rabbitmq_queue_get_total": get,
-    }
-
-
 def raft_figures(q: Queue) -> RaftFigures:
     """What broker/prometheus/metrics_runtime.py's Raft families are made of, for one quorum queue, read now."""
     s = q.stats
@@ -261,12 +181,11 @@ def raft_figures(q: Queue) -> RaftFigures:
 class RabbitCollector:
     """A prometheus-client collector: builds every family from the node's state at scrape time."""
 
-    def __init__(self, node: Node, per_object: bool, endpoint: str = "aggregated",
-                 shared: Snapshot | None = None) -> None:
+    def __init__(self, node: Node, per_object: bool, endpoint: str, queues: QueueScan) -> None:
         self.node = node
         self.per_object = per_object
-        self.shared = shared  # a cluster member's count of the shared queues (shared_figures_of)
         self.endpoint = endpoint  # rabbitmq_identity_info's rabbitmq_endpoint label
+        self.queues = queues  # every queue as this scrape read it (the per-queue families are written apart)
 
     def collect(self) -> Iterator[Metric]:
         node = self.node
@@ -275,12 +194,11 @@ class RabbitCollector:
         # -- objects ------------------------------------------------------------------------------------------
         connections = open_connections(node)
         channels = [ch for c in connections for ch in list(c.channels.values())]
-        queues = [q for vh in list(node.vhosts.values()) for q in vh.queues]
         consumers = sum(len(ch.consumers) for ch in channels)
         yield _gauge("rabbitmq_connections", "Connections currently open", len(connections))
         yield _gauge("rabbitmq_channels", "Channels currently open", len(channels))
         yield _gauge("rabbitmq_consumers", "Consumers currently connected", consumers)
-        yield _gauge("rabbitmq_queues", "Queues available", len(queues))
+        yield _gauge("rabbitmq_queues", "Queues available", len(self.queues.rows))
         yield _gauge("rabbitmq_global_consumers", "Current number of consumers", consumers,
                      {"protocol": PROTOCOL})
         yield _gauge("rabbitmq_global_publishers", "Current number of publishers",
@@ -305,11 +223,9 @@ class RabbitCollector:
                      "on a channel", sum(ch.global_prefetch for ch in channels))
         yield from self._channels(channels, counted)
         yield from self._message_sizes()
-        # -- queues ---------------------------------------------------------------------------------------
-        yield from self._queues(queues)
-        yield from raft_families((raft_figures(q) for q in queues if q.capabilities.raft),
-                                 self.per_object)
-        yield from self._streams([q for q in queues if q.capabilities.offsets])
+        # -- queues (their per-queue families: queue_series) -----------------------------------------------
+        yield from raft_families((raft_figures(q) for q in self.queues.raft), self.per_object)
+        yield from self._streams(self.queues.streams)
         yield from self._delayed([ex for vh in list(node.vhosts.values()) for ex in list(vh.exchanges.values())
                                   if isinstance(ex, DelayedExchange)])
         yield from shovel_families(node.shovels.workers.values())
@@ -343,14 +259,14 @@ class RabbitCollector:
         yield _gauge("rabbitmq_erlang_uptime_seconds", "Node uptime (Leveret: seconds since the broker process "
                      "started; there is no Erlang VM; the same as leveret_uptime_seconds)", uptime)
         yield _gauge("leveret_uptime_seconds", "Seconds since the broker started", uptime)
-        yield from runtime_families(sum(q.ram_bytes() for q in queues))
+        yield from runtime_families(self.queues.ram_bytes)
         yield _corrupt_records()
         yield _gauge("leveret_vhosts", "Virtual hosts", len(node.vhosts))
         yield _gauge("leveret_users", "Users", len(node.users.users))
         yield _gauge("leveret_exchanges", "Exchanges (all vhosts, without the default exchange)",
                      sum(len(vh.exchanges) for vh in node.vhosts.values()))
         yield _gauge("leveret_bindings", "Bindings (all vhosts)",
-                     sum(len(vh.bindings()) for vh in node.vhosts.values()))
+                     sum(len(ex.bindings) for vh in node.vhosts.values() for ex in vh.exchanges.values()))
 
     def _node_info(self) -> Iterable[Metric]:
         node = self.node
@@ -399,48 +315,6 @@ class RabbitCollector:
             cumulative.append((bound, total))
         hist.add_metric([PROTOCOL], cumulative, sizes.sum)
         yield hist
-
-    def _queues(self, queues: list[Queue]) -> Iterable[Metric]:
-        labels = ["vhost", "queue"] if self.per_object else []
-        gauges = [GaugeMetricFamily(name, help_, labels=labels) for name, help_ in QUEUE_GAUGES]
-        counters = [CounterMetricFamily(name[: -len("_total")], help_, labels=labels)
-                    for name, help_ in QUEUE_COUNTERS]
-        sums = [0] * len(gauges)
-        csums = [0] * len(counters)
-        here = self.node.name
-        shared = self.shared
-        # A shared queue another member reports (reports_queue): only this member's own consumers and
-        # publishers of it count here, so that sums over the members are right.
-        local = [i for i, (name, _h) in enumerate(QUEUE_GAUGES) if name in MEMBER_LOCAL_GAUGES]
-        for q in queues:
-            values = queue_values(q, shared)
-            if not reports_queue(q, shared, here):
-                if self.per_object:
-                    lv = [q.vhost.name, q.name]
-                    for i in local:
-                        gauges[i].add_metric(lv, values[QUEUE_GAUGES[i][0]])
-                else:
-                    for i in local:
-                        sums[i] += values[QUEUE_GAUGES[i][0]]
-                continue
-            figures = [values[name] for name, _h in QUEUE_GAUGES]
-            cvalues = [values[name] for name, _h in QUEUE_COUNTERS]
-            if self.per_object:
-                lv = [q.vhost.name, q.name]
-                for g, v in zip(gauges, figures):
-                    g.add_metric(lv, v)
-                for c, v in zip(counters, cvalues):
-                    c.add_metric(lv, v)
-            else:
-                sums = [a + b for a, b in zip(sums, figures)]
-                csums = [a + b for a, b in zip(csums, cvalues)]
-        if not self.per_object:
-            for g, v in zip(gauges, sums):
-                g.add_metric([], v)
-            for c, v in zip(counters, csums):
-                c.add_metric([], v)
-        yield from gauges
-        yield from counters
 
     def _streams(self, streams: list[Queue]) -> Iterable[Metric]:
         """The leveret_stream_* series, from each stream's info items (broker/queues/queue_info.py)."""
@@ -553,11 +427,17 @@ def _corrupt_records() -> Metric:
     return c
 
 
-def render(node: Node, per_object: bool, endpoint: str | None = None, shared: Snapshot | None = None) -> bytes:
+async def render(node: Node, per_object: bool, endpoint: str, shared: Snapshot | None = None) -> bytes:
+    """The exposition text of one scrape: the node-wide families through prometheus-client, then the
+    per-queue families written by broker/prometheus/queue_series.py (read and written in chunks, the event
+    loop turning between them: a scrape of 100,000 queues must not stall the broker's clients)."""
+    queues = [q for vh in list(node.vhosts.values()) for q in vh.queues]
+    read = await scan(queues, shared, node.name)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RabbitCollector(node, per_object,
-                                      endpoint or ("per-object" if per_object else "aggregated"), shared))
-    return generate_latest(registry)
+    registry.register(RabbitCollector(node, per_object, endpoint, read))
+    head = generate_latest(registry).decode()
+    tail = await per_object_text(read.rows) if per_object else [aggregated_text(read.rows)]
+    return "".join([head, *tail]).encode()
 
 
 def make_app(node: Node) -> web.Application:
@@ -572,11 +452,11 @@ def make_app(node: Node) -> web.Application:
         return await node.cluster.shared_figures() if node.cluster is not None else None
 
     async def metrics(request: web.Request) -> web.Response:
-        return web.Response(body=render(node, per_object=False, shared=await shared()),
+        return web.Response(body=await render(node, False, ENDPOINTS[request.path], await shared()),
                             headers={"Content-Type": CONTENT_TYPE})
 
     async def per_object(request: web.Request) -> web.Response:
-        body = render(node, per_object=True, endpoint=ENDPOINTS[request.path], shared=await shared())
+        body = await render(node, True, ENDPOINTS[request.path], await shared())
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     app = web.Application()

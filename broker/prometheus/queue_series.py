@@ -1,0 +1,123 @@
+"""The exporter's per-queue families, read and written without holding the event loop.
+
+At 100,000 queues ``/metrics/per-object`` is 1.4 million samples. Built as prometheus-client metric objects
+and rendered by its ``generate_latest`` that took 18 s of the loop thread on a 2-core machine, during which no
+client was served (issue 38). Here the queues are read in chunks of :data:`CHUNK`, with a turn of the event loop
+between chunks, into plain rows; then each family is written straight as exposition text (format 0.0.4: the
+same names, help, types and labels prometheus-client writes, ``vhost`` and ``queue`` label values escaped as
+it escapes them), again a turn of the loop between families. ``/metrics`` sums the same rows.
+
+The rows are read at slightly different moments, as RabbitMQ's plugin reads its queues one by one; a queue
+deleted during the scrape may appear once more with the figures it had.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, NamedTuple
+
+from broker.prometheus.queue_values import (
+    MEMBER_LOCAL_GAUGES,
+    QUEUE_COUNTERS,
+    QUEUE_GAUGES,
+    queue_values,
+    reports_queue,
+)
+from broker.queues.queue_types import Queue
+
+if TYPE_CHECKING:
+    from broker.clustering.cluster_figures import Snapshot
+
+CHUNK = 2_000  # queues read between two turns of the event loop (~5 ms of work)
+FAMILIES = tuple((name, help_, "gauge") for name, help_ in QUEUE_GAUGES) + \
+    tuple((name, help_, "counter") for name, help_ in QUEUE_COUNTERS)
+NAMES = tuple(name for name, _h, _k in FAMILIES)
+MEMBER_LOCAL = frozenset(i for i, name in enumerate(NAMES) if name in MEMBER_LOCAL_GAUGES)
+
+
+class QueueRow(NamedTuple):
+    vhost: str
+    name: str
+    values: tuple[int, ...]  # in FAMILIES' order
+    reported: bool  # False: a shared queue another member reports; only MEMBER_LOCAL values count here
+
+
+class QueueScan(NamedTuple):
+    """What one scrape reads of every queue: its row, and what the node-wide families need besides."""
+
+    rows: list[QueueRow]
+    ram_bytes: int  # summed Queue.ram_bytes (broker/prometheus/metrics_runtime.py's runtime families)
+    raft: list[Queue]  # the queues with the raft capability (quorum queues)
+    streams: list[Queue]  # the queues with the offsets capability (stream queues)
+
+
+def _row(q: Queue, shared: Snapshot | None, here: str) -> QueueRow:
+    if shared is None:  # a single node: every queue its own, read without building the dict of queue_values
+        f = q.figures()
+        s = q.stats
+        values = (f.ready, f.unacked, f.ready + f.unacked, f.ready_bytes, f.unacked_bytes,
+                  f.ready_bytes + f.unacked_bytes, q.consumers.count, len(q.publisher_channels), f.paged_out,
+                  s.published, s.delivered, s.redelivered, s.acked, s.get)
+        return QueueRow(q.vhost.name, q.name, values, True)
+    by_name = queue_values(q, shared)
+    return QueueRow(q.vhost.name, q.name, tuple(by_name[n] for n in NAMES), reports_queue(q, shared, here))
+
+
+async def scan(queues: list[Queue], shared: Snapshot | None, here: str) -> QueueScan:
+    """Reads every queue, yielding the event loop every :data:`CHUNK` queues."""
+    rows: list[QueueRow] = []
+    raft: list[Queue] = []
+    streams: list[Queue] = []
+    ram = 0
+    for start in range(0, len(queues), CHUNK):
+        for q in queues[start:start + CHUNK]:
+            rows.append(_row(q, shared, here))
+            ram += q.ram_bytes()
+            caps = q.capabilities
+            if caps.raft:
+                raft.append(q)
+            if caps.offsets:
+                streams.append(q)
+        await asyncio.sleep(0)
+    return QueueScan(rows, ram, raft, streams)
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", r"\\").replace("\n", r"\n")
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def _header(name: str, help_: str, kind: str) -> str:
+    return f"# HELP {name} {_escape_help(help_)}\n# TYPE {name} {kind}\n"
+
+
+def aggregated_text(rows: list[QueueRow]) -> str:
+    """One unlabelled sample per family: the sums over the queues this member reports (and, for a shared
+    queue another member reports, only this member's consumers and publishers of it)."""
+    reported = [row.values for row in rows if row.reported]
+    sums = [sum(column) for column in zip(*reported)] if reported else [0] * len(FAMILIES)
+    for row in rows:
+        if not row.reported:
+            for i in MEMBER_LOCAL:
+                sums[i] += row.values[i]
+    return "".join(f"{_header(name, help_, kind)}{name} {total}\n"
+                   for (name, help_, kind), total in zip(FAMILIES, sums))
+
+
+async def per_object_text(rows: list[QueueRow]) -> list[str]:
+    """One sample per queue and family (labels ``vhost``, ``queue``), a turn of the loop after each family."""
+    labels = [f'{{vhost="{_escape_label(r.vhost)}",queue="{_escape_label(r.name)}"}} ' for r in rows]
+    await asyncio.sleep(0)
+    parts: list[str] = []
+    for i, (name, help_, kind) in enumerate(FAMILIES):
+        parts.append(_header(name, help_, kind))
+        if i in MEMBER_LOCAL:
+            parts.append("".join([f"{name}{label}{row.values[i]}\n" for label, row in zip(labels, rows)]))
+        else:
+            parts.append("".join([f"{name}{label}{row.values[i]}\n" for label, row in zip(labels, rows)
+                                  if row.reported]))
+        await asyncio.sleep(0)
+    return parts
