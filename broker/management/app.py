@@ -146,7 +146,7 @@ async def _sample_rates(app: web.Application) -> Any:
             try:
                 # A cluster member samples the shared queues' figures as PostgreSQL counts them (the API's).
                 shared = await node.cluster.shared_figures() if node.cluster is not None else None
-                sample(sampler, node, shared)
+                await sample(sampler, node, shared)
             except asyncio.CancelledError:
                 raise
             except Exception:

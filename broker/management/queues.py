@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
+from operator import methodcaller
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -74,20 +75,40 @@ def properties_json(header: bytes) -> dict[str, Any]:
     return {name: json_safe(value) for name, value in shown if value is not None}
 
 
-def sort_keys(shared: Snapshot | None) -> dict[str, Any]:
+def sort_keys(shared: Snapshot | None, empty: Callable[[Any], bool] | None = None) -> dict[str, Any]:
     """Sort keys read straight from the queue object, so a page of 10,000 queues sorts without building
     10,000 JSON objects (broker/management/listing.py); other sort fields fall back to the full build.
-    ``shared``: a cluster member's count of the shared queues (presenters/queue_figures.py figures_of)."""
-    def figures(q: Queue | OtherMemberQueue) -> Figures:
-        return q.figures() if isinstance(q, OtherMemberQueue) else figures_of(q, shared)
+    ``shared``: a cluster member's count of the shared queues (presenters/queue_figures.py figures_of).
+    ``empty``: says of a listed object that it holds no message without reading its figures (a queue not in
+    its vhost's ``occupied`` set): its message figures are 0. At 100,000 queues reading every queue's figures
+    is most of a page's time (2.6 µs a queue on a 2-core machine)."""
+    figures: Callable[[Queue | OtherMemberQueue], Figures]
+    if shared is None:  # a single node: every object's own figures (100,000 of them for one sorted page)
+        figures = methodcaller("figures")
+    else:
+        def figures(q: Queue | OtherMemberQueue) -> Figures:
+            return q.figures() if isinstance(q, OtherMemberQueue) else figures_of(q, shared)
+
+    def messages(q: Queue | OtherMemberQueue) -> int:
+        f = figures(q)
+        return f[0] + f[1]
+
+    def message_bytes(q: Queue | OtherMemberQueue) -> int:
+        f = figures(q)
+        return f[2] + f[3]
+
+    def figure(read: Callable[[Any], int]) -> Callable[[Any], int]:
+        if empty is None:
+            return read
+        return lambda q: 0 if empty(q) else read(q)
 
     return {
         "name": lambda q: (q.name, q.vhost.name),
         "vhost": lambda q: (q.vhost.name, q.name),
-        "messages": lambda q: figures(q).messages,
-        "messages_ready": lambda q: figures(q).ready,
-        "messages_unacknowledged": lambda q: figures(q).unacked,
-        "message_bytes": lambda q: figures(q).bytes,
+        "messages": figure(messages),
+        "messages_ready": figure(lambda q: figures(q).ready),
+        "messages_unacknowledged": figure(lambda q: figures(q).unacked),
+        "message_bytes": figure(message_bytes),
         "consumers": lambda q: q.consumers.count,
         "durable": lambda q: q.durable,
     }
@@ -115,7 +136,10 @@ async def list_queues(request: web.Request) -> web.Response:
             return other_member_queue_info(q)
         return queue_info(node, q, sampler, shared)
 
-    page = paged(request, objects, lambda q: q.name, sort_keys(shared), to_json)
+    occupied: set[Any] = set().union(*(vh.queues.occupied for vh in vhs))
+    others = {id(q) for q in view.others} if view is not None else set()  # figures as their member answered
+    page = paged(request, objects, lambda q: q.name,
+                 sort_keys(shared, lambda q: q not in occupied and id(q) not in others), to_json)
     if page is not None:
         return page
     objects.sort(key=lambda q: (q.vhost.name, q.name))

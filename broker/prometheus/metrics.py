@@ -431,8 +431,10 @@ async def render(node: Node, per_object: bool, endpoint: str, shared: Snapshot |
     """The exposition text of one scrape: the node-wide families through prometheus-client, then the
     per-queue families written by broker/prometheus/queue_series.py (read and written in chunks, the event
     loop turning between them: a scrape of 100,000 queues must not stall the broker's clients)."""
-    queues = [q for vh in list(node.vhosts.values()) for q in vh.queues]
-    read = await scan(queues, shared, node.name)
+    vhosts = list(node.vhosts.values())
+    queues = [q for vh in vhosts for q in vh.queues]
+    occupied: set[Queue] = set().union(*(vh.queues.occupied for vh in vhosts))
+    read = await scan(queues, shared, node.name, occupied)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RabbitCollector(node, per_object, endpoint, read))
     head = generate_latest(registry).decode()

@@ -2,8 +2,8 @@
 
 At 100,000 queues ``/metrics/per-object`` is 1.4 million samples. Built as prometheus-client metric objects
 and rendered by its ``generate_latest`` that took 18 s of the loop thread on a 2-core machine, during which no
-client was served (issue 38). Here the queues are read in chunks of :data:`CHUNK`, with a turn of the event loop
-between chunks, into plain rows; then each family is written straight as exposition text (format 0.0.4: the
+client was served (issue 38). Here the queues are read in chunks (broker/observability/chunked.py), the event loop
+turning between chunks, into plain rows; then each family is written straight as exposition text (format 0.0.4: the
 same names, help, types and labels prometheus-client writes, ``vhost`` and ``queue`` label values escaped as
 it escapes them), again a turn of the loop between families. ``/metrics`` sums the same rows.
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, NamedTuple
 
+from broker.observability.chunked import in_chunks
 from broker.prometheus.queue_values import (
     MEMBER_LOCAL_GAUGES,
     QUEUE_COUNTERS,
@@ -24,11 +25,11 @@ from broker.prometheus.queue_values import (
     reports_queue,
 )
 from broker.queues.queue_types import Queue
+from storage.backing_queue import Figures
 
 if TYPE_CHECKING:
     from broker.clustering.cluster_figures import Snapshot
 
-CHUNK = 2_000  # queues read between two turns of the event loop (~5 ms of work)
 FAMILIES = tuple((name, help_, "gauge") for name, help_ in QUEUE_GAUGES) + \
     tuple((name, help_, "counter") for name, help_ in QUEUE_COUNTERS)
 NAMES = tuple(name for name, _h, _k in FAMILIES)
@@ -51,9 +52,14 @@ class QueueScan(NamedTuple):
     streams: list[Queue]  # the queues with the offsets capability (stream queues)
 
 
-def _row(q: Queue, shared: Snapshot | None, here: str) -> QueueRow:
+NO_FIGURES = Figures(0, 0, 0, 0, 0)
+
+
+def _row(q: Queue, shared: Snapshot | None, here: str, occupied: set[Queue]) -> QueueRow:
     if shared is None:  # a single node: every queue its own, read without building the dict of queue_values
-        f = q.figures()
+        # A queue outside its vhost's ``occupied`` set holds no message (QueueRegistry.occupied): its figures
+        # are zeros without asking it.
+        f = q.figures() if q in occupied else NO_FIGURES
         s = q.stats
         values = (f.ready, f.unacked, f.ready + f.unacked, f.ready_bytes, f.unacked_bytes,
                   f.ready_bytes + f.unacked_bytes, q.consumers.count, len(q.publisher_channels), f.paged_out,
@@ -63,22 +69,23 @@ def _row(q: Queue, shared: Snapshot | None, here: str) -> QueueRow:
     return QueueRow(q.vhost.name, q.name, tuple(by_name[n] for n in NAMES), reports_queue(q, shared, here))
 
 
-async def scan(queues: list[Queue], shared: Snapshot | None, here: str) -> QueueScan:
-    """Reads every queue, yielding the event loop every :data:`CHUNK` queues."""
+async def scan(queues: list[Queue], shared: Snapshot | None, here: str, occupied: set[Queue]) -> QueueScan:
+    """Reads every queue, a chunk at a time (broker/observability/chunked.py); ``occupied``: the queues that
+    may hold messages (the vhosts' QueueRegistry.occupied), the others' figures and RAM are zeros."""
     rows: list[QueueRow] = []
     raft: list[Queue] = []
     streams: list[Queue] = []
     ram = 0
-    for start in range(0, len(queues), CHUNK):
-        for q in queues[start:start + CHUNK]:
-            rows.append(_row(q, shared, here))
-            ram += q.ram_bytes()
+    async for chunk in in_chunks(queues):
+        for q in chunk:
+            rows.append(_row(q, shared, here, occupied))
+            if q in occupied:
+                ram += q.ram_bytes()
             caps = q.capabilities
             if caps.raft:
                 raft.append(q)
             if caps.offsets:
                 streams.append(q)
-        await asyncio.sleep(0)
     return QueueScan(rows, ram, raft, streams)
 
 

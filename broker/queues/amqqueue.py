@@ -160,6 +160,13 @@ class QueueRegistry:
     def __init__(self, vhost: VHost, make_backing_queue: OpenStore | None = None) -> None:
         self.vhost = vhost
         self._queues: dict[str, Queue] = {}
+        # The queues that may hold messages: a superset of those that do. A queue is in it from its creation
+        # (and recovery), a classic or quorum queue adds itself on every publish (QueueProcess
+        # .deliver_or_enqueue), and the HTTP API's rate sampler, which reads every queue's figures each
+        # interval, adds those it finds holding messages and drops those it finds empty
+        # (broker/management/presenters/sampling.py). Readers of message figures over 100,000 queues (a page
+        # sorted by messages, the overview's totals) read only these: every other queue holds none.
+        self.occupied: set[Queue] = set()
         # Opens a queue's store: (name, durable, priority=None, on_confirm=None) → BackingQueue (queue_types
         # OpenStore). In memory until the node's storage is open (broker/persistence.py BackingQueueFactory).
         self.backing_queue_factory: OpenStore = make_backing_queue or memory_store
@@ -263,6 +270,7 @@ class QueueRegistry:
                 self.vhost.durable.queue_declared(self.vhost.name, q)
             except BaseException:  # not written (a full disk, the cluster's PostgreSQL out of reach): not made
                 del self._queues[name]
+                self.occupied.discard(q)
                 self.vhost.remote.queue_gone(q)  # its directory row too (a cluster member's)
                 raise
         return q, True
@@ -301,6 +309,7 @@ class QueueRegistry:
                                  durable=durable, recovered=recovered)
         q.set_ram_budget(default_budget(q))
         self._queues[name] = q
+        self.occupied.add(q)
         return q
 
     def assert_equivalence(self, q: Declared, durable: bool, exclusive: bool, auto_delete: bool,
@@ -324,6 +333,7 @@ class QueueRegistry:
         if self._queues.get(q.name) is not q:
             return 0
         del self._queues[q.name]
+        self.occupied.discard(q)
         self.vhost.remote.queue_gone(q)
         if self.vhost.counters is not None:
             self.vhost.counters.queues_deleted += 1

@@ -71,6 +71,7 @@ class QueueProcess(QueueShell):
         super().__init__(vhost, name, durable, exclusive_owner, auto_delete, arguments, settings,
                          ConsumerSet(single_active=settings.single_active_consumer), ConfirmBook())
         self.bq = bq
+        self._occupied = vhost.queues.occupied  # joined on every publish (QueueRegistry.occupied)
         self._ram_budget_given: int | None | bool = False  # the last set_ram_budget (False: none yet)
         bq.on_confirm = self.on_confirmed
         bq.on_available = self._store_brought_messages  # an asynchronous store has brought messages in
@@ -146,6 +147,7 @@ class QueueProcess(QueueShell):
         it (CONFIRM_LATER, then :meth:`on_confirmed`); anything else at once (ACCEPTED). REJECTED when the
         queue refuses the message (overflow reject-publish): the publisher is nacked."""
         self.stats.published += 1
+        self._occupied.add(self)
         settings = self.settings
         if settings.overflow != "drop-head" and self._will_overflow(msg):
             self.stats.rejected_publishes += 1

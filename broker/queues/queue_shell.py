@@ -44,6 +44,9 @@ class QueueOwner(Protocol):
 
 
 class QueueDeleter(Protocol):
+    # The vhost's queues that may hold messages (QueueRegistry.occupied): a queue adds itself on every publish.
+    occupied: set[Any]
+
     def delete(self, q: Any, reason: str = ...) -> int: ...
 
 

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from broker.observability import chunked
 from broker.prometheus import queue_series
 from broker.prometheus.queue_series import FAMILIES, NAMES, QueueRow, aggregated_text, per_object_text, scan
 from broker.queues.queue_info import CLASSIC, QUORUM
@@ -63,16 +64,25 @@ def test_aggregated_text_of_no_queue_is_zeros():
     assert set(_samples(aggregated_text([])).values()) == {0}
 
 
-def _queue(i: int) -> SimpleNamespace:
-    return SimpleNamespace(
-        name=f"q{i}", vhost=SimpleNamespace(name="/"), capabilities=QUORUM if i == 7 else CLASSIC,
-        figures=lambda: Figures(3, 2, 30, 20, 1), ram_bytes=lambda: 5,
-        stats=SimpleNamespace(published=10, delivered=9, redelivered=1, acked=8, get=2),
-        consumers=SimpleNamespace(count=1), publisher_channels={1, 2})
+class _Queue:
+    """What the scan reads of a queue (hashable by identity, as the broker's queues are)."""
+
+    def __init__(self, i: int) -> None:
+        self.name, self.vhost = f"q{i}", SimpleNamespace(name="/")
+        self.capabilities = QUORUM if i == 7 else CLASSIC
+        self.stats = SimpleNamespace(published=10, delivered=9, redelivered=1, acked=8, get=2)
+        self.consumers = SimpleNamespace(count=1)
+        self.publisher_channels = {1, 2}
+
+    def figures(self) -> Figures:
+        return Figures(3, 2, 30, 20, 1)
+
+    def ram_bytes(self) -> int:
+        return 5
 
 
 def test_scan_reads_every_queue_and_lets_the_loop_turn_between_chunks():
-    queues = [_queue(i) for i in range(queue_series.CHUNK * 3 + 5)]
+    queues = [_Queue(i) for i in range(chunked.CHUNK * 3 + 5)]
     turns = 0
 
     async def other_client() -> None:
@@ -85,13 +95,14 @@ def test_scan_reads_every_queue_and_lets_the_loop_turn_between_chunks():
         ticker = asyncio.create_task(other_client())
         await asyncio.sleep(0)
         turns_before = turns
-        read = await scan(queues, None, "node")  # type: ignore[arg-type]
+        read = await scan(queues, None, "node", set(queues[:-1]))  # type: ignore[arg-type]
         ticker.cancel()
         assert turns - turns_before >= 3  # one turn after each full chunk at least
         return read
 
     read = asyncio.run(scrape())
     assert len(read.rows) == len(queues)
-    assert read.ram_bytes == 5 * len(queues)
+    assert read.ram_bytes == 5 * (len(queues) - 1)  # the last one is not occupied: no figures, no RAM read
     assert [q.name for q in read.raft] == ["q7"]
     assert read.rows[0].values == (3, 2, 5, 30, 20, 50, 1, 2, 1, 10, 9, 1, 8, 2)
+    assert read.rows[-1].values == (0, 0, 0, 0, 0, 0, 1, 2, 0, 10, 9, 1, 8, 2)

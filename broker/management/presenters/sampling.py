@@ -12,16 +12,29 @@ from broker.amqp.reader import open_connections
 from broker.management.presenters.connections import channel_message_counts, connection_byte_counts
 from broker.management.presenters.exchanges import all_exchanges, exchange_message_counts
 from broker.management.presenters.overview import churn_counts, global_message_counts
-from broker.management.presenters.queue_figures import figures_of
+from broker.management.presenters.queue_figures import figures_of, is_shared
+from broker.observability.chunked import in_chunks
+
+CONNECTION_CHUNK = 500  # a connection and its channels cost several times a queue
 
 if TYPE_CHECKING:
     from broker.clustering.cluster_figures import Snapshot
     from broker.management.presenters.rates import RateSampler
     from broker.node import Node
+    from broker.queues.queue_types import Queue
 
 
-def sample(sampler: RateSampler, node: Node, shared: Snapshot | None = None) -> None:
-    """``shared``: a cluster member's count of the shared queues (their figures are taken from it)."""
+def may_fill_unseen(q: Queue) -> bool:
+    """Whether messages can reach the queue without its publish path on this node adding it to the vhost's
+    ``occupied`` set: a stream (its own append path) or a queue every cluster member serves (another member's
+    publishes fill it). Such queues stay in the set, empty or not."""
+    return q.capabilities.offsets or is_shared(q)
+
+
+async def sample(sampler: RateSampler, node: Node, shared: Snapshot | None = None) -> None:
+    """``shared``: a cluster member's count of the shared queues (their figures are taken from it). Queues,
+    connections and channels are walked a chunk at a time (broker/observability/chunked.py: at 100,000 queues
+    one pass is most of a second of Python), each chunk's samples stamped when the chunk is read."""
     now = time.monotonic()
     for name, value in global_message_counts(node, shared).items():
         sampler.observe(("global", name), value, now)
@@ -35,27 +48,36 @@ def sample(sampler: RateSampler, node: Node, shared: Snapshot | None = None) -> 
             for name, value in exchange_message_counts(ex).items():
                 sampler.observe((key, name), value, now)
         ready = unacked = 0
-        for q in vh.queues:
-            key = id(q)
-            live.add(key)
-            f = figures_of(q, shared)
-            ready += f.ready
-            unacked += f.unacked
-            sampler.sample_queue(key, q.stats, f, now)
-            sampler.idle.observe(q, key, f, shared)
+        occupied = vh.queues.occupied
+        async for chunk in in_chunks(list(vh.queues)):
+            now = time.monotonic()
+            for q in chunk:
+                key = id(q)
+                live.add(key)
+                f = figures_of(q, shared)
+                ready += f.ready
+                unacked += f.unacked
+                if f.ready or f.unacked:
+                    occupied.add(q)
+                elif not may_fill_unseen(q):
+                    occupied.discard(q)
+                sampler.sample_queue(key, q.stats, f, now)
+                sampler.idle.observe(q, key, f, shared)
         vkey = ("vhost", vh.name)  # the vhost's totals (its HTTP API object, /api/overview's queue_totals)
         live.add(vkey)
         for name, value in (("messages", ready + unacked), ("messages_ready", ready),
                             ("messages_unacknowledged", unacked)):
             sampler.observe((vkey, name), value, now)
-    for conn in open_connections(node):
-        key = id(conn)
-        live.add(key)
-        for name, value in connection_byte_counts(conn).items():
-            sampler.observe((key, name), value, now)
-        for ch in list(conn.channels.values()):
-            key = id(ch)
+    async for conns in in_chunks(open_connections(node), CONNECTION_CHUNK):
+        now = time.monotonic()
+        for conn in conns:
+            key = id(conn)
             live.add(key)
-            for name, value in channel_message_counts(ch).items():
+            for name, value in connection_byte_counts(conn).items():
                 sampler.observe((key, name), value, now)
+            for ch in list(conn.channels.values()):
+                key = id(ch)
+                live.add(key)
+                for name, value in channel_message_counts(ch).items():
+                    sampler.observe((key, name), value, now)
     sampler.forget_all_but(live)

@@ -20,7 +20,7 @@ def vhost_message_totals(vh: VHost, view: ClusterView | None = None) -> dict[str
     so that every member answers the same totals."""
     ready = unacked = 0
     shared = view.shared if view is not None else None
-    for q in vh.queues:
+    for q in list(vh.queues.occupied):  # every other queue holds no message (QueueRegistry.occupied)
         f = figures_of(q, shared)
         ready += f.ready
         unacked += f.unacked
