@@ -54,6 +54,12 @@ STATUS_OVERHEAD = 200
 MSG_OVERHEAD = 400
 
 
+# q1, q2, q3 and the unconfirmed deque of a queue that has not needed them yet (VariableQueue's docstring).
+# Never written to: every writer asks for the queue's own deque first; clearing it, empty, changes nothing.
+NONE_YET: deque[Any] = deque()
+NONE_FAILED: list[Any] = []  # the same for VariableQueue._failed
+
+
 def _seq(st: MsgStatus) -> int:
     return st.seq_id
 
@@ -75,7 +81,25 @@ class VariableQueue(LocalStore):
     ``store`` / ``transient_store`` are the node's two message stores, ``syncer`` its group-commit
     syncer. ``encode`` / ``decode`` turn a message into bytes and back (identity by default: messages
     are bytes). A durable queue whose directory holds an index is recovered from it on construction.
+
+    A broker may hold 100,000 of these, most of them empty (issue 38), so an idle one is kept small. Its
+    instance dictionary stays under CPython 3.11's 30 shared keys (beyond them every instance gets a table of
+    its own: 1.6 KB instead of 0.3 KB; tests/unit/storage/test_queue_footprint.py keeps count): what starts at
+    a constant value and changes for few queues is a class attribute until it changes. q1, q2, q3 and the
+    unconfirmed deque start as the one shared empty deque :data:`NONE_YET` (a deque is 760 bytes) and get
+    their own at the first message they take (:meth:`_q1`, :meth:`_q2`, :meth:`_q3`, :meth:`_add_confirm`).
     """
+
+    # Class-level until set (see above).
+    on_available: Callable[[], None] | None = None  # never called: a fetch loads what it needs at once
+    beta_floor = BETA_FLOOR
+    _target_ram: int | None = None
+    _budget_bytes: int | None = None  # the byte budget behind _target_ram, if one was given
+    _transient_floor = 0  # transient index entries below this predate the last restart: dead
+    _dirty_floor = 0  # entries below this were recovered after a crash: all count as delivered
+    recovered_clean: bool | None = None
+    deleted = False
+    _failed: list[Any] = NONE_FAILED  # confirms whose fsync failed (the owner nacks them): rare, so shared till then
 
     def __init__(self, directory: str, *, durable: bool, store: MsgStore, transient_store: MsgStore,
                  syncer: Syncer, encode: Callable[[Any], bytes] | None = None,
@@ -89,11 +113,10 @@ class VariableQueue(LocalStore):
         self._decode = decode or _identity
         self._embed_below = embed_below
         self.on_confirm = on_confirm
-        self.on_available: Callable[[], None] | None = None  # never called: a fetch loads what it needs at once
         self._index = QueueIndex(directory, syncer, durable)
-        self.q1: deque[MsgStatus] = deque()
-        self.q2: deque[MsgStatus] = deque()
-        self.q3: deque[MsgStatus] = deque()
+        self.q1: deque[MsgStatus] = NONE_YET
+        self.q2: deque[MsgStatus] = NONE_YET
+        self.q3: deque[MsgStatus] = NONE_YET
         self.q4: deque[MsgStatus] = deque()
         self.delta = Delta()
         self._pending: dict[int, MsgStatus] = {}
@@ -105,16 +128,8 @@ class VariableQueue(LocalStore):
         self._ram_bytes = 0
         self._persistent_count = 0  # persistent messages, ready or pending ack (what a restart brings back)
         self._persistent_bytes = 0
-        self._target_ram: int | None = None
-        self._budget_bytes: int | None = None  # the byte budget behind _target_ram, if one was given
-        self.beta_floor = BETA_FLOOR
-        self._transient_floor = 0  # transient index entries below this predate the last restart: dead
-        self._dirty_floor = 0  # entries below this were recovered after a crash: all count as delivered
-        self._unconfirmed: deque[tuple[int, list[Any]]] = deque()
+        self._unconfirmed: deque[tuple[int, list[Any]]] = NONE_YET
         self._confirmed: list[Any] = []
-        self._failed: list[Any] = []  # confirms whose fsync failed: the owner nacks them
-        self.recovered_clean: bool | None = None
-        self.deleted = False
         if durable and self._index.found:
             self._recover()
         elif durable:
@@ -141,7 +156,7 @@ class VariableQueue(LocalStore):
                 confirm: Any = None, msg_id: int | None = None) -> int:
         st = self._new_status(msg, size, persistent, False, expiry, confirm, msg_id)
         if self.q3:
-            self.q1.append(st)
+            self._q1().append(st)
         else:
             self.q4.append(st)
         self._len += 1
@@ -217,6 +232,22 @@ class VariableQueue(LocalStore):
         else:
             self._q1_to_q4()
 
+    # -- q1, q2, q3: their own deque at their first message (the class docstring) ---------------------------
+    def _q1(self) -> deque[MsgStatus]:
+        if self.q1 is NONE_YET:
+            self.q1 = deque()
+        return self.q1
+
+    def _q2(self) -> deque[MsgStatus]:
+        if self.q2 is NONE_YET:
+            self.q2 = deque()
+        return self.q2
+
+    def _q3(self) -> deque[MsgStatus]:
+        if self.q3 is NONE_YET:
+            self.q3 = deque()
+        return self.q3
+
     def _q1_to_q4(self) -> None:
         """q3 and delta are empty (so is q2): q1's alphas are now the head."""
         self.q4.extend(self.q1)
@@ -246,7 +277,7 @@ class VariableQueue(LocalStore):
                               self._index.directory)
                     self._drop_lost(st)
                     continue
-                self.q3.append(st)
+                self._q3().append(st)
                 loaded += 1
             d.count -= loaded
             d.start = hi
@@ -262,8 +293,9 @@ class VariableQueue(LocalStore):
             d.start = d.end = 0
 
     def _q2_to_q3(self) -> None:
-        self.q3.extend(self.q2)
-        self.q2.clear()
+        if self.q2:
+            self._q3().extend(self.q2)
+            self.q2.clear()
         if not self.q3:
             self._q1_to_q4()
 
@@ -412,7 +444,8 @@ class VariableQueue(LocalStore):
         for st in sts[i:j]:
             self._write_msg(st)
             st.msg = None
-        _merge(q3, sts[i:j])
+        if i < j:
+            _merge(self._q3(), sts[i:j])
         for st in sts[j:]:
             self._to_delta(st)
         if self._target_ram is not None:
@@ -429,14 +462,14 @@ class VariableQueue(LocalStore):
         while n > 0 and q1:
             st = q1.popleft()
             self._alpha_to_beta(st)
-            (self.q2 if self.delta.count else self.q3).append(st)
+            (self._q2() if self.delta.count else self._q3()).append(st)
             n -= 1
             moved += 1
         n = n if q4_quota is None else q4_quota
         while n > 0 and q4:
             st = q4.pop()
             self._alpha_to_beta(st)
-            self.q3.appendleft(st)
+            self._q3().appendleft(st)
             n -= 1
             moved += 1
         return moved
@@ -586,6 +619,8 @@ class VariableQueue(LocalStore):
             return
         if not uc:
             self._syncer.wait(self)
+            if uc is NONE_YET:
+                uc = self._unconfirmed = deque()
         uc.append((gen, [confirm]))
 
     def on_synced(self, generation: int) -> bool:
@@ -604,6 +639,8 @@ class VariableQueue(LocalStore):
         uc = self._unconfirmed
         failed = False
         while uc and uc[0][0] <= generation:
+            if self._failed is NONE_FAILED:
+                self._failed = []
             self._failed.extend(uc.popleft()[1])
             failed = True
         if failed and self.on_confirm is not None:
@@ -618,8 +655,9 @@ class VariableQueue(LocalStore):
 
     def drain_failed(self) -> list[Any]:
         out = self._failed
-        if out:
-            self._failed = []
+        if not out:
+            return []
+        self._failed = []
         return out
 
     # -- disk ---------------------------------------------------------------------------------------------

@@ -64,6 +64,12 @@ class QueueProcess(QueueShell):
     counts_deliveries: ClassVar[bool] = False
     capabilities: ClassVar[QueueCapabilities] = CLASSIC  # (broker/queues/queue_info.py)
     confirms: ConfirmBook
+    # Class-level until set (QueueShell's note: an idle queue's instance dictionary stays small).
+    has_had_consumers = False
+    _consumers_full = False  # the deliver loop last stopped because no consumer had room
+    _ttl_timer: TimerHandle | None = None
+    _ttl_timer_at = 0.0
+    _expiry_timer: TimerHandle | None = None
 
     def __init__(self, vhost: QueueHost, name: str, durable: bool, exclusive_owner: QueueOwner | None,
                  auto_delete: bool, arguments: dict[str, Any], bq: BackingQueue,
@@ -95,16 +101,12 @@ class QueueProcess(QueueShell):
         # consumer: its cluster-wide lock says which member delivers.
         self._deal: Callable[[], bool] | None = (
             bq.deal_here if bq.shared and not settings.single_active_consumer else None)
-        self.has_had_consumers = False
         recovered = not bq.is_empty()
         # Whether any message may carry a deadline (a recovered queue's may: their expiries were stored).
         self._ttl_possible = settings.message_ttl is not None or recovered
         # Judge the head by its message rather than its stored expiry (see the module docstring): recovered
         # messages of a TTL queue may have been stored without one.
         self._ttl_from_messages = settings.message_ttl is not None and recovered
-        self._ttl_timer: TimerHandle | None = None
-        self._ttl_timer_at = 0.0
-        self._expiry_timer: TimerHandle | None = None
         # Returns so far, by seq_id, for queues with a delivery limit (and quorum queues).
         self._delivery_counts: dict[int, int] | None = (
             {} if settings.delivery_limit is not None or self.counts_deliveries else None)
@@ -115,8 +117,6 @@ class QueueProcess(QueueShell):
         # Such a store keeps every message as persistent, transient ones too, so a confirm means stored (as a
         # quorum queue confirms every message once a quorum has it).
         self._persist_all = bq.persists_every_message
-        # The deliver loop last stopped because no consumer had room (prefetch, or a slow socket).
-        self._consumers_full = False
         self.reset_expiry_timer()
 
     # -- settings that can change (policies) ---------------------------------------------------------------

@@ -113,6 +113,12 @@ class QueueShell(ABC):
     # Message deduplication (broker/deduplication.py): the queue's cache, set by the queue registry and checked
     # by broker/queues/delegate.py before deliver_or_enqueue; None (no deduplication) costs one attribute read.
     dedup: DedupCache | None = None
+    # Class-level until set, so that an idle queue's instance dictionary stays small (VariableQueue's docstring
+    # says why: 100,000 queues; tests/unit/storage/test_queue_footprint.py keeps count).
+    exclusive_consumer: Consumer | None = None
+    deleted = False
+    _run_scheduled = False
+    _loop: asyncio.AbstractEventLoop | None = None  # bound at the first delivery run
 
     def __init__(self, vhost: QueueHost, name: str, durable: bool, exclusive_owner: QueueOwner | None,
                  auto_delete: bool, arguments: dict[str, Any], settings: QueueSettings, consumers: ConsumerSet,
@@ -126,16 +132,12 @@ class QueueShell(ABC):
         self.arguments = arguments
         self.settings = settings
         self.consumers = consumers
-        self.exclusive_consumer: Consumer | None = None
-        self.deleted = False
         self.stats = QueueStats()
         # Open channels that have published to this queue (seed 004's "publishers"), kept by delegate.
         self.publisher_channels: set[Any] = set()
         # Publishers' readers this queue paused (credit flow), and the confirms it owes.
         self.flow = PublisherFlow(self)
         self.confirms = confirms
-        self._run_scheduled = False
-        self._loop: asyncio.AbstractEventLoop | None = None  # bound at the first delivery run
 
     # -- consumers and delivery ----------------------------------------------------------------------------
     @property
