@@ -1,8 +1,8 @@
 """The operator surface at many queues (issue 38): what an operator's tools cost as the queue count grows.
 
-    python -m bench.operator_surface [--sizes 20000,50000,100000] [--rabbitmq] [--no-write]
+    python -m bench.operator_surface [--sizes 20000,50000,100000] [--brokers leveret,rabbitmq] [--no-write]
 
-A fresh broker (Leveret; RabbitMQ too with ``--rabbitmq``, with its management and prometheus plugins) is grown
+A fresh broker (Leveret; RabbitMQ too with ``--brokers leveret,rabbitmq``, with its management and prometheus plugins) is grown
 step by step to each size of durable classic queues ``op-<i>``, each bound to ``amq.topic`` with key ``op.<i>``
 (declared and bound with ``nowait``, pipelined on one connection); after the first step three of them get 1,000
 persistent messages each. After each step, once RSS has settled:
@@ -28,6 +28,7 @@ import asyncio
 import datetime as dt
 import json
 import os
+import shutil
 import statistics
 import threading
 import time
@@ -171,17 +172,33 @@ def run(target: Target, sizes: list[int]) -> dict[int, Row]:
         for n in sizes:
             t0 = time.monotonic()
             grow(target, have, n)
-            log(f"{target.name}: {n} queues declared and bound in {time.monotonic() - t0:.1f} s")
+            rows[n] = {"declare and bind s": time.monotonic() - t0}
+            log(f"{target.name}: {n} queues declared and bound in {rows[n]['declare and bind s']:.1f} s")
             if have == 0:
                 fill_busy(target)
             have = n
-            rows[n] = measure(target, n, base)
+            try:
+                rows[n].update(measure(target, n, base))
+            except OSError as exc:  # a broker that stops answering at this size is a result: say so, stop
+                rows[n]["note"] = f"stopped answering: {exc}"[:100]
+                log(f"{target.name} at {n}: {exc}; log kept in {keep_log(target)}")
+                return rows
             log(f"{target.name} at {n}: {rows[n]}")
         rows[sizes[-1]].update(restart(target, sizes[-1]))
         log(f"{target.name} restart: {rows[sizes[-1]]}")
         return rows
     finally:
         target.broker.stop()
+
+
+def keep_log(target: Target) -> str:
+    """Copies RabbitMQ's log directory aside before stop() removes it (Leveret's log is kept anyway)."""
+    broker = target.broker
+    if isinstance(broker, RabbitMQ):
+        dest = f"/tmp/operator-surface-rabbitmq-log-{int(time.time())}"
+        shutil.copytree(broker.base / "log", dest, dirs_exist_ok=True)
+        return dest
+    return str(broker.log_path)
 
 
 def fmt(v: float | str | None) -> str:
@@ -194,7 +211,7 @@ def fmt(v: float | str | None) -> str:
     return f"{v:.3g}"
 
 
-METRICS = ["RSS MiB", "RSS KiB per queue", "page p50 ms", "page p95 ms", "per-object scrape s", "per-object MB",
+METRICS = ["note", "declare and bind s", "RSS MiB", "RSS KiB per queue", "page p50 ms", "page p95 ms", "per-object scrape s", "per-object MB",
            "overview p50 ms", "AMQP round trip max ms during scrape", "aggregated scrape s", "restart to AMQP port s",
            "restart to all queues listed s"]
 
@@ -221,11 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="20000,50000,100000")
     ap.add_argument("--port", type=int, default=5760)
-    ap.add_argument("--rabbitmq", action="store_true", help="measure RabbitMQ beside it (port + 10)")
+    ap.add_argument("--brokers", default="leveret", help="leveret,rabbitmq: which to measure (RabbitMQ on port + 10)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
-    targets = [leveret(args.port)] + ([rabbitmq(args.port + 10)] if args.rabbitmq else [])
+    makers = {"leveret": lambda: leveret(args.port), "rabbitmq": lambda: rabbitmq(args.port + 10)}
+    targets = [makers[name]() for name in args.brokers.split(",")]
     load0 = os.getloadavg()[0]
     res = {t.name: run(t, sizes) for t in targets}
     load1 = os.getloadavg()[0]

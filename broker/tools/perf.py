@@ -186,8 +186,16 @@ def parse_kv(items: list[str] | None) -> dict[str, str]:
     return out
 
 
-def raise_nofile() -> int:
+def raise_nofile(want: int = 0) -> int:
+    """Raise this process's open-file limit to its hard limit, or to ``want`` when that is more and the process
+    may (root); returns the soft limit now. Children started afterwards inherit it."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if want > hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, want))
+            return want
+        except (ValueError, OSError):
+            pass
     if soft < hard:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
