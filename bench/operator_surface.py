@@ -35,6 +35,7 @@ import time
 import urllib.request
 from base64 import b64encode
 from collections.abc import Callable
+from pathlib import Path
 
 import pika
 from pamqp import commands
@@ -69,7 +70,8 @@ def leveret(port: int) -> Target:
 
 
 def rabbitmq(port: int) -> Target:
-    return Target(RabbitMQ(port, management_port=port + 1, prometheus_port=port + 2), port + 1, port + 2)
+    # RabbitMQ 3.10's plugin listened on its default port whatever prometheus.tcp.port said (measured here).
+    return Target(RabbitMQ(port, management_port=port + 1, prometheus_port=15692), port + 1, 15692)
 
 
 def get(port: int, path: str, timeout: float = 600) -> tuple[float, int]:
@@ -240,12 +242,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=5760)
     ap.add_argument("--brokers", default="leveret", help="leveret,rabbitmq: which to measure (RabbitMQ on port + 10)")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--add", action="append", help="an earlier run's JSON (bench/results/operator-surface-*.json): "
+                    "its brokers' rows join the table (RabbitMQ measured apart, at fewer sizes)")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     makers = {"leveret": lambda: leveret(args.port), "rabbitmq": lambda: rabbitmq(args.port + 10)}
     targets = [makers[name]() for name in args.brokers.split(",")]
     load0 = os.getloadavg()[0]
     res = {t.name: run(t, sizes) for t in targets}
+    for earlier in args.add or []:  # another broker's rows from an earlier run of this bench (its JSON)
+        for name, rows in json.loads(Path(earlier).read_text())["results"].items():
+            res.setdefault(name, {int(n): row for n, row in rows.items()})
+            sizes = sorted(set(sizes) | {int(n) for n in rows})
     load1 = os.getloadavg()[0]
     info = machine_info()
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
