@@ -48,7 +48,8 @@ async def sample(sampler: RateSampler, node: Node, shared: Snapshot | None = Non
             for name, value in exchange_message_counts(ex).items():
                 sampler.observe((key, name), value, now)
         ready = unacked = 0
-        occupied = vh.queues.occupied
+        registry = vh.queues
+        occupied = registry.occupied
         async for chunk in in_chunks(list(vh.queues)):
             now = time.monotonic()
             for q in chunk:
@@ -58,7 +59,8 @@ async def sample(sampler: RateSampler, node: Node, shared: Snapshot | None = Non
                 ready += f.ready
                 unacked += f.unacked
                 if f.ready or f.unacked:
-                    occupied.add(q)
+                    if registry.get(q.name) is q:  # (not one deleted since the pass began: it would stay)
+                        occupied.add(q)
                 elif not may_fill_unseen(q):
                     occupied.discard(q)
                 sampler.sample_queue(key, q.stats, f, now)
