@@ -150,7 +150,6 @@ def restart(target: Target, n: int) -> Row:
     wait_port(target.http, 600)
     while True:
         try:
-            _s, _b = get(target.http, f"/api/queues?page=1&page_size=1&name=op-{n - 1}")
             req = urllib.request.Request(f"http://127.0.0.1:{target.http}/api/overview",
                                          headers={"Authorization": AUTH})
             with urllib.request.urlopen(req, timeout=60) as resp:

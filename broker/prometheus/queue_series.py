@@ -24,7 +24,6 @@ from broker.prometheus.queue_values import (
     reports_queue,
 )
 from broker.queues.queue_types import Queue
-from storage.backing_queue import Figures
 
 if TYPE_CHECKING:
     from broker.clustering.cluster_figures import Snapshot
@@ -52,21 +51,9 @@ class QueueScan(NamedTuple):
     streams: list[Queue]  # the queues with the offsets capability (stream queues)
 
 
-NO_FIGURES = Figures(0, 0, 0, 0, 0)
-
-
 def _row(q: Queue, shared: Snapshot | None, here: str, occupied: set[Queue]) -> QueueRow:
-    if shared is None:  # a single node: every queue its own, read without building the dict of queue_values
-        # A queue outside its vhost's ``occupied`` set holds no message (QueueRegistry.occupied): its figures
-        # are zeros without asking it.
-        f = q.figures() if q in occupied else NO_FIGURES
-        s = q.stats
-        values = (f.ready, f.unacked, f.ready + f.unacked, f.ready_bytes, f.unacked_bytes,
-                  f.ready_bytes + f.unacked_bytes, q.consumers.count, len(q.publisher_channels), f.paged_out,
-                  s.published, s.delivered, s.redelivered, s.acked, s.get)
-        return QueueRow(q.vhost.name, q.name, values, True)
-    by_name = queue_values(q, shared)
-    return QueueRow(q.vhost.name, q.name, tuple(by_name[n] for n in NAMES), reports_queue(q, shared, here))
+    reported = shared is None or reports_queue(q, shared, here)
+    return QueueRow(q.vhost.name, q.name, queue_values(q, shared, occupied), reported)
 
 
 async def scan(queues: list[Queue], shared: Snapshot | None, here: str, occupied: set[Queue]) -> QueueScan:

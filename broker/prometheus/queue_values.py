@@ -33,26 +33,6 @@ QUEUE_COUNTERS = (
 )
 
 
-def shared_figures_of(q: Queue, shared: Snapshot | None) -> Figures:
-    """A cluster member's figures of a shared (quorum) queue as PostgreSQL counts them (``shared``:
-    storage/pg/queue_figures.py, the same on every member); any other queue's own figures."""
-    if shared is not None and queue_type_of(q.arguments).cluster_shared:
-        c = shared.counts(q.vhost.name, q.name)
-        return Figures(c.ready, c.unacked, c.ready_bytes, c.unacked_bytes, 0)
-    return q.figures()
-
-
-def queue_counters(q: Queue, shared: Snapshot | None) -> tuple[int, int, int, int, int]:
-    """(published, delivered, redelivered, acked, get) of a queue: on a cluster member, a shared queue's are
-    every member's summed as PostgreSQL holds them (storage/pg/queue_stats.py: the same on every member, up
-    to about 2 s behind, never going down); any other queue's are its own (``Queue.stats``)."""
-    if shared is not None and queue_type_of(q.arguments).cluster_shared:
-        c = shared.activity(q.vhost.name, q.name).counts
-        return c["publish"], c["deliver"], c["redeliver"], c["ack"], c["get"]
-    s = q.stats
-    return s.published, s.delivered, s.redelivered, s.acked, s.get
-
-
 # Per-queue gauges that are a member's own even for a shared queue (its consumers and publishers are on it).
 MEMBER_LOCAL_GAUGES = frozenset({"rabbitmq_queue_consumers", "leveret_queue_publishers"})
 
@@ -69,25 +49,25 @@ def reports_queue(q: Queue, shared: Snapshot | None, member: str) -> bool:
     return shared.leader(q.vhost.name, q.name, member) == member
 
 
-def queue_values(q: Queue, shared: Snapshot | None = None) -> dict[str, int]:
-    """Every per-queue metric of one queue process, by name: its figures (``Queue.figures``, read
-    now; a shared queue's from ``shared`` on a cluster member), consumers and publishers, and its counters
-    (``Queue.stats``; a shared queue's summed over the members: queue_counters)."""
-    f = shared_figures_of(q, shared)
-    published, delivered, redelivered, acked, get = queue_counters(q, shared)
-    return {
-        "rabbitmq_queue_messages_ready": f.ready,
-        "rabbitmq_queue_messages_unacked": f.unacked,
-        "rabbitmq_queue_messages": f.messages,
-        "rabbitmq_queue_messages_ready_bytes": f.ready_bytes,
-        "rabbitmq_queue_messages_unacked_bytes": f.unacked_bytes,
-        "rabbitmq_queue_messages_bytes": f.bytes,
-        "rabbitmq_queue_consumers": q.consumers.count,
-        "leveret_queue_publishers": len(q.publisher_channels),
-        "leveret_queue_messages_paged_out": f.paged_out,
-        "rabbitmq_queue_messages_published_total": published,
-        "rabbitmq_queue_messages_delivered_total": delivered,
-        "rabbitmq_queue_messages_redelivered_total": redelivered,
-        "rabbitmq_queue_messages_acked_total": acked,
-        "rabbitmq_queue_get_total": get,
-    }
+NO_FIGURES = Figures(0, 0, 0, 0, 0)
+
+
+def queue_values(q: Queue, shared: Snapshot | None, occupied: set[Queue]) -> tuple[int, ...]:
+    """Every per-queue metric of one queue, in the order of QUEUE_GAUGES then QUEUE_COUNTERS: its figures
+    (``Queue.figures``, read now; zeros without asking for a queue outside ``occupied``, its vhost's
+    QueueRegistry.occupied, which holds no message), consumers and publishers, and its counters
+    (``Queue.stats``). On a cluster member (``shared``) a shared (quorum) queue's figures are PostgreSQL's count
+    (storage/pg/queue_figures.py) and its counters every member's summed (storage/pg/queue_stats.py: the same on
+    every member, up to about 2 s behind, never going down)."""
+    if shared is not None and queue_type_of(q.arguments).cluster_shared:
+        n = shared.counts(q.vhost.name, q.name)
+        f = Figures(n.ready, n.unacked, n.ready_bytes, n.unacked_bytes, 0)
+        c = shared.activity(q.vhost.name, q.name).counts
+        published, delivered, redelivered, acked, get = c["publish"], c["deliver"], c["redeliver"], c["ack"], c["get"]
+    else:
+        f = q.figures() if q in occupied else NO_FIGURES
+        s = q.stats
+        published, delivered, redelivered, acked, get = s.published, s.delivered, s.redelivered, s.acked, s.get
+    return (f.ready, f.unacked, f.ready + f.unacked, f.ready_bytes, f.unacked_bytes, f.ready_bytes + f.unacked_bytes,
+            q.consumers.count, len(q.publisher_channels), f.paged_out,
+            published, delivered, redelivered, acked, get)

@@ -104,5 +104,6 @@ def test_scan_reads_every_queue_and_lets_the_loop_turn_between_chunks():
     assert len(read.rows) == len(queues)
     assert read.ram_bytes == 5 * (len(queues) - 1)  # the last one is not occupied: no figures, no RAM read
     assert [q.name for q in read.raft] == ["q7"]
+    assert len(read.rows[0].values) == len(FAMILIES)  # one value per family, in their order
     assert read.rows[0].values == (3, 2, 5, 30, 20, 50, 1, 2, 1, 10, 9, 1, 8, 2)
     assert read.rows[-1].values == (0, 0, 0, 0, 0, 0, 1, 2, 0, 10, 9, 1, 8, 2)
