@@ -685,14 +685,26 @@ def with_long_header(header_payload: bytes, key_raw: bytes, value: int) -> bytes
     table are not checked: a malformed table gets the entry appended, after any entry of that key (a classic
     queue delivers such a message as it was published, too).
     """
-    # Called once per message a stream appends: the common shapes (no headers table, or one without the key,
-    # and a tail of delivery mode / priority only) take a straight line; nothing of the slow path is built
-    # unless it is taken.
+    return _with_header_entry(header_payload, key_raw, _LONG_VALUE.pack(b"l", value), Long, value)
+
+
+def with_longstr_header(header_payload: bytes, key_raw: bytes, value: bytes) -> bytes:
+    """``with_properties(header_payload, headers_set={key: value})`` for a long string ('S') value, spliced as
+    :func:`with_long_header` splices (the firehose's ``x-leveret-trace-id``, stamped on every traced publish)."""
+    return _with_header_entry(header_payload, key_raw, b"S" + _U32.pack(len(value)) + value, bytes, value)
+
+
+def _with_header_entry(header_payload: bytes, key_raw: bytes, value_raw: bytes, kind: type, value: Any) -> bytes:
+    """The splice of :func:`with_long_header`: ``value_raw`` is the encoded field value (type octet first),
+    ``kind(value)`` what :func:`encode_field_value` encodes to the same bytes (for the slow path)."""
+    # Called once per message a stream appends (and per traced publish): the common shapes (no headers table,
+    # or one without the key, and a tail of delivery mode / priority only) take a straight line; nothing of
+    # the slow path is built unless it is taken.
     if len(header_payload) < _PROPS_OFFSET:
-        return _with_long_header_slow(header_payload, key_raw, value)
+        return _with_header_slow(header_payload, key_raw, kind(value))
     flags = header_payload[12] << 8 | header_payload[13]
     if flags & 3:
-        return _with_long_header_slow(header_payload, key_raw, value)
+        return _with_header_slow(header_payload, key_raw, kind(value))
     try:
         pos = _PROPS_OFFSET
         if flags & _BEFORE_HEADERS:
@@ -706,27 +718,27 @@ def with_long_header(header_payload: bytes, key_raw: bytes, value: int) -> bytes
             end = table_end + (tail >> 12 & 1) + (tail >> 11 & 1) if not tail & ~_OCTETS_ONLY \
                 else _property_list_end(header_payload, flags, table_end)
             if end > len(header_payload):
-                return _with_long_header_slow(header_payload, key_raw, value)  # raises FrameError
+                return _with_header_slow(header_payload, key_raw, kind(value))  # raises FrameError
             if header_payload.find(key_raw, pos + 4, table_end) >= 0:
                 try:
-                    return _with_long_header_slow(header_payload, key_raw, value)
+                    return _with_header_slow(header_payload, key_raw, kind(value))
                 except FrameError:
                     pass  # a malformed table: appended below, as to any other
-            entry = key_raw + _LONG_VALUE.pack(b"l", value)
+            entry = key_raw + value_raw
             return b"".join((header_payload[:pos], _U32.pack(table_end - pos - 4 + len(entry)),
                              header_payload[pos + 4 : table_end], entry, header_payload[table_end:end]))
         tail = flags & _AFTER_HEADERS_MASK
         end = pos + (tail >> 12 & 1) + (tail >> 11 & 1) if not tail & ~_OCTETS_ONLY \
             else _property_list_end(header_payload, flags, pos)
         if end > len(header_payload):
-            return _with_long_header_slow(header_payload, key_raw, value)  # raises FrameError
-        entry = key_raw + _LONG_VALUE.pack(b"l", value)
+            return _with_header_slow(header_payload, key_raw, kind(value))  # raises FrameError
+        entry = key_raw + value_raw
         return b"".join((header_payload[:12], _U16.pack(flags | _FLAG_HEADERS), header_payload[14:pos],
                          _U32.pack(len(entry)), entry, header_payload[pos:end]))
     except (IndexError, struct.error):  # cut inside a short string's length or the table's length
-        return _with_long_header_slow(header_payload, key_raw, value)
+        return _with_header_slow(header_payload, key_raw, kind(value))
 
 
-def _with_long_header_slow(header_payload: bytes, key_raw: bytes, value: int) -> bytes:
+def _with_header_slow(header_payload: bytes, key_raw: bytes, value: Any) -> bytes:
     """What the splice cannot do alike: decode and rebuild (:func:`with_properties`)."""
-    return with_properties(header_payload, headers_set={key_raw[1:].decode(): Long(value)})
+    return with_properties(header_payload, headers_set={key_raw[1:].decode(): value})

@@ -46,7 +46,6 @@ logged and dropped.
 
 from __future__ import annotations
 
-import datetime
 import itertools
 import os
 import struct
@@ -55,8 +54,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from broker.message import Message
-from protocol.fastcodec import build_content_header
-from protocol.properties import Long, decode_properties, encode_field_value, table_values, with_properties
+from protocol.fastcodec import build_content_header, shortstr
+from protocol.frames import FrameError
+from protocol.properties import table_values, with_longstr_header
 
 if TYPE_CHECKING:
     from broker.clock import Clock
@@ -69,18 +69,41 @@ MESSAGE_ID = "x-leveret-message-id"
 TRACE_ID = "x-leveret-trace-id"
 
 _TRACE_ID_KEY = TRACE_ID.encode()
+_TRACE_ID_RAW = shortstr(TRACE_ID)
 _HEADERS_FLAG = struct.pack(">H", 1 << 13)
 _I32 = struct.Struct(">i")
 _U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_LONG = struct.Struct(">cq")
 _LONGSTR = ord("S")
+_MESSAGE_ID_FLAG = 1 << 7
+# What a message's own fields cost to build (its properties table, its identity) is paid once per content
+# header: the publish, delivery and ack events of one message share it. Bounded; a miss only rebuilds.
+_FIELDS_CACHE_SIZE = 4096
 # Broker-assigned ids: a random prefix per process (unique across restarts) and a counter.
 _ID_PREFIX = os.urandom(6).hex()
 _id_counter = itertools.count(1)
-# pamqp's property names → RabbitMQ's (the P_basic record's field names).
-_RABBIT_NAMES = {"message_type": "type"}
-_PROPERTY_NAMES = ("content_type", "content_encoding", "headers", "delivery_mode", "priority", "correlation_id",
-                   "reply_to", "expiration", "message_id", "timestamp", "message_type", "user_id", "app_id",
-                   "cluster_id")
+# The basic properties in wire order (flag bit 15 first), by RabbitMQ's names (the P_basic record's: ``type``
+# for the type property), and how each is written: s short string, o octet, t the headers table, q timestamp.
+_PROPERTIES = tuple((1 << (15 - i), shortstr(name), kind) for i, (name, kind) in enumerate((
+    ("content_type", "s"), ("content_encoding", "s"), ("headers", "t"), ("delivery_mode", "o"),
+    ("priority", "o"), ("correlation_id", "s"), ("reply_to", "s"), ("expiration", "s"), ("message_id", "s"),
+    ("timestamp", "q"), ("type", "s"), ("user_id", "s"), ("app_id", "s"), ("cluster_id", "s"))))
+# Keys of the event's own entries, as short strings.
+_K_EXCHANGE_NAME = shortstr("exchange_name")
+_K_ROUTING_KEYS = shortstr("routing_keys")
+_K_PROPERTIES = shortstr("properties")
+_K_NODE = shortstr("node")
+_K_VHOST = shortstr("vhost")
+_K_CONNECTION = shortstr("connection")
+_K_CHANNEL = shortstr("channel")
+_K_USER = shortstr("user")
+_K_ROUTED_QUEUES = shortstr("routed_queues")
+_K_REDELIVERED = shortstr("redelivered")
+_K_REASON = shortstr("reason")
+_K_DEAD_LETTER_EXCHANGE = shortstr("dead_letter_exchange")
+_K_EVENT_TIME = shortstr(EVENT_TIME)
+_K_MESSAGE_ID = shortstr(MESSAGE_ID)
 
 
 class TraceHost(Protocol):
@@ -125,16 +148,11 @@ def new_trace_id() -> str:
 
 # -- field table pieces (the copy's headers are built raw: the message's own headers table is copied as is) --
 
-def _entry(key: str, value_raw: bytes) -> bytes:
-    raw = key.encode()
-    return bytes([len(raw)]) + raw + value_raw
-
-
 def _signedint(value: int) -> bytes:
     """RabbitMQ writes integers of the trace as ``signedint`` ('I'); too big for 32 bits: a long."""
     if -(2**31) <= value < 2**31:
         return b"I" + _I32.pack(value)
-    return encode_field_value(Long(value))
+    return _LONG.pack(b"l", value)
 
 
 def _longstr(value: str | bytes) -> bytes:
@@ -143,45 +161,58 @@ def _longstr(value: str | bytes) -> bytes:
 
 
 def _array(values: list[str]) -> bytes:
-    body = b"".join(_longstr(v) for v in values)
+    body = b"".join([_longstr(v) for v in values])
     return b"A" + _U32.pack(len(body)) + body
 
 
-def _table(entries: list[bytes]) -> bytes:
-    body = b"".join(entries)
-    return b"F" + _U32.pack(len(body)) + body
-
-
-def _properties(msg: Message, props: Any) -> bytes:
-    """The ``properties`` table: each property the message has, by RabbitMQ's name, integers as signedint,
-    strings as long strings, the headers table copied byte for byte. ``props``: decode_properties's."""
-    entries = []
-    for name in _PROPERTY_NAMES:
-        if name == "headers":
-            span = msg.props.headers_span
-            if span is not None:
-                entries.append(_entry(name, b"F" + msg.header[span[0]:span[1]]))
+def message_fields(header: bytes) -> tuple[bytes, bytes]:
+    """A message's own entries of its events, from its raw content header in one walk of the property list:
+    the ``properties`` entry (each property the message has, by RabbitMQ's name, integers as signedint,
+    strings as long strings, the headers table copied byte for byte) and the ``x-leveret-message-id`` entry
+    (its ``message_id`` property, else the ``x-leveret-trace-id`` header stamped at publish; b"" when it has
+    neither). A cut property list or a malformed
+    headers table (where the identity is looked for) raises FrameError."""
+    flags = header[12] << 8 | header[13]
+    pos = 14
+    parts = []
+    message_id: bytes | None = None
+    headers_span: tuple[int, int] | None = None
+    for bit, key, kind in _PROPERTIES:
+        if not flags & bit:
             continue
-        value = getattr(props, name)  # reflection over _PROPERTY_NAMES, the properties' declared names
-        if value is None:
-            continue
-        if name == "timestamp" and isinstance(value, datetime.datetime):
-            value = int(value.timestamp())
-        raw = _signedint(value) if isinstance(value, int) else _longstr(value)
-        entries.append(_entry(_RABBIT_NAMES.get(name, name), raw))
-    return _table(entries)
+        if kind == "s":
+            n = header[pos]
+            raw = header[pos + 1:pos + 1 + n]
+            if bit == _MESSAGE_ID_FLAG:
+                message_id = raw
+            parts.append(key + b"S" + _U32.pack(n) + raw)
+            pos += 1 + n
+        elif kind == "o":
+            parts.append(key + b"I" + _I32.pack(header[pos]))
+            pos += 1
+        elif kind == "t":
+            end = pos + 4 + _U32.unpack_from(header, pos)[0]
+            headers_span = (pos, end)
+            parts.append(key + b"F" + header[pos:end])
+            pos = end
+        else:
+            parts.append(key + _signedint(_U64.unpack_from(header, pos)[0]))
+            pos += 8
+    if pos > len(header):
+        raise FrameError("content header properties run past the frame")
+    body = b"".join(parts)
+    properties = _K_PROPERTIES + b"F" + _U32.pack(len(body)) + body
+    identity = message_id if message_id is not None else _stamped_id(header, headers_span)
+    return properties, b"" if identity is None else _K_MESSAGE_ID + _longstr(identity)
 
 
-def message_identity(msg: Message, message_id: str | bytes | None) -> str | bytes | None:
-    """The message's ``message_id`` property, else the ``x-leveret-trace-id`` header stamped at publish."""
-    if message_id is not None:
-        return message_id
-    span = msg.props.headers_span
+def _stamped_id(header: bytes, span: tuple[int, int] | None) -> bytes | None:
+    """The ``x-leveret-trace-id`` header's value, if the headers table at ``span`` has one as a long string."""
     if span is None:
         return None
-    found = table_values(msg.header, span[0], span[1], (_TRACE_ID_KEY,)).get(_TRACE_ID_KEY)
-    if found is not None and msg.header[found[0]] == _LONGSTR:
-        return msg.header[found[0] + 5:found[1]]
+    found = table_values(header, span[0], span[1], (_TRACE_ID_KEY,)).get(_TRACE_ID_KEY)
+    if found is not None and header[found[0]] == _LONGSTR:
+        return header[found[0] + 5:found[1]]
     return None
 
 
@@ -192,12 +223,20 @@ def _routing_key(kind: str, name: str) -> str:
 
 
 class Tracer:
-    """A tracing vhost's firehose: builds each event's copy and publishes it to ``amq.rabbitmq.trace``."""
+    """A tracing vhost's firehose: builds each event's copy and publishes it to ``amq.rabbitmq.trace``.
+
+    An event's headers are written as raw field-table bytes from parts built once: the keys are constants, the
+    node and vhost entries are made here, and a message's own entries (:func:`message_fields`) are kept per
+    content header, so its delivery and ack events reuse what its publish event built (and the other way round:
+    a message handed to a waiting consumer is delivered, and traced, before its publish is)."""
 
     def __init__(self, vhost: TraceHost, node_name: str) -> None:
         self.vhost = vhost
         self.node_name = node_name
         self._names_prefix = bytes([len(TRACE_EXCHANGE)]) + TRACE_EXCHANGE.encode()
+        self._node = _K_NODE + _longstr(node_name)
+        self._vhost = _K_VHOST + _longstr(vhost.name)
+        self._fields: dict[bytes, tuple[bytes, bytes]] = {}
 
     # -- the hooks (called only while tracing is on) ----------------------------------------------------------
     def stamp(self, msg: Message) -> None:
@@ -205,8 +244,11 @@ class Tracer:
         if msg.exchange == TRACE_EXCHANGE:
             return
         try:
-            if decode_properties(msg.header, skip_headers=True).message_id is None:
-                msg.replace_header(with_properties(msg.header, headers_set={TRACE_ID: new_trace_id()}))
+            header = msg.header
+            if len(header) < 14:
+                raise FrameError("content header shorter than its property flags")
+            if not header[13] & _MESSAGE_ID_FLAG:
+                msg.replace_header(with_longstr_header(header, _TRACE_ID_RAW, new_trace_id().encode()))
         except Exception:  # tracing never fails the publish it traces
             log.exception("trace: could not stamp a message id", vhost=self.vhost.name)
 
@@ -215,9 +257,9 @@ class Tracer:
         if exchange_name == TRACE_EXCHANGE:
             return
         try:
-            extra = self._channel_fields(publisher)
-            extra.append(_entry("routed_queues", _array([q.name for q in queues] if queues else [])))
-            self._emit(_routing_key("publish", exchange_name), msg, msg.body, extra)
+            routed = _K_ROUTED_QUEUES + _array([q.name for q in queues] if queues else [])
+            self._emit(_routing_key("publish", exchange_name), msg, msg.body,
+                       b"".join((self._channel_fields(publisher), routed)))
         except Exception:
             log.exception("trace: publish event dropped", vhost=self.vhost.name)
 
@@ -226,7 +268,7 @@ class Tracer:
         if msg.exchange == TRACE_EXCHANGE:
             return
         try:
-            extra = [_entry("redelivered", _signedint(1 if redelivered else 0)), *self._channel_fields(channel)]
+            extra = (_REDELIVERED if redelivered else _NOT_REDELIVERED) + self._channel_fields(channel)
             self._emit(_routing_key("deliver", queue_name), msg, msg.body, extra)
         except Exception:
             log.exception("trace: deliver event dropped", vhost=self.vhost.name)
@@ -234,21 +276,20 @@ class Tracer:
     def acked(self, queue_name: str, msgs: list[Any]) -> None:
         """Leveret-only: a consumer acked these messages of ``queue_name``."""
         key = _routing_key("ack", queue_name)
-        vhost_entry = [_entry("vhost", _longstr(self.vhost.name))]
         for msg in msgs:
             if msg is None or msg.exchange == TRACE_EXCHANGE:
                 continue
             try:
-                self._emit(key, msg, b"", vhost_entry)
+                self._emit(key, msg, b"", self._vhost)
             except Exception:
                 log.exception("trace: ack event dropped", vhost=self.vhost.name)
 
     def dead_lettered(self, queue_name: str, msgs: list[Message], reason: str, dlx: str | None) -> None:
         """Leveret-only: these messages died in ``queue_name`` for ``reason``."""
         key = _routing_key("deadletter", queue_name)
-        extra = [_entry("reason", _longstr(reason)), _entry("vhost", _longstr(self.vhost.name))]
+        extra = _K_REASON + _longstr(reason) + self._vhost
         if dlx is not None:
-            extra.append(_entry("dead_letter_exchange", _longstr(dlx)))
+            extra += _K_DEAD_LETTER_EXCHANGE + _longstr(dlx)
         for msg in msgs:
             if msg.exchange == TRACE_EXCHANGE:
                 continue
@@ -258,35 +299,38 @@ class Tracer:
                 log.exception("trace: deadletter event dropped", vhost=self.vhost.name)
 
     # -- building and publishing a copy -----------------------------------------------------------------------
-    def _channel_fields(self, channel: TracedChannel | None) -> list[bytes]:
-        """The publishing or consuming channel's fields (none for a publish that is no channel's)."""
-        fields = [_entry("vhost", _longstr(self.vhost.name))]
+    def _channel_fields(self, channel: TracedChannel | None) -> bytes:
+        """The vhost entry and the publishing or consuming channel's (none for a publish that is no channel's)."""
         reader = None if channel is None else channel.reader
-        if channel is not None and reader is not None:
-            fields.append(_entry("connection", _longstr(reader.name)))
-            fields.append(_entry("channel", _signedint(channel.id)))
-            fields.append(_entry("user", _longstr(reader.user.name)))
-        return fields
+        if channel is None or reader is None:
+            return self._vhost
+        return b"".join((self._vhost, _K_CONNECTION, _longstr(reader.name), _K_CHANNEL, _signedint(channel.id),
+                         _K_USER, _longstr(reader.user.name)))
 
-    def _emit(self, key: str, msg: Message, body: bytes, extra: list[bytes]) -> None:
+    def _message_fields(self, header: bytes) -> tuple[bytes, bytes]:
+        fields = self._fields
+        found = fields.get(header)
+        if found is None:
+            if len(fields) >= _FIELDS_CACHE_SIZE:
+                fields.clear()  # (not the oldest alone: a dict emptied from its front is slow to iterate)
+            found = fields[header] = message_fields(header)
+        return found
+
+    def _emit(self, key: str, msg: Message, body: bytes, extra: bytes) -> None:
         vhost = self.vhost
+        properties, identity = self._message_fields(msg.header)
         keys = [msg.routing_key] if msg.extra_keys is None else [msg.routing_key, *msg.extra_keys]
-        props = decode_properties(msg.header, skip_headers=True)
-        entries = [
-            _entry("exchange_name", _longstr(msg.exchange)),
-            _entry("routing_keys", _array(keys)),
-            _entry("properties", _properties(msg, props)),
-            _entry("node", _longstr(self.node_name)),
-            *extra,
-            _entry(EVENT_TIME, encode_field_value(Long(int(vhost.clock.now_ms())))),
-        ]
-        identity = message_identity(msg, props.message_id)
-        if identity is not None:
-            entries.append(_entry(MESSAGE_ID, _longstr(identity)))
-        table = _table(entries)
-        header = build_content_header(len(body), _HEADERS_FLAG + table[1:])
+        table = b"".join((
+            _K_EXCHANGE_NAME, _longstr(msg.exchange), _K_ROUTING_KEYS, _array(keys), properties, self._node,
+            extra, _K_EVENT_TIME, _LONG.pack(b"l", int(vhost.clock.now_ms())), identity,
+        ))
+        header = build_content_header(len(body), _HEADERS_FLAG + _U32.pack(len(table)) + table)
         raw_key = key.encode()
         copy = Message(TRACE_EXCHANGE, key, self._names_prefix + bytes([len(raw_key)]) + raw_key, header, body)
         exchange = vhost.exchanges.get(TRACE_EXCHANGE)
         if exchange is not None:
             vhost.publish(exchange, copy, False, held=True)
+
+
+_REDELIVERED = _K_REDELIVERED + _signedint(1)
+_NOT_REDELIVERED = _K_REDELIVERED + _signedint(0)

@@ -1,5 +1,5 @@
 """protocol/properties.py's with_long_header (a stream delivery's ``x-stream-offset``, spliced into the raw
-content header) against with_properties, the decode-and-rebuild it replaces: the same bytes for any
+content header) and with_longstr_header (the firehose's ``x-leveret-trace-id``) against with_properties, the decode-and-rebuild it replaces: the same bytes for any
 well-formed header, whatever properties it has, whether it has a headers table, and whether the publisher
 already set the key (the broker's value wins, as it did).
 
@@ -20,7 +20,14 @@ from hypothesis import strategies as st
 
 from protocol.fastcodec import shortstr
 from protocol.frames import FrameError
-from protocol.properties import Long, decode_properties, encode_field_value, with_long_header, with_properties
+from protocol.properties import (
+    Long,
+    decode_properties,
+    encode_field_value,
+    with_long_header,
+    with_longstr_header,
+    with_properties,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "protocol"))
 import codec_impls
@@ -136,3 +143,11 @@ def test_a_cut_property_list_raises_as_before(codec: Codec, payload: bytes) -> N
         rebuilt(header, 1)
     with pytest.raises(FrameError):
         with_long_header(header, KEY_RAW, 1)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data(), st.binary(max_size=40))
+def test_a_long_string_splice_is_byte_for_byte_the_rebuilt_header(codec: Codec, data: st.DataObject,
+                                                                   value: bytes) -> None:
+    header = data.draw(headers(codec.fc.build_content_header), label="header")
+    assert with_longstr_header(header, KEY_RAW, value) == with_properties(header, headers_set={KEY.decode(): value})

@@ -75,3 +75,36 @@ def test_the_record_template_never_serves_a_stale_head():
             assert _headers(out)["x-stream-offset"] == offset
 
     check()
+
+
+def test_the_first_difference_is_found_as_a_loop_over_the_bytes_finds_it():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from broker.queues.stream_record import _first_difference
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.binary(max_size=64), st.binary(min_size=1, max_size=64), st.data())
+    def check(common: bytes, tail_a: bytes, data: st.DataObject) -> None:
+        tail_b = data.draw(st.binary(min_size=len(tail_a), max_size=len(tail_a)).filter(lambda t: t != tail_a))
+        a, b = common + tail_a, common + tail_b
+        assert _first_difference(a, b) == next(i for i in range(len(a)) if a[i] != b[i])
+
+    check()
+
+
+def test_a_pair_is_learnt_on_its_second_appearance_in_a_row_only():
+    """Headers that differ message after message (the firehose's events) never pay for learning: each one is
+    spliced once, and the template keeps the last pair it learnt."""
+    from broker.queues.stream_record import _Template
+
+    template = _Template()
+    first, second, third = (_message(b"x", {"n": n}) for n in range(3))
+    assert not template.matches(first.names_raw, first.header)
+    assert not template.matches(second.names_raw, second.header)
+    assert template.header == b""  # nothing learnt from two different pairs
+    assert template.matches(second.names_raw, second.header)  # the second time in a row: learnt
+    assert template.header == second.header
+    assert not template.matches(third.names_raw, third.header)
+    assert template.header == second.header
+    assert template.matches(second.names_raw, second.header)

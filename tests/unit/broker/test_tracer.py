@@ -103,7 +103,7 @@ def test_a_publish_event_has_rabbitmqs_routing_key_and_headers(vh: VHost, sink: 
     assert h["node"] == "leveret@test"
     assert h["vhost"] == "/"
     assert h["routed_queues"] == ["q"]
-    assert h["properties"].pop("cluster_id", "") == ""  # pamqp's marshal writes an empty one
+    assert "cluster_id" not in h["properties"]  # only the properties the message has, as RabbitMQ lists them
     assert h["properties"] == {"content_type": "text/plain", "headers": {"h": 1}, "delivery_mode": 2,
                                "priority": 3, "message_id": "m1", "timestamp": 123, "type": "t"}
     assert h[trace.EVENT_TIME] == int(START_MS)
@@ -200,3 +200,91 @@ def test_a_failing_tracer_never_fails_the_publish(vh: VHost, sink: QueueProcess,
     q.ack([got[0]])
     assert q.message_count() == 0
     assert drain(sink) == []
+
+
+def test_a_messages_own_fields_are_what_its_decoded_properties_give() -> None:
+    """message_fields reads the raw property list in one walk; it must write what decoding every property
+    and encoding it again as RabbitMQ's trace does gives (each property by RabbitMQ's name, integers as
+    signedint, strings as long strings, the headers table as it came) and find the same identity. (The
+    decode-and-encode it replaced also wrote an empty cluster_id for every message without one: pamqp's
+    default value; RabbitMQ lists only the properties a message has. Timestamps past 2038 are left out of the
+    comparison: pamqp reads a value that large as milliseconds, the raw walk writes the seconds sent.)"""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from protocol.properties import decode_properties, scan_properties
+
+    names = {"message_type": "type"}
+    order = ("content_type", "content_encoding", "headers", "delivery_mode", "priority", "correlation_id",
+             "reply_to", "expiration", "message_id", "timestamp", "message_type", "user_id", "app_id", "cluster_id")
+
+    def entry(key: str, raw: bytes) -> bytes:
+        return shortstr(key) + raw
+
+    def reference(header: bytes) -> tuple[bytes, bytes | None]:
+        props = decode_properties(header, skip_headers=True)
+        span = scan_properties(header).headers_span
+        entries = []
+        for name in order:
+            if name == "headers":
+                if span is not None:
+                    entries.append(entry(name, b"F" + header[span[0]:span[1]]))
+                continue
+            value = getattr(props, name)
+            if value is None or (name == "cluster_id" and not header[13] & 1 << 2):  # pamqp's default: ""
+                continue
+            if name == "timestamp" and isinstance(value, datetime.datetime):
+                value = int(value.timestamp())
+            raw = trace._signedint(value) if isinstance(value, int) else trace._longstr(value)
+            entries.append(entry(names.get(name, name), raw))
+        identity = props.message_id
+        if identity is None and span is not None:
+            stamped = decode_properties(header).headers.get(trace.TRACE_ID)
+            identity = stamped if isinstance(stamped, (str, bytes)) else None
+        body = b"".join(entries)
+        own = identity.encode() if isinstance(identity, str) else identity
+        return shortstr("properties") + b"F" + len(body).to_bytes(4, "big") + body, own
+
+    text = st.text(max_size=12)
+    header_values = st.one_of(st.integers(-5, 5), text, st.booleans())
+    strategy = st.fixed_dictionaries({}, optional={
+        "content_type": text, "content_encoding": text, "delivery_mode": st.integers(1, 2),
+        "priority": st.integers(0, 255), "correlation_id": text, "reply_to": text, "expiration": st.just("60000"),
+        "message_id": text, "timestamp": st.datetimes(min_value=datetime.datetime(1971, 1, 1),
+                                  max_value=datetime.datetime(2038, 1, 1)).map(
+            lambda d: d.replace(tzinfo=datetime.UTC)),
+        "message_type": text, "user_id": text, "app_id": text,
+        "headers": st.dictionaries(st.sampled_from(["a", "bb", trace.TRACE_ID]), header_values, max_size=3)})
+
+    @settings(max_examples=300, deadline=None)
+    @given(strategy)
+    def check(props: dict[str, Any]) -> None:
+        header = build_content_header(3, spec.Basic.Properties(**props).marshal())
+        properties, identity = trace.message_fields(header)
+        expected_properties, expected_identity = reference(header)
+        assert properties == expected_properties
+        if expected_identity is None:
+            assert identity == b""
+        else:
+            assert identity == shortstr(trace.MESSAGE_ID) + trace._longstr(expected_identity)
+
+    check()
+
+
+def test_the_three_events_of_a_message_carry_the_same_fields_and_its_own_time(vh: VHost, sink: QueueProcess,
+                                                                              clock: ManualClock) -> None:
+    """The message's part of an event is built once per content header and reused: every event still has its
+    own time, and a message whose header differs (another id) gets its own fields."""
+    q = declare(vh, "q")
+    trace.start(vh, "n")
+    for mid in ("one", "two"):
+        vh.publish(vh.default_exchange, message("", "q", message_id=mid, app_id=mid), False)
+        clock.advance(1)
+    got = [q.basic_get(False) for _ in range(2)]
+    clock.advance(1)
+    q.ack([g[0] for g in got if g is not None])
+    events = drain(sink)
+    assert [(e.routing_key, e.headers[trace.MESSAGE_ID], e.headers["properties"]["app_id"]) for e in events] == [
+        ("publish.", "one", "one"), ("publish.", "two", "two"), ("ack.q", "one", "one"), ("ack.q", "two", "two")]
+    assert [e.headers[trace.EVENT_TIME] for e in events] == [int(START_MS), int(START_MS) + 1000,
+                                                             int(START_MS) + 3000, int(START_MS) + 3000]
