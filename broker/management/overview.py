@@ -31,7 +31,6 @@ from broker.management.common import (
     visible_vhosts,
 )
 from broker.management.presenters.cluster import cluster_view
-from broker.management.presenters.connections import iter_channels, iter_consumers
 from broker.management.presenters.overview import churn_counts, overview_message_stats
 from broker.management.presenters.rates import with_details
 from broker.management.presenters.vhosts import vhost_message_rates, vhost_message_totals
@@ -61,9 +60,11 @@ async def get_overview(request: web.Request) -> web.Response:
         for name, rate in vhost_message_rates(vh, sampler, view).items():
             rates[name] += rate
     names = {vh.name for vh in vhs}
+    # Counted over the visible connections themselves: a membership test of each channel's connection in a
+    # list of them took 5 s at 19,000 connections.
     conns = [c for c in open_connections(node) if all_visible or c.user.name == user.name]
-    channels = [1 for conn, _ in iter_channels(node) if conn in conns]
-    consumers = [1 for conn, _, _ in iter_consumers(node) if conn in conns]
+    channels = sum(len(c.channels) for c in conns)
+    consumers = sum(len(ch.consumers) for c in conns for ch in list(c.channels.values()))
     queue_totals: dict[str, Any] = {}
     for name, value in totals.items():  # the rate of the visible vhosts' totals: the sum of theirs
         queue_totals[name] = value
@@ -89,9 +90,9 @@ async def get_overview(request: web.Request) -> web.Response:
         "churn_rates": with_details(churn_counts(node), sampler, "global"),
         "queue_totals": queue_totals,
         "object_totals": {
-            "channels": len(channels),
+            "channels": channels,
             "connections": len(conns),
-            "consumers": len(consumers),
+            "consumers": consumers,
             "exchanges": sum(len(vh.exchanges) + 1 for vh in vhs),
             # (a cluster member's: every queue of the cluster once, the other members' node-local ones too)
             "queues": sum(len(vh.queues) for vh in vhs)

@@ -146,28 +146,33 @@ def iter_consumers(node: Node) -> Iterator[tuple[Reader, Channel, Consumer]]:
             yield conn, ch, consumer
 
 
-def channel_message_counts(ch: Channel) -> dict[str, int]:
-    """A channel's ``message_stats`` (RabbitMQ's fields for a channel), from the plain ints the channel keeps
+# A channel's message_stats counters (RabbitMQ's fields for a channel) and a connection's socket counters, in the
+# order channel_message_values and connection_byte_values give them (the rate sampler keeps one tuple per object).
+CHANNEL_SAMPLED = ("publish", "confirm", "return_unroutable", "drop_unroutable", "deliver_get", "deliver",
+                   "deliver_no_ack", "get", "get_no_ack", "get_empty", "redeliver", "ack")
+CONNECTION_SAMPLED = ("recv_oct", "recv_cnt", "send_oct", "send_cnt")
+
+
+def channel_message_values(ch: Channel) -> tuple[int, ...]:
+    """A channel's ``message_stats`` in :data:`CHANNEL_SAMPLED` order, from the plain ints the channel keeps
     (``Channel.msg_*``): publishes and their confirms and unroutable outcomes, deliveries to its consumers and
     basic.get answers (``deliver_get`` is their sum), redeliveries and acks."""
     deliver, deliver_no_ack, get, get_no_ack = ch.msg_deliver, ch.msg_deliver_no_ack, ch.msg_get, ch.msg_get_no_ack
-    return {
-        "publish": ch.msg_publish,
-        "confirm": ch.msg_confirm,
-        "return_unroutable": ch.msg_return_unroutable,
-        "drop_unroutable": ch.msg_drop_unroutable,
-        "deliver_get": deliver + deliver_no_ack + get + get_no_ack,
-        "deliver": deliver,
-        "deliver_no_ack": deliver_no_ack,
-        "get": get,
-        "get_no_ack": get_no_ack,
-        "get_empty": ch.msg_get_empty,
-        "redeliver": ch.msg_redeliver,
-        "ack": ch.msg_ack,
-    }
+    return (ch.msg_publish, ch.msg_confirm, ch.msg_return_unroutable, ch.msg_drop_unroutable,
+            deliver + deliver_no_ack + get + get_no_ack, deliver, deliver_no_ack, get, get_no_ack, ch.msg_get_empty,
+            ch.msg_redeliver, ch.msg_ack)
+
+
+def channel_message_counts(ch: Channel) -> dict[str, int]:
+    """A channel's ``message_stats`` by RabbitMQ's names (:func:`channel_message_values`)."""
+    return dict(zip(CHANNEL_SAMPLED, channel_message_values(ch), strict=True))
+
+
+def connection_byte_values(conn: Reader) -> tuple[int, ...]:
+    """A connection's socket counters (bytes and reads/writes) in :data:`CONNECTION_SAMPLED` order."""
+    return conn.recv_oct, conn.recv_cnt, conn.send_oct, conn.send_cnt
 
 
 def connection_byte_counts(conn: Reader) -> dict[str, int]:
-    """A connection's socket counters (bytes and reads/writes), as RabbitMQ's connection object names them."""
-    return {"recv_oct": conn.recv_oct, "recv_cnt": conn.recv_cnt, "send_oct": conn.send_oct,
-            "send_cnt": conn.send_cnt}
+    """A connection's socket counters, as RabbitMQ's connection object names them."""
+    return dict(zip(CONNECTION_SAMPLED, connection_byte_values(conn), strict=True))

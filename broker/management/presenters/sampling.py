@@ -9,7 +9,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from broker.amqp.reader import open_connections
-from broker.management.presenters.connections import channel_message_counts, connection_byte_counts
+from broker.management.presenters.connections import (
+    CHANNEL_SAMPLED,
+    CONNECTION_SAMPLED,
+    channel_message_values,
+    connection_byte_values,
+)
 from broker.management.presenters.exchanges import all_exchanges, exchange_message_counts
 from broker.management.presenters.overview import churn_counts, global_message_counts
 from broker.management.presenters.queue_figures import figures_of, is_shared
@@ -75,11 +80,9 @@ async def sample(sampler: RateSampler, node: Node, shared: Snapshot | None = Non
         for conn in conns:
             key = id(conn)
             live.add(key)
-            for name, value in connection_byte_counts(conn).items():
-                sampler.observe((key, name), value, now)
+            sampler.sample_object(key, CONNECTION_SAMPLED, connection_byte_values(conn), now)
             for ch in list(conn.channels.values()):
                 key = id(ch)
                 live.add(key)
-                for name, value in channel_message_counts(ch).items():
-                    sampler.observe((key, name), value, now)
+                sampler.sample_object(key, CHANNEL_SAMPLED, channel_message_values(ch), now)
     sampler.forget_all_but(live)

@@ -147,6 +147,30 @@ def test_overview_fields(api, mgmt):
     assert any(lst["protocol"] == "amqp" and lst["port"] == mgmt[0].port for lst in o["listeners"])
 
 
+def test_overview_counts_connections_channels_and_consumers(api, mgmt):
+    """object_totals counts what is open: two more connections, three more channels, one more consumer."""
+    def totals() -> tuple[int, int, int]:
+        o = api("GET", "/api/overview")[1]["object_totals"]
+        return o["connections"], o["channels"], o["consumers"]
+
+    before = totals()
+    first = pika.BlockingConnection(mgmt[0].pika_params())
+    second = pika.BlockingConnection(mgmt[0].pika_params())
+    try:
+        ch = first.channel()
+        first.channel()
+        second.channel()
+        ch.queue_declare("overview-counted", exclusive=True)
+        ch.basic_consume("overview-counted", lambda *_a: None)
+        deadline = time.monotonic() + 5
+        while totals() != (before[0] + 2, before[1] + 3, before[2] + 1) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert totals() == (before[0] + 2, before[1] + 3, before[2] + 1)
+    finally:
+        first.close()
+        second.close()
+
+
 def test_nodes_and_whoami(api):
     status, nodes, _ = api("GET", "/api/nodes")
     assert status == 200 and len(nodes) == 1
