@@ -98,11 +98,13 @@ class ChannelConnection(QueueOwner, Protocol):
     queues, what the queue layer needs (``QueueOwner``)."""
 
     node: Node
-    settings: Settings
     user: User
     vhost: VHost
     client_properties: dict[str, Any]
     writable: bool
+
+    @property
+    def settings(self) -> Settings: ...
 
     def client_capability(self, name: str) -> bool: ...
 
@@ -122,11 +124,56 @@ class ChannelConnection(QueueOwner, Protocol):
 
 
 class Channel:
+    # State that starts the same for every channel and changes for few of them (a consumer's channel, a
+    # publisher's, one in confirm or tx mode) is a class attribute until a channel sets its own: an idle
+    # channel's instance dictionary then stays under CPython 3.11's 30 shared keys (1.6 KB more per channel
+    # above them; tests/unit/broker/test_connection_footprint.py). Only immutable values here.
+    closing = False
+    # Replies on commit (handle_method): while a method runs, the writes accepted before it and its replies
+    # sent after a write of its own (None between methods); then, until they are committed, the commit and
+    # those replies (_answer_later sends them first).
+    _accepted_at = 0
+    _outbox: list[bytes] | None = None
+    _commit: asyncio.Future[None] | None = None
+    next_delivery_tag = 1
+    consumer_unacked = 0
+    prefetch_count = 0  # for consumers created from now on (basic.qos global=false)
+    global_prefetch = 0  # shared by the channel's consumers (basic.qos global=true)
+    # Whether the client itself asked for a shared limit (basic.qos global=true, a prefetch above 0; not
+    # py-amqp's global=false taken as one): RabbitMQ's "limiter active", which quorum queues refuse.
+    global_qos = False
+    # Whether the channel has published (RabbitMQ's publishing mode): an open one counts as a publisher.
+    publishing = False
+    # Publisher confirms: None until confirm.select.
+    confirms: Confirms | None = None
+    # Transactions: None until tx.select, then the work waiting for tx.commit.
+    tx: Transaction | None = None
+    last_queue: str | None = None
+    reply_consumer: ReplyConsumer | None = None
+    # While this channel's queue.delete runs: the tags of its own consumers the deletion cancels, whose
+    # basic.cancel goes out after delete-ok (see _delete).
+    _cancels_after_delete: list[str] | None = None
+    _ack_timer: Any = None
+    # This channel's message_stats (RabbitMQ's names after ``msg_``), plain ints the paths below add to;
+    # the HTTP API reads them (broker/management/presenters/connections.py: channel_message_values).
+    msg_publish = 0
+    msg_confirm = 0
+    msg_return_unroutable = 0
+    msg_drop_unroutable = 0
+    msg_deliver = 0
+    msg_deliver_no_ack = 0
+    msg_get = 0
+    msg_get_no_ack = 0
+    msg_get_empty = 0
+    msg_redeliver = 0
+    msg_ack = 0
+    # The methods handle_method runs, by pamqp class (filled in after the class: the functions are its own).
+    _handlers: dict[type, Callable[[Channel, Any], None]]
+
     def __init__(self, reader: ChannelConnection, channel_id: int) -> None:
         self.reader = reader
         self.id = channel_id
         self.vhost = reader.vhost
-        self.closing = False
         self.clock = reader.node.clock
         # Content assembly: the publish being received. Its frame handlers are bound here so the reader
         # calls the assembler's directly (no extra call per frame).
@@ -140,35 +187,12 @@ class Channel:
         self.pipeline = MethodPipeline(
             dispatch=lambda frame_type, payload: reader.channel_frame_in_turn(self, frame_type, payload),
             flow=reader, mid_content=lambda: self.assembler.publish is not None, closed=lambda: self.closing)
-        # Replies on commit (storage/commits.py; handle_method): the node's commits, and while a method runs,
-        # the writes accepted before it and its replies sent after a write of its own (None between methods);
-        # then, until they are committed, the commit and those replies (_answer_later sends them first).
+        # Replies on commit (storage/commits.py; handle_method): the node's commits (the rest: class defaults).
         self._commits = reader.node.commits
-        self._accepted_at = 0
-        self._outbox: list[bytes] | None = None
-        self._commit: asyncio.Future[None] | None = None
         self._commit_outbox: list[bytes] = []
         # Deliveries awaiting ack: delivery tag → (queue, seq_id, consumer or None for basic.get).
-        self.next_delivery_tag = 1
         self.unacked: dict[int, tuple[Queue, int, Consumer | None]] = {}
-        self.consumer_unacked = 0
         self.consumers: dict[str, Consumer] = {}
-        self.prefetch_count = 0  # for consumers created from now on (basic.qos global=false)
-        self.global_prefetch = 0  # shared by the channel's consumers (basic.qos global=true)
-        # Whether the client itself asked for a shared limit (basic.qos global=true, a prefetch above 0; not
-        # py-amqp's global=false taken as one): RabbitMQ's "limiter active", which quorum queues refuse.
-        self.global_qos = False
-        # Whether the channel has published (RabbitMQ's publishing mode): an open one counts as a publisher.
-        self.publishing = False
-        # Publisher confirms: None until confirm.select.
-        self.confirms: Confirms | None = None
-        # Transactions: None until tx.select, then the work waiting for tx.commit.
-        self.tx: Transaction | None = None
-        self.last_queue: str | None = None
-        self.reply_consumer: ReplyConsumer | None = None
-        # While this channel's queue.delete runs: the tags of its own consumers the deletion cancels, whose
-        # basic.cancel goes out after delete-ok (see _delete).
-        self._cancels_after_delete: list[str] | None = None
         # Consumer acknowledgement timeout: delivery tag → (deadline on the clock's monotonic seconds,
         # timeout ms), only for consumers of queues with a timeout; checked by one timer per channel.
         self._ack_deadlines: dict[int, tuple[float, int]] = {}
@@ -178,42 +202,6 @@ class Channel:
         # Queues this channel published to: it counts as one of their publishers while it is open.
         self.published_to: set[Queue | OtherMembersQueue] = set()  # (another member's queue too)
         self.counters = reader.node.counters
-        # This channel's message_stats (RabbitMQ's names after ``msg_``), plain ints the paths below add to;
-        # the HTTP API reads them (broker/management/presenters/connections.py: channel_message_counts).
-        self.msg_publish = 0
-        self.msg_confirm = 0
-        self.msg_return_unroutable = 0
-        self.msg_drop_unroutable = 0
-        self.msg_deliver = 0
-        self.msg_deliver_no_ack = 0
-        self.msg_get = 0
-        self.msg_get_no_ack = 0
-        self.msg_get_empty = 0
-        self.msg_redeliver = 0
-        self.msg_ack = 0
-        self._ack_timer: Any = None
-        self._handlers: dict[type, Callable[[Any], None]] = {
-            spec.Basic.Qos: self._basic_qos,
-            spec.Basic.Consume: self._basic_consume,
-            spec.Basic.Cancel: self._basic_cancel,
-            spec.Basic.Get: self._basic_get,
-            spec.Basic.Recover: self._basic_recover,
-            spec.Basic.RecoverAsync: self._basic_recover,
-            spec.Exchange.Declare: self._exchange_declare,
-            spec.Exchange.Delete: self._exchange_delete,
-            spec.Exchange.Bind: self._exchange_bind,
-            spec.Exchange.Unbind: self._exchange_unbind,
-            spec.Queue.Declare: self._queue_declare,
-            spec.Queue.Bind: self._queue_bind,
-            spec.Queue.Unbind: self._queue_unbind,
-            spec.Queue.Purge: self._queue_purge,
-            spec.Queue.Delete: self._queue_delete,
-            spec.Confirm.Select: self._confirm_select,
-            spec.Tx.Select: self._tx_select,
-            spec.Tx.Commit: self._tx_commit,
-            spec.Tx.Rollback: self._tx_rollback,
-            spec.Channel.Flow: self._channel_flow,
-        }
 
     # -- output ----------------------------------------------------------------------------------------
     def send(self, cls: type, **values: Any) -> None:
@@ -605,7 +593,7 @@ class Channel:
         (broker/topology.py, "Answers that come later"), before the method has changed anything; the channel
         holds its later frames back and handles the method again, from its start, once the answer is in
         (:meth:`_handle_again`), with ``answers`` holding it."""
-        handler = self._handlers.get(type(method))
+        handler = Channel._handlers.get(type(method))
         if handler is None:
             raise AMQPError(COMMAND_INVALID, f"method {method.name} not allowed on a channel")
         if answers is None:
@@ -617,7 +605,7 @@ class Channel:
         deferred: Deferred | None = None
         try:
             with deferring(answers):
-                handler(method)
+                handler(self, method)
         except Deferred as exc:
             deferred = exc
         finally:
@@ -1070,3 +1058,27 @@ class Channel:
             confirms.clear()
         self.assembler.reset()
         self.pipeline.clear()
+
+
+Channel._handlers = {
+    spec.Basic.Qos: Channel._basic_qos,
+    spec.Basic.Consume: Channel._basic_consume,
+    spec.Basic.Cancel: Channel._basic_cancel,
+    spec.Basic.Get: Channel._basic_get,
+    spec.Basic.Recover: Channel._basic_recover,
+    spec.Basic.RecoverAsync: Channel._basic_recover,
+    spec.Exchange.Declare: Channel._exchange_declare,
+    spec.Exchange.Delete: Channel._exchange_delete,
+    spec.Exchange.Bind: Channel._exchange_bind,
+    spec.Exchange.Unbind: Channel._exchange_unbind,
+    spec.Queue.Declare: Channel._queue_declare,
+    spec.Queue.Bind: Channel._queue_bind,
+    spec.Queue.Unbind: Channel._queue_unbind,
+    spec.Queue.Purge: Channel._queue_purge,
+    spec.Queue.Delete: Channel._queue_delete,
+    spec.Confirm.Select: Channel._confirm_select,
+    spec.Tx.Select: Channel._tx_select,
+    spec.Tx.Commit: Channel._tx_commit,
+    spec.Tx.Rollback: Channel._tx_rollback,
+    spec.Channel.Flow: Channel._channel_flow,
+}

@@ -73,21 +73,25 @@ class GuardedReader(Reader):
     ``source``: the slot is already held for this address (taken by the TLS acceptor before the TLS
     handshake)."""
 
+    # Class defaults until set (see Reader's). The address whose handshake slot this connection holds (None:
+    # none, or released once connection.open succeeded).
+    _source: str | None = None
+    _refused = False
+    _login_timer: TimerHandle | None = None
+
     def __init__(self, node: Node, guard: LoginGuard, source: str | None = None) -> None:
         super().__init__(node)
         self._guard = guard
-        self._source = source
-        self._slot_held = source is not None
-        self._refused = False
-        self._login_timer: TimerHandle | None = None
+        if source is not None:
+            self._source = source
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if not self._slot_held:
+        if self._source is None:
             source = self._guard.admit(transport)
             if source is None:
                 self._refused = True
                 return
-            self._source, self._slot_held = source, True
+            self._source = source
         super().connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -100,9 +104,10 @@ class GuardedReader(Reader):
         super().connection_lost(exc)
 
     def _release_slot(self) -> None:
-        if self._slot_held and self._source is not None:
-            self._slot_held = False
-            self._guard.release(self._source)
+        source = self._source
+        if source is not None:
+            self._source = None
+            self._guard.release(source)
 
     def _open(self, m: Any) -> None:
         super()._open(m)
