@@ -59,6 +59,7 @@ from broker.amqp.reader import open_connections
 from broker.delayed.delayed_dispatch import DelayDispatcher, Lateness
 from broker.exchanges.delayed_exchange import DelayedExchange
 from broker.federation.metrics import federation_families
+from broker.observability.chunked import in_chunks
 from broker.observability.counters import MESSAGE_SIZE_BOUNDS
 from broker.prometheus.metrics_runtime import RaftFigures, raft_families, runtime_families
 from broker.prometheus.queue_series import QueueScan, aggregated_text, per_object_text, scan
@@ -75,6 +76,9 @@ if TYPE_CHECKING:
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PROTOCOL = "amqp091"
 # The rabbitmq_endpoint label of rabbitmq_identity_info, per path (as rabbitmq_prometheus names them).
+# Pieces of exposition text encoded between two turns of the event loop (each a family's 10,000 rows at most:
+# queue_series.TEXT_CHUNK, under a megabyte).
+ENCODE_CHUNK = 4
 ENDPOINTS = {"/metrics": "aggregated", "/metrics/per-object": "per-object", "/metrics/detailed": "detailed"}
 # rabbitmq_message_size_bytes' upper bounds (RabbitMQ's rabbit_msg_size_metrics), then +Inf.
 
@@ -427,19 +431,35 @@ def _corrupt_records() -> Metric:
     return c
 
 
-async def render(node: Node, per_object: bool, endpoint: str, shared: Snapshot | None = None) -> bytes:
-    """The exposition text of one scrape: the node-wide families through prometheus-client, then the
-    per-queue families written by broker/prometheus/queue_series.py (read and written in chunks, the event
-    loop turning between them: a scrape of 100,000 queues must not stall the broker's clients)."""
+async def render(node: Node, per_object: bool, endpoint: str, shared: Snapshot | None = None) -> list[bytes]:
+    """The exposition text of one scrape, as the pieces the response writes one after the other: the node-wide
+    families through prometheus-client, then the per-queue families written by broker/prometheus/queue_series.py
+    (read, written and encoded in chunks, the event loop turning between them: a scrape of 100,000 queues must
+    not stall the broker's clients; joining and encoding its 87 MB in one go held the loop ~150 ms)."""
     vhosts = list(node.vhosts.values())
     queues = [q for vh in vhosts for q in vh.queues]
     occupied: set[Queue] = set().union(*(vh.queues.occupied for vh in vhosts))
     read = await scan(queues, shared, node.name, occupied)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RabbitCollector(node, per_object, endpoint, read))
-    head = generate_latest(registry).decode()
+    head = generate_latest(registry)
     tail = await per_object_text(read.rows) if per_object else [aggregated_text(read.rows)]
-    return "".join([head, *tail]).encode()
+    pieces = [head]
+    async for chunk in in_chunks(tail, ENCODE_CHUNK):
+        pieces += [part.encode() for part in chunk]
+    return pieces
+
+
+async def respond_with(request: web.Request, pieces: list[bytes]) -> web.StreamResponse:
+    """The scrape's pieces written in turn (its length known up front): the transport's buffer limit, not one
+    87 MB body, decides when the loop turns."""
+    response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE})
+    response.content_length = sum(len(piece) for piece in pieces)
+    await response.prepare(request)
+    for piece in pieces:
+        await response.write(piece)
+    await response.write_eof()
+    return response
 
 
 def make_app(node: Node) -> web.Application:
@@ -453,13 +473,11 @@ def make_app(node: Node) -> web.Application:
     async def shared() -> Snapshot | None:
         return await node.cluster.shared_figures() if node.cluster is not None else None
 
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(body=await render(node, False, ENDPOINTS[request.path], await shared()),
-                            headers={"Content-Type": CONTENT_TYPE})
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        return await respond_with(request, await render(node, False, ENDPOINTS[request.path], await shared()))
 
-    async def per_object(request: web.Request) -> web.Response:
-        body = await render(node, True, ENDPOINTS[request.path], await shared())
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+    async def per_object(request: web.Request) -> web.StreamResponse:
+        return await respond_with(request, await render(node, True, ENDPOINTS[request.path], await shared()))
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
