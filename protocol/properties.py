@@ -690,7 +690,9 @@ def with_long_header(header_payload: bytes, key_raw: bytes, value: int) -> bytes
 
 def with_longstr_header(header_payload: bytes, key_raw: bytes, value: bytes) -> bytes:
     """``with_properties(header_payload, headers_set={key: value})`` for a long string ('S') value, spliced as
-    :func:`with_long_header` splices (the firehose's ``x-leveret-trace-id``, stamped on every traced publish)."""
+    :func:`with_long_header` splices (the firehose's ``x-leveret-trace-id``, stamped on every traced publish).
+    As there, a malformed headers table gets the entry appended where with_properties raises: a caller that
+    must not change such a message checks the table first."""
     return _with_header_entry(header_payload, key_raw, b"S" + _U32.pack(len(value)) + value, bytes, value)
 
 

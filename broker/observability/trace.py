@@ -56,7 +56,7 @@ import structlog
 from broker.message import Message
 from protocol.fastcodec import build_content_header, shortstr
 from protocol.frames import FrameError
-from protocol.properties import table_values, with_longstr_header
+from protocol.properties import check_field_table, table_values, with_longstr_header
 
 if TYPE_CHECKING:
     from broker.clock import Clock
@@ -78,8 +78,11 @@ _LONG = struct.Struct(">cq")
 _LONGSTR = ord("S")
 _MESSAGE_ID_FLAG = 1 << 7
 # What a message's own fields cost to build (its properties table, its identity) is paid once per content
-# header: the publish, delivery and ack events of one message share it. Bounded; a miss only rebuilds.
-_FIELDS_CACHE_SIZE = 4096
+# header: the publish, delivery and ack events of one message share it. Bounded in entries and in the size of a
+# header kept (a client's large headers are rebuilt per event, not held: at most ~4 MB a traced vhost); a miss
+# only rebuilds.
+_FIELDS_CACHE_SIZE = 1024
+_FIELDS_CACHED_HEADER_MAX = 2048
 # Broker-assigned ids: a random prefix per process (unique across restarts) and a counter.
 _ID_PREFIX = os.urandom(6).hex()
 _id_counter = itertools.count(1)
@@ -248,6 +251,9 @@ class Tracer:
             if len(header) < 14:
                 raise FrameError("content header shorter than its property flags")
             if not header[13] & _MESSAGE_ID_FLAG:
+                span = msg.props.headers_span
+                if span is not None:
+                    check_field_table(header, span[0], span[1])  # a malformed table is left as it came
                 msg.replace_header(with_longstr_header(header, _TRACE_ID_RAW, new_trace_id().encode()))
         except Exception:  # tracing never fails the publish it traces
             log.exception("trace: could not stamp a message id", vhost=self.vhost.name)
@@ -308,6 +314,8 @@ class Tracer:
                          _K_USER, _longstr(reader.user.name)))
 
     def _message_fields(self, header: bytes) -> tuple[bytes, bytes]:
+        if len(header) > _FIELDS_CACHED_HEADER_MAX:
+            return message_fields(header)
         fields = self._fields
         found = fields.get(header)
         if found is None:

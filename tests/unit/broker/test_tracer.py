@@ -288,3 +288,30 @@ def test_the_three_events_of_a_message_carry_the_same_fields_and_its_own_time(vh
         ("publish.", "one", "one"), ("publish.", "two", "two"), ("ack.q", "one", "one"), ("ack.q", "two", "two")]
     assert [e.headers[trace.EVENT_TIME] for e in events] == [int(START_MS), int(START_MS) + 1000,
                                                              int(START_MS) + 3000, int(START_MS) + 3000]
+
+
+def test_a_message_with_a_malformed_headers_table_is_not_stamped(vh: VHost, sink: QueueProcess) -> None:
+    """Tracing never changes a message it cannot read: the table is left as it came (no trace id appended after
+    the cut entry), and the publish is routed."""
+    import struct
+
+    q = declare(vh, "q")
+    trace.start(vh, "n")
+    table = b"\x05ab"  # an entry cut inside its key
+    header = build_content_header(1, b"\x20\x00" + struct.pack(">I", len(table)) + table)
+    msg = Message("", "q", shortstr("") + shortstr("q"), header, b"m")
+    assert vh.publish(vh.default_exchange, msg, False) & ROUTED
+    got = q.basic_get(True)
+    assert got is not None and got[1].header == header
+
+
+def test_large_headers_are_not_kept_by_the_tracer(vh: VHost, sink: QueueProcess) -> None:
+    """The tracer's per-header cache holds small headers only: a client's large ones are rebuilt per event."""
+    declare(vh, "q")
+    trace.start(vh, "n")
+    vh.publish(vh.default_exchange, message("", "q", message_id="big", headers={"pad": "x" * 5000}), False)
+    vh.publish(vh.default_exchange, message("", "q", message_id="small"), False)
+    tracer = vh.tracing
+    assert tracer is not None
+    assert [len(h) < 2048 for h in tracer._fields] == [True]
+    assert [e.headers[trace.MESSAGE_ID] for e in drain(sink)] == ["big", "small"]
