@@ -161,9 +161,22 @@ FSYNC_DELAY_MS = 1500
 FLOW_HIGH = 4000
 
 
+# The flow test's broker: an fsync long enough that more than FLOW_HIGH publishes are read while the first
+# one runs even on a loaded 2-core CI machine (≥ 700 publishes/s). With 1.5 s, a broker starved to ~1,300
+# publishes/s confirmed each round before FLOW_HIGH were owed and never held the publisher back (seen in two of
+# seven full runs).
+FLOW_FSYNC_DELAY_MS = 6000
+
+
 @pytest.fixture(scope="module")
 def slow_disk() -> Iterator[Node]:
     with own_node(env={"LEVERET_TEST_FSYNC_DELAY_MS": str(FSYNC_DELAY_MS)}) as n:
+        yield n
+
+
+@pytest.fixture(scope="module")
+def very_slow_disk() -> Iterator[Node]:
+    with own_node(env={"LEVERET_TEST_FSYNC_DELAY_MS": str(FLOW_FSYNC_DELAY_MS)}) as n:
         yield n
 
 
@@ -210,10 +223,10 @@ def test_channel_messages_unconfirmed_counts_publishes_awaiting_their_confirm(sl
         client.close()
 
 
-def test_connection_held_back_by_credit_flow_shows_state_flow(slow_disk, uid):
+def test_connection_held_back_by_credit_flow_shows_state_flow(very_slow_disk, uid):
     """More persistent publishes than a queue's credit (FLOW_HIGH awaiting their fsync): the queue stops
     reading the publisher's socket, and /api/connections shows the connection as "flow"."""
-    n = slow_disk
+    n = very_slow_disk
     client = _confirming_client(n, f"{uid}-q")
     port = client.sock.getsockname()[1]
 
@@ -226,7 +239,7 @@ def test_connection_held_back_by_credit_flow_shows_state_flow(slow_disk, uid):
     sender.start()
     try:
         # Shown as "flow" from the pause on, for 5 seconds at least (RabbitMQ's rule).
-        assert eventually(lambda: state() == "flow", timeout=6.0), state()
+        assert eventually(lambda: state() == "flow", timeout=FLOW_FSYNC_DELAY_MS / 1000 + 6.0), state()
     finally:
         sender.join(30)
         client.close()
