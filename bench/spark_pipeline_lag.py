@@ -13,7 +13,9 @@ bound when a batch takes longer than the trigger interval for the traffic it hol
 
 Prints p50 / p99 / max over the publishes of the perf run, the rates the broker and the job reached, and each
 micro-batch (events; seconds in all, reading + parsing, pairing + writing the events, recomputing the
-minutes) and the broker's CPU use while perf ran (cores); ``--json-out`` keeps them. Needs Java 17 and ``pip install -e pipeline``.
+minutes) and the broker's CPU use while perf ran (cores), and, once the job is done, the raw drain rate of the
+same trace stream by ``leveret perf`` (one consumer from ``first``, manual acks, prefetch 2,000: what a plain
+AMQP consumer reads of it on this machine, beside the job's read rate); ``--json-out`` keeps them. Needs Java 17 and ``pip install -e pipeline``.
 """
 
 from __future__ import annotations
@@ -88,6 +90,19 @@ def _cpu_seconds(pid: int) -> float:
 def _quantile(values: list[int], q: float) -> int:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _raw_drain(uri: str, stream: str, n: int, tmp: Path) -> float | None:
+    """``leveret perf`` reading the first ``n`` events of the stream as one plain consumer: events/s."""
+    out = tmp / "drain.json"
+    subprocess.run([sys.executable, "-m", "broker", "perf", "--url", uri, "-x", "0", "-y", "1", "--queue", stream,
+                    "--predeclared", "--stream-offset", "first", "--cmessages", str(n), "--ack", "--prefetch",
+                    "2000", "--time", "300", "--json-out", str(out)],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, timeout=400)
+    if not out.exists():
+        return None
+    rate = json.loads(out.read_text()).get("consume_rate")
+    return float(rate) if rate is not None else None
 
 
 def _lags(out: Path, first_ms: int, last_ms: int) -> list[int]:
@@ -187,10 +202,12 @@ def main(argv: list[str] | None = None) -> int:
                          "read_s": b["read_s"], "events_s": b["events_s"], "minutes_s": b["minutes_s"]}
                         for b in measured],
         }
+        spark.stop()
+        stream_end = _api(management, "GET", "queues/%2F/trace")["next_offset"]
+        result["raw_perf_drain_events_per_s"] = _raw_drain(uri, "trace", stream_end, tmp)
         print(json.dumps(result, indent=2))
         if args.json_out:
             args.json_out.write_text(json.dumps(result, indent=2) + "\n")
-        spark.stop()
     finally:
         if perf is not None and perf.poll() is None:
             perf.kill()
