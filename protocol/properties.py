@@ -73,6 +73,7 @@ _FIELDS = (
     (1 << 2, "cluster_id", "s"),
 )
 _KINDS = {name: kind for _, name, kind in _FIELDS}
+PROPERTY_FIELDS = _FIELDS  # (flag bit, pamqp name, kind) in wire order, for readers of the raw list
 
 
 class ScannedProperties:
@@ -501,6 +502,13 @@ def _property_spans(header_payload: bytes, check_headers: bool = True
         spans[name] = (pos, end)
         pos = end
     return flags, spans
+
+
+def property_spans(header_payload: bytes) -> dict[str, tuple[int, int]]:
+    """pamqp name → (start, end) of each present property (a short string's span starts at its length octet, the
+    headers table's at its 4-byte length), every length checked; the headers table's entries are not. A cut
+    property list raises :class:`FrameError`."""
+    return _property_spans(header_payload, check_headers=False)[1]
 
 
 def decode_headers(header_payload: bytes, span: tuple[int, int] | None) -> dict[Any, Any]:

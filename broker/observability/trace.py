@@ -56,7 +56,13 @@ import structlog
 from broker.message import Message
 from protocol.fastcodec import build_content_header, shortstr
 from protocol.frames import FrameError
-from protocol.properties import check_field_table, table_values, with_longstr_header
+from protocol.properties import (
+    PROPERTY_FIELDS,
+    check_field_table,
+    property_spans,
+    table_values,
+    with_longstr_header,
+)
 
 if TYPE_CHECKING:
     from broker.clock import Clock
@@ -76,7 +82,7 @@ _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _LONG = struct.Struct(">cq")
 _LONGSTR = ord("S")
-_MESSAGE_ID_FLAG = 1 << 7
+_MESSAGE_ID_FLAG = next(bit for bit, name, _kind in PROPERTY_FIELDS if name == "message_id")
 # What a message's own fields cost to build (its properties table, its identity) is paid once per content
 # header: the publish, delivery and ack events of one message share it. Bounded in entries and in the size of a
 # header kept (a client's large headers are rebuilt per event, not held: at most ~4 MB a traced vhost); a miss
@@ -86,12 +92,10 @@ _FIELDS_CACHED_HEADER_MAX = 2048
 # Broker-assigned ids: a random prefix per process (unique across restarts) and a counter.
 _ID_PREFIX = os.urandom(6).hex()
 _id_counter = itertools.count(1)
-# The basic properties in wire order (flag bit 15 first), by RabbitMQ's names (the P_basic record's: ``type``
-# for the type property), and how each is written: s short string, o octet, t the headers table, q timestamp.
-_PROPERTIES = tuple((1 << (15 - i), shortstr(name), kind) for i, (name, kind) in enumerate((
-    ("content_type", "s"), ("content_encoding", "s"), ("headers", "t"), ("delivery_mode", "o"),
-    ("priority", "o"), ("correlation_id", "s"), ("reply_to", "s"), ("expiration", "s"), ("message_id", "s"),
-    ("timestamp", "q"), ("type", "s"), ("user_id", "s"), ("app_id", "s"), ("cluster_id", "s"))))
+# The basic properties in wire order (protocol/properties.py's list): pamqp's name, RabbitMQ's (the P_basic
+# record's: ``type`` for the type property) as a field-table key, and the kind (s, o, t, q).
+_PROPERTIES = tuple((name, shortstr("type" if name == "message_type" else name), kind)
+                    for _bit, name, kind in PROPERTY_FIELDS)
 # Keys of the event's own entries, as short strings.
 _K_EXCHANGE_NAME = shortstr("exchange_name")
 _K_ROUTING_KEYS = shortstr("routing_keys")
@@ -173,39 +177,28 @@ def message_fields(header: bytes) -> tuple[bytes, bytes]:
     the ``properties`` entry (each property the message has, by RabbitMQ's name, integers as signedint,
     strings as long strings, the headers table copied byte for byte) and the ``x-leveret-message-id`` entry
     (its ``message_id`` property, else the ``x-leveret-trace-id`` header stamped at publish; b"" when it has
-    neither). A cut property list or a malformed
-    headers table (where the identity is looked for) raises FrameError."""
-    flags = header[12] << 8 | header[13]
-    pos = 14
+    neither). A cut property list or a malformed headers table (where the identity is looked for) raises
+    FrameError."""
+    spans = property_spans(header)
     parts = []
-    message_id: bytes | None = None
-    headers_span: tuple[int, int] | None = None
-    for bit, key, kind in _PROPERTIES:
-        if not flags & bit:
+    for name, key, kind in _PROPERTIES:
+        span = spans.get(name)
+        if span is None:
             continue
+        start, end = span
         if kind == "s":
-            n = header[pos]
-            raw = header[pos + 1:pos + 1 + n]
-            if bit == _MESSAGE_ID_FLAG:
-                message_id = raw
-            parts.append(key + b"S" + _U32.pack(n) + raw)
-            pos += 1 + n
+            parts.append(key + b"S" + _U32.pack(end - start - 1) + header[start + 1:end])
         elif kind == "o":
-            parts.append(key + b"I" + _I32.pack(header[pos]))
-            pos += 1
+            parts.append(key + b"I" + _I32.pack(header[start]))
         elif kind == "t":
-            end = pos + 4 + _U32.unpack_from(header, pos)[0]
-            headers_span = (pos, end)
-            parts.append(key + b"F" + header[pos:end])
-            pos = end
+            parts.append(key + b"F" + header[start:end])
         else:
-            parts.append(key + _signedint(_U64.unpack_from(header, pos)[0]))
-            pos += 8
-    if pos > len(header):
-        raise FrameError("content header properties run past the frame")
+            parts.append(key + _signedint(_U64.unpack_from(header, start)[0]))
+    message_id = spans.get("message_id")
     body = b"".join(parts)
     properties = _K_PROPERTIES + b"F" + _U32.pack(len(body)) + body
-    identity = message_id if message_id is not None else _stamped_id(header, headers_span)
+    identity = header[message_id[0] + 1:message_id[1]] if message_id is not None \
+        else _stamped_id(header, spans.get("headers"))
     return properties, b"" if identity is None else _K_MESSAGE_ID + _longstr(identity)
 
 
