@@ -33,6 +33,7 @@ from protocol.properties import (
     TableTooDeep,
     array_long_strings,
     check_nesting,
+    delivery_mode_of,
     field_type_name,
     table_values,
     with_properties,
@@ -89,8 +90,11 @@ def check_properties(msg: Message, flags: int, user: User, reply_key: str | None
     returns whether the message is persistent. Sets ``msg.expiration_ms`` and ``msg.extra_keys`` (CC / BCC),
     removes BCC, and points ``reply_to: amq.rabbitmq.reply-to`` at ``reply_key``, the publishing channel's
     reply consumer (none: 406). Raises 406 with RabbitMQ's texts. ``flags``: :func:`property_flags`."""
-    if not flags & FLAGS_TO_READ:
+    to_read = flags & FLAGS_TO_READ
+    if not to_read:
         return False
+    if to_read == FLAG_DELIVERY_MODE:  # the common persistent publish: one byte, not the whole property list
+        return _persistent(delivery_mode_of(msg.header, flags), flags)
     props = msg.props
     if props.user_id is not None and props.user_id != user.name and "impersonator" not in user.tags:
         raise AMQPError(PRECONDITION_FAILED, f"user_id property set to '{props.user_id}' but "
@@ -104,12 +108,7 @@ def check_properties(msg: Message, flags: int, user: User, reply_key: str | None
             raise AMQPError(PRECONDITION_FAILED, f"invalid expiration '{props.expiration}'",
                             CLASS_BASIC, 40) from None
         msg.expiration_ms = ttl
-    mode = props.delivery_mode
-    if mode != 2 and mode != 1 and flags & FLAG_DELIVERY_MODE:
-        # rabbit_basic:is_message_persistent/1 knows only 1 and 2 (RabbitMQ up to 3.12; 3.13+ with
-        # message containers takes any other mode as transient).
-        raise AMQPError(PRECONDITION_FAILED, f"invalid message: {{delivery_mode_unknown,{mode}}}",
-                        CLASS_BASIC, 40)
+    persistent = _persistent(props.delivery_mode, flags)
     if props.headers_span is not None:
         start, end = props.headers_span
         try:
@@ -127,7 +126,16 @@ def check_properties(msg: Message, flags: int, user: User, reply_key: str | None
         if reply_key is None:
             raise AMQPError(PRECONDITION_FAILED, "fast reply consumer does not exist", CLASS_BASIC, 40)
         msg.replace_header(with_properties(msg.header, reply_to=REPLY_TO_PREFIX + reply_key))
-    return props.delivery_mode == 2
+    return persistent
+
+
+def _persistent(mode: int, flags: int) -> bool:
+    """Whether delivery mode ``mode`` is persistent; 406 for a mode set to anything but 1 or 2:
+    rabbit_basic:is_message_persistent/1 knows only 1 and 2 (RabbitMQ up to 3.12; 3.13+ with message
+    containers takes any other mode as transient)."""
+    if mode != 2 and mode != 1 and flags & FLAG_DELIVERY_MODE:
+        raise AMQPError(PRECONDITION_FAILED, f"invalid message: {{delivery_mode_unknown,{mode}}}", CLASS_BASIC, 40)
+    return mode == 2
 
 
 def sender_selected(msg: Message, start: int, end: int) -> None:

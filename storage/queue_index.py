@@ -8,6 +8,9 @@ One directory per queue holding segment files ``<n:08d>.idx``; segment n covers 
              followed by the message bytes when the message is embedded (flag 2)
     deliver  EVT = <B Q>            kind=2, seq_id
     ack      EVT = <B Q>            kind=3, seq_id
+    acks     <B Q...>               kind=4, the seq_ids of several acks in one segment (one record for a
+                                    consumer's multiple ack or a run of acks in one call: one header and CRC
+                                    instead of one per ack)
 
 flags: 1 persistent, 2 embedded, 4 delivered (publish_delivered writes one record instead of two).
 Messages smaller than ``queue_index_embed_msgs_below`` are embedded: one write, no store entry.
@@ -51,7 +54,7 @@ PUB = struct.Struct("<BQQQBQq")
 EVT = struct.Struct("<BQ")
 PUB_SIZE = PUB.size
 assert PUB_SIZE == 42 and EVT.size == 9
-K_PUB, K_DEL, K_ACK = 1, 2, 3
+K_PUB, K_DEL, K_ACK, K_ACKS = 1, 2, 3, 4
 F_PERSISTENT, F_EMBEDDED, F_DELIVERED = 1, 2, 4
 M64 = (1 << 64) - 1
 SUFFIX = ".idx"
@@ -144,24 +147,46 @@ class QueueIndex:
 
     def ack(self, seq_id: int, persistent: bool = True) -> None:
         """``persistent`` must be the flag the entry was published with (it keeps the counts right)."""
-        seg = seq_id // SEGMENT_ENTRIES
-        if not persistent:
-            self._transient[seg] = self._transient.get(seg, 0) - 1
-        left = self._unacked.get(seg, 0) - 1
-        if left <= 0:
+        self.ack_many([(seq_id, persistent)])
+
+    def ack_many(self, acks: list[tuple[int, bool]]) -> None:
+        """:meth:`ack` for each ``(seq_id, persistent)``, one record per run of acks in the same segment."""
+        i, n = 0, len(acks)
+        while i < n:
+            seg = acks[i][0] // SEGMENT_ENTRIES
+            run: list[int] = []
+            transient = 0
+            while i < n:
+                seq_id, persistent = acks[i]
+                if seq_id // SEGMENT_ENTRIES != seg:
+                    break
+                run.append(seq_id)
+                transient += not persistent
+                i += 1
+            if transient:
+                self._transient[seg] = self._transient.get(seg, 0) - transient
+            left = self._unacked.get(seg, 0) - len(run)
+            if left > 0:
+                self._unacked[seg] = left
+                self._append_acks(seg, run)
+                continue
             self._unacked.pop(seg, None)
             self._transient.pop(seg, None)
             if seg != self._write_seg and not self._pinned(seg):
-                self._delete_segment(seg)  # everything in it is acked: no need to even write this ack
-                return
+                self._delete_segment(seg)  # everything in it is acked: no need to even write these acks
+                continue
             # The segment being written (deleted once publishes move on), or one that is the proof of a
-            # dispatch not yet settled (deleted when it is): kept, with the ack recorded.
-            (self._files.get(seg) or self._open(seg)).append(EVT.pack(K_ACK, seq_id))
+            # dispatch not yet settled (deleted when it is): kept, with the acks recorded.
+            self._append_acks(seg, run)
             if seg != self._write_seg:
                 self._defer(seg)
-            return
-        self._unacked[seg] = left
-        (self._files.get(seg) or self._open(seg)).append(EVT.pack(K_ACK, seq_id))
+
+    def _append_acks(self, seg: int, seq_ids: list[int]) -> None:
+        f = self._files.get(seg) or self._open(seg)
+        if len(seq_ids) == 1:
+            f.append(EVT.pack(K_ACK, seq_ids[0]))
+        else:
+            f.append(struct.pack(f"<B{len(seq_ids)}Q", K_ACKS, *seq_ids))
 
     # -- reading -------------------------------------------------------------------------------------------
     def read_segment(self, seg: int, lo: int, hi: int, transient_floor: int = 0) -> list[IndexEntry]:
@@ -226,6 +251,9 @@ class QueueIndex:
                     delivered.add(seq_id)
             elif kind == K_ACK and n == EVT.size:
                 entries.pop(EVT.unpack_from(data, start)[1], None)
+            elif kind == K_ACKS and n > 1 and (n - 1) % 8 == 0:
+                for acked in struct.unpack_from(f"<{(n - 1) // 8}Q", data, start + 1):
+                    entries.pop(acked, None)
         return entries, top, good_end
 
     # -- files -------------------------------------------------------------------------------------------

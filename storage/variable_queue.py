@@ -403,12 +403,17 @@ class VariableQueue(LocalStore):
     def ack(self, seq_ids: Iterable[int]) -> list[Any]:
         pending = self._pending
         out = []
+        index_acks: list[tuple[int, bool]] = []  # written as one record per segment (QueueIndex.ack_many)
         for seq_id in seq_ids:
             st = pending.pop(seq_id, None)
             if st is not None:
                 self._pending_bytes -= st.size
-                self._forget(st)
+                if st.index_on_disk:
+                    index_acks.append((seq_id, st.is_persistent))
+                self._forget(st, index_ack=False)
                 out.append(st.msg)
+        if index_acks:
+            self._index.ack_many(index_acks)
         return out
 
     def requeue(self, seq_ids: Iterable[int]) -> None:
@@ -695,9 +700,10 @@ class VariableQueue(LocalStore):
             data = self._index.read_body(st.seq_id, st.index_pos, st.size)
         return None if data is None else self._decode(data)
 
-    def _forget(self, st: MsgStatus) -> None:
-        """The message leaves the queue for good: release its index entry and store reference."""
-        if st.index_on_disk:
+    def _forget(self, st: MsgStatus, index_ack: bool = True) -> None:
+        """The message leaves the queue for good: release its index entry (unless the caller acks it in the
+        index itself, ``index_ack`` False: :meth:`ack` writes a batch) and store reference."""
+        if index_ack and st.index_on_disk:
             self._index.ack(st.seq_id, st.is_persistent)
         if st.msg_in_store:
             assert st.msg_id is not None  # in the store means written under its id (_write_msg, _delta_to_q3)

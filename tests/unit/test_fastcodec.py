@@ -41,6 +41,7 @@ from protocol.properties import (
     check_field_table,
     decode_headers,
     decode_properties,
+    delivery_mode_of,
     encode_field_value,
     field_table_entries,
     scan_properties,
@@ -469,6 +470,29 @@ def test_scan_properties_matches_pamqp(props: commands.Basic.Properties, body_si
     decoded = decode_properties(payload)
     for name in PROPERTY_NAMES:
         assert getattr(decoded, name) == _expected(props, name), name
+
+
+@SETTINGS
+@given(props=basic_properties(), data=st.data())
+def test_delivery_mode_of_reads_what_scan_properties_reads(props: commands.Basic.Properties,
+                                                          data: st.DataObject) -> None:
+    """The persistent publish's short cut (broker/publish.py): the delivery mode read past the content type
+    and encoding alone is scan_properties's, and a header cut before it is a frame error."""
+    props.headers = None
+    payload = _header_payload(props, 10)
+    flags = struct.unpack_from(">H", payload, 12)[0]
+    assert delivery_mode_of(payload, flags) == scan_properties(payload).delivery_mode
+    if props.delivery_mode:
+        mode_at = 14 + sum(1 + len(v.encode()) for v in (props.content_type, props.content_encoding) if v)
+        assert payload[mode_at] == props.delivery_mode
+        with pytest.raises(FrameError):
+            delivery_mode_of(payload[:data.draw(st.integers(0, mode_at), label="cut")], flags)
+
+
+def test_delivery_mode_of_refuses_a_header_with_a_table() -> None:
+    payload = _header_payload(commands.Basic.Properties(headers={"a": 1}, delivery_mode=2))
+    with pytest.raises(ValueError):
+        delivery_mode_of(payload, struct.unpack_from(">H", payload, 12)[0])
 
 
 def test_scan_properties_without_properties() -> None:

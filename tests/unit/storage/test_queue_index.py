@@ -99,3 +99,27 @@ def test_transient_queue_index_starts_empty(tmp_path: Path) -> None:
     qi.close(None)
     qi2 = QueueIndex(str(tmp_path / "q"), None, durable=False)
     assert qi2.segment_numbers() == []
+
+
+def test_acks_in_one_call_are_one_record_per_segment_and_recover(tmp_path: Path) -> None:
+    """ack_many (a consumer's multiple ack): one record per segment for the run; a dirty recovery replays it
+    as the single acks it replaces, and a segment whose every entry the batch acks goes as with single acks."""
+    syncer = Syncer()
+    qi = QueueIndex(str(tmp_path / "q"), syncer, durable=True)
+    n = SEGMENT_ENTRIES + 20
+    for s in range(n):
+        qi.publish(s, None, s % 2 == 0, False, 3, None, b"abc")
+    syncer.flush()
+    before = os.path.getsize(qi._path(1))
+    qi.ack_many([(s, s % 2 == 0) for s in range(SEGMENT_ENTRIES + 10, SEGMENT_ENTRIES + 15)])
+    syncer.flush()
+    assert os.path.getsize(qi._path(1)) - before == 12 + 1 + 5 * 8, "one record: header, kind, five seq_ids"
+    qi.ack_many([(s, s % 2 == 0) for s in range(SEGMENT_ENTRIES)] + [(SEGMENT_ENTRIES + 1, False)])
+    assert qi.segment_numbers() == [1], "segment 0 fully acked: deleted without writing its acks"
+    syncer.sync()
+    qi2 = QueueIndex(str(tmp_path / "q"), syncer, durable=True)
+    assert qi2.recover_terms() is None
+    ((seg, top, live),) = list(qi2.scan_all())
+    assert (seg, top) == (1, n - 1)
+    acked = {SEGMENT_ENTRIES + 1, *range(SEGMENT_ENTRIES + 10, SEGMENT_ENTRIES + 15)}
+    assert [e.seq_id for e in live] == [s for s in range(SEGMENT_ENTRIES, n) if s % 2 == 0 and s not in acked]
