@@ -288,7 +288,7 @@ class DurableDefinitions:
 class BackingQueueFactory:
     """Opens the backing queue of a queue: a variable queue over the node's stores (paging to disk under
     memory pressure; persistent messages of durable queues survive restarts); and the log of a stream
-    (broker/queues/stream_queue.py's StreamOpener), whose payloads are broker/queues/message_codec.py's encoded messages."""
+    (broker/queues/stream_queue.py's StreamOpener), whose payloads are broker/queues/stream_record.py's records."""
 
     def __init__(self, storage: NodeStorage, vhost: str) -> None:
         self.storage = storage

@@ -123,28 +123,41 @@ def scan_properties(header_payload: bytes) -> ScannedProperties:
     return out
 
 
-_SHORT_STRINGS_BEFORE_MODE = (1 << 15, 1 << 14)  # content type, content encoding: all that may precede it
 _HEADERS_FLAG = 1 << 13
 _DELIVERY_MODE_FLAG = 1 << 12
+# The fields around the delivery mode, as (flag bit, size kind): the two short strings before it (with the
+# headers table absent, all that may come before it) and everything after it.
+_BEFORE_MODE = tuple((bit, kind) for bit, _, kind in _FIELDS if bit > _HEADERS_FLAG)
+_AFTER_MODE = tuple((bit, kind) for bit, _, kind in _FIELDS if bit < _DELIVERY_MODE_FLAG)
+_AFTER_MODE_FLAGS = sum(bit for bit, _ in _AFTER_MODE)
 
 
 def delivery_mode_of(header_payload: bytes, flags: int) -> int:
     """The delivery mode of a content header whose headers table is absent (``flags``: its property flags),
-    reading only the two short strings that may come before it: a persistent publish without headers
-    needs nothing else, and :func:`scan_properties` would walk the whole list (a third of basic.publish's
-    property checks in S3). 0 when the flag is not set."""
-    if not flags & _DELIVERY_MODE_FLAG:
-        return 0
+    stepping over the other properties by their lengths without decoding any: a persistent publish without
+    headers needs nothing else, where :func:`scan_properties` decodes (a third of basic.publish's property
+    checks in S3). Raises :class:`FrameError` where :func:`scan_properties` would: a property list that runs
+    past the frame (the short strings it decodes, reply-to, expiration and user-id, are for a caller that
+    needs them to read through it). 0 when the flag is not set."""
     if flags & _HEADERS_FLAG:
         raise ValueError("delivery_mode_of: the headers table comes before the delivery mode; scan instead")
     pos = _PROPS_OFFSET
+    mode = 0
     try:
-        for bit in _SHORT_STRINGS_BEFORE_MODE:
+        for bit, _kind in _BEFORE_MODE:
             if flags & bit:
                 pos += 1 + header_payload[pos]
-        return header_payload[pos]
+        if flags & _DELIVERY_MODE_FLAG:
+            mode = header_payload[pos]
+            pos += 1
+        for bit, kind in _AFTER_MODE if flags & _AFTER_MODE_FLAGS else ():
+            if flags & bit:
+                pos += 1 + header_payload[pos] if kind == "s" else 1 if kind == "o" else 8
     except IndexError:
         raise FrameError("malformed content header properties") from None
+    if pos > len(header_payload):
+        raise FrameError("content header properties run past the frame")
+    return mode
 
 
 # -- field tables, raw ---------------------------------------------------------------------------------------

@@ -40,6 +40,8 @@ def encode_message(msg: Message) -> bytes:
 def decode_message(data: bytes) -> Message:
     if not data or data[0] != FLAT:
         return _decode_msgpack(data)
+    if len(data) < _FLAT_SIZE:
+        raise ValueError(f"a stored message of {len(data)} bytes is shorter than its head ({_FLAT_SIZE})")
     _, published_at, expiration, ex_len, rk_len, header_len = _FLAT.unpack_from(data)
     rk_at = _FLAT_SIZE + ex_len
     header_at = rk_at + rk_len

@@ -108,7 +108,8 @@ REPLAY_PUBLISH_SHARE = DELIVER_BACKLOG_HIGH // 2
 @runtime_checkable
 class StreamOpener(Protocol):
     """What the node's storage offers streams (broker/persistence.py's BackingQueueFactory): opening a stream's
-    log (a durable one comes back as it was). Its payloads are broker/queues/message_codec.py's encoded messages."""
+    log (a durable one comes back as it was). Its payloads are broker/queues/stream_record.py's records (those of
+    an earlier form, message_codec.py's msgpack messages, still read)."""
 
     def open_stream(self, name: str, max_segment_size_bytes: int) -> StreamLog: ...
 

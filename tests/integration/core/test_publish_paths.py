@@ -91,7 +91,7 @@ def test_http_publish_with_an_invalid_expiration_is_refused_as_rabbitmq_does(api
     ch.queue_declare(uid)
     status, body, _ = http_publish(api, "", uid, expiration="soon")
     assert status == 400
-    assert body == {"error": "bad_request", "reason": "406 PRECONDITION_FAILED - invalid expiration 'soon'"}
+    assert body == {"error": "bad_request", "reason": "406 PRECONDITION_FAILED - invalid expiration 'soon': no_integer"}
     assert ready(ch, uid) == 0
 
 

@@ -49,3 +49,5 @@ def test_a_flat_record_cut_short_is_an_error() -> None:
     data = encode_message(message("", "q", b"header-bytes", b"body", 1.0, None))
     with pytest.raises(ValueError):
         decode_message(data[:len(data) - len(b"body") - 3])  # inside the header
+    with pytest.raises(ValueError):
+        decode_message(data[:10])  # inside the head
