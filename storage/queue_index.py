@@ -147,7 +147,7 @@ class QueueIndex:
 
     def ack(self, seq_id: int, persistent: bool = True) -> None:
         """``persistent`` must be the flag the entry was published with (it keeps the counts right)."""
-        self.ack_many([(seq_id, persistent)])
+        self._ack_run(seq_id // SEGMENT_ENTRIES, [seq_id], 0 if persistent else 1)
 
     def ack_many(self, acks: list[tuple[int, bool]]) -> None:
         """:meth:`ack` for each ``(seq_id, persistent)``, one record per run of acks in the same segment."""
@@ -163,23 +163,27 @@ class QueueIndex:
                 run.append(seq_id)
                 transient += not persistent
                 i += 1
-            if transient:
-                self._transient[seg] = self._transient.get(seg, 0) - transient
-            left = self._unacked.get(seg, 0) - len(run)
-            if left > 0:
-                self._unacked[seg] = left
-                self._append_acks(seg, run)
-                continue
-            self._unacked.pop(seg, None)
-            self._transient.pop(seg, None)
-            if seg != self._write_seg and not self._pinned(seg):
-                self._delete_segment(seg)  # everything in it is acked: no need to even write these acks
-                continue
-            # The segment being written (deleted once publishes move on), or one that is the proof of a
-            # dispatch not yet settled (deleted when it is): kept, with the acks recorded.
+            self._ack_run(seg, run, transient)
+
+    def _ack_run(self, seg: int, run: list[int], transient: int) -> None:
+        """Acks of ``run`` (seq_ids of segment ``seg``, ``transient`` of them published transient)."""
+        if transient:
+            self._transient[seg] = self._transient.get(seg, 0) - transient
+        left = self._unacked.get(seg, 0) - len(run)
+        if left > 0:
+            self._unacked[seg] = left
             self._append_acks(seg, run)
-            if seg != self._write_seg:
-                self._defer(seg)
+            return
+        self._unacked.pop(seg, None)
+        self._transient.pop(seg, None)
+        if seg != self._write_seg and not self._pinned(seg):
+            self._delete_segment(seg)  # everything in it is acked: no need to even write these acks
+            return
+        # The segment being written (deleted once publishes move on), or one that is the proof of a
+        # dispatch not yet settled (deleted when it is): kept, with the acks recorded.
+        self._append_acks(seg, run)
+        if seg != self._write_seg:
+            self._defer(seg)
 
     def _append_acks(self, seg: int, seq_ids: list[int]) -> None:
         f = self._files.get(seg) or self._open(seg)
