@@ -105,19 +105,32 @@ def _raw_drain(uri: str, stream: str, n: int, tmp: Path) -> float | None:
     return float(rate) if rate is not None else None
 
 
-def _lags(out: Path, first_ms: int, last_ms: int) -> list[int]:
-    """Lag (ms) of every publish event with its time in [first_ms, last_ms]."""
-    import pyarrow.compute as pc
-    import pyarrow.dataset as ds
+def _lags(spark: Any, uri: str, management: int, out: Path, first_ms: int, last_ms: int) -> list[int]:
+    """Lag (ms) of every publish event with its time in [first_ms, last_ms]: the ``done_ms`` of the batch that
+    read its offset (the first whose ``top_offset`` reaches it) − its event time. The publishes' offsets and
+    times are read from the trace stream itself (a batch read after the job: the job keeps no events)."""
+    import bisect
 
-    done: dict[int, int] = {}
+    from leveret_pipeline.traffic import EVENT_TIME
+    from pyspark.sql import functions as F
+
+    last: dict[int, tuple[int, int]] = {}
     for line in (out / "_batches.jsonl").read_text().splitlines():
         record = json.loads(line)
-        done[record["batch"]] = record["done_ms"]  # a batch run twice: its last run wrote the file
-    events = ds.dataset(out / "events", format="parquet", partitioning="hive")
-    table = events.to_table(columns=["kind", "t", "batch"], filter=(
-        (pc.field("kind") == "publish") & (pc.field("t") >= first_ms) & (pc.field("t") <= last_ms)))
-    return [done[b] - t for t, b in zip(table["t"].to_pylist(), table["batch"].to_pylist(), strict=True)]
+        last[record["batch"]] = (record["top_offset"], record["done_ms"])  # a batch run twice: its last run
+    tops = [last[b][0] for b in sorted(last)]
+    done = [last[b][1] for b in sorted(last)]
+    trace = (spark.read.format("leveret").option("uri", uri).option("queue", "trace")
+             .option("managementUri", f"http://127.0.0.1:{management}").option("headerKeys", EVENT_TIME).load())
+    t = F.col("headers").getItem(EVENT_TIME).cast("bigint")
+    table = trace.where(F.col("routing_key").startswith("publish.") & t.between(first_ms, last_ms)).select(
+        "offset", t.alias("t")).toArrow()
+    lags = []
+    for offset, when in zip(table["offset"].to_pylist(), table["t"].to_pylist(), strict=True):
+        i = bisect.bisect_left(tops, offset)
+        if i < len(tops):
+            lags.append(done[i] - when)
+    return lags
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def on_batch(record: dict[str, Any]) -> None:
             batches.append(record)
+            print(json.dumps(record), file=sys.stderr, flush=True)
             if len(batches) == 1:
                 start_perf()  # the job is warm: the first batch (the warm-up message) is done
 
@@ -184,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             return sink.read_to.get("trace", 0) >= _api(management, "GET", "queues/%2F/trace")["next_offset"]
 
         run(spark, job, on_batch=on_batch, until=caught_up)
-        lags = _lags(job.out, window["first"], window["last"])
+        lags = _lags(spark, uri, management, job.out, window["first"], window["last"])
         perf_result = json.loads((tmp / "perf.json").read_text()) if (tmp / "perf.json").exists() else {}
         measured = batches[1:]
         events = sum(b["events"] for b in measured)

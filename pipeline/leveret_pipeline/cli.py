@@ -48,13 +48,16 @@ def _parser() -> argparse.ArgumentParser:
                         "HTTP API is configured elsewhere.")
     t.add_argument("--stream", default="trace", help="the stream queue bound to amq.rabbitmq.trace")
     t.add_argument("--out", type=Path, required=True,
-                   help="output directory (local): traffic/ and events/ parquet, traffic.png")
+                   help="output directory (local): traffic/ and parts/ parquet, traffic.png")
     t.add_argument("--checkpoint", type=Path, help="Spark checkpoint directory (default OUT/_checkpoint)")
     t.add_argument("--once", action="store_true", help="process what the stream holds now, then stop")
     t.add_argument("--trigger", type=float, default=10.0, metavar="SECONDS", help="micro-batch interval")
     t.add_argument("--duration", type=float, metavar="SECONDS", help="stop a continuous run after this long")
     t.add_argument("--lookback", type=float, default=300.0, metavar="SECONDS",
                    help="longest latency measured (how far back a delivery looks for its publish)")
+    t.add_argument("--keep-events", action="store_true",
+                   help="also write every trace event with its latency to OUT/events/ (one more Spark job a "
+                        "micro-batch)")
     t.add_argument("--starting-offsets", default="earliest",
                    help="where a new checkpoint starts in the stream: earliest, latest or an offset")
     t.add_argument("--source-option", action="append", default=[], metavar="KEY=VALUE",
@@ -192,7 +195,7 @@ def traffic(args: argparse.Namespace) -> int:
     job = TrafficJob(uri=args.uri, stream=args.stream, out=args.out, management_uri=management_uri,
                      source_options=tuple(options), checkpoint=args.checkpoint, once=args.once,
                      trigger_seconds=args.trigger, lookback_seconds=args.lookback, duration=args.duration,
-                     starting_offsets=args.starting_offsets)
+                     starting_offsets=args.starting_offsets, keep_events=args.keep_events)
     spark, owned = _session(args.master)
     try:
         with _stop_on_signals() as stop:
@@ -202,7 +205,7 @@ def traffic(args: argparse.Namespace) -> int:
         else:
             print(f"{sink.batches} micro-batches, {sink.events} events; minutes "
                   f"{_minute(sink.first_minute)} – {_minute(sink.last_minute)} UTC")
-            print(format_summary(summarize(spark, args.out, sink.first_minute, sink.last_minute)))
+            print(format_summary(summarize(args.out, sink.first_minute, sink.last_minute)))
         print(f"table: {args.out / 'traffic'}")
         if not args.no_picture:
             drawn = picture.draw(read_traffic(args.out), args.picture or args.out / "traffic.png")

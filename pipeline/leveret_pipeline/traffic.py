@@ -9,35 +9,41 @@ watermark never moves past its own last events, would never write its last minut
 
 1. turns its trace rows into *events* (one row per event and queue: a publish counts for every queue it
    reached, its ``routed_queues``) and pairs them on (vhost, queue, ``x-leveret-message-id``) for the
-   publish→deliver and deliver→ack latencies: inside the batch, then with the events already kept, as far
-   back as ``lookback``. The lookback is this job's watermark: a latency longer than it is not measured
-   (the events still count), and no join reads further back. Each pair's sample is stored on the member
-   that arrived second in the stream (the "latency" comment below: Leveret may trace a delivery before
-   its publish);
-2. writes them to ``events/date=D/hour=H/batch=N/`` (dynamic partition overwrite: a replay of batch N
-   replaces exactly batch N's files; the hour level keeps each read's directory listing to the hours it
-   needs);
-3. recomputes every (vhost, minute) the batch touched from *all* kept events of that minute, and replaces
-   the rows of those minutes in ``traffic/vhost=V/date=D/part-0.parquet`` (written beside it, then renamed:
-   a reader sees the old file or the new one, never half of one).
+   publish→deliver and deliver→ack latencies: inside the batch, and with the *state* the batch before left —
+   the starts not yet paired (at most ``lookback`` old) and the deliveries and acks still waiting for a start
+   traced after them (the "latency" comment below). The lookback is this job's watermark: a latency longer
+   than it is not measured (the events still count);
+2. sums what it saw per (vhost, minute, queue) into *parts* — counters and an exact histogram of the latency
+   samples — one file per (vhost, minute) it touched, named by the batch (minute_parts.py), and writes the
+   state it leaves (``_state/batch=N/``);
+3. merges every (vhost, minute) it touched from all that minute's parts (a few files: one per batch that
+   saw it), and replaces the rows of those minutes in ``traffic/vhost=V/date=D/part-0.parquet`` (written
+   beside it, then renamed: a reader sees the old file or the new one, never half of one).
+
+With ``keep_events`` (``--keep-events``) it also writes every event with its latency to
+``events/date=D/hour=H/batch=N/`` (dynamic partition overwrite: a replay of batch N replaces exactly its files).
 
 Exactly-once: Spark writes ``offsets/N`` before batch N and ``commits/N`` after this function returns; a batch
-that did not commit is run again with the same offsets, so the same rows. Step 2 overwrites by batch id, and
-step 3 is a function of the kept events, so running a batch twice leaves what running it once leaves, and
-nothing is counted twice. A checkpoint that is not the one ``OUT`` was built with (deleted, or another one)
-would number its batches from 0 again and count the stream twice: the job refuses to start on it
-(``_query.json``). State is bounded by the lookback (the latency joins read at most that far back); the kept
-events are the job's history, and their retention is the operator's (delete old ``events/date=…`` dirs).
-``OUT`` is a local directory.
+that did not commit is run again with the same offsets, so the same rows, and from the same state (the latest
+one written by a batch before N: no batch after N has run). Its parts, its state and its events are named by
+its id and replace their earlier attempt, and step 3 is a function of the parts, so running a batch twice
+leaves what running it once leaves, and nothing is counted twice. A checkpoint that is not the one ``OUT`` was
+built with (deleted, or another one) would number its batches from 0 again and count the stream twice: the
+job refuses to start on it (``_query.json``). The state is the messages in flight, bounded by the lookback; the
+parts and the traffic table are the job's history, and their retention is the operator's (delete old
+``parts/…/date=…`` dirs once their day is complete). ``OUT`` is a local directory.
+
+Why the state and the parts (2026-11-30, issue 36): the job paired each batch with the kept events of the
+whole lookback (4.5 M events at 5,000 messages/s) and recomputed each touched minute from its events (up to
+900,000), both read again every 10 s; a batch's work now follows its own events.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
-import os
+import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,10 +54,21 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from leveret_pipeline.minute_parts import (
+    REASONS,
+    TRAFFIC_SCHEMA,
+    escape_partition,
+    merge,
+    read_minute,
+    read_minutes,
+    traffic_table,
+    write_atomically,
+    write_parts,
+)
+
 EVENT_TIME = "x-leveret-event-time"
 MESSAGE_ID = "x-leveret-message-id"
 KINDS = ("publish", "deliver", "ack", "deadletter")
-REASONS = ("expired", "rejected", "maxlen", "delivery_limit")  # x-death's reasons, as broker/observability/trace.py sends
 MINUTE_MS = 60_000
 HOUR_MS = 3_600_000
 DAY_MS = 86_400_000
@@ -59,35 +76,14 @@ DAY_MS = 86_400_000
 # rest of each event's headers (its exchange, routing keys, the message's properties as a nested table, node,
 # connection, channel, user), which were most of the read's CPU.
 TRACE_HEADERS = ("vhost", "routed_queues", EVENT_TIME, MESSAGE_ID, "reason", "redelivered")
-QUANTILES = (0.5, 0.95, 0.99)
-ACCURACY = 10_000  # percentile_approx: rank error at most 1/ACCURACY of a minute's samples
 
-# The events table (the partition columns date and batch included: reads state them, so that Spark does
-# not infer ``date`` as a DATE and compare it to strings).
+# The kept events' table (--keep-events; the partition columns date and batch included: a read should state
+# them, so that Spark does not infer ``date`` as a DATE and compare it to strings).
 EVENT_SCHEMA = (
     "vhost STRING, queue STRING, kind STRING, message_id STRING, t BIGINT, minute BIGINT, reason STRING, "
     "redelivered BOOLEAN, bytes BIGINT, offset BIGINT, publish_to_deliver_ms BIGINT, deliver_to_ack_ms BIGINT, "
     "date STRING, hour INT, batch BIGINT"
 )
-
-# One traffic file's columns (vhost and date are its directory names, as Spark and pyarrow read them).
-TRAFFIC_SCHEMA = pa.schema([
-    ("queue", pa.string()),
-    ("minute", pa.timestamp("ms", tz="UTC")),
-    ("published", pa.int64()),
-    ("published_bytes", pa.int64()),
-    ("delivered", pa.int64()),
-    ("delivered_bytes", pa.int64()),
-    ("redelivered", pa.int64()),
-    ("acked", pa.int64()),
-    ("dead_lettered", pa.int64()),
-    *[(f"dead_lettered_{r}", pa.int64()) for r in REASONS],
-    ("publish_to_deliver_n", pa.int64()),
-    *[(f"publish_to_deliver_p{int(q * 100)}_ms", pa.int64()) for q in QUANTILES],
-    ("deliver_to_ack_n", pa.int64()),
-    *[(f"deliver_to_ack_p{int(q * 100)}_ms", pa.int64()) for q in QUANTILES],
-])
-
 
 # -- trace rows → events ---------------------------------------------------------------------------------------
 
@@ -137,131 +133,152 @@ def trace_events(trace: DataFrame) -> DataFrame:
 # is the delivery (or the ack); but Leveret hands a message to a waiting consumer inside the publish call and
 # traces the publish after it (the trace needs ``routed_queues``), so the delivery of such a message comes
 # first in the stream, up to a few ms earlier in event time, and its publish event carries the sample.
+#
+# What a batch needs of the batches before it is small, and kept as the job's *state* (``_state/batch=N``,
+# written by batch N from the state before it and its own events): the *open starts* — the latest publish
+# and delivery of each (vhost, queue, message) not yet paired, for at most ``lookback`` — and the *waiting
+# targets*, deliveries and acks not yet paired, for ``WAIT_MS``, in case their start was traced after them.
+# A start ends one interval: once paired it is closed (a message's first delivery in a queue closes its
+# publish there; an ack closes the delivery it follows). In steady traffic the state is the messages in
+# flight, not the lookback's events: the batch joins its events with that, not with minutes of history.
 
-LATENCY_COLUMNS = {"publish": "publish_to_deliver_ms", "deliver": "deliver_to_ack_ms"}  # by the start's kind
+LATENCY_OF = {"publish": "publish_to_deliver", "deliver": "deliver_to_ack"}  # a LATENCIES name, by the start's kind
 SLACK_MS = 1_000  # how much later than its delivery a publish may be traced (same call: ms)
+WAIT_MS = 2 * SLACK_MS  # how long (event time, behind the batch's latest event) an unpaired target waits
+STATE_SCHEMA = ("role STRING, vhost STRING, queue STRING, message_id STRING, after STRING, t BIGINT, "
+                "offset BIGINT")  # role: "start" (after = its own kind) or "target" (after = the kind it needs)
 
 
-def _targets(events: DataFrame) -> DataFrame:
-    """The events that end a measured interval, with the kind of event that starts it: a first delivery
-    (after its publish; a redelivery's wait includes the failed attempt, so it is not a queueing latency)
-    and an ack (after the latest delivery of that message from that queue)."""
+def _items(events: DataFrame) -> DataFrame:
+    """The batch's events that start or end an interval, as (vhost, queue, message_id, start, target): a
+    publish or any delivery starts one; a first delivery (after its publish: a redelivery's wait includes
+    the failed attempt, so it is not a queueing latency) or an ack (after the latest delivery of that message
+    from that queue) ends one. A first delivery does both."""
     kind = F.col("kind")
-    return events.where(
-        (((kind == "deliver") & ~F.col("redelivered")) | (kind == "ack")) & F.col("message_id").isNotNull()
-    ).select("offset", "vhost", "queue", "message_id", "t",
-             F.when(kind == "deliver", "publish").otherwise("deliver").alias("after"))
+
+    def item(after: Any) -> Any:  # (t, offset) first: array_max picks the latest start, ties the later offset
+        return F.struct(F.col("t"), F.col("offset"), after.alias("after"), F.lit(True).alias("new"))
+
+    ends = ((kind == "deliver") & ~F.col("redelivered")) | (kind == "ack")
+    return events.where(F.col("message_id").isNotNull()).select(
+        "vhost", "queue", "message_id",
+        F.when(kind.isin(*LATENCY_OF), item(kind)).alias("start"),
+        F.when(ends, item(F.when(kind == "deliver", "publish").otherwise("deliver"))).alias("target"))
 
 
-def _starts(events: DataFrame) -> DataFrame:
-    return events.where(F.col("kind").isin(*LATENCY_COLUMNS) & F.col("message_id").isNotNull()).select(
-        F.col("offset").alias("s_offset"), "vhost", "queue", "message_id", F.col("kind").alias("after"),
-        F.col("t").alias("t0"))
+def _state_items(state: DataFrame) -> DataFrame:
+    def item(role: str) -> Any:
+        return F.when(F.col("role") == role, F.struct("t", "offset", "after", F.lit(False).alias("new")))
+
+    return state.select("vhost", "queue", "message_id", item("start").alias("start"), item("target").alias("target"))
 
 
-def _pairs(targets: DataFrame, starts: DataFrame, lookback_ms: int) -> DataFrame:
-    """Per target, its start: the latest one of the same message and queue at most ``lookback_ms`` before
-    it (or ``SLACK_MS`` after it: traced late) — a redelivered message's ack pairs with its last delivery.
-    (offset, queue, after, latency, s_offset); the latency is never below 0."""
-    joined = targets.join(starts, ["vhost", "queue", "message_id", "after"]).where(
-        (F.col("t0") <= F.col("t") + F.lit(SLACK_MS)) & (F.col("t0") >= F.col("t") - F.lit(lookback_ms)))
-    best = joined.groupBy("offset", "queue", "after").agg(
-        F.max_by(F.struct(F.greatest(F.col("t") - F.col("t0"), F.lit(0)).alias("latency"), "s_offset"),
-                 "t0").alias("best"))
-    return best.select("offset", "queue", "after", "best.latency", "best.s_offset")
+def pair(events: DataFrame, state: DataFrame | None, lookback_ms: int) -> DataFrame:
+    """The batch's pairs and what it leaves open, per (vhost, queue, message): one shuffle of the batch's
+    starts and targets with the state's, then array functions inside each message's group (a few events).
 
+    Columns: vhost, queue, message_id; ``samples`` (array of (on_t, on, after, latency): the offset and time
+    of the row that carries the sample — the member that came second — the start's kind, the latency, never
+    below 0); ``open`` (the latest unpaired start of each kind); ``waiting`` (the unpaired targets).
 
-def attach_latency(events: DataFrame, history: Callable[[int, int], DataFrame | None], span: tuple[int, int],
-                   lookback_ms: int) -> DataFrame:
-    """``events`` with ``publish_to_deliver_ms`` and ``deliver_to_ack_ms`` (see above; null where the row
-    completes no pair). ``span``: the least and greatest event time of ``events``. ``history(lo, hi)``: the
-    kept events of earlier batches with ``lo <= t <= hi`` (None when none is kept).
-
-    This batch's targets look for their start in the batch and in the kept events as far back as the
-    lookback; earlier targets still without a sample (their start was traced late, into this batch) look
-    just around this batch's time span. One lazy plan, run by the caller's write: on 2 cores each Spark job
-    costs a second or so, whatever its size, so no step here runs one.
+    A target pairs with the latest start of the same message, queue and kind at most ``lookback_ms`` before
+    it (or ``SLACK_MS`` after it: traced late) — a redelivered message's ack pairs with its last delivery. A
+    new target looks among the new and the open starts; a waiting target, already compared with everything
+    before, among the new starts only. A start that pairs is closed.
     """
-    lo, hi = span
-    targets, starts = _targets(events), _starts(events)
-    older = history(lo - lookback_ms, hi)
-    candidates = starts if older is None else starts.unionByName(_starts(older))
-    found = _pairs(targets, candidates, lookback_ms)
-    samples = found.select("offset", "queue", "after", "latency")  # on the target: it came second
-    if older is not None:
-        recent = older.where(F.col("t") >= lo - SLACK_MS)
-        waiting = _targets(recent.where(
-            ((F.col("kind") == "deliver") & F.col("publish_to_deliver_ms").isNull())
-            | ((F.col("kind") == "ack") & F.col("deliver_to_ack_ms").isNull())))
-        late = _pairs(waiting, starts, lookback_ms)  # on the start: it came second
-        samples = samples.unionByName(late.select(F.col("s_offset").alias("offset"), "queue", "after", "latency"))
-    per_row = samples.groupBy("offset", "queue").agg(
-        *[F.max(F.when(F.col("after") == after, F.col("latency"))).alias(column)
-          for after, column in LATENCY_COLUMNS.items()])
+    items = _items(events)
+    if state is not None:
+        items = items.unionByName(_state_items(state))
+    grouped = items.groupBy("vhost", "queue", "message_id").agg(
+        F.collect_list("start").alias("S"), F.collect_list("target").alias("X"))
+    within = (f"s.after = x.after AND s.t <= x.t + {SLACK_MS} AND s.t >= x.t - {lookback_ms}")
+    found = (f"filter(transform(filter(X, x -> x.new), x -> named_struct('x', x, 'best', "
+             f"array_max(filter(S, s -> {within})))), p -> p.best IS NOT NULL)")
+    late = (f"filter(transform(filter(X, x -> NOT x.new), x -> named_struct('x', x, 'best', "
+            f"array_max(filter(S, s -> s.new AND {within})))), p -> p.best IS NOT NULL)")
+    sample = ("named_struct('on_t', {on}.t, 'on', {on}.offset, 'after', p.x.after, "
+              "'latency', greatest(p.x.t - p.best.t, 0), 'start', p.best.offset, 'target', p.x.offset)")
+    paired = grouped.select(
+        "vhost", "queue", "message_id", "S", "X",
+        F.expr(f"concat(transform({found}, p -> {sample.format(on='p.x')}), "
+               f"transform({late}, p -> {sample.format(on='p.best')}))").alias("samples"))
+    open_starts = "filter(S, s -> NOT array_contains(transform(samples, p -> p.start), s.offset))"
+    latest = ", ".join(f"array_max(filter({open_starts}, s -> s.after = '{kind}'))" for kind in LATENCY_OF)
+    return paired.select(
+        "vhost", "queue", "message_id",
+        F.expr("transform(samples, p -> named_struct('on_t', p.on_t, 'on', p.on, 'after', p.after, "
+               "'latency', p.latency))").alias("samples"),
+        F.expr(f"filter(array({latest}), s -> s IS NOT NULL)").alias("open"),
+        F.expr("filter(X, x -> NOT array_contains(transform(samples, p -> p.target), x.offset))").alias("waiting"))
+
+
+def next_state(paired: DataFrame, latest_t: int, lookback_ms: int) -> DataFrame:
+    """The state after a batch (``latest_t``: its latest event time): the open starts younger than the
+    lookback, the waiting targets younger than ``WAIT_MS``."""
+    def rows(column: str, role: str, since: int) -> DataFrame:
+        return paired.select("vhost", "queue", "message_id", F.explode(column).alias("i")).where(
+            F.col("i.t") >= F.lit(since)).select(
+            F.lit(role).alias("role"), "vhost", "queue", "message_id", "i.after", "i.t", "i.offset")
+
+    return rows("open", "start", latest_t - lookback_ms).unionByName(rows("waiting", "target", latest_t - WAIT_MS))
+
+
+def samples(paired: DataFrame) -> DataFrame:
+    """One row per sample: (vhost, queue, on_t, on, after, latency)."""
+    return paired.select("vhost", "queue", F.explode("samples").alias("p")).select(
+        "vhost", "queue", "p.on_t", "p.on", "p.after", "p.latency")
+
+
+def timed_events(events: DataFrame, paired: DataFrame) -> DataFrame:
+    """The batch's events with ``publish_to_deliver_ms`` and ``deliver_to_ack_ms`` (null where the row
+    carries no sample): the kept events' rows (--keep-events)."""
+    per_row = samples(paired).groupBy(F.col("on").alias("offset"), "queue").agg(
+        *[F.max(F.when(F.col("after") == after, F.col("latency"))).alias(f"{name}_ms")
+          for after, name in LATENCY_OF.items()])
     return events.join(per_row, ["offset", "queue"], "left")
 
 
-# -- events → minute rows --------------------------------------------------------------------------------------
+# -- a batch's minute parts (minute_parts.py) --------------------------------------------------------------------
 
-MINUTE_KEYS = ("vhost", "date", "queue", "minute")
-
-
-def minute_rows(events: DataFrame) -> DataFrame:
-    """Traffic and latency per (vhost, date, queue, minute) of ``events`` (every event of those minutes)."""
-    return traffic_rows(events, MINUTE_KEYS)
+PART_KEYS = ("vhost", "date", "minute", "queue")
 
 
-def traffic_rows(events: DataFrame, keys: Iterable[str]) -> DataFrame:
-    """The counters and latency quantiles of ``events`` per ``keys`` (minute rows, or a run's summary)."""
-    keys = list(keys)
-    kind = F.col("kind")
-    waited, handled = F.col("publish_to_deliver_ms"), F.col("deliver_to_ack_ms")
-    delivered, acked = kind == "deliver", kind == "ack"
-
-    def total(cond: Any, column: str) -> Any:
-        return F.coalesce(F.sum(F.when(cond, F.col(column))), F.lit(0)).cast("bigint")
-
-    aggs = [
-        F.count_if(kind == "publish").alias("published"),
-        total(kind == "publish", "bytes").alias("published_bytes"),
-        F.count_if(delivered).alias("delivered"),
-        total(delivered, "bytes").alias("delivered_bytes"),
-        F.count_if(delivered & F.col("redelivered")).alias("redelivered"),
-        F.count_if(acked).alias("acked"),
-        F.count_if(kind == "deadletter").alias("dead_lettered"),
-        *[F.count_if((kind == "deadletter") & (F.col("reason") == r)).alias(f"dead_lettered_{r}")
-          for r in REASONS],
-        F.count_if(waited.isNotNull()).alias("publish_to_deliver_n"),
-        F.percentile_approx(waited, list(QUANTILES), ACCURACY).alias("_pd"),
-        F.count_if(handled.isNotNull()).alias("deliver_to_ack_n"),
-        F.percentile_approx(handled, list(QUANTILES), ACCURACY).alias("_da"),
-    ]
-    quantiles = [F.col(src)[i].cast("bigint").alias(f"{name}_p{int(q * 100)}_ms")
-                 for src, name in (("_pd", "publish_to_deliver"), ("_da", "deliver_to_ack"))
-                 for i, q in enumerate(QUANTILES)]
-    grouped = events.groupBy(*keys).agg(*aggs)
-    return grouped.select(*keys, *[c for c in grouped.columns if c not in (*keys, "_pd", "_da")], *quantiles)
+def _minute_and_date(t: Any) -> list[Any]:
+    return [F.expr(f"cast(date_from_unix_date(cast(floor({t} / {DAY_MS}) as int)) as string)").alias("date"),
+            (F.col(t) - F.pmod(t, F.lit(MINUTE_MS))).alias("minute")]
 
 
-# -- where things are kept -------------------------------------------------------------------------------------
+def batch_parts(events: DataFrame, paired: DataFrame) -> DataFrame:
+    """A batch's parts, long: (vhost, date, minute, queue, measure, latency_ms, n) — a COUNTERS row per
+    counter (latency_ms null) and a histogram bin per distinct latency of each LATENCIES measure, on the
+    minute of the row that carries the sample — with the rows' least and greatest event time and greatest
+    offset (lo, hi, top: the batch's figures). One aggregation: each event contributes its counters."""
+    kind, one = F.col("kind"), F.lit(1).cast("bigint")
 
-def escape_partition(value: str) -> str:
-    """A partition value as a directory name, as Spark escapes it (and Spark and pyarrow unescape it):
-    ``%XX`` for the characters a path or Hive cannot hold; other characters, non-ASCII too, as they are."""
-    special = set('"#%\'*/:=?\\[]^{}') | {chr(c) for c in range(32)} | {"\x7f"}
-    return "".join(f"%{ord(c):02X}" if c in special else c for c in value)
+    def counter(cond: Any, name: Any, value: Any = one) -> Any:
+        measure = F.lit(name) if isinstance(name, str) else name
+        return F.when(cond, F.struct(measure.alias("measure"), value.alias("v")))
+
+    contributions = F.array(
+        counter(kind == "publish", "published"), counter(kind == "publish", "published_bytes", F.col("bytes")),
+        counter(kind == "deliver", "delivered"), counter(kind == "deliver", "delivered_bytes", F.col("bytes")),
+        counter((kind == "deliver") & F.col("redelivered"), "redelivered"),
+        counter(kind == "ack", "acked"), counter(kind == "deadletter", "dead_lettered"),
+        counter((kind == "deadletter") & F.col("reason").isin(*REASONS),
+                F.concat(F.lit("dead_lettered_"), F.col("reason"))),
+    )
+    counted = events.select("vhost", "date", "minute", "queue", "t", "offset",
+                            F.explode(contributions).alias("c")).where(F.col("c").isNotNull()).select(
+        *PART_KEYS, "c.measure", F.lit(None).cast("bigint").alias("latency_ms"), "c.v", "t", "offset")
+    bins = samples(paired).select(
+        "vhost", *_minute_and_date("on_t"), "queue",
+        F.create_map(*[F.lit(x) for kv in LATENCY_OF.items() for x in kv])[F.col("after")].alias("measure"),
+        F.col("latency").alias("latency_ms"), one.alias("v"), F.col("on_t").alias("t"), F.col("on").alias("offset"))
+    return counted.unionByName(bins).groupBy(*PART_KEYS, "measure", "latency_ms").agg(
+        F.sum("v").alias("n"), F.min("t").alias("lo"), F.max("t").alias("hi"), F.max("offset").alias("top"))
 
 
-def _write_atomically(table: pa.Table, path: Path) -> None:
-    """Beside the target, then renamed over it: readers (and a crash) see the old file or the new one.
-    The leading dot keeps the half-written file out of Spark's and pyarrow's listings."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pq.write_table(table, tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
+# -- the sink --------------------------------------------------------------------------------------------------
 
 @dataclass
 class TrafficSink:
@@ -271,6 +288,7 @@ class TrafficSink:
     lookback_ms: int = 5 * MINUTE_MS
     checkpoint: Path | None = None  # checked against OUT/_query.json on the first batch
     on_batch: Callable[[dict[str, Any]], None] | None = None
+    keep_events: bool = False  # also write every event, with its latency, to OUT/events (one more Spark job)
     batches: int = 0
     events: int = 0
     read_to: dict[str, int] = field(default_factory=dict)
@@ -289,37 +307,45 @@ class TrafficSink:
     def traffic_dir(self) -> Path:
         return self.out / "traffic"
 
+    @property
+    def parts_dir(self) -> Path:
+        return self.out / "parts"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.out / "_state"
+
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.time()
         self._claim()
         spark = batch.sparkSession
         events = trace_events(batch).persist()
+        before = self._state_before(batch_id)
+        paired = pair(events, self._read_state(spark, before), self.lookback_ms).persist()
         try:
-            counted = events.groupBy("vhost", "date", "minute").agg(
-                F.count(F.lit(1)).alias("n"), F.min("t").alias("lo"), F.max("t").alias("hi"),
-                F.max("offset").alias("top")).collect()
-            if not counted:
+            parts = batch_parts(events, paired).toArrow()
+            if parts.num_rows == 0:
                 return
             read = time.time()
-            touched = [(r.vhost, r.date, r.minute) for r in counted]
-            span = (min(r.lo for r in counted), max(r.hi for r in counted))
-            timed = attach_latency(events, lambda lo, hi: self.history(spark, lo, hi, before=batch_id), span,
-                                   self.lookback_ms)
-            self._write_events(timed.withColumn("batch", F.lit(batch_id).cast("bigint")))
+            figure = _figures(parts)
+            if self.keep_events:
+                self._write_events(timed_events(events, paired).withColumn("batch", F.lit(batch_id).cast("bigint")))
+            self._write_state(next_state(paired, figure["hi"], self.lookback_ms), batch_id, before)
             kept = time.time()
-            rows = minute_rows(self.events_of(spark, touched)).toArrow()
-            self._replace_minutes(rows, touched)
+            write_parts(self.parts_dir, parts, batch_id)
+            touched = sorted(figure["touched"])
+            self._replace_minutes(touched)
         finally:
+            paired.unpersist()
             events.unpersist()
         minutes = [m for _, _, m in touched]
-        n = sum(r.n for r in counted)
+        n = figure["events"]
         self.batches += 1
         self.events += n
-        top = max(r.top for r in counted)
         self.first_minute = min(minutes + ([self.first_minute] if self.first_minute is not None else []))
         self.last_minute = max(minutes + ([self.last_minute] if self.last_minute is not None else []))
         done = time.time()
-        record = {"batch": batch_id, "events": n, "top_offset": top, "minutes": len(set(minutes)),
+        record = {"batch": batch_id, "events": n, "top_offset": figure["top"], "minutes": len(set(minutes)),
                   "started_ms": int(started * 1000),
                   "done_ms": int(done * 1000), "read_s": round(read - started, 3),
                   "events_s": round(kept - read, 3), "minutes_s": round(done - kept, 3)}
@@ -328,56 +354,53 @@ class TrafficSink:
         if self.on_batch is not None:
             self.on_batch(record)
 
-    # -- the kept events ---------------------------------------------------------------------------------------
+    # -- the state between batches -----------------------------------------------------------------------------
+    def _state_before(self, batch_id: int) -> int | None:
+        """The batch whose state this one starts from: the latest before it that wrote one (a batch without
+        trace events writes none). A batch run again finds the same one: no later batch has run."""
+        ids = [int(p.name.partition("=")[2]) for p in self.state_dir.glob("batch=*")] if self.state_dir.is_dir() else []
+        earlier = [i for i in ids if i < batch_id]
+        return max(earlier) if earlier else None
+
+    def _read_state(self, spark: SparkSession, before: int | None) -> DataFrame | None:
+        if before is None:
+            return None
+        return spark.read.schema(STATE_SCHEMA).parquet(str(self.state_dir / f"batch={before}"))
+
+    def _write_state(self, state: DataFrame, batch_id: int, before: int | None) -> None:
+        """State N written (Spark replaces the directory when batch N runs again); the states before the one
+        N started from are no longer needed by any run of any batch."""
+        state.coalesce(1).write.mode("overwrite").parquet(str(self.state_dir / f"batch={batch_id}"))
+        if before is not None:
+            for old in self.state_dir.glob("batch=*"):
+                if int(old.name.partition("=")[2]) < before:
+                    shutil.rmtree(old, ignore_errors=True)
+
+    # -- the kept events (--keep-events) -----------------------------------------------------------------------
     def _write_events(self, timed: DataFrame) -> None:
         """One file per (date, hour, batch); a batch run again replaces its own partitions and no other."""
         (timed.repartition("date").write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
          .partitionBy("date", "hour", "batch").parquet(str(self.events_dir)))
 
-    def read_events(self, spark: SparkSession, lo: int, hi: int) -> DataFrame | None:
-        """The kept events of the UTC hours from ``lo`` to ``hi`` (ms; None when none is kept)."""
-        paths = [str(self.events_dir / f"date={d}" / f"hour={h}") for d, h in _hours(lo, hi)]
-        paths = [p for p in paths if os.path.isdir(p)]
-        if not paths:
-            return None
-        return spark.read.schema(EVENT_SCHEMA).option("basePath", str(self.events_dir)).parquet(*paths)
-
-    def history(self, spark: SparkSession, lo: int, hi: int, before: int) -> DataFrame | None:
-        """Kept events of batches before ``before`` with ``lo <= t <= hi`` (a replayed batch must not see
-        its own earlier attempt: the same answer either way, but this one is plainly deterministic)."""
-        kept = self.read_events(spark, lo, hi)
-        if kept is None:
-            return None
-        return kept.where((F.col("batch") < before) & F.col("t").between(lo, hi))
-
-    def events_of(self, spark: SparkSession, touched: list[tuple[str, str, int]]) -> DataFrame:
-        """Every kept event of the touched (vhost, minute)s (the batch just written included)."""
-        minutes = sorted({m for _, _, m in touched})
-        kept = self.read_events(spark, minutes[0], minutes[-1])
-        assert kept is not None, "the batch's events were just written"
-        keys = spark.createDataFrame([(v, m) for v, _, m in set(touched)], "vhost STRING, minute BIGINT")
-        return (kept.where(F.col("minute").isin(minutes))
-                .join(F.broadcast(keys), ["vhost", "minute"], "left_semi"))
-
     # -- the traffic table -------------------------------------------------------------------------------------
     def partition_file(self, vhost: str, date: str) -> Path:
         return self.traffic_dir / f"vhost={escape_partition(vhost)}" / f"date={date}" / "part-0.parquet"
 
-    def _replace_minutes(self, rows: pa.Table, touched: list[tuple[str, str, int]]) -> None:
+    def _replace_minutes(self, touched: list[tuple[str, str, int]]) -> None:
+        """Each touched minute merged from all its parts, its rows replacing that minute's in its file."""
         by_file: dict[tuple[str, str], set[int]] = {}
         for vhost, date, minute in touched:
             by_file.setdefault((vhost, date), set()).add(minute)
         for (vhost, date), minutes in sorted(by_file.items()):
-            mine = rows.filter(pc.and_(pc.equal(rows["vhost"], vhost), pc.equal(rows["date"], date)))
-            new = mine.select(TRAFFIC_SCHEMA.names).cast(TRAFFIC_SCHEMA)
+            parts = [traffic_table(merge(read_minute(self.parts_dir, vhost, date, m), ["queue"]), m)
+                     for m in sorted(minutes)]
             path = self.partition_file(vhost, date)
-            parts = [new]
             if path.exists():
                 old = pq.ParquetFile(path).read().cast(TRAFFIC_SCHEMA)
                 kept = pc.invert(pc.is_in(pc.cast(old["minute"], pa.int64()), pa.array(sorted(minutes))))
                 parts.insert(0, old.filter(kept))
             table = pa.concat_tables(parts).sort_by([("queue", "ascending"), ("minute", "ascending")])
-            _write_atomically(table, path)
+            write_atomically(table, path)
 
     # -- one OUT, one checkpoint -------------------------------------------------------------------------------
     def _claim(self) -> None:
@@ -392,19 +415,12 @@ class TrafficSink:
             if owner != query_id:
                 raise RuntimeError(f"{self.out} was written by the query of another checkpoint ({owner}); "
                                    f"use that checkpoint, or a new --out")
-        elif self.events_dir.exists() and any(self.events_dir.iterdir()):
-            raise RuntimeError(f"{self.out} holds events but no _query.json: use a new --out")
+        elif any(d.exists() and any(d.iterdir()) for d in (self.parts_dir, self.events_dir)):
+            raise RuntimeError(f"{self.out} holds a job's output but no _query.json: use a new --out")
         else:
             self.out.mkdir(parents=True, exist_ok=True)
             mine.write_text(json.dumps({"checkpoint_id": query_id, "checkpoint": str(self.checkpoint)}) + "\n")
         self._claimed = True
-
-
-def _hours(lo: int, hi: int) -> list[tuple[str, int]]:
-    """The (UTC date, hour) of every hour from ``lo`` to ``hi`` (ms)."""
-    epoch = dt.datetime(1970, 1, 1)
-    return [((epoch + dt.timedelta(hours=h)).date().isoformat(), h % 24)
-            for h in range(lo // HOUR_MS, hi // HOUR_MS + 1)]
 
 
 # -- the streaming query ---------------------------------------------------------------------------------------
@@ -424,6 +440,7 @@ class TrafficJob:
     lookback_seconds: float = 300.0
     duration: float | None = None  # stop a continuous run after this long (None: until interrupted)
     starting_offsets: str = "earliest"
+    keep_events: bool = False  # also write every event with its latency to OUT/events
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -440,7 +457,8 @@ def run(spark: SparkSession, job: TrafficJob, on_batch: Callable[[dict[str, Any]
 
     spark.dataSource.register(DefaultSource)  # also found by itself when on the workers' path; this is sure
     job.out.mkdir(parents=True, exist_ok=True)
-    sink = TrafficSink(job.out, int(job.lookback_seconds * 1000), job.checkpoint_dir, on_batch)
+    sink = TrafficSink(job.out, int(job.lookback_seconds * 1000), job.checkpoint_dir, on_batch,
+                       keep_events=job.keep_events)
     reader = (spark.readStream.format("leveret").option("uri", job.uri).option("queue", job.stream)
               .option("startingOffsets", job.starting_offsets))
     if job.management_uri:
@@ -513,12 +531,18 @@ def read_traffic(out: Path) -> pa.Table:
     return ds.dataset(directory, format="parquet", partitioning=partitioning).to_table()
 
 
-def summarize(spark: SparkSession, out: Path, first_minute: int, last_minute: int) -> pa.Table:
+def summarize(out: Path, first_minute: int, last_minute: int) -> pa.Table:
     """Per (vhost, queue), over the minutes ``first_minute``..``last_minute`` (a run's): the counters and
-    the latency quantiles of all those minutes' events together (not quantiles of per-minute quantiles)."""
-    sink = TrafficSink(out)
-    kept = sink.read_events(spark, first_minute, last_minute + MINUTE_MS - 1)
-    if kept is None:
-        return pa.table({})
-    chosen = kept.where(F.col("minute").between(first_minute, last_minute))
-    return traffic_rows(chosen, ("vhost", "queue")).orderBy("vhost", "queue").toArrow()
+    the latency quantiles of all those minutes' samples together (their parts' histograms merged, not
+    quantiles of per-minute quantiles)."""
+    rows = merge(read_minutes(out / "parts", first_minute, last_minute), ["vhost", "queue"])
+    return pa.Table.from_pylist(rows) if rows else pa.table({})
+
+
+def _figures(parts: pa.Table) -> dict[str, Any]:
+    """A batch's parts (batch_parts) → its events, latest event time, greatest offset and touched
+    (vhost, date, minute)s."""
+    kinds = pc.is_in(parts["measure"], pa.array(["published", "delivered", "acked", "dead_lettered"]))
+    return {"events": pc.sum(parts.filter(kinds)["n"]).as_py(), "hi": pc.max(parts["hi"]).as_py(),
+            "top": pc.max(parts["top"]).as_py(),
+            "touched": set(zip(*(parts[c].to_pylist() for c in ("vhost", "date", "minute")), strict=True))}

@@ -120,6 +120,53 @@ def test_minute_rows_of_a_hand_built_trace(spark, tmp_path: Path) -> None:
     # The vhost "/other" has a directory of its own, escaped as Spark escapes it.
     assert (tmp_path / "traffic" / "vhost=%2Fother" / "date=2023-11-14" / "part-0.parquet").exists()
 
+    # The last batch run again (a crash before Spark committed it): from the same state, to the same rows.
+    sink(frames[2], 2)
+    assert _rows(tmp_path) == rows
+
+
+def _state(out: Path, batch_id: int) -> set[tuple[str, str, str, int]]:
+    table = read_parquet_dir(out / "_state" / f"batch={batch_id}")
+    return {(r["role"], r["message_id"], r["after"], r["t"] - T) for r in table.to_pylist()}
+
+
+def read_parquet_dir(path: Path) -> Any:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path)
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(300)
+def test_the_state_between_batches_keeps_what_may_still_pair(spark, tmp_path: Path) -> None:
+    """Open starts stay for the lookback, unpaired targets for WAIT_MS; a paired start is closed; a state
+    no run of any batch can start from is deleted."""
+    from pyspark_leveret.schema import READ_SCHEMA
+
+    sink = TrafficSink(tmp_path, lookback_ms=10_000)
+    batches = [
+        [_event(0, "publish", ["q1"], "m1", T), _event(1, "publish", ["q1"], "m2", T + 1),
+         _event(2, "deliver", "q1", "m2", T + 5, redelivered=0),  # pairs with its publish: that start closes
+         _event(3, "deliver", "q1", "m3", T + 6, redelivered=0)],  # no publish yet: waits
+        [_event(4, "deliver", "q1", "m1", T + 20_000, redelivered=0),  # its publish is older than the lookback
+         _event(5, "publish", ["q1"], "m9", T + 20_001)],
+        [_event(6, "ack", "q1", "m1", T + 22_100)],  # and m1's delivery has waited WAIT_MS for its publish
+    ]
+    for batch_id, batch in enumerate(batches):
+        sink(spark.createDataFrame(batch, READ_SCHEMA), batch_id)
+        if batch_id == 0:
+            assert _state(tmp_path, 0) == {("start", "m1", "publish", 0), ("start", "m2", "deliver", 5),
+                                           ("start", "m3", "deliver", 6), ("target", "m3", "publish", 6)}
+        if batch_id == 1:  # everything of batch 0 fell out of the windows (hi = T + 20,001)
+            assert _state(tmp_path, 1) == {("start", "m1", "deliver", 20_000), ("start", "m9", "publish", 20_001),
+                                           ("target", "m1", "publish", 20_000)}
+    assert _state(tmp_path, 2) == {("start", "m9", "publish", 20_001)}  # the ack closed m1's delivery
+    assert sorted(p.name for p in (tmp_path / "_state").iterdir()) == ["batch=1", "batch=2"]
+    [row] = _rows(tmp_path).values()
+    assert (row["published"], row["delivered"], row["acked"]) == (3, 3, 1)
+    assert (row["publish_to_deliver_n"], row["publish_to_deliver_p50_ms"]) == (1, 4)  # m2 only
+    assert (row["deliver_to_ack_n"], row["deliver_to_ack_p50_ms"]) == (1, 2_100)
+
 
 # -- the whole job on a real broker ----------------------------------------------------------------------------
 
@@ -196,7 +243,8 @@ def test_the_pipeline_on_a_real_trace_counts_each_event_once(spark, start_broker
 
     out = tmp_path / "out"
     argv = ["traffic", "--uri", broker.url, "--management-uri",
-            f"http://{broker.host}:{broker.management_port}", "--stream", "trace", "--out", str(out), "--once"]
+            f"http://{broker.host}:{broker.management_port}", "--stream", "trace", "--out", str(out), "--once",
+            "--keep-events"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "work" in printed and "ttl" in printed and (out / "traffic.png").stat().st_size > 10_000
