@@ -229,7 +229,9 @@ class Tracer:
     def __init__(self, vhost: TraceHost, node_name: str) -> None:
         self.vhost = vhost
         self.node_name = node_name
-        self._names_prefix = bytes([len(TRACE_EXCHANGE)]) + TRACE_EXCHANGE.encode()
+        self.names_prefix = bytes([len(TRACE_EXCHANGE)]) + TRACE_EXCHANGE.encode()
+        """How the wire names (exchange, routing key) of a message published to ``amq.rabbitmq.trace`` begin:
+        a stored message (a trace stream's) found to be one needs no decoding to know it is never traced."""
         self._node = _K_NODE + _longstr(node_name)
         self._vhost = _K_VHOST + _longstr(vhost.name)
         self._fields: dict[bytes, tuple[bytes, bytes]] = {}
@@ -327,7 +329,7 @@ class Tracer:
         ))
         header = build_content_header(len(body), _HEADERS_FLAG + _U32.pack(len(table)) + table)
         raw_key = key.encode()
-        copy = Message(TRACE_EXCHANGE, key, self._names_prefix + bytes([len(raw_key)]) + raw_key, header, body)
+        copy = Message(TRACE_EXCHANGE, key, self.names_prefix + bytes([len(raw_key)]) + raw_key, header, body)
         exchange = vhost.exchanges.get(TRACE_EXCHANGE)
         if exchange is not None:
             vhost.publish(exchange, copy, False, held=True)

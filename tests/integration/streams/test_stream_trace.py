@@ -14,7 +14,7 @@ from typing import Any
 import pika
 import pytest
 
-from tests.integration.management.test_trace import Node, events, node, sink, traced  # noqa: F401 - fixtures
+from tests.integration.management.test_trace import TRACE, Node, events, node, sink, traced  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.leveret_only, pytest.mark.timeout(60)]
 
@@ -81,6 +81,42 @@ def test_stream_acks_are_traced(traced: Node):  # noqa: F811 - fixture
         t = times[mid]
         assert t["publish"] <= t["deliver"] <= t["ack"]
     assert "ack" not in times["id-3"]  # never acked: no ack event
+
+
+def consume_then_ack_all(c: pika.BlockingConnection, queue: str, count: int) -> list[int]:
+    """Consume ``count`` deliveries from ``first``, then ack them all with one multiple ack (as the Spark
+    connector does). Returns the offsets delivered."""
+    ch = c.channel()
+    ch.basic_qos(prefetch_count=count)
+    got: list[tuple[int, int]] = []
+    tag = ch.basic_consume(queue, lambda _c, m, p, _b: got.append((p.headers["x-stream-offset"], m.delivery_tag)),
+                           arguments={"x-stream-offset": "first"})
+    deadline = time.monotonic() + 5
+    while len(got) < count and time.monotonic() < deadline:
+        c.process_data_events(0.05)
+    ch.basic_ack(got[-1][1], multiple=True)
+    ch.basic_cancel(tag)
+    ch.queue_declare(queue, passive=True, durable=True, arguments=STREAM)  # a round-trip: the ack is in
+    return [offset for offset, _ in got]
+
+
+def test_a_multiple_ack_traces_each_message_and_a_trace_stream_read_traces_nothing(traced: Node):  # noqa: F811
+    name, firehose = "tr.stream.multiple", "tr.firehose"
+    with traced_stream(traced, name) as (c, ch, s):
+        ch.queue_declare(firehose, durable=True, arguments=STREAM)
+        ch.queue_bind(firehose, TRACE, f"*.{name}")  # this stream's deliver and ack events, kept in a stream
+        for i in range(5):
+            ch.basic_publish("", name, b"m%d" % i, pika.BasicProperties(message_id=f"id-{i}"))
+        assert consume_then_ack_all(c, name, 5) == [0, 1, 2, 3, 4]
+        time.sleep(0.3)  # the ack events are traced a moment after the ack
+        held = ch.queue_declare(firehose, passive=True, durable=True, arguments=STREAM)
+        assert consume_then_ack_all(c, firehose, 10) == list(range(10))  # read and acked at once
+        evs = events(ch, s)
+        ch.queue_delete(firehose)
+    assert held.method.message_count == 10  # 5 deliver and 5 ack events
+    acks = [h["x-leveret-message-id"] for key, h, _body in evs if key == f"ack.{name}"]
+    assert acks == [f"id-{i}" for i in range(5)]  # one event per message of the multiple ack, in order
+    assert [key for key, _h, _body in evs if key.endswith(f".{firehose}")] == []  # the firehose is never traced
 
 
 def test_no_stream_ack_events_when_tracing_is_off(node: Node):  # noqa: F811 - fixture
