@@ -4,16 +4,17 @@
 
 Starts a broker of its own (temporary data dir, free ports), turns tracing on, binds a stream ``trace`` to
 ``amq.rabbitmq.trace``, starts the traffic job (leveret_pipeline.traffic, in this process, a processingTime
-trigger), waits for its first micro-batch (so the JVM's warm-up is not measured), then runs ``leveret perf``
-(``--rate`` split over two producers, two consumers, manual acks) for ``--seconds``, and lets the job catch
-up. The lag of a message = when the micro-batch that counted its publish finished replacing that minute's
+trigger), waits for its first micro-batch (so the JVM's start is not measured), then runs ``leveret perf``
+(``--rate`` split over two producers, two consumers, manual acks) for ``--warm-up`` + ``--seconds``, and lets
+the job catch up; lags and CPU are measured over the last ``--seconds`` (the JIT has warmed on real batches). The lag of a message = when the micro-batch that counted its publish finished replacing that minute's
 traffic file (``_batches.jsonl``'s ``done_ms``) − the publish's ``x-leveret-event-time``. It is at least the
 wait for the next trigger (0 to ``--trigger`` s) plus the batch's read and processing time; it grows without
 bound when a batch takes longer than the trigger interval for the traffic it holds (the job falls behind).
 
 Prints p50 / p99 / max over the publishes of the perf run, the rates the broker and the job reached, and each
 micro-batch (events; seconds in all, reading + parsing, pairing + writing the events, recomputing the
-minutes) and the broker's CPU use while perf ran (cores), and, once the job is done, the raw drain rate of the
+minutes) and the CPU used while perf ran (cores: the broker; the job — this process, its JVM and Python
+workers), and, once the job is done, the raw drain rate of the
 same trace stream by ``leveret perf`` (one consumer from ``first``, manual acks, prefetch 2,000: what a plain
 AMQP consumer reads of it on this machine, beside the job's read rate); ``--json-out`` keeps them. Needs Java 17 and ``pip install -e pipeline``.
 """
@@ -87,6 +88,37 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    listing = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], check=True, capture_output=True, text=True).stdout
+    for line in listing.splitlines():
+        pid, ppid = (int(x) for x in line.split())
+        children.setdefault(ppid, []).append(pid)
+    found, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, []))
+    return found
+
+
+def _cpu_by_process_tree(broker: int, perf: int | None) -> dict[str, float]:
+    """CPU seconds so far of the broker and of the job (this process and its other descendants: Spark's JVM
+    and its Python workers; perf and its children left out)."""
+    def total(pids: list[int]) -> float:
+        seconds = 0.0
+        for pid in pids:
+            try:
+                seconds += _cpu_seconds(pid)
+            except OSError:  # gone meanwhile
+                pass
+        return seconds
+
+    perf_tree = _descendants(perf) if perf is not None else []
+    job = [p for p in _descendants(os.getpid()) if p != broker and p not in perf_tree]
+    return {"broker": total([broker]), "job": total(job)}
+
+
 def _quantile(values: list[int], q: float) -> int:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -136,7 +168,10 @@ def _lags(spark: Any, uri: str, management: int, out: Path, first_ms: int, last_
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.spark_pipeline_lag", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", type=int, default=5000, help="messages/s published (over two producers)")
-    ap.add_argument("--seconds", type=float, default=60.0, help="how long perf publishes")
+    ap.add_argument("--seconds", type=float, default=60.0, help="how long perf publishes, measured")
+    ap.add_argument("--warm-up", type=float, default=30.0,
+                    help="seconds of the same traffic before the measured ones (the JVM's JIT warms on real "
+                         "batches: the first big batches of a fresh job cost ~3x a warm one's CPU)")
     ap.add_argument("--trigger", type=float, default=10.0, help="the job's micro-batch interval, seconds")
     ap.add_argument("--size", type=int, default=100, help="message body bytes")
     ap.add_argument("--catch-up", type=float, default=300.0, help="longest wait for the job after perf, s")
@@ -163,18 +198,23 @@ def main(argv: list[str] | None = None) -> int:
 
         def start_perf() -> None:
             nonlocal perf
-            window["first"] = int(time.time() * 1000)
-            cpu["start"] = _cpu_seconds(broker.pid)
+            window["first"] = int((time.time() + args.warm_up) * 1000)
+
+            def measure_cpu() -> None:
+                time.sleep(args.warm_up)
+                cpu.update({f"start_{k}": v for k, v in _cpu_by_process_tree(broker.pid, perf.pid if perf else None).items()})
+
+            threading.Thread(target=measure_cpu, daemon=True).start()
             perf = subprocess.Popen(
                 [sys.executable, "-m", "broker", "perf", "--url", uri, "--producers", "2", "--consumers", "2",
-                 "--rate", str(args.rate // 2), "--size", str(args.size), "--ack", "--time", str(args.seconds),
+                 "--rate", str(args.rate // 2), "--size", str(args.size), "--ack", "--time", str(args.warm_up + args.seconds),
                  "--json-out", str(tmp / "perf.json")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
             def wait() -> None:
                 assert perf is not None
                 perf.wait()
                 window["last"] = int(time.time() * 1000)
-                cpu["end"] = _cpu_seconds(broker.pid)
+                cpu.update({f"end_{k}": v for k, v in _cpu_by_process_tree(broker.pid, None).items()})
                 perf_done.set()
 
             threading.Thread(target=wait, daemon=True).start()
@@ -190,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         def caught_up(sink: TrafficSink) -> bool:
             if not perf_done.is_set():
                 return False
-            if time.monotonic() - started > args.seconds + args.catch_up + 120:
+            if time.monotonic() - started > args.warm_up + args.seconds + args.catch_up + 120:
                 print("the job did not catch up within --catch-up", file=sys.stderr)
                 return True
             # (the source's offsets, not the sink's events: those are per queue and kind, and a publish that
@@ -204,13 +244,13 @@ def main(argv: list[str] | None = None) -> int:
         events = sum(b["events"] for b in measured)
         span = (measured[-1]["done_ms"] - measured[0]["started_ms"]) / 1000 if measured else 0.0
         result = {
-            "rate_asked": args.rate, "trigger_s": args.trigger, "seconds": args.seconds,
+            "rate_asked": args.rate, "trigger_s": args.trigger, "seconds": args.seconds, "warm_up_s": args.warm_up,
             "publishes_measured": len(lags),
             "lag_ms": {"p50": _quantile(lags, 0.5), "p99": _quantile(lags, 0.99), "max": max(lags)} if lags else {},
             "perf": {k: perf_result.get(k) for k in ("publish_rate", "consume_rate") if k in perf_result},
             "job_events": events, "job_events_per_s": round(events / span) if span else None,
-            "broker_cores_during_perf": round((cpu["end"] - cpu["start"]) * 1000
-                                              / (window["last"] - window["first"]), 2),
+            "cores_measured": {k: round((cpu[f"end_{k}"] - cpu[f"start_{k}"]) * 1000
+                                        / (window["last"] - window["first"]), 2) for k in ("broker", "job")},
             "batches": [{"batch": b["batch"], "events": b["events"],
                          "seconds": round((b["done_ms"] - b["started_ms"]) / 1000, 2),
                          "read_s": b["read_s"], "events_s": b["events_s"], "minutes_s": b["minutes_s"]}
