@@ -137,14 +137,13 @@ def trace_events(trace: DataFrame) -> DataFrame:
 # What a batch needs of the batches before it is small, and kept as the job's *state* (``_state/batch=N``,
 # written by batch N from the state before it and its own events): the *open starts* — the latest publish
 # and delivery of each (vhost, queue, message) not yet paired, for at most ``lookback`` — and the *waiting
-# targets*, deliveries and acks not yet paired, for ``WAIT_MS``, in case their start was traced after them.
+# targets*, deliveries and acks not yet paired, for ``SLACK_MS``, in case their start was traced after them.
 # A start ends one interval: once paired it is closed (a message's first delivery in a queue closes its
-# publish there; an ack closes the delivery it follows). In steady traffic the state is the messages in
+# publish there; an ack closes the delivery it follows; within a batch, the first target in the stream wins). In steady traffic the state is the messages in
 # flight, not the lookback's events: the batch joins its events with that, not with minutes of history.
 
 LATENCY_OF = {"publish": "publish_to_deliver", "deliver": "deliver_to_ack"}  # a LATENCIES name, by the start's kind
 SLACK_MS = 1_000  # how much later than its delivery a publish may be traced (same call: ms)
-WAIT_MS = 2 * SLACK_MS  # how long (event time, behind the batch's latest event) an unpaired target waits
 STATE_SCHEMA = ("role STRING, vhost STRING, queue STRING, message_id STRING, after STRING, t BIGINT, "
                 "offset BIGINT")  # role: "start" (after = its own kind) or "target" (after = the kind it needs)
 
@@ -184,7 +183,8 @@ def pair(events: DataFrame, state: DataFrame | None, lookback_ms: int) -> DataFr
     A target pairs with the latest start of the same message, queue and kind at most ``lookback_ms`` before
     it (or ``SLACK_MS`` after it: traced late) — a redelivered message's ack pairs with its last delivery. A
     new target looks among the new and the open starts; a waiting target, already compared with everything
-    before, among the new starts only. A start that pairs is closed.
+    before, among the new starts only. A start pairs with at most one target, the first in the stream, and
+    is then closed.
     """
     items = _items(events)
     if state is not None:
@@ -198,10 +198,16 @@ def pair(events: DataFrame, state: DataFrame | None, lookback_ms: int) -> DataFr
             f"array_max(filter(S, s -> s.new AND {within})))), p -> p.best IS NOT NULL)")
     sample = ("named_struct('on_t', {on}.t, 'on', {on}.offset, 'after', p.x.after, "
               "'latency', greatest(p.x.t - p.best.t, 0), 'start', p.best.offset, 'target', p.x.offset)")
-    paired = grouped.select(
+    # A start pairs with one target: the first of its candidates in the stream (a message's first delivery
+    # from a queue; a stream's second consumer's is not a first one) — the same whether or not the batches cut
+    # between them, as a start closes once paired.
+    candidates = (f"concat(transform({late}, p -> {sample.format(on='p.best')}), "
+                  f"transform({found}, p -> {sample.format(on='p.x')}))")
+    # (SQL names are case-blind: a column named like a lambda's variable would be shadowed inside it.)
+    paired = grouped.select("vhost", "queue", "message_id", "S", "X", F.expr(candidates).alias("candidates")).select(
         "vhost", "queue", "message_id", "S", "X",
-        F.expr(f"concat(transform({found}, p -> {sample.format(on='p.x')}), "
-               f"transform({late}, p -> {sample.format(on='p.best')}))").alias("samples"))
+        F.expr("filter(candidates, q -> NOT exists(candidates, r -> r.start = q.start AND r.target < q.target))"
+               ).alias("samples"))
     open_starts = "filter(S, s -> NOT array_contains(transform(samples, p -> p.start), s.offset))"
     latest = ", ".join(f"array_max(filter({open_starts}, s -> s.after = '{kind}'))" for kind in LATENCY_OF)
     return paired.select(
@@ -212,15 +218,18 @@ def pair(events: DataFrame, state: DataFrame | None, lookback_ms: int) -> DataFr
         F.expr("filter(X, x -> NOT array_contains(transform(samples, p -> p.target), x.offset))").alias("waiting"))
 
 
-def next_state(paired: DataFrame, latest_t: int, lookback_ms: int) -> DataFrame:
-    """The state after a batch (``latest_t``: its latest event time): the open starts younger than the
-    lookback, the waiting targets younger than ``WAIT_MS``."""
+def next_state(paired: DataFrame, earliest_t: int, lookback_ms: int) -> DataFrame:
+    """The state after a batch (``earliest_t``: its earliest event time): the open starts a later target may
+    still reach (at most the lookback before the batch's events), the waiting targets a start traced after
+    them may still reach (at most ``SLACK_MS`` before them). From the earliest time, not the latest: one
+    event stamped ahead by a skewed clock must not evict what every other message still waits for."""
     def rows(column: str, role: str, since: int) -> DataFrame:
         return paired.select("vhost", "queue", "message_id", F.explode(column).alias("i")).where(
             F.col("i.t") >= F.lit(since)).select(
             F.lit(role).alias("role"), "vhost", "queue", "message_id", "i.after", "i.t", "i.offset")
 
-    return rows("open", "start", latest_t - lookback_ms).unionByName(rows("waiting", "target", latest_t - WAIT_MS))
+    return rows("open", "start", earliest_t - lookback_ms).unionByName(
+        rows("waiting", "target", earliest_t - SLACK_MS))
 
 
 def samples(paired: DataFrame) -> DataFrame:
@@ -251,8 +260,8 @@ def _minute_and_date(t: Any) -> list[Any]:
 def batch_parts(events: DataFrame, paired: DataFrame) -> DataFrame:
     """A batch's parts, long: (vhost, date, minute, queue, measure, latency_ms, n) — a COUNTERS row per
     counter (latency_ms null) and a histogram bin per distinct latency of each LATENCIES measure, on the
-    minute of the row that carries the sample — with the rows' least and greatest event time and greatest
-    offset (lo, hi, top: the batch's figures). One aggregation: each event contributes its counters."""
+    minute of the row that carries the sample — with the rows' earliest event time and greatest offset (lo,
+    top: the batch's figures). One aggregation: each event contributes its counters."""
     kind, one = F.col("kind"), F.lit(1).cast("bigint")
 
     def counter(cond: Any, name: Any, value: Any = one) -> Any:
@@ -275,7 +284,7 @@ def batch_parts(events: DataFrame, paired: DataFrame) -> DataFrame:
         F.create_map(*[F.lit(x) for kv in LATENCY_OF.items() for x in kv])[F.col("after")].alias("measure"),
         F.col("latency").alias("latency_ms"), one.alias("v"), F.col("on_t").alias("t"), F.col("on").alias("offset"))
     return counted.unionByName(bins).groupBy(*PART_KEYS, "measure", "latency_ms").agg(
-        F.sum("v").alias("n"), F.min("t").alias("lo"), F.max("t").alias("hi"), F.max("offset").alias("top"))
+        F.sum("v").alias("n"), F.min("t").alias("lo"), F.max("offset").alias("top"))
 
 
 # -- the sink --------------------------------------------------------------------------------------------------
@@ -330,7 +339,7 @@ class TrafficSink:
             figure = _figures(parts)
             if self.keep_events:
                 self._write_events(timed_events(events, paired).withColumn("batch", F.lit(batch_id).cast("bigint")))
-            self._write_state(next_state(paired, figure["hi"], self.lookback_ms), batch_id, before)
+            self._write_state(next_state(paired, figure["lo"], self.lookback_ms), batch_id, before)
             kept = time.time()
             write_parts(self.parts_dir, parts, batch_id)
             touched = sorted(figure["touched"])
@@ -410,6 +419,11 @@ class TrafficSink:
         meta = self.checkpoint / "metadata"
         query_id = json.loads(meta.read_text().splitlines()[0])["id"]
         mine = self.out / "_query.json"
+        if self.traffic_dir.exists() and not self.parts_dir.exists():
+            # Written before the parts (an earlier leveret-pipeline): its minutes would be rebuilt from the new
+            # batches' parts alone, forgetting what the earlier batches counted.
+            raise RuntimeError(f"{self.out} was written by an earlier leveret-pipeline (no parts/): use a new "
+                               f"--out (and a new checkpoint)")
         if mine.exists():
             owner = json.loads(mine.read_text())["checkpoint_id"]
             if owner != query_id:
@@ -540,9 +554,9 @@ def summarize(out: Path, first_minute: int, last_minute: int) -> pa.Table:
 
 
 def _figures(parts: pa.Table) -> dict[str, Any]:
-    """A batch's parts (batch_parts) → its events, latest event time, greatest offset and touched
+    """A batch's parts (batch_parts) → its events, earliest event time, greatest offset and touched
     (vhost, date, minute)s."""
     kinds = pc.is_in(parts["measure"], pa.array(["published", "delivered", "acked", "dead_lettered"]))
-    return {"events": pc.sum(parts.filter(kinds)["n"]).as_py(), "hi": pc.max(parts["hi"]).as_py(),
+    return {"events": pc.sum(parts.filter(kinds)["n"]).as_py(), "lo": pc.min(parts["lo"]).as_py(),
             "top": pc.max(parts["top"]).as_py(),
             "touched": set(zip(*(parts[c].to_pylist() for c in ("vhost", "date", "minute")), strict=True))}

@@ -139,8 +139,8 @@ def read_parquet_dir(path: Path) -> Any:
 @pytest.mark.spark
 @pytest.mark.timeout(300)
 def test_the_state_between_batches_keeps_what_may_still_pair(spark, tmp_path: Path) -> None:
-    """Open starts stay for the lookback, unpaired targets for WAIT_MS; a paired start is closed; a state
-    no run of any batch can start from is deleted."""
+    """Open starts stay for the lookback, unpaired targets for SLACK_MS (both before the batch's earliest
+    event); a paired start is closed; a state no run of any batch can start from is deleted."""
     from pyspark_leveret.schema import READ_SCHEMA
 
     sink = TrafficSink(tmp_path, lookback_ms=10_000)
@@ -150,14 +150,14 @@ def test_the_state_between_batches_keeps_what_may_still_pair(spark, tmp_path: Pa
          _event(3, "deliver", "q1", "m3", T + 6, redelivered=0)],  # no publish yet: waits
         [_event(4, "deliver", "q1", "m1", T + 20_000, redelivered=0),  # its publish is older than the lookback
          _event(5, "publish", ["q1"], "m9", T + 20_001)],
-        [_event(6, "ack", "q1", "m1", T + 22_100)],  # and m1's delivery has waited WAIT_MS for its publish
+        [_event(6, "ack", "q1", "m1", T + 22_100)],  # and m1's delivery has waited SLACK_MS for its publish
     ]
     for batch_id, batch in enumerate(batches):
         sink(spark.createDataFrame(batch, READ_SCHEMA), batch_id)
         if batch_id == 0:
             assert _state(tmp_path, 0) == {("start", "m1", "publish", 0), ("start", "m2", "deliver", 5),
                                            ("start", "m3", "deliver", 6), ("target", "m3", "publish", 6)}
-        if batch_id == 1:  # everything of batch 0 fell out of the windows (hi = T + 20,001)
+        if batch_id == 1:  # everything of batch 0 fell out of the windows (the batch's earliest: T + 20,000)
             assert _state(tmp_path, 1) == {("start", "m1", "deliver", 20_000), ("start", "m9", "publish", 20_001),
                                            ("target", "m1", "publish", 20_000)}
     assert _state(tmp_path, 2) == {("start", "m9", "publish", 20_001)}  # the ack closed m1's delivery
@@ -166,6 +166,23 @@ def test_the_state_between_batches_keeps_what_may_still_pair(spark, tmp_path: Pa
     assert (row["published"], row["delivered"], row["acked"]) == (3, 3, 1)
     assert (row["publish_to_deliver_n"], row["publish_to_deliver_p50_ms"]) == (1, 4)  # m2 only
     assert (row["deliver_to_ack_n"], row["deliver_to_ack_p50_ms"]) == (1, 2_100)
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(300)
+def test_a_start_pairs_once_wherever_the_batches_cut(spark, tmp_path: Path) -> None:
+    """Two first deliveries of one message from one queue (a stream's two consumers): its publish pairs with
+    the first of them, whether the second comes in the same batch or the next."""
+    from pyspark_leveret.schema import READ_SCHEMA
+
+    publish, first, second = (_event(0, "publish", ["s"], "m", T), _event(1, "deliver", "s", "m", T + 10, redelivered=0),
+                              _event(2, "deliver", "s", "m", T + 30, redelivered=0))
+    for name, cut in (("one", [[publish, first, second]]), ("two", [[publish, first], [second]])):
+        sink = TrafficSink(tmp_path / name)
+        for batch_id, batch in enumerate(cut):
+            sink(spark.createDataFrame(batch, READ_SCHEMA), batch_id)
+        [row] = _rows(tmp_path / name).values()
+        assert (row["delivered"], row["publish_to_deliver_n"], row["publish_to_deliver_p99_ms"]) == (2, 1, 10), name
 
 
 # -- the whole job on a real broker ----------------------------------------------------------------------------
@@ -293,6 +310,17 @@ def test_partition_values_are_escaped_as_spark_does() -> None:
     assert escape_partition("a=b/c%d") == "a%3Db%2Fc%25d"
     assert escape_partition("plain.name-1_é") == "plain.name-1_é"
     assert urllib.parse.unquote(escape_partition("/ops:x?#")) == "/ops:x?#"
+
+
+def test_an_out_dir_of_an_earlier_pipeline_is_refused(tmp_path: Path) -> None:
+    """An OUT written before the minute parts: its minutes would be rebuilt from the new batches alone."""
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "metadata").write_text(json.dumps({"id": "a"}) + "\n")
+    out = tmp_path / "out"
+    (out / "traffic" / "vhost=%2F").mkdir(parents=True)
+    (out / "_query.json").write_text(json.dumps({"checkpoint_id": "a"}) + "\n")
+    with pytest.raises(RuntimeError, match="earlier leveret-pipeline"):
+        TrafficSink(out, checkpoint=tmp_path / "ck")._claim()
 
 
 def test_an_out_dir_built_by_another_checkpoint_is_refused(tmp_path: Path) -> None:
