@@ -512,16 +512,17 @@ class StreamQueue(QueueShell):
             stats.redelivered += len(records)
         deliver = channel.deliver_parts
         tracer = self.vhost.tracing
-        untraced = b"" if tracer is None else tracer.names_prefix  # b"": every message goes untraced
+        untraced = b"" if tracer is None else tracer.names_prefix
         for record in records:
             parts = wire_parts(record.payload)
-            # A Message for an earlier record format, or for the firehose — not for a trace event it would skip
-            # (a trace stream read while tracing: building one per delivery was a tenth of the broker's CPU).
-            if parts is None or not parts[0].startswith(untraced):
+            # Raw slices unless the firehose wants a Message — not for a trace event it would skip (a trace
+            # stream read while tracing: building one per delivery was a tenth of the broker's CPU) — or the
+            # record is of the earlier format.
+            if parts is not None and (tracer is None or parts[0].startswith(untraced)):
+                deliver(consumer, self, record.offset << OFFSET_SHIFT | tail, *parts, redelivered)
+            else:
                 channel.deliver(consumer, self, record.offset << OFFSET_SHIFT | tail, self._as_delivered(record),
                                 redelivered)
-            else:
-                deliver(consumer, self, record.offset << OFFSET_SHIFT | tail, *parts, redelivered)
 
     # -- settling ----------------------------------------------------------------------------------------
     def _by_group(self, seq_ids: list[int]) -> dict[_Group, list[int]]:

@@ -93,6 +93,12 @@ def string_array(rendered: Any) -> Any:
     return F.from_json(rendered, "array<string>")
 
 
+def _minute_and_date(t: str) -> list[Any]:
+    """The UTC date (text) and minute start (ms) of the time column ``t``."""
+    return [F.expr(f"cast(date_from_unix_date(cast(floor({t} / {DAY_MS}) as int)) as string)").alias("date"),
+            (F.col(t) - F.pmod(t, F.lit(MINUTE_MS))).alias("minute")]
+
+
 def trace_events(trace: DataFrame) -> DataFrame:
     """The connector's rows of a trace stream → one row per event and queue (no latency yet).
 
@@ -118,9 +124,7 @@ def trace_events(trace: DataFrame) -> DataFrame:
     ).where(F.col("kind").isin(*KINDS) & F.col("t").isNotNull())
     return base.select(
         "vhost", F.explode("queues").alias("queue"), "kind", "message_id", "t",
-        (F.col("t") - F.pmod("t", F.lit(MINUTE_MS))).alias("minute"),
-        "reason", "redelivered", "bytes", "offset",
-        F.expr(f"cast(date_from_unix_date(cast(floor(t / {DAY_MS}) as int)) as string)").alias("date"),
+        "reason", "redelivered", "bytes", "offset", *_minute_and_date("t"),
         F.pmod(F.floor(F.col("t") / HOUR_MS), F.lit(24)).cast("int").alias("hour"),
     )
 
@@ -139,8 +143,9 @@ def trace_events(trace: DataFrame) -> DataFrame:
 # and delivery of each (vhost, queue, message) not yet paired, for at most ``lookback`` — and the *waiting
 # targets*, deliveries and acks not yet paired, for ``SLACK_MS``, in case their start was traced after them.
 # A start ends one interval: once paired it is closed (a message's first delivery in a queue closes its
-# publish there; an ack closes the delivery it follows; within a batch, the first target in the stream wins). In steady traffic the state is the messages in
-# flight, not the lookback's events: the batch joins its events with that, not with minutes of history.
+# publish there; an ack closes the delivery it follows; within a batch, the first target in the stream wins).
+# In steady traffic the state is the messages in flight, not the lookback's events: the batch joins its events
+# with that, not with minutes of history.
 
 LATENCY_OF = {"publish": "publish_to_deliver", "deliver": "deliver_to_ack"}  # a LATENCIES name, by the start's kind
 SLACK_MS = 1_000  # how much later than its delivery a publish may be traced (same call: ms)
@@ -250,11 +255,6 @@ def timed_events(events: DataFrame, paired: DataFrame) -> DataFrame:
 # -- a batch's minute parts (minute_parts.py) --------------------------------------------------------------------
 
 PART_KEYS = ("vhost", "date", "minute", "queue")
-
-
-def _minute_and_date(t: Any) -> list[Any]:
-    return [F.expr(f"cast(date_from_unix_date(cast(floor({t} / {DAY_MS}) as int)) as string)").alias("date"),
-            (F.col(t) - F.pmod(t, F.lit(MINUTE_MS))).alias("minute")]
 
 
 def batch_parts(events: DataFrame, paired: DataFrame) -> DataFrame:
