@@ -21,23 +21,13 @@ import resource
 import subprocess
 import sys
 import time
-import urllib.request
-from base64 import b64encode
 from pathlib import Path
 from typing import Any
 
 import pika
 
 from bench.run_bench import BaselineLeveret, Leveret, RabbitMQ, machine_info
-from bench.spark_pipeline_lag import _cpu_seconds, _free_port
-
-
-def _trace_on_leveret(management_port: int) -> None:
-    req = urllib.request.Request(f"http://127.0.0.1:{management_port}/api/vhosts/%2F", method="PUT",
-                                 data=json.dumps({"tracing": True}).encode())
-    req.add_header("Authorization", "Basic " + b64encode(b"guest:guest").decode())
-    req.add_header("Content-Type", "application/json")
-    urllib.request.urlopen(req, timeout=30).read()
+from bench.spark_pipeline_lag import _api, _cpu_seconds, _free_port, _trace_stream
 
 
 def _trace_on_rabbitmq(broker: RabbitMQ) -> None:
@@ -47,9 +37,7 @@ def _trace_on_rabbitmq(broker: RabbitMQ) -> None:
 
 def _stream_bound_to_firehose(port: int) -> None:
     conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
-    ch = conn.channel()
-    ch.queue_declare("trace", durable=True, arguments={"x-queue-type": "stream"})
-    ch.queue_bind("trace", "amq.rabbitmq.trace", "#")
+    _trace_stream(conn.channel())
     conn.close()
 
 
@@ -71,7 +59,7 @@ def one_case(name: str, tracing: bool, rate: int, seconds: int, baseline: str | 
         if tracing:
             _stream_bound_to_firehose(port)
             if name.startswith("leveret"):
-                _trace_on_leveret(management)
+                _api(management, "PUT", "vhosts/%2F", {"tracing": True})
             else:
                 _trace_on_rabbitmq(broker)
         pid = broker.pid

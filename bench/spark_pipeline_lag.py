@@ -71,12 +71,17 @@ def _start_broker(port: int, management: int, data_dir: Path, log: Path) -> subp
     raise RuntimeError(f"the broker did not start: {log.read_text(errors='replace')[-2000:]}")
 
 
+def _trace_stream(ch: Any) -> None:
+    """Declare the durable stream ``trace`` and bind it to the firehose with ``#`` (as the traffic job reads it)."""
+    ch.queue_declare("trace", durable=True, arguments={"x-queue-type": "stream"})
+    ch.queue_bind("trace", "amq.rabbitmq.trace", "#")
+
+
 def _trace_into_stream(port: int, management: int) -> None:
     _api(management, "PUT", "vhosts/%2F", {"tracing": True})
     conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
     ch = conn.channel()
-    ch.queue_declare("trace", durable=True, arguments={"x-queue-type": "stream"})
-    ch.queue_bind("trace", "amq.rabbitmq.trace", "#")
+    _trace_stream(ch)
     ch.queue_declare("warm-up")
     ch.basic_publish("", "warm-up", b"first batch")
     conn.close()
