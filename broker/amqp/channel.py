@@ -32,6 +32,7 @@ from pamqp import commands as spec
 from broker.amqp.command_assembler import CommandAssembler
 from broker.amqp.confirms import Confirms
 from broker.amqp.method_pipeline import MethodPipeline
+from broker.amqp.publish_run import PublishRun
 from broker.amqp.tx import COMMIT_FAILED, Transaction
 from broker.errors import AMQPError
 from broker.exchanges.exchange import EXCHANGE, QUEUE, Exchange
@@ -182,6 +183,8 @@ class Channel:
         self.on_header = self.assembler.on_header
         self.on_body = self.assembler.on_body
         self.on_whole_publish = self.assembler.on_whole_publish
+        # Runs of alike publishes found in one read, taken as one (broker/amqp/publish_run.py).
+        self.publish_run = PublishRun(self)
         # The channel's frames in order: paused while a reply of it is deferred, its later frames waiting
         # (broker/amqp/method_pipeline.py); the reader hands a frame to it instead of handling it then.
         self.pipeline = MethodPipeline(
@@ -271,12 +274,7 @@ class Channel:
         self.publishing = True
         if args.immediate:
             raise AMQPError(NOT_IMPLEMENTED, "immediate=true", CLASS_BASIC, 40)
-        try:
-            topic = self.publish_checks[args.exchange]
-        except KeyError:
-            permissions.basic_publish(self.reader.user, self.vhost.name, args.exchange)
-            topic = self.publish_checks[args.exchange] = topic_permissions.publish_check(
-                self.reader.user, self.vhost.name, args.exchange)
+        topic = self.publish_check(args.exchange)
         name = args.exchange
         exchange = self.vhost.exchanges.get(name) if name else self.vhost.default_exchange
         if exchange is None or exchange.internal:
@@ -314,6 +312,17 @@ class Channel:
                 learning.add_done_callback(lambda _f: answer())
                 return
         self._publish_routed(exchange, args, msg, persistent)
+
+    def publish_check(self, exchange: str) -> topic_permissions.TopicCheck | None:
+        """The user may publish to ``exchange`` (403 if not; asked once per exchange, as RabbitMQ caches it):
+        the check of its routing keys by topic permissions, or None."""
+        try:
+            return self.publish_checks[exchange]
+        except KeyError:
+            permissions.basic_publish(self.reader.user, self.vhost.name, exchange)
+            topic = self.publish_checks[exchange] = topic_permissions.publish_check(
+                self.reader.user, self.vhost.name, exchange)
+            return topic
 
     def _learning(self, name: str) -> asyncio.Future[Any] | None:
         """Before a cluster member routes a client's default-exchange publish to ``name``: None if it knows the

@@ -67,10 +67,10 @@ class CommandAssembler:
         announces): on_publish, on_header and on_body in one step, with their checks, without the state
         between them. Only called while no publish awaits content (the reader checks)."""
         args = fastcodec.decode_basic_publish(method, 4)
-        self._checked_body_size(header)
+        self.checked_body_size(header)
         self._on_command(args, header, body)
 
-    def _checked_body_size(self, header: bytes) -> int:
+    def checked_body_size(self, header: bytes) -> int:
         """The body size a content header announces, checked: a malformed header is 505, a size above the
         limit 406 (the publish is then dropped)."""
         try:
@@ -95,7 +95,7 @@ class CommandAssembler:
         """The content header: its body size is checked against the limit; an empty body completes at once."""
         if self.publish is None or self._header is not None:
             raise AMQPError(UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
-        body_size = self._checked_body_size(payload)
+        body_size = self.checked_body_size(payload)
         self._header = payload
         self._body_size = body_size
         if body_size == 0:

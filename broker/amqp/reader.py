@@ -306,7 +306,10 @@ class Reader(asyncio.Protocol):
         self._frames(frames, None)
 
     def _frames(self, frames: list[Frame], error: FrameError | None) -> None:
-        for index, (frame_type, channel_id, payload) in enumerate(frames):
+        index = 0
+        count = len(frames)
+        single_until = 0  # frames before this were found not to be a run: one by one, not looked at again
+        while index < count:
             if self.state >= Reader.CLOSED:
                 return
             if handovers.count - self._turn_handovers > ROUTED_PER_TURN:
@@ -316,20 +319,55 @@ class Reader(asyncio.Protocol):
                 self.pause_for("turn")
                 self._schedule_turn()
                 return
+            frame_type, channel_id, payload = frames[index]
+            if frame_type == FRAME_PUBLISH and index >= single_until and index + 1 < count:
+                end = publish_run_end(frames, index, count)
+                if end - index > 1:
+                    reached = self._publish_run(channel_id, frames, index, end)
+                    if reached > index:
+                        index = reached
+                        continue
+                    single_until = end
             try:
                 self._frame(frame_type, channel_id, payload)
-            except AMQPError as exc:
-                if exc.class_id is None:
-                    exc.class_id, exc.method_id = self._failing_method(frame_type, channel_id, payload)
-                self._error(channel_id, exc)
-            except FrameError as exc:
-                self.close_connection(exc.reply_code, exc.text,
-                                      *self._failing_method(frame_type, channel_id, payload))
-            except Exception:
-                log.exception("internal error handling a frame", **self.log_id)
-                self.close_connection(541, "internal error")
+            except Exception as exc:  # noqa: BLE001 (answered by kind in _frame_failed)
+                self._frame_failed(exc, frame_type, channel_id, payload)
+            index += 1
         if error is not None and self.state < Reader.CLOSING:
             self.close_connection(error.reply_code, error.text)
+
+    def _frame_failed(self, exc: Exception, frame_type: int, channel_id: int, payload: Any) -> None:
+        """The answer to a frame whose handling raised: a channel or connection error as RabbitMQ gives it,
+        541 (logged) for anything unexpected."""
+        if isinstance(exc, AMQPError):
+            if exc.class_id is None:
+                exc.class_id, exc.method_id = self._failing_method(frame_type, channel_id, payload)
+            self._error(channel_id, exc)
+        elif isinstance(exc, FrameError):
+            self.close_connection(exc.reply_code, exc.text, *self._failing_method(frame_type, channel_id, payload))
+        else:
+            log.exception("internal error handling a frame", **self.log_id)  # (called in the except clause)
+            self.close_connection(541, "internal error")
+
+    def _publish_run(self, channel_id: int, frames: list[Frame], start: int, end: int) -> int:
+        """``frames[start:end]``: whole publishes on one channel with the same method and content header
+        (:func:`publish_run_end`), handed to the channel as one run (broker/amqp/publish_run.py). Returns the
+        index of the first frame not handled: ``start`` when the run must go frame by frame after all (the
+        channel is not in its plain publishing state, or the run is not one the batched path takes), less
+        than ``end`` when this turn's hand-over budget ran out part way."""
+        channel = self.channels.get(channel_id) if channel_id and self.state == _RUNNING else None
+        if channel is None or channel.pipeline.backlog is not None or channel.assembler.publish is not None:
+            return start
+        if not self.has_published:
+            self._first_publish()
+        run = channel.publish_run
+        budget = ROUTED_PER_TURN - (handovers.count - self._turn_handovers)
+        try:
+            return run.take(frames, start, end, budget)
+        except Exception as exc:  # noqa: BLE001 (answered by kind in _frame_failed)
+            failed = run.position  # the publish the error belongs to: those before it were published
+            self._frame_failed(exc, FRAME_PUBLISH, channel_id, frames[failed][2])
+            return failed + 1
 
     def _failing_method(self, frame_type: int, channel_id: int, payload: bytes) -> tuple[int, int]:
         """(class id, method id) that a close reports: the method itself, or basic.publish for content."""
@@ -941,6 +979,20 @@ class Reader(asyncio.Protocol):
         io[2] += len(data)
         io[3] += 1
         transport.write(data)
+
+
+def publish_run_end(frames: list[Frame], start: int, count: int) -> int:
+    """The end of the run of whole publishes that begins at ``frames[start]`` (a FRAME_PUBLISH item): the
+    index of the first frame after it that is not a whole publish on the same channel with the same method
+    payload (exchange, routing key, flags) and the same content header (so the same properties and size)."""
+    _, channel_id, (method, header, _) = frames[start]
+    end = start + 1
+    while end < count:
+        frame_type, other_channel, parts = frames[end]
+        if frame_type != FRAME_PUBLISH or other_channel != channel_id or parts[0] != method or parts[1] != header:
+            break
+        end += 1
+    return end
 
 
 def split_publish(channel_id: int, parts: Any) -> list[tuple[int, int, bytes]]:

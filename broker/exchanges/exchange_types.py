@@ -10,7 +10,9 @@ How to add an exchange type (say ``x-delayed-message``, docs/decisions/delayed-m
 1. Write ``broker/exchanges/<name>_exchange.py`` with a subclass of :class:`broker.exchanges.exchange.Exchange` that sets
    ``type_name`` (what exchange.declare names) and ``description``, and implements ``route`` (its bindings'
    routing: ``_index_add``/``_index_remove`` keep whatever index makes it fast; or extend one of the built-in
-   types to reuse its routing).
+   types to reuse its routing). A route must follow from the routing key, the message's properties and the
+   bindings alone: a run of alike publishes is routed once for all (broker/amqp/publish_run.py), so a type
+   that routes by chance or by turn must hold its messages (below) instead.
 2. Add it to ``_TYPES`` below. That is all a routing-only type needs.
 
 A type may also, in the same file:

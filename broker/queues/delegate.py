@@ -75,6 +75,38 @@ def deliver(queues: Sequence[Queue | OtherMembersQueue], msg: Message, persisten
     return (pending << PENDING) | refused
 
 
+def deliver_run(queues: Sequence[Queue | OtherMembersQueue], msgs: list[Message], persistent: bool, publisher: Publisher,
+                first_seq: int = 0) -> list[int]:
+    """:func:`deliver` for a run of messages routed alike (broker/amqp/publish_run.py): each queue takes the
+    whole run in order before the next queue is given it, and its publisher's credit is looked at once a run.
+    Returns deliver's confirm part for each message, in order; ``first_seq`` (> 0) is the first message's
+    confirm sequence number, the others following it."""
+    if persistent:
+        for msg in msgs:
+            if msg.msg_id is None:
+                msg.msg_id = new_msg_id()
+    results = [0] * len(msgs)
+    handovers.count += len(queues) * len(msgs)
+    for q in queues:
+        if publisher not in q.publisher_channels:
+            q.publisher_channels.add(publisher)
+            publisher.published_to.add(q)
+        durable = persistent and q.durable
+        dedup = q.dedup
+        take = q.deliver_or_enqueue
+        for i, msg in enumerate(msgs):
+            token = (publisher, first_seq + i) if first_seq else None
+            result = take(msg, durable, token) if dedup is None else deliver_deduplicated(q, dedup, msg, durable,
+                                                                                           token)
+            if result == CONFIRM_LATER:
+                results[i] += 1 << PENDING
+            elif result == REJECTED:
+                results[i] |= REFUSED
+        if q.overloaded:
+            q.throttle(publisher.reader)
+    return results
+
+
 def deliver_deduplicated(q: Queue | OtherMembersQueue, cache: DedupCache, msg: Message, persistent: bool,
                          confirm: tuple[Publisher | None, int] | None) -> int:
     """``q.deliver_or_enqueue`` for a queue with a deduplication cache. A message whose key the cache has seen

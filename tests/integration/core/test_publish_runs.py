@@ -1,0 +1,168 @@
+"""Publishes that arrive together are answered one by one (broker/amqp/publish_run.py).
+
+A client that writes many alike publishes at once (same exchange, routing key and properties) leaves them in
+one read of the broker's, which takes them as one run: checked and routed once, handed to each queue in one
+call. Each burst here is written in one ``sendall`` so that it is such a run, and each test checks an answer
+the run must still give per message: a confirm or nack for each by what its queue did, a basic.return for each
+unroutable one, the order of every queue, and an error that stops the channel before anything is published.
+The same tests pass against RabbitMQ (tests/rabbitmq/), which handles each publish on its own.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from pamqp import commands
+from rawamqp import RawAMQPClient, body_frame, content_header_frame, method_frame, raw_frame
+
+pytest_plugins = ["amqp_helpers"]  # its fixtures: connect, cleanup, make_queue, make_exchange
+
+BURST = 40
+
+
+def _burst(channel: int, bodies: list[bytes], *, exchange: str = "", routing_key: str = "",
+           properties: commands.Basic.Properties | None = None, mandatory: bool = False,
+           delivery_mode: int | None = None) -> bytes:
+    """The frames of one publish per body, alike but for the body, as one write. ``delivery_mode``: a raw
+    content header with only that property (pamqp refuses to encode modes other than 1 and 2)."""
+    publish = method_frame(channel, commands.Basic.Publish(exchange=exchange, routing_key=routing_key,
+                                                           mandatory=mandatory))
+    size = len(bodies[0])
+    assert all(len(b) == size for b in bodies)  # one content header for all: one body size
+    if delivery_mode is None:
+        header = content_header_frame(channel, size, properties)
+    else:
+        header = raw_frame(2, channel, struct.pack(">HHQHB", 60, 0, size, 1 << 12, delivery_mode))
+    return b"".join(publish + header + body_frame(channel, body) for body in bodies)
+
+
+def _bodies(n: int, tag: str = "m") -> list[bytes]:
+    return [f"{tag}{i:04d}".encode() for i in range(n)]
+
+
+def _confirms(client: RawAMQPClient, channel: int, count: int) -> tuple[set[int], set[int]]:
+    """Read confirms until ``count`` publishes are settled: (acked, nacked) sequence numbers. A multiple
+    ack or nack settles every unsettled number up to its tag."""
+    acked: set[int] = set()
+    nacked: set[int] = set()
+    while len(acked) + len(nacked) < count:
+        frame = client.wait_for(lambda f: f.is_method(commands.Basic.Ack, channel)
+                                or f.is_method(commands.Basic.Nack, channel))
+        m = frame.value
+        into = acked if isinstance(m, commands.Basic.Ack) else nacked
+        tags = range(1, m.delivery_tag + 1) if m.multiple else (m.delivery_tag,)
+        into.update(t for t in tags if t not in acked and t not in nacked)
+    return acked, nacked
+
+
+def _queue_bodies(connect, queue: str) -> list[bytes]:
+    ch = connect().channel()
+    out = []
+    while True:
+        _method, _props, body = ch.basic_get(queue, auto_ack=True)
+        if body is None:
+            return out
+        out.append(body)
+
+
+def test_a_burst_into_a_full_queue_is_confirmed_and_nacked_publish_by_publish(broker, connect, make_queue) -> None:
+    queue = make_queue("limited", {"x-max-length": 5, "x-overflow": "reject-publish"})
+    bodies = _bodies(12)
+    with RawAMQPClient.for_broker(broker) as client:
+        client.handshake(heartbeat=0)
+        client.open_channel(1)
+        client.send_method(1, commands.Confirm.Select())
+        client.expect_method(commands.Confirm.SelectOk, 1)
+        client.send_raw(_burst(1, bodies, routing_key=queue))
+        acked, nacked = _confirms(client, 1, len(bodies))
+    assert acked == set(range(1, 6)) and nacked == set(range(6, 13)), (sorted(acked), sorted(nacked))
+    assert _queue_bodies(connect, queue) == bodies[:5]
+
+
+def test_a_burst_of_mandatory_publishes_to_no_queue_comes_back_publish_by_publish(broker, uid) -> None:
+    bodies = _bodies(BURST)
+    with RawAMQPClient.for_broker(broker) as client:
+        client.handshake(heartbeat=0)
+        client.open_channel(1)
+        client.send_method(1, commands.Confirm.Select())
+        client.expect_method(commands.Confirm.SelectOk, 1)
+        client.send_raw(_burst(1, bodies, routing_key=f"{uid}-nowhere", mandatory=True))
+        returned: list[bytes] = []
+        settled: list[int] = []
+        while len(returned) < len(bodies) or len(settled) < len(bodies):
+            frame = client.wait_for(lambda f: f.channel == 1)
+            if frame.is_method(commands.Basic.Return):
+                ret = frame.value
+                assert (ret.reply_code, ret.reply_text, ret.routing_key) == (312, "NO_ROUTE", f"{uid}-nowhere")
+            elif frame.type == 3:  # a returned message's body (its header comes before it)
+                returned.append(frame.payload)
+            elif frame.is_method(commands.Basic.Ack) or frame.is_method(commands.Basic.Nack):
+                assert isinstance(frame.value, commands.Basic.Ack), frame.value
+                tags = range(1, frame.value.delivery_tag + 1) if frame.value.multiple else [frame.value.delivery_tag]
+                settled.extend(t for t in tags if t not in settled)
+                # A confirm of an unroutable mandatory message follows its basic.return.
+                assert len(returned) >= max(tags), (len(returned), frame.value)
+    assert returned == bodies
+    assert sorted(settled) == list(range(1, BURST + 1))
+
+
+def test_a_burst_to_a_fanout_reaches_every_queue_in_order(broker, connect, make_queue, make_exchange) -> None:
+    exchange = make_exchange("fan", "fanout")
+    queues = [make_queue(f"q{i}") for i in range(3)]
+    setup = connect().channel()
+    for q in queues:
+        setup.queue_bind(q, exchange)
+    first, second = _bodies(BURST, "a"), _bodies(BURST, "b")
+    with RawAMQPClient.for_broker(broker) as client:
+        client.handshake(heartbeat=0)
+        client.open_channel(1)
+        client.send_method(1, commands.Confirm.Select())
+        client.expect_method(commands.Confirm.SelectOk, 1)
+        # Two runs in one write: the second's persistent delivery mode makes its content header differ.
+        client.send_raw(_burst(1, first, exchange=exchange)
+                        + _burst(1, second, exchange=exchange,
+                                 properties=commands.Basic.Properties(delivery_mode=2)))
+        acked, nacked = _confirms(client, 1, 2 * BURST)
+    assert acked == set(range(1, 2 * BURST + 1)) and not nacked
+    for q in queues:
+        assert _queue_bodies(connect, q) == first + second, q
+
+
+def test_a_bad_publish_in_a_burst_stops_its_channel_where_it_stands(broker, connect, make_queue) -> None:
+    """The first run is published; the second (an unknown delivery mode, refused by RabbitMQ up to 3.12)
+    closes the channel at its first publish, and nothing of it or after it is published. The connection's
+    other channel goes on."""
+    queue = make_queue("target")
+    good, bad, after = _bodies(7, "g"), _bodies(5, "x"), _bodies(5, "h")
+    with RawAMQPClient.for_broker(broker) as client:
+        client.handshake(heartbeat=0)
+        client.open_channel(1)
+        client.open_channel(2)
+        client.send_raw(_burst(1, good, routing_key=queue)
+                        + _burst(1, bad, routing_key=queue, delivery_mode=3)
+                        + _burst(1, after, routing_key=queue)
+                        + _burst(2, after, routing_key=queue))
+        close = client.expect_channel_close(1)
+        assert (close.reply_code, close.class_id, close.method_id) == (406, 60, 40)
+        assert "delivery_mode_unknown,3" in close.reply_text
+        client.send_method(2, commands.Confirm.Select())
+        client.expect_method(commands.Confirm.SelectOk, 2)
+    got = _queue_bodies(connect, queue)
+    # Channel 2's publishes are in order among themselves, not necessarily after channel 1's (RabbitMQ: a
+    # process per channel).
+    assert [b for b in got if b.startswith(b"g")] == good and [b for b in got if b.startswith(b"h")] == after, got
+    assert len(got) == len(good) + len(after), got
+
+
+def test_a_burst_to_an_exchange_that_is_not_there_is_refused_at_its_first_publish(broker, connect, make_queue,
+                                                                                  uid) -> None:
+    queue = make_queue("after")
+    with RawAMQPClient.for_broker(broker) as client:
+        client.handshake(heartbeat=0)
+        client.open_channel(1)
+        client.open_channel(2)
+        client.send_raw(_burst(1, _bodies(10), exchange=f"{uid}-missing") + _burst(2, _bodies(3), routing_key=queue))
+        close = client.expect_channel_close(1)
+        assert (close.reply_code, close.class_id, close.method_id) == (404, 60, 40)
+        assert close.reply_text == f"NOT_FOUND - no exchange '{uid}-missing' in vhost '/'"
+    assert _queue_bodies(connect, queue) == _bodies(3)
