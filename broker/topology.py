@@ -84,6 +84,11 @@ class OtherMembersQueue(Protocol):
         """Forward one published message to the owner: ACCEPTED, or CONFIRM_LATER once committed for it."""
         ...
 
+    def deliver_or_enqueue_run(self, msgs: list[Message], persistent: bool, publisher: Any, first_seq: int
+                               ) -> list[int]:
+        """A run, forwarded message by message (the queue seam's method of that name)."""
+        ...
+
     @property
     def overloaded(self) -> bool:
         """Credit flow towards the owner: whether the publisher should wait (then :meth:`throttle`)."""

@@ -97,6 +97,11 @@ class StreamLog(Protocol):
         cannot match."""
         ...
 
+    def append_run(self, payloads: list[builtins.bytes], timestamp_ms: int, filter_value: str | None = None) -> int:
+        """Append messages one after the other, as :meth:`append` each; returns the first one's offset (the
+        others follow it). One call for a run of publishes (broker/amqp/publish_run.py)."""
+        ...
+
     def read(self, offset: int, max_records: int, filter_values: frozenset[str] | None = None
              ) -> list[StreamRecord]:
         """Up to ``max_records`` records at offsets ≥ ``max(offset, first_offset)``, in order (fewer, or none,

@@ -91,6 +91,12 @@ class MemoryStreamLog:
         self._schedule_durable()
         return offset
 
+    def append_run(self, payloads: list[builtins.bytes], timestamp_ms: int, filter_value: str | None = None) -> int:
+        first = self._next
+        for payload in payloads:
+            self.append(payload, timestamp_ms, filter_value)
+        return first
+
     def _schedule_durable(self) -> None:
         if self._durable_scheduled:
             return

@@ -590,10 +590,35 @@ class FileStreamLog:
 
     # -- writing --------------------------------------------------------------------------------------------
     def append(self, payload: builtins.bytes, timestamp_ms: int, filter_value: str | None = None) -> int:
-        """Append one record (message log first, consume log second); returns its offset.
+        """Append one record (message log first, consume log second); returns its offset."""
+        offset = self._append_record(payload, timestamp_ms, fingerprint(filter_value) if filter_value else 0)
+        if self._tail_bytes > self.tail_cap:
+            self._trim_tail()
+        self._note_pending(offset + 1)
+        return offset
+
+    def append_run(self, payloads: list[builtins.bytes], timestamp_ms: int, filter_value: str | None = None) -> int:
+        """Append records one after the other, as :meth:`append` each; returns the first one's offset. The tail's
+        trim and the wait for the fsync are looked at once for the run."""
+        fp = fingerprint(filter_value) if filter_value else 0
+        append = self._append_record
+        first = -1
+        for payload in payloads:
+            offset = append(payload, timestamp_ms, fp)
+            if first < 0:
+                first = offset
+        if self._tail_bytes > self.tail_cap:
+            self._trim_tail()
+        self._note_pending(first + len(payloads))
+        return first
+
+    def _append_record(self, payload: builtins.bytes, timestamp_ms: int, fp: int) -> int:
+        """One record into the message log and the consume log, and the tail; returns its offset.
 
         Once per message a stream takes, so written out flat: the consume-log entry is packed and buffered
-        here, and the entry's CRC covers its first 32 bytes (``_Entry`` checks it on read), and the record kept for the tail is built without NamedTuple's keyword handling."""
+        here, and the entry's CRC covers its first 32 bytes (``_Entry`` checks it on read), and the record kept
+        for the tail is built without NamedTuple's keyword handling. ``fp``: the filter value's fingerprint
+        (0: none)."""
         seg = self._segs[-1]
         size = len(payload)
         if seg.count and seg.last_cum - seg.base_cum + size > self.max_segment_size_bytes:
@@ -604,7 +629,6 @@ class FileStreamLog:
             seg = new
         pos = self._mlog.append(payload)
         cum = seg.last_cum + size
-        fp = fingerprint(filter_value) if filter_value else 0
         body = _ENTRY_BODY.pack(pos, size, fp, timestamp_ms, cum)
         f = seg.file
         buf = f.buf
@@ -630,9 +654,6 @@ class FileStreamLog:
         offset = seg.first + count
         self._tail.append(_new_record(StreamRecord, (offset, timestamp_ms, payload)))
         self._tail_bytes += size + TAIL_RECORD_OVERHEAD
-        if self._tail_bytes > self.tail_cap:
-            self._trim_tail()
-        self._note_pending(offset + 1)
         return offset
 
     def _trim_tail(self) -> None:

@@ -40,7 +40,7 @@ from broker.exchanges.exchange import (
 )
 from broker.message import Message
 from broker.queues.queue_info import CLASSIC, QueueCapabilities
-from broker.queues.queue_shell import ACCEPTED, CONFIRM_LATER
+from broker.queues.queue_shell import ACCEPTED, CONFIRM_LATER, take_one_by_one
 from protocol.constants import RESOURCE_LOCKED
 
 if TYPE_CHECKING:
@@ -115,6 +115,10 @@ class RemoteQueue:
     def deliver_or_enqueue(self, msg: Message, persistent: bool, confirm: Any = None) -> int:
         self._forward(self, msg, persistent, confirm)
         return CONFIRM_LATER if confirm is not None else ACCEPTED
+
+    def deliver_or_enqueue_run(self, msgs: list[Message], persistent: bool, publisher: Any, first_seq: int
+                               ) -> list[int]:
+        return take_one_by_one(self.deliver_or_enqueue, msgs, persistent, publisher, first_seq)
 
     @property
     def overloaded(self) -> bool:

@@ -93,11 +93,12 @@ def deliver_run(queues: Sequence[Queue | OtherMembersQueue], msgs: list[Message]
             publisher.published_to.add(q)
         durable = persistent and q.durable
         dedup = q.dedup
-        take = q.deliver_or_enqueue
-        for i, msg in enumerate(msgs):
-            token = (publisher, first_seq + i) if first_seq else None
-            result = take(msg, durable, token) if dedup is None else deliver_deduplicated(q, dedup, msg, durable,
-                                                                                           token)
+        if dedup is None:
+            taken = q.deliver_or_enqueue_run(msgs, durable, publisher, first_seq)
+        else:
+            taken = [deliver_deduplicated(q, dedup, msg, durable, (publisher, first_seq + i) if first_seq else None)
+                     for i, msg in enumerate(msgs)]
+        for i, result in enumerate(taken):
             if result == CONFIRM_LATER:
                 results[i] += 1 << PENDING
             elif result == REJECTED:

@@ -40,6 +40,7 @@ from broker.queues.queue_shell import (
     QueueHost,
     QueueOwner,
     QueueShell,
+    take_one_by_one,
 )
 from broker.resources import memory_budget
 from protocol.properties import Long, with_properties
@@ -182,6 +183,11 @@ class QueueProcess(QueueShell):
         if self._ttl_possible:
             self.drop_expired_msgs()
         return CONFIRM_LATER if confirm is not None else ACCEPTED
+
+    def deliver_or_enqueue_run(self, msgs: list[Message], persistent: bool, publisher: Any, first_seq: int
+                               ) -> list[int]:
+        """A run, message by message: each may meet a different state (a consumer's room, the length limit)."""
+        return take_one_by_one(self.deliver_or_enqueue, msgs, persistent, publisher, first_seq)
 
     # -- publisher confirms and credit flow ----------------------------------------------------------------
     def on_confirmed(self) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from broker.queues.credit_flow import Pausable, PublisherFlow
@@ -34,6 +35,15 @@ if TYPE_CHECKING:
 DELIVERY_BUDGET = 256
 # What deliver_or_enqueue tells the publisher's channel.
 REJECTED, ACCEPTED, CONFIRM_LATER = 0, 1, 2
+
+
+def take_one_by_one(take: Callable[[Message, bool, Any], int], msgs: list[Message], persistent: bool,
+                    publisher: Any, first_seq: int) -> list[int]:
+    """A run of messages (``deliver_or_enqueue_run``) taken the plain way: each by ``take`` (the queue's
+    ``deliver_or_enqueue``), with its confirm token when ``first_seq`` asks for confirms."""
+    if not first_seq:
+        return [take(msg, persistent, None) for msg in msgs]
+    return [take(msg, persistent, (publisher, first_seq + i)) for i, msg in enumerate(msgs)]
 
 
 class QueueOwner(Protocol):

@@ -134,6 +134,14 @@ class Queue(PagedQueue, Protocol):
         """Take one published message: REJECTED, ACCEPTED, or CONFIRM_LATER (its confirm comes once stored)."""
         ...
 
+    def deliver_or_enqueue_run(self, msgs: list[Message], persistent: bool, publisher: Any, first_seq: int
+                               ) -> list[int]:
+        """A run of messages routed alike (broker/amqp/publish_run.py), taken in order as
+        :meth:`deliver_or_enqueue` takes each; their results in order. ``first_seq`` > 0: the first one's
+        confirm sequence number on ``publisher`` (the others follow it); 0: no confirms. A type with nothing to
+        gain from the run takes it with broker/queues/queue_shell.py's ``take_one_by_one``."""
+        ...
+
     @property
     def overloaded(self) -> bool:
         """Credit flow: whether the publisher that just published should stop until :meth:`throttle` lets go."""

@@ -241,6 +241,38 @@ class StreamQueue(QueueShell):
         self.confirms.append((stored, confirm))
         return CONFIRM_LATER
 
+    def deliver_or_enqueue_run(self, msgs: list[Message], persistent: bool, publisher: Any, first_seq: int
+                               ) -> list[int]:
+        """A run of messages alike but for their bodies (broker/amqp/publish_run.py): one append of all their
+        records (``StreamLog.append_run``), their confirms waiting for the fsync that covers them, as
+        :meth:`deliver_or_enqueue` does for one."""
+        n = len(msgs)
+        self.stats.published += n
+        log = self.log
+        first = msgs[0]
+        filter_value = None
+        if FILTER_HEADER in first.header:  # one header for the run: one filter value
+            value = _text(first.headers.get("x-stream-filter-value"))
+            filter_value = value if isinstance(value, str) else None
+        offset = log.next_offset
+        payloads = [encode_record(msg, offset + i) for i, msg in enumerate(msgs)]
+        retains = self._retains
+        segments = log.segment_count if retains else 0
+        stored = log.append_run(payloads, int(first.published_at or self._clock.now_ms()), filter_value)
+        if retains and log.segment_count > segments:
+            self.retain()  # a new segment was started: the oldest may go now
+        assert stored == offset, "a stream log numbers its records in order"
+        if not first_seq:
+            return [ACCEPTED] * n
+        results = [ACCEPTED] * n
+        durable_below = self._durable_below
+        confirms = self.confirms
+        for i in range(n):
+            if stored + i >= durable_below:
+                confirms.append((stored + i, (publisher, first_seq + i)))
+                results[i] = CONFIRM_LATER
+        return results
+
     def on_durable(self, below: int) -> None:
         """The log's fsync covered every offset below ``below``: confirm those publishes."""
         if below > self._durable_below:

@@ -166,3 +166,34 @@ def test_a_burst_to_an_exchange_that_is_not_there_is_refused_at_its_first_publis
         assert (close.reply_code, close.class_id, close.method_id) == (404, 60, 40)
         assert close.reply_text == f"NOT_FOUND - no exchange '{uid}-missing' in vhost '/'"
     assert _queue_bodies(connect, queue) == _bodies(3)
+
+
+def test_a_burst_into_a_stream_is_confirmed_and_read_back_in_order(broker, connect, make_queue) -> None:
+    """A stream takes a run in one append (StreamQueue.deliver_or_enqueue_run): each publish confirmed, each
+    at its own offset, in order."""
+    stream = make_queue("stream", {"x-queue-type": "stream"}, durable=True)
+    bodies = _bodies(BURST)
+    with RawAMQPClient.for_broker(broker) as client:
+        client.handshake(heartbeat=0)
+        client.open_channel(1)
+        client.send_method(1, commands.Confirm.Select())
+        client.expect_method(commands.Confirm.SelectOk, 1)
+        client.send_raw(_burst(1, bodies, routing_key=stream, properties=commands.Basic.Properties(delivery_mode=2)))
+        acked, nacked = _confirms(client, 1, len(bodies))
+    assert acked == set(range(1, BURST + 1)) and not nacked
+    ch = connect().channel()
+    ch.basic_qos(prefetch_count=BURST)
+    got: list[tuple[int, bytes]] = []
+
+    def on_message(channel, method, props, body) -> None:
+        got.append((props.headers["x-stream-offset"], body))
+        channel.basic_ack(method.delivery_tag)
+
+    ch.basic_consume(stream, on_message, arguments={"x-stream-offset": "first"})
+    deadline = 50
+    while len(got) < BURST and deadline:
+        ch.connection.process_data_events(time_limit=0.1)
+        deadline -= 1
+    assert [body for _, body in got] == bodies
+    offsets = [offset for offset, _ in got]
+    assert offsets == list(range(offsets[0], offsets[0] + BURST))

@@ -117,6 +117,36 @@ def test_read_from_anywhere(maker: Maker) -> None:
     assert log.read(0, 0) == []
 
 
+def test_a_run_appended_in_one_call_is_what_its_appends_one_by_one_would_be(maker: Maker) -> None:
+    """append_run (a run of publishes, broker/amqp/publish_run.py) against append, record by record: same
+    offsets, timestamps, payloads, segments (runs that cross segment boundaries), filters and durable end,
+    and the same after a restart."""
+    one, run = maker.open("one", segment_size=100), maker.open("run", segment_size=100)
+    seen: list[int] = []
+    run.on_durable = seen.append
+    chunks = [(0, 1), (1, 7), (8, 23), (31, 2)]  # (first, count): runs of 1 to 23 records
+    for first, count in chunks:
+        ts = 1000 + first
+        value = "red" if first % 2 else None
+        for i in range(first, first + count):
+            assert one.append(payload(i), ts, value) == i
+        assert run.append_run([payload(i) for i in range(first, first + count)], ts, value) == first
+    maker.flush()
+    assert seen and seen[-1] == 33
+
+    def contents(log: StreamLog) -> tuple[object, ...]:
+        recs = log.read(0, 1000)
+        red = log.read(0, 1000, frozenset({"red"}))
+        return ([(r.offset, r.timestamp_ms, r.payload) for r in recs], [r.offset for r in red],
+                log.segment_count, log.bytes, log.next_offset)
+
+    assert contents(run) == contents(one)
+    assert run.segment_count > 2
+    if maker.restartable:
+        expected = contents(one)
+        assert contents(maker.reopen("run")) == expected
+
+
 def test_read_below_first_starts_at_first(maker: Maker) -> None:
     log = maker.open(segment_size=100)
     fill(log, 50)
