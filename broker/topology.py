@@ -90,6 +90,11 @@ class OtherMembersQueue(Protocol):
         ...
 
     @property
+    def dead_letters_on_publish(self) -> bool:
+        """False: what the owner dead-letters is routed there, not here."""
+        ...
+
+    @property
     def overloaded(self) -> bool:
         """Credit flow towards the owner: whether the publisher should wait (then :meth:`throttle`)."""
         ...

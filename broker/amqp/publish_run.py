@@ -24,9 +24,12 @@ Routing once is right because an exchange routes a message by its routing key an
 (broker/exchanges/exchange_types.py), which the run shares, and nothing in the run can change the bindings:
 no method frame is inside it. Each queue still takes each message as before (its overflow, TTL and
 deduplication decided per message), so confirms, nacks of refused messages and returns are the ones the
-message-by-message path gives, in the same order. What changes is the order *across* queues of a fan-out: the
-first queue takes the whole run before the second takes any, which no client can tell apart from the
-queues' own scheduling.
+message-by-message path gives, in the same order. A run routed to several queues is handed over message by
+message across them (broker/queues/delegate.py ``deliver_run``), as one by one; a run to one queue is taken
+whole. A queue that may dead-letter as it takes a publish (``Queue.dead_letters_on_publish``: its dead letters
+would reach other queues in another order, and escape the reader's hand-over budget for a turn) sends the run
+message by message. The budget itself (broker/amqp/reader.py's ``ROUTED_PER_TURN``) cuts a run: at most what
+is left of it over the number of queues.
 
 Errors come from the checks only, before anything is published, so they belong to the run's first publish:
 the reader answers it as that frame's, and the rest of the run meets the closing channel as it would have.
@@ -104,8 +107,11 @@ class PublishRun:
         now = vhost.clock.now_ms()
         first = Message(args.exchange, args.routing_key, args.names_raw, header, first_body, now)
         queues = vhost.route(exchange, first)
+        for q in queues:
+            if q.dead_letters_on_publish:
+                return start  # its dead letters must be counted and ordered as one by one (Queue's docstring)
         n = end - start
-        if len(queues) > 1:
+        if queues:
             n = min(n, max(1, budget // len(queues)))
         msgs = [first]
         for i in range(start + 1, start + n):

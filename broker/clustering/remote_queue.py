@@ -121,6 +121,10 @@ class RemoteQueue:
         return take_one_by_one(self.deliver_or_enqueue, msgs, persistent, publisher, first_seq)
 
     @property
+    def dead_letters_on_publish(self) -> bool:
+        return False
+
+    @property
     def overloaded(self) -> bool:
         return self._overloaded(self.node)
 

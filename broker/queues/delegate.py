@@ -77,10 +77,17 @@ def deliver(queues: Sequence[Queue | OtherMembersQueue], msg: Message, persisten
 
 def deliver_run(queues: Sequence[Queue | OtherMembersQueue], msgs: list[Message], persistent: bool, publisher: Publisher,
                 first_seq: int = 0) -> list[int]:
-    """:func:`deliver` for a run of messages routed alike (broker/amqp/publish_run.py): each queue takes the
-    whole run in order before the next queue is given it, and its publisher's credit is looked at once a run.
-    Returns deliver's confirm part for each message, in order; ``first_seq`` (> 0) is the first message's
-    confirm sequence number, the others following it."""
+    """:func:`deliver` for a run of messages routed alike (broker/amqp/publish_run.py). Returns deliver's confirm
+    part for each message, in order; ``first_seq`` (> 0) is the first message's confirm sequence number, the
+    others following it.
+
+    One queue takes the whole run in one call (``deliver_or_enqueue_run``; its publisher's credit looked at once
+    a run). Several take it message by message, each message given to every queue before the next, as
+    :func:`deliver` would: one queue's run taken whole before the next queue's would change which messages a
+    consumer with a prefetch shared by both queues gets first."""
+    if len(queues) != 1:
+        return [deliver(queues, msg, persistent, publisher, first_seq + i if first_seq else 0)
+                for i, msg in enumerate(msgs)]
     if persistent:
         for msg in msgs:
             if msg.msg_id is None:

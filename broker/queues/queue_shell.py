@@ -173,6 +173,14 @@ class QueueShell(ABC):
         return len(self.confirms)
 
     @property
+    def dead_letters_on_publish(self) -> bool:
+        """Whether taking a publish may dead-letter messages there and then: a dead-letter exchange with a length
+        limit (drop-head, reject-publish-dlx) or a queue TTL (expired heads go as messages arrive)."""
+        s = self.settings
+        return s.dlx is not None and (s.max_length is not None or s.max_length_bytes is not None
+                                      or s.message_ttl is not None)
+
+    @property
     @abstractmethod
     def overloaded(self) -> bool:
         """Whether the publisher that just published should wait until :meth:`throttle` lets it go."""

@@ -143,6 +143,13 @@ class Queue(PagedQueue, Protocol):
         ...
 
     @property
+    def dead_letters_on_publish(self) -> bool:
+        """Whether taking a publish may dead-letter messages there and then (into other queues, through the one
+        publish path): a run of publishes (broker/amqp/publish_run.py) then goes message by message, so that its
+        dead letters reach their queues in the order they would and count towards the reader's turn."""
+        ...
+
+    @property
     def overloaded(self) -> bool:
         """Credit flow: whether the publisher that just published should stop until :meth:`throttle` lets go."""
         ...
