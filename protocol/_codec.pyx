@@ -574,6 +574,51 @@ def encode_content(channel, header_payload, body, frame_max):
     return out
 
 
+cdef Py_ssize_t SMALL_DELIVERY = 4096  # protocol/fastcodec.py's SMALL_DELIVERY
+
+
+def encode_delivery_into(list out not None, channel, consumer_tag_raw, delivery_tag, redelivered, names_raw,
+                         header_payload, body, frame_max):
+    """basic.deliver and its content frames appended to ``out``: one piece for a small body in one frame."""
+    cdef long ch = _u16(channel)
+    cdef uint64_t tag, fm
+    if (ch < 0 or type(consumer_tag_raw) is not bytes or type(names_raw) is not bytes
+            or type(header_payload) is not bytes or type(body) is not bytes or not _u64(delivery_tag, &tag)
+            or not _u64(frame_max, &fm) or 0 < fm <= <uint64_t>FRAME_OVERHEAD):
+        _pure().encode_delivery_into(out, channel, consumer_tag_raw, delivery_tag, redelivered, names_raw,
+                                     header_payload, body, frame_max)
+        return
+    cdef Py_ssize_t ct = PyBytes_GET_SIZE(consumer_tag_raw), nr = PyBytes_GET_SIZE(names_raw)
+    cdef Py_ssize_t hl = PyBytes_GET_SIZE(header_payload), size = PyBytes_GET_SIZE(body)
+    cdef Py_ssize_t args_len = ct + 9 + nr
+    if (size > SMALL_DELIVERY or (fm and <uint64_t>size > fm - FRAME_OVERHEAD) or <uint64_t>hl > U32_MAX
+            or <uint64_t>args_len + 4 > U32_MAX):
+        out.append(encode_basic_deliver(channel, consumer_tag_raw, delivery_tag, redelivered, names_raw))
+        out.extend(encode_content(channel, header_payload, body, frame_max))
+        return
+    cdef Py_ssize_t deliver_len = 11 + args_len + 1, header_len = 7 + hl + 1
+    cdef uint8_t* w
+    cdef bytes piece = _new_bytes(deliver_len + header_len + (7 + size + 1 if size else 0), &w)
+    _put_frame_head(w, FRAME_METHOD, ch, args_len + 4)
+    _put_u16(w + 7, CLASS_BASIC)
+    _put_u16(w + 9, BASIC_DELIVER)
+    memcpy(w + 11, PyBytes_AS_STRING(consumer_tag_raw), ct)
+    _put_u64(w + 11 + ct, tag)
+    w[11 + ct + 8] = 1 if redelivered else 0
+    memcpy(w + 11 + ct + 9, PyBytes_AS_STRING(names_raw), nr)
+    w[11 + args_len] = FRAME_END
+    w += deliver_len
+    _put_frame_head(w, FRAME_HEADER, ch, hl)
+    memcpy(w + 7, PyBytes_AS_STRING(header_payload), hl)
+    w[7 + hl] = FRAME_END
+    if size:
+        w += header_len
+        _put_frame_head(w, FRAME_BODY, ch, size)
+        memcpy(w + 7, PyBytes_AS_STRING(body), size)
+        w[7 + size] = FRAME_END
+    out.append(piece)
+
+
 def build_content_header(body_size, properties_raw):
     """A content header payload for basic from already-encoded flags + property list."""
     cdef uint64_t size

@@ -115,6 +115,9 @@ class ChannelConnection(QueueOwner, Protocol):
 
     def send_content(self, channel_id: int, header: bytes, body: bytes) -> None: ...
 
+    def send_delivery(self, channel_id: int, consumer_tag_raw: bytes, delivery_tag: int, redelivered: bool,
+                      names_raw: bytes, header: bytes, body: bytes) -> None: ...
+
     def confirms_pending(self, channel: Channel) -> None: ...
 
     def pause_for(self, reason: object) -> None: ...
@@ -465,9 +468,7 @@ class Channel:
             timeout = queue.settings.consumer_timeout or self.reader.settings.consumer_timeout
             if timeout:
                 self._watch_ack(tag, timeout)
-        reader = self.reader
-        reader.send(fastcodec.encode_basic_deliver(self.id, consumer.tag_raw, tag, redelivered, names_raw))
-        reader.send_content(self.id, header, body)
+        self.reader.send_delivery(self.id, consumer.tag_raw, tag, redelivered, names_raw, header, body)
 
     def _watch_ack(self, tag: int, timeout_ms: int) -> None:
         clock = self.clock
@@ -504,8 +505,7 @@ class Channel:
         assert rc is not None
         tag = self.next_delivery_tag
         self.next_delivery_tag = tag + 1
-        self.reader.send(fastcodec.encode_basic_deliver(self.id, rc.tag_raw, tag, False, msg.names_raw))
-        self.reader.send_content(self.id, msg.header, msg.body)
+        self.reader.send_delivery(self.id, rc.tag_raw, tag, False, msg.names_raw, msg.header, msg.body)
 
     def consumer_cancelled_by_queue(self, consumer: Consumer) -> None:
         """The queue went away: forget the consumer and tell the client (consumer_cancel_notify); after

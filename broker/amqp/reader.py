@@ -949,6 +949,15 @@ class Reader(asyncio.Protocol):
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
+    def send_delivery(self, channel_id: int, consumer_tag_raw: bytes, delivery_tag: int, redelivered: bool,
+                      names_raw: bytes, header: bytes, body: bytes) -> None:
+        """basic.deliver and its content: a small message as one piece (fastcodec.encode_delivery_into)."""
+        fastcodec.encode_delivery_into(self._out, channel_id, consumer_tag_raw, delivery_tag, redelivered, names_raw,
+                                       header, body, self.frame_max)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
     def confirms_pending(self, channel: Channel) -> None:
         pending = self._confirm_channels
         if pending:

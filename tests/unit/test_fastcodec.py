@@ -406,6 +406,31 @@ def test_encode_content(codec: Codec, channel: int, props: commands.Basic.Proper
     assert consumed == 7 + len(header_payload) + 1
 
 
+@SETTINGS
+@given(channel=channels, consumer_tag=short_text, tag=delivery_tags, redelivered=st.booleans(),
+       names=st.tuples(short_text, short_text), props_raw=st.binary(max_size=40),
+       size=st.one_of(st.integers(0, 64), st.integers(4080, 4100), st.integers(0, 9000)),
+       frame_max=st.one_of(st.just(0), st.sampled_from([4096, 4104, 8192, 131072]), st.integers(4096, 10000)))
+def test_encode_delivery_into_is_deliver_and_content_in_fewer_pieces(codec: Codec, channel: int, consumer_tag: str,
+                                                                    tag: int, redelivered: bool,
+                                                                    names: tuple[str, str], props_raw: bytes,
+                                                                    size: int, frame_max: int) -> None:
+    """The reader's one call per delivery: the same bytes as basic.deliver then the content, one piece for a
+    small body in one frame (so the writer joins fewer), the pieces already in ``out`` left alone."""
+    body = (bytes(range(256)) * 40)[:size]
+    header_payload = build_content_header(size, b"\x00\x00" + props_raw)
+    names_raw = shortstr(names[0]) + shortstr(names[1])
+    out: list[bytes | memoryview] = [b"before"]
+    codec.fc.encode_delivery_into(out, channel, shortstr(consumer_tag), tag, redelivered, names_raw, header_payload,
+                                  body, frame_max)
+    expected = (codec.fc.encode_basic_deliver(channel, shortstr(consumer_tag), tag, redelivered, names_raw)
+                + b"".join(codec.fc.encode_content(channel, header_payload, body, frame_max)))
+    assert out[0] == b"before"
+    assert b"".join(out[1:]) == expected
+    one_frame = not frame_max or size <= frame_max - FRAME_OVERHEAD
+    assert (len(out) == 2) == (size <= 4096 and one_frame)
+
+
 @pytest.mark.parametrize("frame_max, size, frames", [
     (4096, 0, 0), (4096, 1, 1), (4096, 4088, 1), (4096, 4089, 2), (4096, 8176, 2), (4096, 8177, 3),
     (0, 10 * 1024 * 1024, 1),

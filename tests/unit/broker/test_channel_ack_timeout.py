@@ -15,7 +15,7 @@ from broker.errors import AMQPError
 from broker.message import Message
 from broker.queues.queue_consumers import Consumer
 from protocol.constants import PRECONDITION_FAILED
-from protocol.fastcodec import build_content_header, shortstr
+from protocol.fastcodec import build_content_header, encode_basic_deliver, shortstr
 from storage.commits import COMMITTED_AT_ONCE
 
 
@@ -41,6 +41,11 @@ class Connection:
         self.sent.append(data)
 
     def send_content(self, channel_id: int, header: bytes, body: bytes) -> None:
+        self.sent.append(body)
+
+    def send_delivery(self, channel_id: int, consumer_tag_raw: bytes, delivery_tag: int, redelivered: bool,
+                      names_raw: bytes, header: bytes, body: bytes) -> None:
+        self.sent.append(encode_basic_deliver(channel_id, consumer_tag_raw, delivery_tag, redelivered, names_raw))
         self.sent.append(body)
 
     def channel_error(self, channel_id: int, exc: AMQPError) -> None:
