@@ -186,8 +186,35 @@ class QueueProcess(QueueShell):
 
     def deliver_or_enqueue_run(self, msgs: list[Message], persistent: bool, publisher: Any, first_seq: int
                                ) -> list[int]:
-        """A run, message by message: each may meet a different state (a consumer's room, the length limit)."""
-        return take_one_by_one(self.deliver_or_enqueue, msgs, persistent, publisher, first_seq)
+        """A run (broker/amqp/publish_run.py). Transient messages into an empty queue without limits or TTL,
+        with consumers waiting, go straight to them as :meth:`attempt_delivery` hands each (the consumers taken
+        in turn, each while it has room), with the checks made once; from the first message no consumer has
+        room for, and for any other run, message by message through :meth:`deliver_or_enqueue`."""
+        settings = self.settings
+        if (persistent or self._persist_all or settings.max_length is not None
+                or settings.max_length_bytes is not None or settings.message_ttl is not None
+                or not self.consumers.count or self._sac_store is not None or self._deal is not None
+                or not self.bq.is_empty()):
+            return take_one_by_one(self.deliver_or_enqueue, msgs, persistent, publisher, first_seq)
+        self._occupied.add(self)
+        stats = self.stats
+        next_with_room = self.consumers.next_with_room
+        bq = self.bq
+        for i, msg in enumerate(msgs):
+            if msg.expiration_ms is not None:
+                consumer = None  # (a run shares its properties: never, but deliver_or_enqueue knows TTLs)
+            else:
+                consumer = next_with_room()
+            if consumer is None:
+                rest = msgs[i:]
+                return [ACCEPTED] * i + take_one_by_one(self.deliver_or_enqueue, rest, persistent, publisher,
+                                                        first_seq + i if first_seq else 0)
+            stats.published += 1
+            seq_id = -1 if consumer.no_ack else bq.publish_delivered(msg, len(msg.body), False, None, None,
+                                                                      msg.msg_id)
+            stats.delivered += 1
+            consumer.channel.deliver(consumer, self, seq_id, msg, False)
+        return [ACCEPTED] * len(msgs)
 
     # -- publisher confirms and credit flow ----------------------------------------------------------------
     def on_confirmed(self) -> None:

@@ -236,3 +236,47 @@ def test_a_run_into_queues_that_dead_letter_as_they_take_answers_as_one_by_one(b
         outcomes.append((sorted(acked), sorted(nacked), sorted(_queue_bodies(connect, b))))
     assert outcomes[0] == outcomes[1]
     assert outcomes[1] == ([1, 2], [3, 4], [b"m0000", b"m0000", b"m0001"])  # B: m0, A's dead m0, m1; then full
+
+
+def test_a_burst_to_waiting_consumers_goes_round_while_they_have_room_and_queues_the_rest(broker, connect,
+                                                                                          make_queue) -> None:
+    """Two consumers with a prefetch of 3 wait on an empty queue: a run goes straight to them in turn until
+    both are full (QueueProcess.deliver_or_enqueue_run), the rest is queued in order and delivered as they ack."""
+    queue = make_queue("consumed")
+    conn = connect()
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=3)
+    got: dict[str, list[bytes]] = {"one": [], "two": []}
+    held: list[tuple[str, int]] = []
+
+    def consumer(name: str):
+        def on_message(_channel, method, _props, body) -> None:
+            got[name].append(body)
+            held.append((name, method.delivery_tag))
+        return on_message
+
+    ch.basic_consume(queue, consumer("one"), consumer_tag="one")
+    ch.basic_consume(queue, consumer("two"), consumer_tag="two")
+    bodies = _bodies(BURST)
+    with RawAMQPClient.for_broker(broker) as client:
+        client.handshake(heartbeat=0)
+        client.open_channel(1)
+        client.send_raw(_burst(1, bodies, routing_key=queue))
+        client.send_method(1, commands.Confirm.Select())  # a round trip: the burst has been taken
+        client.expect_method(commands.Confirm.SelectOk, 1)
+    deadline = 30
+    while len(held) < 6 and deadline:
+        conn.process_data_events(time_limit=0.1)
+        deadline -= 1
+    conn.process_data_events(time_limit=0.3)
+    assert sorted(got["one"] + got["two"]) == bodies[:6]  # both full: 3 each, the rest waits in the queue
+    assert len(got["one"]) == len(got["two"]) == 3
+    deadline = 100
+    while sum(map(len, got.values())) < BURST and deadline:
+        while held:
+            ch.basic_ack(held.pop(0)[1])
+        conn.process_data_events(time_limit=0.05)
+        deadline -= 1
+    assert sorted(got["one"] + got["two"]) == bodies
+    for name, seen in got.items():
+        assert seen == sorted(seen), name  # each consumer sees the queue's order
