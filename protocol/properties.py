@@ -260,6 +260,28 @@ FIELD_TYPE_NAMES: dict[int, str] = {ord(t): n for t, n in (
     ("A", "array"), ("x", "binary"), ("V", "void"))}
 
 
+def amqp_type_name(value: Any) -> str:
+    """The AMQP field type of a decoded value, by RabbitMQ's names (its reply texts say
+    ``{unacceptable_type,longstr}``, never a Python type). Widths are not kept by decoding: an integer is
+    named ``long`` (what clients send for a Python or Java long)."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "long"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, (str, bytes, bytearray)):
+        return "longstr"
+    if isinstance(value, dict):
+        return "table"
+    if isinstance(value, (list, tuple)):
+        return "array"
+    if value is None:
+        return "void"
+    name = type(value).__name__
+    return {"Decimal": "decimal", "datetime": "timestamp", "struct_time": "timestamp"}.get(name, name)
+
+
 def field_type_name(kind: int) -> str:
     """RabbitMQ's name of the field value type octet ``kind`` (never a Python type name)."""
     return FIELD_TYPE_NAMES.get(kind) or f"unknown type {bytes([kind])!r}"

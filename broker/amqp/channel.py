@@ -48,7 +48,6 @@ from broker.publish import (
 )
 from broker.queues import direct_reply_to
 from broker.queues.direct_reply_to import ReplyConsumer
-from broker.queues.queue_args import amqp_type_name
 from broker.queues.queue_consumers import Consumer
 from broker.queues.queue_shell import QueueOwner
 from broker.security import permissions, topic_permissions
@@ -68,6 +67,7 @@ from protocol.constants import (
 )
 from protocol.fastcodec import PublishArgs
 from protocol.methods import method_frame
+from protocol.properties import amqp_type_name
 
 if TYPE_CHECKING:
     from broker.config import Settings

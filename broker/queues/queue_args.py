@@ -27,6 +27,7 @@ from typing import Any
 
 from broker.errors import AMQPError
 from protocol.constants import PRECONDITION_FAILED
+from protocol.properties import amqp_type_name
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 # The accepted ``x-queue-type`` values: broker/queues/queue_types.py's registry fills it (this module sits
@@ -51,34 +52,15 @@ POLICY_KEYS = (
 STREAM_REFUSED_ARGS = ("x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key",
                        "x-max-length", "x-max-priority", "x-overflow", "x-queue-mode", "x-single-active-consumer",
                        "x-delivery-limit")
+# Arguments RabbitMQ 3.10's classic queues refuse (not among rabbit_classic_queue's queue arguments), with the
+# same text as a stream's: only a quorum queue takes a dead-letter strategy.
+CLASSIC_REFUSED_ARGS = ("x-dead-letter-strategy",)
 # Keys a stream takes from its policy before its argument (RabbitMQ's stream ``policy_precedence``).
 STREAM_POLICY_FIRST = frozenset({"max-length-bytes", "max-age", "stream-max-segment-size-bytes"})
 # RabbitMQ's duration units (``rabbit_amqqueue:check_max_age``), in ms: x-max-age and x-stream-offset intervals.
 DURATION_UNITS_MS = {"Y": 365 * 86_400_000, "M": 30 * 86_400_000, "D": 86_400_000, "h": 3_600_000,
                      "m": 60_000, "s": 1000}
 _DURATION = re.compile(r"([0-9]+)([YMDhms])")
-
-
-def amqp_type_name(value: Any) -> str:
-    """The AMQP field type of a decoded value, by RabbitMQ's names (its reply texts say
-    ``{unacceptable_type,longstr}``, never a Python type). Widths are not kept by decoding: an integer is
-    named ``long`` (what clients send for a Python or Java long)."""
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "long"
-    if isinstance(value, float):
-        return "double"
-    if isinstance(value, (str, bytes, bytearray)):
-        return "longstr"
-    if isinstance(value, dict):
-        return "table"
-    if isinstance(value, (list, tuple)):
-        return "array"
-    if value is None:
-        return "void"
-    name = type(value).__name__
-    return {"Decimal": "decimal", "datetime": "timestamp", "struct_time": "timestamp"}.get(name, name)
 
 
 def _unacceptable_type(value: Any) -> str:
@@ -161,8 +143,8 @@ ARGUMENT_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "x-overflow": _one_of(OVERFLOW_MODES),
     "x-dead-letter-exchange": _string,
     "x-dead-letter-routing-key": _string,
-    # RabbitMQ checks it for every queue type; only quorum queues act on it there. Leveret dead-letters at most
-    # once whatever it says (README: at-least-once is served at most once).
+    # Only quorum queues take it (CLASSIC_REFUSED_ARGS, STREAM_REFUSED_ARGS). Leveret dead-letters at most once
+    # whatever it says (README: at-least-once is served at most once).
     "x-dead-letter-strategy": _one_of(("at-most-once", "at-least-once")),
     "x-single-active-consumer": _boolean,
     "x-queue-type": _one_of(QUEUE_TYPES),
@@ -175,18 +157,26 @@ ARGUMENT_CHECKS: dict[str, Callable[[Any], str | None]] = {
 
 
 def validate_arguments(arguments: dict[str, Any], queue: str, vhost: str) -> None:
-    """406 for an argument Leveret implements whose value RabbitMQ would refuse."""
+    """406 for an argument Leveret implements whose value RabbitMQ would refuse: first one the queue's type does
+    not take (whatever its value, as RabbitMQ 3.10.8 answers), then a value."""
+    queue_type = arguments.get("x-queue-type", "classic")
+    if isinstance(queue_type, bytes):
+        queue_type = queue_type.decode(errors="replace")  # (one not UTF-8 is refused below)
+    refused: tuple[str, ...] = ()
+    if queue_type == "stream":
+        refused = STREAM_REFUSED_ARGS
+    elif queue_type == "classic":
+        refused = CLASSIC_REFUSED_ARGS
+    for key in refused:
+        if key in arguments:
+            raise AMQPError(PRECONDITION_FAILED, f"invalid arg '{key}' for queue '{queue}' in vhost '{vhost}' "
+                            f"of queue type rabbit_{queue_type}_queue")
     for key, check in ARGUMENT_CHECKS.items():
         if key in arguments:
             problem = check(arguments[key])
             if problem:
                 raise AMQPError(PRECONDITION_FAILED,
                                 f"invalid arg '{key}' for queue '{queue}' in vhost '{vhost}': {problem}")
-    if _text(arguments.get("x-queue-type")) == "stream":
-        for key in STREAM_REFUSED_ARGS:
-            if key in arguments:
-                raise AMQPError(PRECONDITION_FAILED, f"invalid arg '{key}' for queue '{queue}' in vhost '{vhost}' "
-                                "of queue type rabbit_stream_queue")
     if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
         raise AMQPError(PRECONDITION_FAILED, "invalid arg 'x-dead-letter-routing-key' for queue "
                         f"'{queue}' in vhost '{vhost}': Key x-dead-letter-routing-key should be specified "

@@ -34,7 +34,8 @@ from typing import Any
 
 from broker.errors import AMQPError
 from broker.security.auth import User
-from protocol.constants import ACCESS_REFUSED, NOT_ALLOWED
+from protocol.constants import ACCESS_REFUSED, NOT_ALLOWED, PRECONDITION_FAILED
+from protocol.properties import amqp_type_name
 
 QUEUE = "queue"
 EXCHANGE = "exchange"
@@ -99,7 +100,13 @@ def queue_declare(user: User, vhost: str, name: str, arguments: dict[str, Any], 
     if passive:
         return
     check(user, vhost, QUEUE, name, CONFIGURE)
-    dlx = _text(arguments.get("x-dead-letter-exchange"))
+    raw = arguments.get("x-dead-letter-exchange")
+    if raw is not None and not isinstance(raw, (str, bytes)):
+        # RabbitMQ's channel reads the dead-letter exchange for this check, before the queue's own argument
+        # checks, and refuses any other type with its own text (rabbit_channel, RabbitMQ 3.10.8).
+        raise AMQPError(PRECONDITION_FAILED, f"invalid type '{amqp_type_name(raw)}' for arg 'x-dead-letter-exchange' "
+                        f"in queue '{name}' in vhost '{vhost}'")
+    dlx = _text(raw)
     if dlx is not None:
         check(user, vhost, QUEUE, name, READ)
         check(user, vhost, EXCHANGE, dlx, WRITE)

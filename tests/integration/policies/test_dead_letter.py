@@ -346,24 +346,39 @@ def test_missing_dead_letter_exchange_drops_message(conn, make_queue, uid):
     assert ready_count(conn, q) == 0
 
 
-def refused_declare(conn, name: str, arguments: dict) -> str:
+def refused_declare(conn, name: str, arguments: dict, durable: bool = False) -> str:
     """Declare ``name`` with ``arguments``, which the broker must refuse with 406 closing only the channel;
     returns the reply text."""
     ch = conn.channel()
     with pytest.raises(ChannelClosedByBroker) as ei:
-        ch.queue_declare(name, arguments=arguments)
+        ch.queue_declare(name, durable=durable, arguments=arguments)
     assert ei.value.reply_code == 406
     assert conn.is_open
     return ei.value.reply_text
 
 
-def test_an_unknown_dead_letter_strategy_is_406_and_the_known_ones_are_taken(conn, uid):
-    text = refused_declare(conn, f"{uid}-bad", {"x-dead-letter-strategy": "exactly-once"})
-    assert text.startswith("PRECONDITION_FAILED - invalid arg 'x-dead-letter-strategy'")
+@pytest.mark.parametrize("strategy", ["at-most-once", "at-least-once", "exactly-once"])
+def test_a_classic_queue_refuses_a_dead_letter_strategy(conn, uid, strategy):
+    """Only quorum queues take x-dead-letter-strategy (RabbitMQ 3.10.8 refuses it on a classic queue, whatever
+    its value)."""
+    text = refused_declare(conn, f"{uid}-q", {"x-dead-letter-strategy": strategy})
+    assert text == (f"PRECONDITION_FAILED - invalid arg 'x-dead-letter-strategy' for queue '{uid}-q' in vhost '/' "
+                    "of queue type rabbit_classic_queue")
+
+
+def test_a_quorum_queue_takes_the_known_dead_letter_strategies_only(conn, uid):
+    text = refused_declare(conn, f"{uid}-bad", {"x-queue-type": "quorum", "x-dead-letter-strategy": "exactly-once"},
+                           durable=True)
+    assert text.startswith(f"PRECONDITION_FAILED - invalid arg 'x-dead-letter-strategy' for queue '{uid}-bad'")
     ch = conn.channel()
-    for strategy in ("at-most-once", "at-least-once"):
-        ch.queue_declare(f"{uid}-{strategy}", arguments={"x-dead-letter-strategy": strategy})
-    ch.close()
+    try:
+        for strategy in ("at-most-once", "at-least-once"):
+            ch.queue_declare(f"{uid}-{strategy}", durable=True, arguments={
+                "x-queue-type": "quorum", "x-dead-letter-strategy": strategy, "x-overflow": "reject-publish"})
+    finally:
+        for strategy in ("at-most-once", "at-least-once"):
+            ch.queue_delete(f"{uid}-{strategy}")
+        ch.close()
 
 
 def test_dlrk_without_dlx_is_406(conn, uid):
@@ -372,8 +387,11 @@ def test_dlrk_without_dlx_is_406(conn, uid):
 
 
 def test_non_string_dlx_is_406(conn, uid):
+    """The channel's own check, before the queue's argument checks. RabbitMQ names the field type as it came on
+    the wire (pika sends 5 as a signed 32-bit "signedint"); Leveret has only the decoded value ("long")."""
     text = refused_declare(conn, f"{uid}-q", {"x-dead-letter-exchange": 5})
-    assert text.startswith("PRECONDITION_FAILED - invalid arg 'x-dead-letter-exchange'")
+    assert text.startswith("PRECONDITION_FAILED - invalid type '")
+    assert text.endswith(f"' for arg 'x-dead-letter-exchange' in queue '{uid}-q' in vhost '/'")
 
 
 # -- repeated deaths and cycles ----------------------------------------------------------------------------
