@@ -36,6 +36,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import structlog
+
 from broker import PRODUCT, VERSION, parameters
 from broker.clustering import remote_queue
 from broker.errors import AMQPError
@@ -43,12 +45,15 @@ from broker.exchanges.exchange import EXCHANGE, QUEUE
 from broker.json_values import json_safe
 from broker.policies import limits
 from broker.policies.policy import make_policy
+from broker.queues.queue_args import without_refused_arguments
 from broker.security.auth import HASHING_ALGORITHMS, SHA256, hash_password, valid_password_hash
 from broker.topology import Answers, Deferred, deferring
 
 if TYPE_CHECKING:
     from broker.node import Node
     from broker.vhost import VHost
+
+log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
@@ -229,9 +234,13 @@ async def _until(future: asyncio.Future[Any]) -> None:
 
 def _declare_queue(vh: VHost, q: dict[str, Any], owner_checks: list[Callable[[], None]]) -> tuple[Any, bool]:
     owner_checks.clear()
-    return vh.queues.declare(_str(q, "name", "queue"), False, _bool(q, "durable", True), False,
-                             _bool(q, "auto_delete", False), q.get("arguments") or {}, None,
-                             owner_checks=owner_checks)
+    name = _str(q, "name", "queue")
+    arguments, dropped = without_refused_arguments(q.get("arguments") or {})
+    if dropped:
+        log.warning("definitions: a queue's arguments its type does not take are left out", vhost=vh.name,
+                    queue=name, arguments=dropped)
+    return vh.queues.declare(name, False, _bool(q, "durable", True), False, _bool(q, "auto_delete", False), arguments,
+                             None, owner_checks=owner_checks)
 
 
 def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[Wait | None]:

@@ -234,7 +234,7 @@ class QueueRegistry:
             q.reset_expiry_timer()  # a passive declare renews an x-expires lease too
             return q, False
         arguments = self._with_default_type(arguments, durable, exclusive, auto_delete, server_named)
-        validate_arguments(arguments, name, self.vhost.name)
+        validate_arguments(arguments, name, self.vhost.name, creating=name not in self._queues)
         queue_settings(arguments, name, self.vhost.name)  # 406 for a deduplication argument it cannot use
         if name.startswith("amq.") and not server_named:
             raise AMQPError(ACCESS_REFUSED,

@@ -156,18 +156,25 @@ ARGUMENT_CHECKS: dict[str, Callable[[Any], str | None]] = {
 }
 
 
-def validate_arguments(arguments: dict[str, Any], queue: str, vhost: str) -> None:
-    """406 for an argument Leveret implements whose value RabbitMQ would refuse: first one the queue's type does
-    not take (whatever its value, as RabbitMQ 3.10.8 answers), then a value."""
+def _refused_by_type(arguments: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+    """The queue type ``arguments`` ask for and the arguments that type refuses."""
     queue_type = arguments.get("x-queue-type", "classic")
     if isinstance(queue_type, bytes):
-        queue_type = queue_type.decode(errors="replace")  # (one not UTF-8 is refused below)
-    refused: tuple[str, ...] = ()
+        queue_type = queue_type.decode(errors="replace")  # (one not UTF-8 is refused by the value checks)
     if queue_type == "stream":
-        refused = STREAM_REFUSED_ARGS
-    elif queue_type == "classic":
-        refused = CLASSIC_REFUSED_ARGS
-    for key in refused:
+        return queue_type, STREAM_REFUSED_ARGS
+    if queue_type == "classic":
+        return queue_type, CLASSIC_REFUSED_ARGS
+    return str(queue_type), ()
+
+
+def validate_arguments(arguments: dict[str, Any], queue: str, vhost: str, creating: bool = True) -> None:
+    """406 for an argument Leveret implements whose value RabbitMQ would refuse: first, for a queue being
+    created, one its type does not take (whatever its value, as RabbitMQ 3.10.8 answers), then a value. A queue
+    that exists is redeclared with what it was declared with: one an earlier Leveret let a classic queue keep
+    (``x-dead-letter-strategy``) is not refused then."""
+    queue_type, refused = _refused_by_type(arguments)
+    for key in refused if creating else ():
         if key in arguments:
             raise AMQPError(PRECONDITION_FAILED, f"invalid arg '{key}' for queue '{queue}' in vhost '{vhost}' "
                             f"of queue type rabbit_{queue_type}_queue")
@@ -181,6 +188,17 @@ def validate_arguments(arguments: dict[str, Any], queue: str, vhost: str) -> Non
         raise AMQPError(PRECONDITION_FAILED, "invalid arg 'x-dead-letter-routing-key' for queue "
                         f"'{queue}' in vhost '{vhost}': Key x-dead-letter-routing-key should be specified "
                         "together with x-dead-letter-exchange")
+
+
+def without_refused_arguments(arguments: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``arguments`` without those their queue type refuses, and which those were: a definitions file or stored
+    metadata written by an earlier Leveret (which let a classic queue keep a dead-letter strategy, to no effect)
+    is imported rather than refused."""
+    _, refused = _refused_by_type(arguments)
+    dropped = [key for key in refused if key in arguments]
+    if not dropped:
+        return arguments, []
+    return {k: v for k, v in arguments.items() if k not in dropped}, dropped
 
 
 def _text(value: Any) -> Any:

@@ -101,7 +101,7 @@ def queue_declare(user: User, vhost: str, name: str, arguments: dict[str, Any], 
         return
     check(user, vhost, QUEUE, name, CONFIGURE)
     raw = arguments.get("x-dead-letter-exchange")
-    if raw is not None and not isinstance(raw, (str, bytes)):
+    if raw is not None and not isinstance(raw, (str, bytes, bytearray)):
         # RabbitMQ's channel reads the dead-letter exchange for this check, before the queue's own argument
         # checks, and refuses any other type with its own text (rabbit_channel, RabbitMQ 3.10.8).
         raise AMQPError(PRECONDITION_FAILED, f"invalid type '{amqp_type_name(raw)}' for arg 'x-dead-letter-exchange' "

@@ -281,3 +281,24 @@ async def test_a_write_that_fails_changes_nothing(tmp_path):
     again = opened_node(tmp_path)
     assert definitions.export(again) == before
     close(again)
+
+
+async def test_a_classic_queue_with_a_dead_letter_strategy_from_an_earlier_leveret_is_imported_without_it(tmp_path):
+    """An earlier Leveret let a classic queue keep x-dead-letter-strategy (to no effect); RabbitMQ refuses it
+    there, and so does a declare now. Its export (or its stored metadata, which is imported the same way)
+    still loads: the argument is left out, a quorum queue keeps its own, and the queue is redeclared as it
+    was declared without a 406."""
+    node = fresh_node(tmp_path)
+    strategy = {"x-dead-letter-strategy": "at-least-once", "x-dead-letter-exchange": "dlx"}
+    definitions.import_definitions(node, {"queues": [
+        {"name": "old", "vhost": "/", "durable": True, "auto_delete": False, "arguments": dict(strategy)},
+        {"name": "q", "vhost": "/", "durable": True, "auto_delete": False,
+         "arguments": {"x-queue-type": "quorum", **strategy}}]})
+    vh = node.vhosts["/"]
+    assert vh.queues.get("old").arguments == {"x-dead-letter-exchange": "dlx"}
+    assert vh.queues.get("q").arguments["x-dead-letter-strategy"] == "at-least-once"
+    # A durable classic queue recovered with the argument (stored by the earlier version) is redeclared as
+    # it was declared.
+    vh.queues.restore("kept", False, {"x-queue-type": "classic", **strategy})
+    queue, created = vh.queues.declare("kept", False, True, False, False, dict(strategy), None)
+    assert queue is vh.queues.get("kept") and not created
