@@ -496,6 +496,23 @@ cdef inline bytes _tag_bits_frame(long channel, unsigned int method_id, uint64_t
     return out
 
 
+cdef inline Py_ssize_t _put_deliver(uint8_t* w, long ch, bytes consumer_tag_raw, uint64_t tag, bint redelivered,
+                                    bytes names_raw):
+    """Write the basic.deliver frame at ``w`` (11 + its arguments + 1 bytes, the caller's to have checked);
+    returns its length."""
+    cdef Py_ssize_t ct = PyBytes_GET_SIZE(consumer_tag_raw), nr = PyBytes_GET_SIZE(names_raw)
+    cdef Py_ssize_t args_len = ct + 9 + nr
+    _put_frame_head(w, FRAME_METHOD, ch, args_len + 4)
+    _put_u16(w + 7, CLASS_BASIC)
+    _put_u16(w + 9, BASIC_DELIVER)
+    memcpy(w + 11, PyBytes_AS_STRING(consumer_tag_raw), ct)
+    _put_u64(w + 11 + ct, tag)
+    w[11 + ct + 8] = 1 if redelivered else 0
+    memcpy(w + 11 + ct + 9, PyBytes_AS_STRING(names_raw), nr)
+    w[11 + args_len] = FRAME_END
+    return 11 + args_len + 1
+
+
 def encode_basic_deliver(channel, consumer_tag_raw, delivery_tag, redelivered, names_raw):
     """basic.deliver; ``consumer_tag_raw`` and ``names_raw`` (exchange + routing key) are short strings."""
     cdef long ch = _u16(channel)
@@ -507,17 +524,9 @@ def encode_basic_deliver(channel, consumer_tag_raw, delivery_tag, redelivered, n
     cdef Py_ssize_t args_len = ct + 9 + nr
     if <uint64_t>args_len + 4 > U32_MAX:
         return _pure().encode_basic_deliver(channel, consumer_tag_raw, delivery_tag, redelivered, names_raw)
-    cdef bint again = redelivered
     cdef uint8_t* w
     cdef bytes out = _new_bytes(11 + args_len + 1, &w)
-    _put_frame_head(w, FRAME_METHOD, ch, args_len + 4)
-    _put_u16(w + 7, CLASS_BASIC)
-    _put_u16(w + 9, BASIC_DELIVER)
-    memcpy(w + 11, PyBytes_AS_STRING(consumer_tag_raw), ct)
-    _put_u64(w + 11 + ct, tag)
-    w[11 + ct + 8] = 1 if again else 0
-    memcpy(w + 11 + ct + 9, PyBytes_AS_STRING(names_raw), nr)
-    w[11 + args_len] = FRAME_END
+    _put_deliver(w, ch, consumer_tag_raw, tag, redelivered, names_raw)
     return out
 
 
@@ -599,15 +608,7 @@ def encode_delivery_into(list out not None, channel, consumer_tag_raw, delivery_
     cdef Py_ssize_t deliver_len = 11 + args_len + 1, header_len = 7 + hl + 1
     cdef uint8_t* w
     cdef bytes piece = _new_bytes(deliver_len + header_len + (7 + size + 1 if size else 0), &w)
-    _put_frame_head(w, FRAME_METHOD, ch, args_len + 4)
-    _put_u16(w + 7, CLASS_BASIC)
-    _put_u16(w + 9, BASIC_DELIVER)
-    memcpy(w + 11, PyBytes_AS_STRING(consumer_tag_raw), ct)
-    _put_u64(w + 11 + ct, tag)
-    w[11 + ct + 8] = 1 if redelivered else 0
-    memcpy(w + 11 + ct + 9, PyBytes_AS_STRING(names_raw), nr)
-    w[11 + args_len] = FRAME_END
-    w += deliver_len
+    w += _put_deliver(w, ch, consumer_tag_raw, tag, redelivered, names_raw)
     _put_frame_head(w, FRAME_HEADER, ch, hl)
     memcpy(w + 7, PyBytes_AS_STRING(header_payload), hl)
     w[7 + hl] = FRAME_END

@@ -23,22 +23,13 @@ FANOUT = 400
 BURST = 150
 
 
-def test_a_wide_fanout_burst_does_not_hold_other_publishers_back(broker, connect, make_exchange, cleanup,
-                                                               uid) -> None:
-    exchange = make_exchange("fanout")
-    setup = connect().channel()
-    queues = [f"{uid}-f{i}" for i in range(FANOUT)]
-    other = f"{uid}-other"
-    cleanup[0].extend([*queues, other])
-    for q in queues:
-        setup.queue_declare(q)
-        setup.queue_bind(q, exchange)
-    setup.queue_declare(other)
-
+def _other_message_position(broker, connect, watched: str, other: str, exchange: str, routing_key: str) -> int:
+    """Write ``BURST`` publishes to ``exchange`` / ``routing_key`` in one ``sendall``; when the first copy
+    reaches ``watched``, a second connection publishes one message to ``other``. Returns how many of the
+    burst's copies reached ``watched`` before it."""
     consumer = connect()
     ch = consumer.channel()
     arrivals: list[str] = []
-
     with RawAMQPClient.for_broker(broker) as burst, RawAMQPClient.for_broker(broker) as single:
         for c in (burst, single):
             c.handshake(heartbeat=0)
@@ -49,9 +40,9 @@ def test_a_wide_fanout_burst_does_not_hold_other_publishers_back(broker, connect
                 single.publish(1, b"y" * 16, routing_key=other)
             arrivals.append("burst")
 
-        ch.basic_consume(queues[0], on_burst_copy, auto_ack=True)
+        ch.basic_consume(watched, on_burst_copy, auto_ack=True)
         ch.basic_consume(other, lambda *_args: arrivals.append("other"), auto_ack=True)
-        publish = method_frame(1, commands.Basic.Publish(exchange=exchange, routing_key=""))
+        publish = method_frame(1, commands.Basic.Publish(exchange=exchange, routing_key=routing_key))
         content = content_header_frame(1, 16) + body_frame(1, b"x" * 16)
         burst.send_raw((publish + content) * BURST)
 
@@ -60,7 +51,27 @@ def test_a_wide_fanout_burst_does_not_hold_other_publishers_back(broker, connect
             consumer.process_data_events(time_limit=0.1)
             deadline_turns += 1
     assert arrivals.count("burst") == BURST and arrivals.count("other") == 1, arrivals.count("burst")
-    position = arrivals.index("other")
+    return arrivals.index("other")
+
+
+def _wide_fanout(connect, cleanup, uid: str, exchange: str) -> tuple[list[str], str]:
+    """``FANOUT`` queues bound to ``exchange`` and one other queue, deleted at teardown."""
+    setup = connect().channel()
+    queues = [f"{uid}-f{i}" for i in range(FANOUT)]
+    other = f"{uid}-other"
+    cleanup[0].extend([*queues, other])
+    for q in queues:
+        setup.queue_declare(q)
+        setup.queue_bind(q, exchange)
+    setup.queue_declare(other)
+    return queues, other
+
+
+def test_a_wide_fanout_burst_does_not_hold_other_publishers_back(broker, connect, make_exchange, cleanup,
+                                                               uid) -> None:
+    exchange = make_exchange("fanout")
+    queues, other = _wide_fanout(connect, cleanup, uid, exchange)
+    position = _other_message_position(broker, connect, queues[0], other, exchange, "")
     # Before the budget: position == BURST (the whole burst routed before anything was written). With it,
     # a turn routes ~6 publishes (at 400 queues), and the rest of the burst takes ~25 more turns.
     assert position < BURST - 10, f"the other publisher's message came after {position} of {BURST}"
@@ -75,39 +86,6 @@ def test_dead_letters_into_a_wide_fanout_do_not_hold_other_publishers_back(broke
     ``BURST × FANOUT`` dead copies were handed over in one turn and the other message came last."""
     dlx = make_exchange("dlx", "fanout")
     entry = make_queue("entry", {"x-max-length": 0, "x-overflow": "drop-head", "x-dead-letter-exchange": dlx})
-    setup = connect().channel()
-    queues = [f"{uid}-d{i}" for i in range(FANOUT)]
-    other = f"{uid}-other"
-    cleanup[0].extend([*queues, other])
-    for q in queues:
-        setup.queue_declare(q)
-        setup.queue_bind(q, dlx)
-    setup.queue_declare(other)
-
-    consumer = connect()
-    ch = consumer.channel()
-    arrivals: list[str] = []
-
-    with RawAMQPClient.for_broker(broker) as burst, RawAMQPClient.for_broker(broker) as single:
-        for c in (burst, single):
-            c.handshake(heartbeat=0)
-            c.open_channel(1)
-
-        def on_burst_copy(*_args) -> None:
-            if not arrivals:
-                single.publish(1, b"y" * 16, routing_key=other)
-            arrivals.append("burst")
-
-        ch.basic_consume(queues[0], on_burst_copy, auto_ack=True)
-        ch.basic_consume(other, lambda *_args: arrivals.append("other"), auto_ack=True)
-        publish = method_frame(1, commands.Basic.Publish(exchange="", routing_key=entry))
-        content = content_header_frame(1, 16) + body_frame(1, b"x" * 16)
-        burst.send_raw((publish + content) * BURST)
-
-        deadline_turns = 0
-        while len(arrivals) < BURST + 1 and deadline_turns < 300:
-            consumer.process_data_events(time_limit=0.1)
-            deadline_turns += 1
-    assert arrivals.count("burst") == BURST and arrivals.count("other") == 1, arrivals.count("burst")
-    position = arrivals.index("other")
+    queues, other = _wide_fanout(connect, cleanup, uid, dlx)
+    position = _other_message_position(broker, connect, queues[0], other, "", entry)
     assert position < BURST - 10, f"the other publisher's message came after {position} of {BURST}"

@@ -56,6 +56,16 @@ def _confirms(client: RawAMQPClient, channel: int, count: int) -> tuple[set[int]
     return acked, nacked
 
 
+def _confirming_client(broker) -> RawAMQPClient:
+    """A raw client whose channel 1 is open in confirm mode (a context manager: closed on exit)."""
+    client = RawAMQPClient.for_broker(broker)
+    client.handshake(heartbeat=0)
+    client.open_channel(1)
+    client.send_method(1, commands.Confirm.Select())
+    client.expect_method(commands.Confirm.SelectOk, 1)
+    return client
+
+
 def _queue_bodies(connect, queue: str) -> list[bytes]:
     ch = connect().channel()
     out = []
@@ -69,11 +79,7 @@ def _queue_bodies(connect, queue: str) -> list[bytes]:
 def test_a_burst_into_a_full_queue_is_confirmed_and_nacked_publish_by_publish(broker, connect, make_queue) -> None:
     queue = make_queue("limited", {"x-max-length": 5, "x-overflow": "reject-publish"})
     bodies = _bodies(12)
-    with RawAMQPClient.for_broker(broker) as client:
-        client.handshake(heartbeat=0)
-        client.open_channel(1)
-        client.send_method(1, commands.Confirm.Select())
-        client.expect_method(commands.Confirm.SelectOk, 1)
+    with _confirming_client(broker) as client:
         client.send_raw(_burst(1, bodies, routing_key=queue))
         acked, nacked = _confirms(client, 1, len(bodies))
     assert acked == set(range(1, 6)) and nacked == set(range(6, 13)), (sorted(acked), sorted(nacked))
@@ -82,11 +88,7 @@ def test_a_burst_into_a_full_queue_is_confirmed_and_nacked_publish_by_publish(br
 
 def test_a_burst_of_mandatory_publishes_to_no_queue_comes_back_publish_by_publish(broker, uid) -> None:
     bodies = _bodies(BURST)
-    with RawAMQPClient.for_broker(broker) as client:
-        client.handshake(heartbeat=0)
-        client.open_channel(1)
-        client.send_method(1, commands.Confirm.Select())
-        client.expect_method(commands.Confirm.SelectOk, 1)
+    with _confirming_client(broker) as client:
         client.send_raw(_burst(1, bodies, routing_key=f"{uid}-nowhere", mandatory=True))
         returned: list[bytes] = []
         settled: list[int] = []
@@ -114,11 +116,7 @@ def test_a_burst_to_a_fanout_reaches_every_queue_in_order(broker, connect, make_
     for q in queues:
         setup.queue_bind(q, exchange)
     first, second = _bodies(BURST, "a"), _bodies(BURST, "b")
-    with RawAMQPClient.for_broker(broker) as client:
-        client.handshake(heartbeat=0)
-        client.open_channel(1)
-        client.send_method(1, commands.Confirm.Select())
-        client.expect_method(commands.Confirm.SelectOk, 1)
+    with _confirming_client(broker) as client:
         # Two runs in one write: the second's persistent delivery mode makes its content header differ.
         client.send_raw(_burst(1, first, exchange=exchange)
                         + _burst(1, second, exchange=exchange,
@@ -174,11 +172,7 @@ def test_a_burst_into_a_stream_is_confirmed_and_read_back_in_order(broker, conne
     at its own offset, in order."""
     stream = make_queue("stream", {"x-queue-type": "stream"}, durable=True)
     bodies = _bodies(BURST)
-    with RawAMQPClient.for_broker(broker) as client:
-        client.handshake(heartbeat=0)
-        client.open_channel(1)
-        client.send_method(1, commands.Confirm.Select())
-        client.expect_method(commands.Confirm.SelectOk, 1)
+    with _confirming_client(broker) as client:
         client.send_raw(_burst(1, bodies, routing_key=stream, properties=commands.Basic.Properties(delivery_mode=2)))
         acked, nacked = _confirms(client, 1, len(bodies))
     assert acked == set(range(1, BURST + 1)) and not nacked
@@ -219,11 +213,7 @@ def test_a_run_into_queues_that_dead_letter_as_they_take_answers_as_one_by_one(b
         setup.queue_bind(b, fan)
         setup.queue_bind(b, dlx)
         bodies = _bodies(4)
-        with RawAMQPClient.for_broker(broker) as client:
-            client.handshake(heartbeat=0)
-            client.open_channel(1)
-            client.send_method(1, commands.Confirm.Select())
-            client.expect_method(commands.Confirm.SelectOk, 1)
+        with _confirming_client(broker) as client:
             if alike:
                 client.send_raw(_burst(1, bodies, exchange=fan))
             else:
