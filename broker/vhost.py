@@ -478,7 +478,8 @@ class VHost:
                     mandatory: bool, publisher: Publisher, first_seq: int = 0) -> list[int] | None:
         """:meth:`publish` for a run of a client's publishes to one exchange with one routing key and one
         content header (broker/amqp/publish_run.py), routed once to ``queues`` (:meth:`route` of the first;
-        empty: unroutable). Returns each message's result as :meth:`publish` would, None for an unroutable run.
+        empty: unroutable). Returns each message's confirm part of :meth:`publish`'s result (REFUSED, the queues
+        that confirm later above PENDING; ROUTED is implied), None for an unroutable run.
 
         Only for what that path takes: a single node, tracing off, an exchange that routes at once, no direct
         reply-to key and no CC / BCC keys. The messages carry their publish time already."""
@@ -502,7 +503,7 @@ class VHost:
                 counters.messages_unroutable_returned += n
             else:
                 counters.messages_unroutable_dropped += n
-        return None if results is None else [result | ROUTED for result in results]
+        return results
 
     def publish_as(self, user: User, msg: Message, mandatory: bool = False, publisher: Publisher | None = None,
                    confirm_seq: int = 0) -> int:

@@ -602,11 +602,9 @@ class FileStreamLog:
         trim and the wait for the fsync are looked at once for the run."""
         fp = fingerprint(filter_value) if filter_value else 0
         append = self._append_record
-        first = -1
+        first = self.next_offset
         for payload in payloads:
-            offset = append(payload, timestamp_ms, fp)
-            if first < 0:
-                first = offset
+            append(payload, timestamp_ms, fp)
         if self._tail_bytes > self.tail_cap:
             self._trim_tail()
         self._note_pending(first + len(payloads))

@@ -82,20 +82,18 @@ class RunChannel(Protocol):
 
 
 class PublishRun:
-    """One channel's taker of publish runs. ``position``: the publish an error raised by :meth:`take`
-    belongs to (the run's first: see the module docstring)."""
+    """One channel's taker of publish runs. An error :meth:`take` raises belongs to the run's first publish
+    (the module docstring)."""
 
-    __slots__ = ("_channel", "position")
+    __slots__ = ("_channel",)
 
     def __init__(self, channel: RunChannel) -> None:
         self._channel = channel
-        self.position = 0
 
     def take(self, frames: list[Any], start: int, end: int, budget: int) -> int:
         """Publish ``frames[start:end]`` (FRAME_PUBLISH items alike but for their bodies) as one run, as far as
         ``budget`` hand-overs to queues allow (at least one publish). Returns the index of the first frame not
         taken: ``start`` if the run must go message by message."""
-        self.position = start
         channel = self._channel
         method, header, first_body = frames[start][2]
         args = fastcodec.decode_basic_publish(method, 4)

@@ -360,14 +360,13 @@ class Reader(asyncio.Protocol):
             return start
         if not self.has_published:
             self._first_publish()
-        run = channel.publish_run
         budget = ROUTED_PER_TURN - (handovers.count - self._turn_handovers)
         try:
-            return run.take(frames, start, end, budget)
+            return channel.publish_run.take(frames, start, end, budget)
         except Exception as exc:  # noqa: BLE001 (answered by kind in _frame_failed)
-            failed = run.position  # the publish the error belongs to: those before it were published
-            self._frame_failed(exc, FRAME_PUBLISH, channel_id, frames[failed][2])
-            return failed + 1
+            # A run's errors come from its checks, before anything is published: they are its first publish's.
+            self._frame_failed(exc, FRAME_PUBLISH, channel_id, frames[start][2])
+            return start + 1
 
     def _failing_method(self, frame_type: int, channel_id: int, payload: bytes) -> tuple[int, int]:
         """(class id, method id) that a close reports: the method itself, or basic.publish for content."""

@@ -92,27 +92,21 @@ def deliver_run(queues: Sequence[Queue | OtherMembersQueue], msgs: list[Message]
         for msg in msgs:
             if msg.msg_id is None:
                 msg.msg_id = new_msg_id()
-    results = [0] * len(msgs)
-    handovers.count += len(queues) * len(msgs)
-    for q in queues:
-        if publisher not in q.publisher_channels:
-            q.publisher_channels.add(publisher)
-            publisher.published_to.add(q)
-        durable = persistent and q.durable
-        dedup = q.dedup
-        if dedup is None:
-            taken = q.deliver_or_enqueue_run(msgs, durable, publisher, first_seq)
-        else:
-            taken = [deliver_deduplicated(q, dedup, msg, durable, (publisher, first_seq + i) if first_seq else None)
-                     for i, msg in enumerate(msgs)]
-        for i, result in enumerate(taken):
-            if result == CONFIRM_LATER:
-                results[i] += 1 << PENDING
-            elif result == REJECTED:
-                results[i] |= REFUSED
-        if q.overloaded:
-            q.throttle(publisher.reader)
-    return results
+    q = queues[0]
+    handovers.count += len(msgs)
+    if publisher not in q.publisher_channels:
+        q.publisher_channels.add(publisher)
+        publisher.published_to.add(q)
+    durable = persistent and q.durable
+    dedup = q.dedup
+    if dedup is None:
+        taken = q.deliver_or_enqueue_run(msgs, durable, publisher, first_seq)
+    else:
+        taken = [deliver_deduplicated(q, dedup, msg, durable, (publisher, first_seq + i) if first_seq else None)
+                 for i, msg in enumerate(msgs)]
+    if q.overloaded:
+        q.throttle(publisher.reader)
+    return [1 << PENDING if result == CONFIRM_LATER else REFUSED if result == REJECTED else 0 for result in taken]
 
 
 def deliver_deduplicated(q: Queue | OtherMembersQueue, cache: DedupCache, msg: Message, persistent: bool,

@@ -193,6 +193,7 @@ class QueueProcess(QueueShell):
         settings = self.settings
         if (persistent or self._persist_all or settings.max_length is not None
                 or settings.max_length_bytes is not None or settings.message_ttl is not None
+                or msgs[0].expiration_ms is not None  # (a run shares its properties: its TTL too)
                 or not self.consumers.count or self._sac_store is not None or self._deal is not None
                 or not self.bq.is_empty()):
             return take_one_by_one(self.deliver_or_enqueue, msgs, persistent, publisher, first_seq)
@@ -201,10 +202,7 @@ class QueueProcess(QueueShell):
         next_with_room = self.consumers.next_with_room
         bq = self.bq
         for i, msg in enumerate(msgs):
-            if msg.expiration_ms is not None:
-                consumer = None  # (a run shares its properties: never, but deliver_or_enqueue knows TTLs)
-            else:
-                consumer = next_with_room()
+            consumer = next_with_room()
             if consumer is None:
                 rest = msgs[i:]
                 return [ACCEPTED] * i + take_one_by_one(self.deliver_or_enqueue, rest, persistent, publisher,

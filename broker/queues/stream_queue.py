@@ -150,6 +150,14 @@ class _Reader:
         self.group = group
 
 
+
+def _filter_value(msg: Message) -> str | None:
+    """A message's ``x-stream-filter-value`` header, kept per segment by the log (None: none, or not a string)."""
+    if FILTER_HEADER not in msg.header:  # cheap test on the raw properties before decoding the headers
+        return None
+    value = _text(msg.headers.get("x-stream-filter-value"))
+    return value if isinstance(value, str) else None
+
 class StreamQueue(QueueShell):
     """A stream: the members of broker/queues/queue_types.py's Queue over a StreamLog (see the module docstring)."""
 
@@ -225,10 +233,7 @@ class StreamQueue(QueueShell):
         """Append the message; its confirm (if the publisher wants one) waits for the fsync covering it."""
         self.stats.published += 1
         log = self.log
-        filter_value = None
-        if FILTER_HEADER in msg.header:  # cheap test on the raw properties before decoding the headers
-            value = _text(msg.headers.get("x-stream-filter-value"))
-            filter_value = value if isinstance(value, str) else None
+        filter_value = _filter_value(msg)
         offset = log.next_offset
         retains = self._retains
         segments = log.segment_count if retains else 0
@@ -250,10 +255,7 @@ class StreamQueue(QueueShell):
         self.stats.published += n
         log = self.log
         first = msgs[0]
-        filter_value = None
-        if FILTER_HEADER in first.header:  # one header for the run: one filter value
-            value = _text(first.headers.get("x-stream-filter-value"))
-            filter_value = value if isinstance(value, str) else None
+        filter_value = _filter_value(first)  # one header for the run: one filter value
         offset = log.next_offset
         payloads = [encode_record(msg, offset + i) for i, msg in enumerate(msgs)]
         retains = self._retains
