@@ -214,8 +214,11 @@ class Connection(asyncio.Protocol):
         self._body_left = -1  # -1: no content expected; else bytes of body still to come
         self._ts = 0
         self.cancelled = False
-        # stream offsets (track_offsets): a bitmap of the offsets delivered, shared by a worker's consumers
+        # stream offsets (track_offsets): bitmaps shared by a worker's consumers, of the offsets delivered first
+        # (``seen``) and of those delivered again with redelivered=true (``again``: a group hands a member's
+        # unsettled offsets to another member, maybe of another worker, and that is no duplicate)
         self.seen: bytearray | None = None
+        self.again: bytearray | None = None
         self.duplicates = 0       # offsets delivered again without redelivered=true
         self.redelivered = 0
         self.no_offset = 0        # deliveries without an x-stream-offset header
@@ -353,13 +356,14 @@ class Connection(asyncio.Protocol):
         seen = self.seen
         if seen is None:  # called only while offsets are recorded
             return
+        if self._redeliv:
+            self.redelivered += 1
+            seen = self.again if self.again is not None else seen
         idx = off >> 3
         if idx >= len(seen):
             seen.extend(bytes(max(idx + 1 - len(seen), len(seen), 4096)))  # in place: shared by the worker
         bit = 1 << (off & 7)
-        if self._redeliv:
-            self.redelivered += 1
-        elif seen[idx] & bit:
+        if not self._redeliv and seen[idx] & bit:
             self.duplicates += 1
         seen[idx] |= bit
         if off > self.max_offset:  # noqa: PLR1730 - max() is a call per message

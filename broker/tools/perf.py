@@ -400,6 +400,7 @@ async def worker_main(wid: int, roles: list[Role], cfg: PerfConfig, counters: Sh
     publishers: list[Publisher] = []
     hist = new_hist()
     seen = bytearray() if cfg.stream else None  # offsets delivered, shared by this worker's consumers
+    again = bytearray() if cfg.stream else None  # offsets redelivered (amqp_client's Connection.again)
 
     async def open_role(role: Role) -> None:
         async with sem:
@@ -407,7 +408,7 @@ async def worker_main(wid: int, roles: list[Role], cfg: PerfConfig, counters: Sh
             conn = await connect(cfg.url_for(idx if kind == "c" else cfg.consumers + idx),
                                  name=f"perf-{kind}{idx}")
             if kind == "c":
-                conn.seen = seen
+                conn.seen, conn.again = seen, again
                 consumers.append((conn, role[2], idx))
                 if not cfg.backlog:
                     await _start_consumer(conn, role[2], idx, cfg)
@@ -505,12 +506,8 @@ async def worker_main(wid: int, roles: list[Role], cfg: PerfConfig, counters: Sh
     await asyncio.gather(*(close(c) for c in [x[0] for x in consumers] + [p.conn for p in publishers]),
                          return_exceptions=True)
     stream = None
-    if seen is not None:
-        cs = [c for c, _q, _i in consumers]
-        lows = [c.min_offset for c in cs if c.min_offset >= 0]
-        stream = {"bitmap": bytes(seen), "duplicates": sum(c.duplicates for c in cs),
-                  "redelivered": sum(c.redelivered for c in cs), "no_offset": sum(c.no_offset for c in cs),
-                  "min_offset": min(lows) if lows else -1, "max_offset": max(c.max_offset for c in cs) if cs else -1}
+    if seen is not None and again is not None:
+        stream = _stream_part(seen, again, [c for c, _q, _i in consumers])
     return {
         "stream": stream,
         "worker": wid,
@@ -952,20 +949,34 @@ def _summarise_workers(out: dict[str, Any], results: list[dict[str, Any]], nw: i
     out["client"] = {"processes": nw, "cpu_s": round(cpu, 3), "max_worker_cpu_util": max(util) if util else None}
 
 
+def _stream_part(seen: bytearray, again: bytearray, consumers: list[Connection]) -> dict[str, Any]:
+    """One worker's stream offsets, for :func:`_stream_summary`: its consumers' bitmaps and counts."""
+    lows = [c.min_offset for c in consumers if c.min_offset >= 0]
+    return {"bitmap": bytes(seen), "again": bytes(again), "duplicates": sum(c.duplicates for c in consumers),
+            "redelivered": sum(c.redelivered for c in consumers), "no_offset": sum(c.no_offset for c in consumers),
+            "min_offset": min(lows) if lows else -1,
+            "max_offset": max(c.max_offset for c in consumers) if consumers else -1}
+
+
 def _stream_summary(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Merge the workers' offset bitmaps: an offset two workers both received counts as a duplicate too."""
+    """Merge the workers' offset bitmaps: an offset two workers both received without redelivered=true counts
+    as a duplicate too; one a worker received again, redelivered (a group member's unsettled offsets handed to
+    another member when it closed), is no duplicate, and counts among the distinct offsets."""
     union = 0
     unique_sum = 0
+    redelivered_union = 0
     for p in parts:
         bits = int.from_bytes(p["bitmap"], "little")
         unique_sum += bits.bit_count()
         union |= bits
-    distinct = union.bit_count()
+        redelivered_union |= int.from_bytes(p["again"], "little")
+    first_deliveries = union.bit_count()
+    distinct = (union | redelivered_union).bit_count()
     lows = [p["min_offset"] for p in parts if p["min_offset"] >= 0]
     lo, hi = (min(lows), max(p["max_offset"] for p in parts)) if lows else (-1, -1)
-    dups = sum(p["duplicates"] for p in parts) + (unique_sum - distinct)
+    dups = sum(p["duplicates"] for p in parts) + (unique_sum - first_deliveries)
     redelivered = sum(p["redelivered"] for p in parts)
-    return {"deliveries": distinct + dups + redelivered, "distinct_offsets": distinct, "duplicates": dups,
+    return {"deliveries": first_deliveries + dups + redelivered, "distinct_offsets": distinct, "duplicates": dups,
             "redelivered": redelivered, "no_offset": sum(p["no_offset"] for p in parts),
             "first_offset": lo, "last_offset": hi, "gaps": (hi - lo + 1 - distinct) if lows else 0}
 
