@@ -32,7 +32,7 @@ from protocol.properties import (
     with_properties,
 )
 
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def table(*entries: bytes) -> bytes:
