@@ -505,6 +505,30 @@ class VHost:
                 counters.messages_unroutable_dropped += n
         return results
 
+    def publish_events(self, exchange: Exchange, msgs: list[Message]) -> None:
+        """The broker's own transient messages to ``exchange`` (the firehose's events of one loop turn,
+        broker/observability/trace.py), as :meth:`publish` with ``held`` would put them one by one: each routed
+        by the bindings as they are, stamped now, not counted as a client's publish, no confirms, no credit
+        flow. Consecutive messages routed to the same queues are handed over as one run
+        (``delegate.deliver_run``): a stream appends the run in one write. Only for an exchange that routes at
+        once (no delayed or deduplicating exchange) and messages without a direct reply-to key."""
+        now = self.clock.now_ms()
+        route = self.route
+        run: list[Message] = []
+        run_queues: list[Queue | OtherMembersQueue] = []
+        for msg in msgs:
+            msg.published_at = now
+            queues = route(exchange, msg)
+            if queues != run_queues:
+                if run and run_queues:
+                    delegate.deliver_run(run_queues, run, False, None)
+                run = []
+                run_queues = queues
+            run.append(msg)
+            exchange.publish_out += len(queues)
+        if run and run_queues:
+            delegate.deliver_run(run_queues, run, False, None)
+
     def publish_as(self, user: User, msg: Message, mandatory: bool = False, publisher: Publisher | None = None,
                    confirm_seq: int = 0) -> int:
         """A publish by ``user`` from outside AMQP (the HTTP API; later the Spark writer): the checks a

@@ -6,6 +6,8 @@ with ``{"tracing": true|false}``, as in RabbitMQ's management API (a PUT without
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
 from broker.management.common import (
@@ -62,7 +64,7 @@ async def put_vhost(request: web.Request) -> web.Response:
     existed = name in node.vhosts
     vh = node.add_vhost(name, description, as_tags(body.get("tags")) if "tags" in body else None, dqt)
     if tracing is True:
-        start_tracing(vh, node.name)
+        start_tracing(vh, node.name, asyncio.get_running_loop().call_soon)
     elif tracing is False:
         stop_tracing(vh)
     return web.Response(status=204 if existed else 201)

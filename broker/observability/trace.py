@@ -39,9 +39,14 @@ without a message_id, has no identity. Joining the events of one vhost on ``x-le
 publish → deliver → ack latency per message.
 
 Tracing never recurses (a message published to, or routed from, ``amq.rabbitmq.trace`` is not traced, as in
-RabbitMQ) and never blocks or fails what it traces: a copy is published as the broker's own message
-(VHost.publish with ``held``: no credit flow, no confirms, not counted), and an error building or routing it is
-logged and dropped.
+RabbitMQ) and never blocks or fails what it traces: a copy is published as the broker's own message (no credit
+flow, no confirms, not counted as a client's publish), and an error building or routing it is logged and
+dropped.
+
+The copies of one loop turn are published together at its end (``VHost.publish_events``, scheduled once a turn
+by the ``defer`` the tracer is started with): each is routed as it would be alone, and a run of them going to
+the same queue is handed over in one call, so a trace stream appends a turn's events in one write. In order:
+the events of a turn keep the order they happened in, after those of the turns before.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from __future__ import annotations
 import itertools
 import os
 import struct
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
@@ -121,9 +127,7 @@ class TraceHost(Protocol):
     exchanges: dict[str, Any]
     tracing: Tracer | None
 
-    def publish(self, exchange: Any, msg: Message, persistent: bool, mandatory: bool = False,
-                publisher: Any = None, confirm_seq: int = 0, dead_letter: bool = False,
-                held: bool = False) -> int: ...
+    def publish_events(self, exchange: Any, msgs: list[Message]) -> None: ...
 
 
 class TracedChannel(Protocol):
@@ -135,10 +139,15 @@ class TracedChannel(Protocol):
     id: int
 
 
-def start(vhost: TraceHost, node_name: str) -> None:
-    """``rabbitmqctl trace_on``: idempotent."""
+Defer = Callable[[Callable[[], None]], object]
+"""How a tracer runs its flush at the end of the loop turn: the loop's ``call_soon``."""
+
+
+def start(vhost: TraceHost, node_name: str, defer: Defer | None = None) -> None:
+    """``rabbitmqctl trace_on``: idempotent. ``defer``: the running loop's ``call_soon`` (the events of a turn
+    published together at its end); None: each event published as it happens (a vhost driven without a loop)."""
     if vhost.tracing is None:
-        vhost.tracing = Tracer(vhost, node_name)
+        vhost.tracing = Tracer(vhost, node_name, defer)
         log.info("tracing started", vhost=vhost.name)
 
 
@@ -226,9 +235,11 @@ class Tracer:
     content header, so its delivery and ack events reuse what its publish event built (and the other way round:
     a message handed to a waiting consumer is delivered, and traced, before its publish is)."""
 
-    def __init__(self, vhost: TraceHost, node_name: str) -> None:
+    def __init__(self, vhost: TraceHost, node_name: str, defer: Defer | None = None) -> None:
         self.vhost = vhost
         self.node_name = node_name
+        self._defer = defer
+        self._events: list[Message] = []  # this turn's copies, not published yet (only with ``defer``)
         self.names_prefix = bytes([len(TRACE_EXCHANGE)]) + TRACE_EXCHANGE.encode()
         """How the wire names (exchange, routing key) of a message published to ``amq.rabbitmq.trace`` begin:
         a stored message (a trace stream's) found to be one needs no decoding to know it is never traced."""
@@ -330,9 +341,27 @@ class Tracer:
         header = build_content_header(len(body), _HEADERS_FLAG + _U32.pack(len(table)) + table)
         raw_key = key.encode()
         copy = Message(TRACE_EXCHANGE, key, self.names_prefix + bytes([len(raw_key)]) + raw_key, header, body)
-        exchange = vhost.exchanges.get(TRACE_EXCHANGE)
-        if exchange is not None:
-            vhost.publish(exchange, copy, False, held=True)
+        events = self._events
+        events.append(copy)
+        if len(events) == 1:
+            if self._defer is None:
+                self.flush()
+            else:
+                self._defer(self.flush)
+
+    def flush(self) -> None:
+        """Publish the copies made since the last flush, in order (once a turn, at its end, with ``defer``)."""
+        events = self._events
+        if not events:
+            return
+        self._events = []  # (an event made while these are handed over goes to the next flush)
+        exchange = self.vhost.exchanges.get(TRACE_EXCHANGE)
+        if exchange is None:
+            return
+        try:
+            self.vhost.publish_events(exchange, events)
+        except Exception:  # tracing never fails what it traces, nor the turn it ends
+            log.exception("trace: events dropped", vhost=self.vhost.name, events=len(events))
 
 
 _REDELIVERED = _K_REDELIVERED + _signedint(1)

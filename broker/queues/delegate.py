@@ -75,11 +75,13 @@ def deliver(queues: Sequence[Queue | OtherMembersQueue], msg: Message, persisten
     return (pending << PENDING) | refused
 
 
-def deliver_run(queues: Sequence[Queue | OtherMembersQueue], msgs: list[Message], persistent: bool, publisher: Publisher,
-                first_seq: int = 0) -> list[int]:
-    """:func:`deliver` for a run of messages routed alike (broker/amqp/publish_run.py). Returns deliver's confirm
-    part for each message, in order; ``first_seq`` (> 0) is the first message's confirm sequence number, the
-    others following it.
+def deliver_run(queues: Sequence[Queue | OtherMembersQueue], msgs: list[Message], persistent: bool,
+                publisher: Publisher | None, first_seq: int = 0) -> list[int]:
+    """:func:`deliver` for a run of messages routed alike and alike in what a queue reads of their properties
+    (delivery mode, expiration, priority, a stream's filter value): a run of a client's publishes with one
+    content header (broker/amqp/publish_run.py), or the firehose's events of one turn (no publisher, no
+    confirms). Returns deliver's confirm part for each message, in order; ``first_seq`` (> 0) is the first
+    message's confirm sequence number, the others following it.
 
     One queue takes the whole run in one call (``deliver_or_enqueue_run``; its publisher's credit looked at once
     a run). Several take it message by message, each message given to every queue before the next, as
@@ -94,7 +96,7 @@ def deliver_run(queues: Sequence[Queue | OtherMembersQueue], msgs: list[Message]
                 msg.msg_id = new_msg_id()
     q = queues[0]
     handovers.count += len(msgs)
-    if publisher not in q.publisher_channels:
+    if publisher is not None and publisher not in q.publisher_channels:
         q.publisher_channels.add(publisher)
         publisher.published_to.add(q)
     durable = persistent and q.durable
@@ -104,7 +106,7 @@ def deliver_run(queues: Sequence[Queue | OtherMembersQueue], msgs: list[Message]
     else:
         taken = [deliver_deduplicated(q, dedup, msg, durable, (publisher, first_seq + i) if first_seq else None)
                  for i, msg in enumerate(msgs)]
-    if q.overloaded:
+    if publisher is not None and q.overloaded:
         q.throttle(publisher.reader)
     return [1 << PENDING if result == CONFIRM_LATER else REFUSED if result == REJECTED else 0 for result in taken]
 

@@ -136,8 +136,9 @@ class Queue(PagedQueue, Protocol):
 
     def deliver_or_enqueue_run(self, msgs: list[Message], persistent: bool, publisher: Any, first_seq: int
                                ) -> list[int]:
-        """A run of messages routed alike (broker/amqp/publish_run.py), taken in order as
-        :meth:`deliver_or_enqueue` takes each; their results in order. ``first_seq`` > 0: the first one's
+        """A run of messages routed alike and alike in what a queue reads of their properties (delivery mode,
+        expiration, priority, a stream's filter value: broker/queues/delegate.py's ``deliver_run``), taken in
+        order as :meth:`deliver_or_enqueue` takes each; their results in order. ``first_seq`` > 0: the first one's
         confirm sequence number on ``publisher`` (the others follow it); 0: no confirms. A type with nothing to
         gain from the run takes it with broker/queues/queue_shell.py's ``take_one_by_one``."""
         ...

@@ -248,14 +248,15 @@ class StreamQueue(QueueShell):
 
     def deliver_or_enqueue_run(self, msgs: list[Message], persistent: bool, publisher: Any, first_seq: int
                                ) -> list[int]:
-        """A run of messages alike but for their bodies (broker/amqp/publish_run.py): one append of all their
-        records (``StreamLog.append_run``), their confirms waiting for the fsync that covers them, as
-        :meth:`deliver_or_enqueue` does for one."""
+        """A run of messages alike in their filter value (a client's run of publishes with one content header,
+        or the firehose's events of one turn: delegate.deliver_run): one append of all their records
+        (``StreamLog.append_run``), each record with its own header, their confirms waiting for the fsync that
+        covers them, as :meth:`deliver_or_enqueue` does for one."""
         n = len(msgs)
         self.stats.published += n
         log = self.log
         first = msgs[0]
-        filter_value = _filter_value(first)  # one header for the run: one filter value
+        filter_value = _filter_value(first)  # alike in it: one filter value for the run
         offset = log.next_offset
         payloads = [encode_record(msg, offset + i) for i, msg in enumerate(msgs)]
         retains = self._retains

@@ -315,3 +315,37 @@ def test_large_headers_are_not_kept_by_the_tracer(vh: VHost, sink: QueueProcess)
     assert tracer is not None
     assert [len(h) < 2048 for h in tracer._fields] == [True]
     assert [e.headers[trace.MESSAGE_ID] for e in drain(sink)] == ["big", "small"]
+
+
+def test_a_turns_events_are_published_together_at_its_end_in_order(vh: VHost) -> None:
+    """With a ``defer`` (the loop's call_soon in the broker), the copies of one turn wait for its end and go
+    out in the order they were made, into a trace stream in one append; the next turn schedules a flush again."""
+    from broker.queues.stream_queue import StreamQueue
+
+    stream, _ = vh.queues.declare("trace-stream", False, True, False, False, {"x-queue-type": "stream"}, None)
+    assert isinstance(stream, StreamQueue)
+    vh.bind(trace.TRACE_EXCHANGE, "trace-stream", "queue", "#", {})
+    appends: list[int] = []
+    append_run = stream.log.append_run
+
+    def counted_append_run(payloads: list[bytes], *args: Any) -> int:
+        appends.append(len(payloads))
+        return append_run(payloads, *args)
+
+    stream.log.append_run = counted_append_run  # type: ignore[method-assign]
+    deferred: list[Any] = []
+    trace.start(vh, "n", deferred.append)
+    declare(vh, "q")
+    for body in (b"first", b"second", b"third"):
+        vh.publish(vh.default_exchange, message("", "q", body), False)
+    assert stream.log.next_offset == 0  # nothing before the turn ends
+    assert len(deferred) == 1  # one flush scheduled for the turn
+    deferred.pop()()
+    records = stream.log.read(0, 10)
+    assert [r.payload.endswith(b) for r, b in zip(records, (b"first", b"second", b"third"), strict=True)] == \
+        [True] * 3
+    assert appends == [3]  # the stream took the turn's three events in one append
+    vh.publish(vh.default_exchange, message("", "q", b"fourth"), False)
+    assert len(deferred) == 1
+    deferred.pop()()
+    assert stream.log.next_offset == 4 and stream.log.read(3, 1)[0].payload.endswith(b"fourth")
