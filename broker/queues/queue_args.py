@@ -48,13 +48,21 @@ POLICY_KEYS = (
     ("max-age", "x-max-age", False),
     ("stream-max-segment-size-bytes", "x-stream-max-segment-size-bytes", False),
 )
-# The arguments a stream refuses (RabbitMQ 3.10: known queue arguments outside the stream type's list).
+# The queue arguments each type refuses, whatever their value: RabbitMQ 3.10's known queue arguments outside
+# the type's own list, each checked against RabbitMQ 3.10.8 (406 "invalid arg 'KEY' for queue ... of queue type
+# rabbit_TYPE_queue"; tests/integration/core/test_queue_type_arguments.py). Two are Leveret's extensions and not
+# refused (README, "Where Leveret answers differently"): x-delivery-limit on a classic queue, x-max-priority on a
+# quorum queue.
 STREAM_REFUSED_ARGS = ("x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key",
                        "x-max-length", "x-max-priority", "x-overflow", "x-queue-mode", "x-single-active-consumer",
-                       "x-delivery-limit")
-# Arguments RabbitMQ 3.10's classic queues refuse (not among rabbit_classic_queue's queue arguments), with the
-# same text as a stream's: only a quorum queue takes a dead-letter strategy.
-CLASSIC_REFUSED_ARGS = ("x-dead-letter-strategy",)
+                       "x-delivery-limit", "x-dead-letter-strategy", "x-max-in-memory-length",
+                       "x-max-in-memory-bytes", "x-quorum-initial-group-size", "x-queue-version",
+                       "x-queue-master-locator")
+CLASSIC_REFUSED_ARGS = ("x-dead-letter-strategy", "x-max-in-memory-length", "x-max-in-memory-bytes",
+                        "x-quorum-initial-group-size", "x-queue-leader-locator", "x-initial-cluster-size",
+                        "x-max-age", "x-stream-max-segment-size-bytes")
+QUORUM_REFUSED_ARGS = ("x-queue-mode", "x-queue-version", "x-queue-master-locator", "x-initial-cluster-size",
+                       "x-max-age", "x-stream-max-segment-size-bytes")
 # Keys a stream takes from its policy before its argument (RabbitMQ's stream ``policy_precedence``).
 STREAM_POLICY_FIRST = frozenset({"max-length-bytes", "max-age", "stream-max-segment-size-bytes"})
 # RabbitMQ's duration units (``rabbit_amqqueue:check_max_age``), in ms: x-max-age and x-stream-offset intervals.
@@ -143,7 +151,7 @@ ARGUMENT_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "x-overflow": _one_of(OVERFLOW_MODES),
     "x-dead-letter-exchange": _string,
     "x-dead-letter-routing-key": _string,
-    # Only quorum queues take it (CLASSIC_REFUSED_ARGS, STREAM_REFUSED_ARGS). Leveret dead-letters at most once
+    # Only quorum queues take it (the other types' refused arguments). Leveret dead-letters at most once
     # whatever it says (README: at-least-once is served at most once).
     "x-dead-letter-strategy": _one_of(("at-most-once", "at-least-once")),
     "x-single-active-consumer": _boolean,
@@ -165,6 +173,8 @@ def _refused_by_type(arguments: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
         return queue_type, STREAM_REFUSED_ARGS
     if queue_type == "classic":
         return queue_type, CLASSIC_REFUSED_ARGS
+    if queue_type == "quorum":
+        return queue_type, QUORUM_REFUSED_ARGS
     return str(queue_type), ()
 
 

@@ -1,0 +1,55 @@
+"""Queue arguments a queue type does not take are refused when the queue is declared, whatever their value, with
+RabbitMQ 3.10.8's 406 "invalid arg 'KEY' for queue 'Q' in vhost 'V' of queue type rabbit_TYPE_queue"; the
+arguments each type does take are accepted. Each case was tried against RabbitMQ 3.10.8 (make test-rabbitmq).
+Two arguments RabbitMQ refuses are Leveret's extensions, tested where they work: x-delivery-limit on a classic
+queue (test_queue_features.py), x-max-priority on a quorum queue (test_cluster_suite_quorum.py)."""
+
+from __future__ import annotations
+
+import pytest
+from pika.exceptions import ChannelClosedByBroker
+
+pytest_plugins = ["amqp_helpers"]  # its fixtures: connect, conn, cleanup, make_queue, make_exchange
+
+VALUES = {"x-max-in-memory-length": 10, "x-max-in-memory-bytes": 1000, "x-quorum-initial-group-size": 3,
+          "x-queue-leader-locator": "client-local", "x-initial-cluster-size": 1, "x-max-age": "1D",
+          "x-stream-max-segment-size-bytes": 100_000, "x-queue-version": 2, "x-queue-master-locator": "min-masters",
+          "x-queue-mode": "lazy", "x-dead-letter-strategy": "at-most-once", "x-single-active-consumer": True,
+          "x-max-length-bytes": 500, "x-max-priority": 5, "x-expires": 100_000, "x-message-ttl": 1000}
+REFUSED = {
+    "classic": ["x-max-in-memory-length", "x-max-in-memory-bytes", "x-quorum-initial-group-size",
+                "x-queue-leader-locator", "x-initial-cluster-size", "x-max-age", "x-stream-max-segment-size-bytes",
+                "x-dead-letter-strategy"],
+    "quorum": ["x-initial-cluster-size", "x-max-age", "x-stream-max-segment-size-bytes", "x-queue-version",
+               "x-queue-master-locator", "x-queue-mode"],
+    "stream": ["x-max-in-memory-length", "x-max-in-memory-bytes", "x-quorum-initial-group-size", "x-queue-version",
+               "x-queue-master-locator", "x-dead-letter-strategy", "x-max-priority", "x-single-active-consumer"],
+}
+TAKEN = {
+    "classic": ["x-queue-version", "x-queue-master-locator", "x-queue-mode", "x-single-active-consumer",
+                "x-max-priority", "x-max-length-bytes"],
+    "quorum": ["x-max-in-memory-length", "x-max-in-memory-bytes", "x-quorum-initial-group-size",
+               "x-queue-leader-locator", "x-dead-letter-strategy", "x-single-active-consumer"],
+    "stream": ["x-queue-leader-locator", "x-initial-cluster-size", "x-max-age", "x-stream-max-segment-size-bytes",
+               "x-max-length-bytes"],
+}
+
+
+@pytest.mark.parametrize(("queue_type", "key"), [(t, k) for t, keys in REFUSED.items() for k in keys])
+def test_an_argument_the_type_does_not_take_is_refused(conn, uid, queue_type, key):
+    name = f"{uid}-{queue_type}"
+    ch = conn.channel()
+    with pytest.raises(ChannelClosedByBroker) as err:
+        ch.queue_declare(name, durable=True, arguments={"x-queue-type": queue_type, key: VALUES[key]})
+    assert (err.value.reply_code, err.value.reply_text) == (
+        406, f"PRECONDITION_FAILED - invalid arg '{key}' for queue '{name}' in vhost '/' "
+             f"of queue type rabbit_{queue_type}_queue")
+
+
+@pytest.mark.parametrize(("queue_type", "key"), [(t, k) for t, keys in TAKEN.items() for k in keys])
+def test_an_argument_the_type_takes_is_accepted(conn, uid, queue_type, key):
+    name = f"{uid}-{queue_type}"
+    ch = conn.channel()
+    ok = ch.queue_declare(name, durable=True, arguments={"x-queue-type": queue_type, key: VALUES[key]}).method
+    assert (ok.queue, ok.message_count) == (name, 0)
+    ch.queue_delete(name)
