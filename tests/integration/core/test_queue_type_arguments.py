@@ -41,9 +41,9 @@ def test_an_argument_the_type_does_not_take_is_refused(conn, uid, queue_type, ke
     ch = conn.channel()
     with pytest.raises(ChannelClosedByBroker) as err:
         ch.queue_declare(name, durable=True, arguments={"x-queue-type": queue_type, key: VALUES[key]})
-    assert (err.value.reply_code, err.value.reply_text) == (
-        406, f"PRECONDITION_FAILED - invalid arg '{key}' for queue '{name}' in vhost '/' "
-             f"of queue type rabbit_{queue_type}_queue")
+    text = (f"PRECONDITION_FAILED - invalid arg '{key}' for queue '{name}' in vhost '/' "
+            f"of queue type rabbit_{queue_type}_queue")
+    assert (err.value.reply_code, err.value.reply_text) == (406, text)
 
 
 @pytest.mark.parametrize(("queue_type", "key"), [(t, k) for t, keys in TAKEN.items() for k in keys])
