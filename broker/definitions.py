@@ -235,12 +235,18 @@ async def _until(future: asyncio.Future[Any]) -> None:
 def _declare_queue(vh: VHost, q: dict[str, Any], owner_checks: list[Callable[[], None]]) -> tuple[Any, bool]:
     owner_checks.clear()
     name = _str(q, "name", "queue")
-    arguments, dropped = without_refused_arguments(q.get("arguments") or {})
-    if dropped:
-        log.warning("definitions: a queue's arguments its type does not take are left out", vhost=vh.name,
-                    queue=name, arguments=dropped)
-    return vh.queues.declare(name, False, _bool(q, "durable", True), False, _bool(q, "auto_delete", False), arguments,
-                             None, owner_checks=owner_checks)
+    durable, auto_delete = _bool(q, "durable", True), _bool(q, "auto_delete", False)
+    arguments = q.get("arguments") or {}
+    if vh.queues.get(name) is None:
+        # A queue to create: arguments its type does not take (by the type it gets, the vhost's default if it
+        # names none) are left out, as an earlier Leveret let queues keep some. A queue that exists is
+        # redeclared with what it has: it was declared with them, and the redeclare is not refused.
+        arguments, dropped = without_refused_arguments(
+            vh.queues.with_default_type(arguments, durable, False, auto_delete, False))
+        if dropped:
+            log.warning("definitions: a queue's arguments its type does not take are left out", vhost=vh.name,
+                        queue=name, arguments=dropped)
+    return vh.queues.declare(name, False, durable, False, auto_delete, arguments, None, owner_checks=owner_checks)
 
 
 def _import_steps(node: Node, data: Any, vhost: str | None) -> Iterator[Wait | None]:

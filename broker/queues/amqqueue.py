@@ -233,7 +233,7 @@ class QueueRegistry:
             q = self.lookup(name, reader)
             q.reset_expiry_timer()  # a passive declare renews an x-expires lease too
             return q, False
-        arguments = self._with_default_type(arguments, durable, exclusive, auto_delete, server_named)
+        arguments = self.with_default_type(arguments, durable, exclusive, auto_delete, server_named)
         validate_arguments(arguments, name, self.vhost.name, creating=name not in self._queues)
         queue_settings(arguments, name, self.vhost.name)  # 406 for a deduplication argument it cannot use
         if name.startswith("amq.") and not server_named:
@@ -275,7 +275,7 @@ class QueueRegistry:
                 raise
         return q, True
 
-    def _with_default_type(self, arguments: dict[str, Any], durable: bool, exclusive: bool, auto_delete: bool,
+    def with_default_type(self, arguments: dict[str, Any], durable: bool, exclusive: bool, auto_delete: bool,
                            server_named: bool) -> dict[str, Any]:
         """RabbitMQ's default queue type: a declare without ``x-queue-type`` gets the vhost's default type
         (else the node's ``default_queue_type``) written into its arguments, so the queue shows and

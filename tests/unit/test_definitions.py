@@ -302,3 +302,23 @@ async def test_a_classic_queue_with_a_dead_letter_strategy_from_an_earlier_lever
     vh.queues.restore("kept", False, {"x-queue-type": "classic", **strategy})
     queue, created = vh.queues.declare("kept", False, True, False, False, dict(strategy), None)
     assert queue is vh.queues.get("kept") and not created
+
+
+async def test_an_import_leaves_out_what_the_type_refuses_only_for_a_queue_it_creates(tmp_path):
+    """The refused arguments are left out of a queue the import creates, by the type it will have (the vhost's
+    default when the entry names none), and not out of a queue that exists: a quorum queue an earlier Leveret
+    stored with x-queue-mode, imported again, is redeclared with it (leaving it out was an inequivalent
+    redeclare, and a node that loads definitions at start would not have started)."""
+    node = fresh_node(tmp_path)
+    vh = node.vhosts["/"]
+    vh.queues.restore("stored", False, {"x-queue-type": "quorum", "x-queue-mode": "lazy"})
+    definitions.import_definitions(node, {"queues": [
+        {"name": "stored", "vhost": "/", "durable": True, "auto_delete": False,
+         "arguments": {"x-queue-type": "quorum", "x-queue-mode": "lazy"}}]})
+    assert vh.queues.get("stored").arguments == {"x-queue-type": "quorum", "x-queue-mode": "lazy"}
+    node.add_vhost("qq", None, None, "quorum")
+    definitions.import_definitions(node, {"queues": [
+        {"name": "typed-by-default", "vhost": "qq", "durable": True, "auto_delete": False,
+         "arguments": {"x-queue-mode": "lazy", "x-max-in-memory-length": 5}}]})
+    assert node.vhosts["qq"].queues.get("typed-by-default").arguments == \
+        {"x-queue-type": "quorum", "x-max-in-memory-length": 5}
