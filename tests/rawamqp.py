@@ -249,16 +249,20 @@ class RawAMQPClient:
         self.send_raw(data)
 
     def _recv_some(self, deadline: float) -> None:
-        """Read whatever is available into the buffer; raise at EOF or when the deadline passes."""
-        assert self.sock is not None, "not connected"
+        """Read whatever is available into the buffer; raise at EOF or when the deadline passes. The socket is
+        read once into a local: a reader thread's client closed by its test meanwhile (``sock`` None) raises
+        ConnectionClosedError, not AttributeError (a disk-full test's reader thread met that)."""
+        sock = self.sock
+        if sock is None:
+            raise ConnectionClosedError("closed here")
         if self._eof:
             raise ConnectionClosedError("connection closed by peer")
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise FrameTimeout("deadline passed")
-        self.sock.settimeout(remaining)
         try:
-            chunk = self.sock.recv(65536)
+            sock.settimeout(remaining)
+            chunk = sock.recv(65536)
         except TimeoutError as e:
             raise FrameTimeout("deadline passed") from e
         except (ConnectionResetError, ConnectionAbortedError, BrokenPipeError) as e:
