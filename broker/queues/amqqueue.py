@@ -15,7 +15,7 @@ from broker.deduplication import open_cache, queue_settings
 from broker.errors import AMQPError
 from broker.exchanges.exchange import DurableStore
 from broker.policies import limits
-from broker.queues.queue_args import effective_settings, validate_arguments
+from broker.queues.queue_args import effective_settings, refused_by_type, validate_arguments
 from broker.queues.queue_shell import QueueHost, QueueOwner
 from broker.queues.queue_types import OpenStore, Queue, memory_store, queue_type_of
 from broker.resources.memory_budget import default_budget
@@ -315,7 +315,9 @@ class QueueRegistry:
     def assert_equivalence(self, q: Declared, durable: bool, exclusive: bool, auto_delete: bool,
                            arguments: dict[str, Any]) -> None:
         """406 unless a redeclare with these properties and arguments is equivalent to ``q`` as declared
-        (RabbitMQ's ``rabbit_amqqueue:assert_equivalence``: durable, auto-delete, :data:`EQUIVALENCE_ARGS`)."""
+        (RabbitMQ's ``rabbit_amqqueue:assert_equivalence``: durable, auto-delete, :data:`EQUIVALENCE_ARGS` that
+        the queue's type takes: a classic queue redeclared with x-max-age, or a quorum queue with x-queue-mode,
+        is equivalent, as on RabbitMQ 3.10.8)."""
         where = f"for queue '{q.name}' in vhost '{self.vhost.name}'"
         if q.exclusive_owner is None and q.durable != durable:
             raise AMQPError(PRECONDITION_FAILED, f"inequivalent arg 'durable' {where}: received "
@@ -323,7 +325,10 @@ class QueueRegistry:
         if q.auto_delete != auto_delete:
             raise AMQPError(PRECONDITION_FAILED, f"inequivalent arg 'auto_delete' {where}: received "
                             f"'{_fmt(auto_delete)}' but current is '{_fmt(q.auto_delete)}'")
+        _, not_taken = refused_by_type(q.arguments)
         for key in EQUIVALENCE_ARGS:
+            if key in not_taken:  # RabbitMQ compares the arguments the queue's type takes, no other
+                continue
             new, old = _arg_value(arguments, key), _arg_value(q.arguments, key)
             if new != old:
                 raise _inequivalent(key, where, _shown(arguments, key, new), _shown(q.arguments, key, old))

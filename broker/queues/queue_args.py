@@ -164,8 +164,9 @@ ARGUMENT_CHECKS: dict[str, Callable[[Any], str | None]] = {
 }
 
 
-def _refused_by_type(arguments: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
-    """The queue type ``arguments`` ask for and the arguments that type refuses."""
+def refused_by_type(arguments: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+    """The queue type ``arguments`` ask for and the arguments that type refuses (and, as RabbitMQ 3.10 does, does
+    not compare on a redeclare: broker/queues/amqqueue.py's ``assert_equivalence``)."""
     queue_type = arguments.get("x-queue-type", "classic")
     if isinstance(queue_type, bytes):
         queue_type = queue_type.decode(errors="replace")  # (one not UTF-8 is refused by the value checks)
@@ -183,7 +184,7 @@ def validate_arguments(arguments: dict[str, Any], queue: str, vhost: str, creati
     created, one its type does not take (whatever its value, as RabbitMQ 3.10.8 answers), then a value. A queue
     that exists is redeclared with what it was declared with: one an earlier Leveret let a classic queue keep
     (``x-dead-letter-strategy``) is not refused then."""
-    queue_type, refused = _refused_by_type(arguments)
+    queue_type, refused = refused_by_type(arguments)
     for key in refused if creating else ():
         if key in arguments:
             raise AMQPError(PRECONDITION_FAILED, f"invalid arg '{key}' for queue '{queue}' in vhost '{vhost}' "
@@ -204,7 +205,7 @@ def without_refused_arguments(arguments: dict[str, Any]) -> tuple[dict[str, Any]
     """``arguments`` without those their queue type refuses, and which those were: a definitions file or stored
     metadata written by an earlier Leveret (which let a classic queue keep a dead-letter strategy, to no effect)
     is imported rather than refused."""
-    _, refused = _refused_by_type(arguments)
+    _, refused = refused_by_type(arguments)
     dropped = [key for key in refused if key in arguments]
     if not dropped:
         return arguments, []

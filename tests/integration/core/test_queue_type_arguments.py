@@ -53,3 +53,15 @@ def test_an_argument_the_type_takes_is_accepted(conn, uid, queue_type, key):
     ok = ch.queue_declare(name, durable=True, arguments={"x-queue-type": queue_type, key: VALUES[key]}).method
     assert (ok.queue, ok.message_count) == (name, 0)
     ch.queue_delete(name)
+
+
+@pytest.mark.parametrize(("queue_type", "key"), [("classic", "x-max-age"), ("quorum", "x-queue-mode"),
+                                                 ("classic", "x-dead-letter-strategy"), ("stream", "x-queue-version")])
+def test_a_redeclare_with_an_argument_the_type_does_not_take_is_equivalent(conn, uid, queue_type, key):
+    """Refused when a queue is created, such an argument is neither refused nor compared when it exists."""
+    name = f"{uid}-{queue_type}"
+    ch = conn.channel()
+    ch.queue_declare(name, durable=True, arguments={"x-queue-type": queue_type})
+    ok = ch.queue_declare(name, durable=True, arguments={"x-queue-type": queue_type, key: VALUES[key]}).method
+    assert ok.queue == name
+    ch.queue_delete(name)
