@@ -65,3 +65,45 @@ def test_a_redeclare_with_an_argument_the_type_does_not_take_is_equivalent(conn,
     ok = ch.queue_declare(name, durable=True, arguments={"x-queue-type": queue_type, key: VALUES[key]}).method
     assert ok.queue == name
     ch.queue_delete(name)
+
+
+# (type, argument, value, what RabbitMQ 3.10.8 says of it after "invalid arg 'KEY' for queue 'Q' in vhost '/': ",
+# None where it takes the value)
+VALUE_CASES = [
+    ("classic", "x-queue-type", "bogus", "\"unsupported queue type 'bogus'\""),
+    ("classic", "x-queue-mode", "bogus", "\"unsupported queue mode 'bogus'\""),
+    ("classic", "x-queue-mode", "default", None),
+    ("classic", "x-queue-version", 3, "\"unsupported queue version '3'\""),
+    ("classic", "x-queue-version", 1, None),
+    ("classic", "x-max-priority", 256, "{max_value_exceeded,256}"),
+    ("quorum", "x-dead-letter-strategy", "bogus", "invalid_dlx_strategy"),
+    ("quorum", "x-dead-letter-strategy", "at-least-once", None),
+    ("quorum", "x-queue-leader-locator", "bogus", "invalid_queue_locator_arg"),
+    ("quorum", "x-queue-leader-locator", "balanced", None),
+    ("quorum", "x-queue-leader-locator", "client-local", None),
+    ("quorum", "x-queue-leader-locator", "random", None),
+    ("stream", "x-queue-leader-locator", "least-leaders", None),
+    ("stream", "x-queue-leader-locator", "bogus", "invalid_queue_locator_arg"),
+    ("quorum", "x-max-in-memory-length", -1, "{value_negative,-1}"),
+    ("quorum", "x-max-in-memory-bytes", -1, "{value_negative,-1}"),
+    ("quorum", "x-max-in-memory-length", 0, None),
+    ("quorum", "x-quorum-initial-group-size", 0, "{value_zero,0}"),
+    ("quorum", "x-quorum-initial-group-size", -1, "{value_negative,-1}"),
+    ("stream", "x-initial-cluster-size", 0, "{value_zero,0}"),
+    ("stream", "x-initial-cluster-size", 2, None),
+]
+
+
+@pytest.mark.parametrize(("queue_type", "key", "value", "problem"), VALUE_CASES)
+def test_an_arguments_value_is_judged_as_rabbitmq_judges_it(conn, uid, queue_type, key, value, problem):
+    name = f"{uid}-{queue_type}"
+    ch = conn.channel()
+    arguments = {"x-queue-type": queue_type, key: value}
+    if problem is None:
+        assert ch.queue_declare(name, durable=True, arguments=arguments).method.queue == name
+        ch.queue_delete(name)
+        return
+    with pytest.raises(ChannelClosedByBroker) as err:
+        ch.queue_declare(name, durable=True, arguments=arguments)
+    text = f"PRECONDITION_FAILED - invalid arg '{key}' for queue '{name}' in vhost '/': {problem}"
+    assert (err.value.reply_code, err.value.reply_text) == (406, text)
