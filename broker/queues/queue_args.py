@@ -63,6 +63,7 @@ CLASSIC_REFUSED_ARGS = ("x-dead-letter-strategy", "x-max-in-memory-length", "x-m
                         "x-max-age", "x-stream-max-segment-size-bytes")
 QUORUM_REFUSED_ARGS = ("x-queue-mode", "x-queue-version", "x-queue-master-locator", "x-initial-cluster-size",
                        "x-max-age", "x-stream-max-segment-size-bytes")
+REFUSED_ARGS = {"classic": CLASSIC_REFUSED_ARGS, "quorum": QUORUM_REFUSED_ARGS, "stream": STREAM_REFUSED_ARGS}
 # Keys a stream takes from its policy before its argument (RabbitMQ's stream ``policy_precedence``).
 STREAM_POLICY_FIRST = frozenset({"max-length-bytes", "max-age", "stream-max-segment-size-bytes"})
 # RabbitMQ's duration units (``rabbit_amqqueue:check_max_age``), in ms: x-max-age and x-stream-offset intervals.
@@ -92,7 +93,8 @@ def _not_utf8(value: bytes) -> str:
     return f"{{invalid_utf8,{value[:64]!r}}}: the value must be a UTF-8 string"
 
 
-def _one_of(choices: Sequence[str]) -> Callable[[Any], str | None]:
+def _one_of(choices: Sequence[str], unknown: Callable[[str], str] | None = None) -> Callable[[Any], str | None]:
+    """One of ``choices``; ``unknown(value)``: RabbitMQ's own text for a string that is none of them."""
     def check(value: Any) -> str | None:
         if isinstance(value, bytes):
             try:
@@ -100,20 +102,10 @@ def _one_of(choices: Sequence[str]) -> Callable[[Any], str | None]:
             except UnicodeDecodeError:
                 return _not_utf8(value)
         if value not in choices:
+            if unknown is not None and isinstance(value, str):
+                return unknown(value)
             return f"{{unacceptable_value,{value!r}}}; expected one of {', '.join(choices)}"
         return None
-    return check
-
-
-def _one_of_or(choices: Sequence[str], problem: Callable[[str], str]) -> Callable[[Any], str | None]:
-    """:func:`_one_of`, with RabbitMQ's own text for a string that is none of ``choices`` (``problem(value)``)."""
-    plain = _one_of(choices)
-
-    def check(value: Any) -> str | None:
-        found = plain(value)
-        if found is None or not isinstance(value, (str, bytes)) or found.startswith("{invalid_utf8"):
-            return found
-        return problem(value.decode() if isinstance(value, bytes) else value)
     return check
 
 
@@ -172,10 +164,10 @@ ARGUMENT_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "x-dead-letter-routing-key": _string,
     # Only quorum queues take it (the other types' refused arguments). Leveret dead-letters at most once
     # whatever it says (README: at-least-once is served at most once).
-    "x-dead-letter-strategy": _one_of_or(("at-most-once", "at-least-once"), lambda _v: "invalid_dlx_strategy"),
+    "x-dead-letter-strategy": _one_of(("at-most-once", "at-least-once"), lambda _v: "invalid_dlx_strategy"),
     "x-single-active-consumer": _boolean,
-    "x-queue-type": _one_of_or(QUEUE_TYPES, lambda v: f"\"unsupported queue type '{v}'\""),
-    "x-queue-mode": _one_of_or(("default", "lazy"), lambda v: f"\"unsupported queue mode '{v}'\""),
+    "x-queue-type": _one_of(QUEUE_TYPES, lambda v: f"\"unsupported queue type '{v}'\""),
+    "x-queue-mode": _one_of(("default", "lazy"), lambda v: f"\"unsupported queue mode '{v}'\""),
     "x-queue-version": _queue_version,
     "x-delivery-limit": _integer(0),
     "x-consumer-timeout": _integer(0),
@@ -187,7 +179,7 @@ ARGUMENT_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "x-max-in-memory-bytes": _integer(0),
     "x-quorum-initial-group-size": _integer(1),
     "x-initial-cluster-size": _integer(1),
-    "x-queue-leader-locator": _one_of_or(("client-local", "balanced", "random", "least-leaders"),
+    "x-queue-leader-locator": _one_of(("client-local", "balanced", "random", "least-leaders"),
                                          lambda _v: "invalid_queue_locator_arg"),
 }
 
@@ -198,13 +190,7 @@ def refused_by_type(arguments: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
     queue_type = arguments.get("x-queue-type", "classic")
     if isinstance(queue_type, bytes):
         queue_type = queue_type.decode(errors="replace")  # (one not UTF-8 is refused by the value checks)
-    if queue_type == "stream":
-        return queue_type, STREAM_REFUSED_ARGS
-    if queue_type == "classic":
-        return queue_type, CLASSIC_REFUSED_ARGS
-    if queue_type == "quorum":
-        return queue_type, QUORUM_REFUSED_ARGS
-    return str(queue_type), ()
+    return str(queue_type), REFUSED_ARGS.get(queue_type, ())
 
 
 def validate_arguments(arguments: dict[str, Any], queue: str, vhost: str, creating: bool = True) -> None:

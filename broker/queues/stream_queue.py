@@ -150,13 +150,13 @@ class _Reader:
         self.group = group
 
 
-
 def _filter_value(msg: Message) -> str | None:
     """A message's ``x-stream-filter-value`` header, kept per segment by the log (None: none, or not a string)."""
     if FILTER_HEADER not in msg.header:  # cheap test on the raw properties before decoding the headers
         return None
     value = _text(msg.headers.get("x-stream-filter-value"))
     return value if isinstance(value, str) else None
+
 
 class StreamQueue(QueueShell):
     """A stream: the members of broker/queues/queue_types.py's Queue over a StreamLog (see the module docstring)."""
