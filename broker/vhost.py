@@ -505,29 +505,49 @@ class VHost:
                 counters.messages_unroutable_dropped += n
         return results
 
-    def publish_events(self, exchange: Exchange, msgs: list[Message]) -> None:
+    def publish_events(self, exchange: Exchange, msgs: list[Message]) -> int:
         """The broker's own transient messages to ``exchange`` (the firehose's events of one loop turn,
         broker/observability/trace.py), as :meth:`publish` with ``held`` would put them one by one: each routed
         by the bindings as they are, stamped now, not counted as a client's publish, no confirms, no credit
         flow. Consecutive messages routed to the same queues are handed over as one run
         (``delegate.deliver_run``): a stream appends the run in one write. Only for an exchange that routes at
-        once (no delayed or deduplicating exchange) and messages without a direct reply-to key."""
+        once (no delayed or deduplicating exchange) and messages without a direct reply-to key.
+
+        A message that fails to route, or a run that fails to be handed over, is logged and dropped, and the
+        rest go on: one at a time, a failure cost only its own message, and batching must not make it cost the
+        turn's. Returns how many were dropped (a run that failed part way counts whole)."""
         now = self.clock.now_ms()
         route = self.route
+        dropped = 0
         run: list[Message] = []
         run_queues: list[Queue | OtherMembersQueue] = []
         for msg in msgs:
             msg.published_at = now
-            queues = route(exchange, msg)
+            try:
+                queues = route(exchange, msg)
+            except Exception:
+                log.exception("broker message not routed", vhost=self.name, exchange=exchange.name)
+                dropped += 1
+                continue
             if queues != run_queues:
-                if run and run_queues:
-                    delegate.deliver_run(run_queues, run, False, None)
+                dropped += self._deliver_events(run_queues, run)
                 run = []
                 run_queues = queues
             run.append(msg)
             exchange.publish_out += len(queues)
-        if run and run_queues:
-            delegate.deliver_run(run_queues, run, False, None)
+        return dropped + self._deliver_events(run_queues, run)
+
+    def _deliver_events(self, queues: list[Queue | OtherMembersQueue], run: list[Message]) -> int:
+        """One run of :meth:`publish_events`; how many of its messages were dropped."""
+        if not run or not queues:
+            return 0
+        try:
+            delegate.deliver_run(queues, run, False, None)
+        except Exception:
+            log.exception("broker messages not handed over", vhost=self.name, messages=len(run),
+                          queues=[q.name for q in queues])
+            return len(run)
+        return 0
 
     def publish_as(self, user: User, msg: Message, mandatory: bool = False, publisher: Publisher | None = None,
                    confirm_seq: int = 0) -> int:

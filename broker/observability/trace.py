@@ -46,7 +46,8 @@ dropped.
 The copies of one loop turn are published together at its end (``VHost.publish_events``, scheduled once a turn
 by the ``defer`` the tracer is started with): each is routed as it would be alone, and a run of them going to
 the same queue is handed over in one call, so a trace stream appends a turn's events in one write. In order:
-the events of a turn keep the order they happened in, after those of the turns before.
+the events of a turn keep the order they happened in, after those of the turns before. A copy that fails to
+route, or a run that fails to be handed over, is dropped alone: the turn's other events still go out.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ class TraceHost(Protocol):
     exchanges: dict[str, Any]
     tracing: Tracer | None
 
-    def publish_events(self, exchange: Any, msgs: list[Message]) -> None: ...
+    def publish_events(self, exchange: Any, msgs: list[Message]) -> int: ...
 
 
 class TracedChannel(Protocol):

@@ -349,3 +349,33 @@ def test_a_turns_events_are_published_together_at_its_end_in_order(vh: VHost) ->
     assert len(deferred) == 1
     deferred.pop()()
     assert stream.log.next_offset == 4 and stream.log.read(3, 1)[0].payload.endswith(b"fourth")
+
+
+def test_an_event_that_fails_is_dropped_alone(vh: VHost, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A turn's events go out together, but a failure costs only what failed, as it did one event at a time: an
+    event after one whose hand-over raises is still published."""
+    from broker.queues import delegate
+
+    declare(vh, "q")
+    for name in ("a", "b"):
+        vh.declare_exchange(name, "fanout", False, False, False, False, {})
+        vh.bind(name, "q", "queue", "", {})
+    broken, kept = declare(vh, "broken-sink"), declare(vh, "kept-sink")
+    vh.bind(trace.TRACE_EXCHANGE, "broken-sink", "queue", "publish.a", {})
+    vh.bind(trace.TRACE_EXCHANGE, "kept-sink", "queue", "publish.b", {})
+    deliver_run = delegate.deliver_run
+
+    def failing_for_broken_sink(queues: list[Any], *args: Any) -> Any:
+        if broken in queues:
+            raise RuntimeError("boom")
+        return deliver_run(queues, *args)
+
+    monkeypatch.setattr(delegate, "deliver_run", failing_for_broken_sink)
+    deferred: list[Any] = []
+    trace.start(vh, "n", deferred.append)
+    for exchange in ("a", "b", "a", "b"):
+        vh.publish(vh.exchanges[exchange], message(exchange, "", exchange.encode()), False)
+    assert len(deferred) == 1
+    deferred.pop()()
+    assert [m.body for m in drain(kept)] == [b"b", b"b"]
+    assert drain(broken) == []
