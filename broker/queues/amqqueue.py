@@ -234,7 +234,9 @@ class QueueRegistry:
             q.reset_expiry_timer()  # a passive declare renews an x-expires lease too
             return q, False
         arguments = self.with_default_type(arguments, durable, exclusive, auto_delete, server_named)
-        validate_arguments(arguments, name, self.vhost.name, creating=name not in self._queues)
+        # (A queue another cluster member holds exists as much as a local one: a redeclare of it is not a creation.)
+        creating = name not in self._queues and self.vhost.remote.find(name) is None
+        validate_arguments(arguments, name, self.vhost.name, creating=creating)
         queue_settings(arguments, name, self.vhost.name)  # 406 for a deduplication argument it cannot use
         if name.startswith("amq.") and not server_named:
             raise AMQPError(ACCESS_REFUSED,

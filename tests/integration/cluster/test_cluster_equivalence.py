@@ -23,12 +23,18 @@ QUORUM = {"x-queue-type": "quorum"}
 
 def declare_error(b, name: str, **kw) -> int | None:
     """The reply code of a queue.declare of ``name`` on ``b`` (None: declare-ok)."""
+    refusal = declare_refusal(b, name, **kw)
+    return None if refusal is None else refusal[0]
+
+
+def declare_refusal(b, name: str, **kw) -> tuple[int, str] | None:
+    """The reply code and text of a queue.declare of ``name`` on ``b`` (None: declare-ok)."""
     conn, ch = channel(b)
     try:
         ch.queue_declare(name, **kw)
         return None
     except pika.exceptions.ChannelClosedByBroker as exc:
-        return exc.reply_code
+        return exc.reply_code, exc.reply_text
     finally:
         if conn.is_open:
             conn.close()
@@ -77,6 +83,23 @@ def test_a_mismatching_redeclare_on_the_other_member_is_406(start_broker, pg_dsn
         time.sleep(1.5)
     # The queue keeps a's arguments: a redeclare on a with b's refused arguments is refused too.
     assert declare_error(a, "eq", durable=True, arguments={**base, "x-max-length": 20}) == 406
+
+
+def test_a_redeclare_of_the_other_members_queue_is_not_judged_as_a_creation(start_broker, pg_dsn):
+    """The arguments a queue type refuses are refused when a queue is created; a redeclare of one that exists
+    compares only the arguments its type takes (as RabbitMQ 3.10.8 does: tests/integration/core/
+    test_queue_type_arguments.py). A node-local classic queue another member holds exists: a redeclare of it with
+    a dead-letter strategy is declare-ok on either member, as it is on the one that made it."""
+    a, b = two(start_broker, pg_dsn)
+    assert declare_refusal(a, "cd", durable=True) is None
+    strategy = {"x-dead-letter-strategy": "at-least-once"}
+    assert declare_refusal(a, "cd", durable=True, arguments=strategy) is None
+    for _round in range(2):  # at once, then once b surely knows the queue from the definitions' poll
+        assert declare_refusal(b, "cd", durable=True, arguments=strategy) is None
+        time.sleep(1.5)
+    # A queue made new with it is still refused, on either member.
+    refusal = declare_refusal(b, "cd-new", durable=True, arguments=strategy)
+    assert refusal is not None and refusal[0] == 406 and "rabbit_classic_queue" in refusal[1]
 
 
 @pytest.mark.parametrize("kind", ["quorum", "classic"])
