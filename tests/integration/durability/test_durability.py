@@ -539,6 +539,51 @@ def test_kill9_unacked_messages_come_back_redelivered(start_broker, uid):
 
 
 @pytest.mark.leveret_only
+def test_a_confirmed_burst_handed_straight_to_consumers_survives_kill9(start_broker, uid):
+    """Persistent publishes that arrive together (one run: broker/amqp/publish_run.py) into an empty durable
+    queue with consumers waiting go straight to them (``attempt_delivery``): each is still written, and
+    confirmed only once fsynced, so after a kill -9 every confirmed one is back, those the consumers held
+    without acking too (redelivered, as every message recovered after a crash)."""
+    b = own_broker(start_broker)
+    q = f"{uid}.q"
+    with channel(b) as ch:
+        ch.queue_declare(q, durable=True)
+    conn = pika.BlockingConnection(b.pika_params())
+    consumers = conn.channel()
+    consumers.basic_qos(prefetch_count=3)
+    held: list[int] = []
+    for tag in ("one", "two"):
+        consumers.basic_consume(q, lambda _c, _m, _p, body: held.append(seq_of(body)), consumer_tag=tag)
+    count = 40
+    publish = method_frame(1, commands.Basic.Publish(exchange="", routing_key=q))
+    header = content_header_frame(1, 64, commands.Basic.Properties(delivery_mode=2))
+    burst = b"".join(publish + header + body_frame(1, body_of(i, 64)) for i in range(1, count + 1))
+    with RawAMQPClient.for_broker(b) as client:
+        client.handshake(heartbeat=0)
+        client.open_channel(1)
+        client.send_method(1, commands.Confirm.Select())
+        client.expect_method(commands.Confirm.SelectOk, 1)
+        client.send_raw(burst)  # one write: one run
+        acked: set[int] = set()
+        while len(acked) < count:
+            m = client.wait_for(lambda f: f.is_method(commands.Basic.Ack, 1)
+                                or f.is_method(commands.Basic.Nack, 1)).value
+            assert isinstance(m, commands.Basic.Ack), m
+            acked.update(range(1, m.delivery_tag + 1) if m.multiple else (m.delivery_tag,))
+    deadline = time.monotonic() + 10
+    while len(held) < 6 and time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.1)
+    assert sorted(held) == list(range(1, 7))  # straight to the two consumers, three each; the rest queued
+    b.kill9()
+    with contextlib.suppress(Exception):
+        conn.close()
+    b.start()
+    got = drain(b, q)
+    assert sorted(s for s, _ in got) == list(range(1, count + 1))
+    assert all(r for _, r in got), "after a crash every recovered message is redelivered"
+
+
+@pytest.mark.leveret_only
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_kill9_with_consumer_acking_concurrently(start_broker, uid):
