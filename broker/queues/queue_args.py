@@ -76,12 +76,13 @@ def _unacceptable_type(value: Any) -> str:
     return f"{{unacceptable_type,{amqp_type_name(value)}}}"
 
 
-def _integer(minimum: int, maximum: int | None = None) -> Callable[[Any], str | None]:
+def _integer(minimum: int | None, maximum: int | None = None) -> Callable[[Any], str | None]:
+    """An integer of at least ``minimum`` (None: any) and at most ``maximum``."""
     def check(value: Any) -> str | None:
         if isinstance(value, bool) or not isinstance(value, int):
             # RabbitMQ's check_int_arg: the error is a string, shown quoted by the reply's ~p.
             return f'"expected integer, got {amqp_type_name(value)}"'
-        if value < minimum:
+        if minimum is not None and value < minimum:
             return "{value_zero," + str(value) + "}" if value == 0 else "{value_negative," + str(value) + "}"
         if maximum is not None and value > maximum:
             return "{max_value_exceeded," + str(value) + "}"
@@ -169,7 +170,9 @@ ARGUMENT_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "x-queue-type": _one_of(QUEUE_TYPES, lambda v: f"\"unsupported queue type '{v}'\""),
     "x-queue-mode": _one_of(("default", "lazy"), lambda v: f"\"unsupported queue mode '{v}'\""),
     "x-queue-version": _queue_version,
-    "x-delivery-limit": _integer(0),
+    # Any integer, as RabbitMQ 3.10.8 takes it; one below zero is no limit, as in RabbitMQ 4.0+ (whose default is
+    # 20, so -1 is how its users turn the limit off; 3.10.8 drops such a message at its first return).
+    "x-delivery-limit": _integer(None),
     "x-consumer-timeout": _integer(0),
     "x-max-age": _max_age,
     "x-stream-max-segment-size-bytes": _integer(0),
@@ -291,8 +294,15 @@ def _policy_value(key: str, from_policy: Any, from_operator_policy: Any) -> Any:
     if from_policy is None:
         return from_operator_policy
     if key in LOWEST_WINS and isinstance(from_policy, int) and isinstance(from_operator_policy, int):
-        return min(from_policy, from_operator_policy)
+        return _lower(key, from_policy, from_operator_policy)
     return from_operator_policy
+
+
+def _lower(key: str, a: int, b: int) -> int:
+    """The lower of two limits: a delivery limit below zero is none (RabbitMQ 4.0+), so any other is lower."""
+    if key == "delivery-limit" and (a < 0 or b < 0):
+        return max(a, b)
+    return min(a, b)
 
 
 def effective_settings(arguments: dict[str, Any], policy: Any = None, operator_policy: Any = None
@@ -312,8 +322,9 @@ def effective_settings(arguments: dict[str, Any], policy: Any = None, operator_p
         current = values.get(arg)
         if current is None or (quorum and key in QUORUM_POLICY_FIRST) or (stream and key in STREAM_POLICY_FIRST):
             values[arg] = from_policy
-        elif key in LOWEST_WINS and isinstance(current, int) and not isinstance(current, bool):
-            values[arg] = min(current, from_policy)
+        elif key in LOWEST_WINS and isinstance(current, int) and not isinstance(current, bool) \
+                and isinstance(from_policy, int):
+            values[arg] = _lower(key, current, from_policy)
     s = QueueSettings()
     s.message_ttl = values.get("x-message-ttl")
     s.expires = values.get("x-expires")
@@ -322,7 +333,8 @@ def effective_settings(arguments: dict[str, Any], policy: Any = None, operator_p
     s.overflow = _text(values.get("x-overflow", "drop-head"))
     s.dlx = _text(values.get("x-dead-letter-exchange"))
     s.dlrk = _text(values.get("x-dead-letter-routing-key"))
-    s.delivery_limit = values.get("x-delivery-limit")
+    delivery_limit = values.get("x-delivery-limit")
+    s.delivery_limit = None if isinstance(delivery_limit, int) and delivery_limit < 0 else delivery_limit
     s.max_priority = arguments.get("x-max-priority") or None  # never from a policy
     s.single_active_consumer = bool(arguments.get("x-single-active-consumer", False))
     s.consumer_timeout = values.get("x-consumer-timeout")

@@ -457,6 +457,35 @@ def test_quorum_delivery_limit_without_dlx_drops_message_via_get(conn, connect, 
     assert declare_ok(conn, q).message_count == 0
 
 
+@pytest.mark.quorum
+@pytest.mark.parametrize("limit", [-1, -5])
+def test_a_delivery_limit_below_zero_is_taken(conn, make_queue, limit):
+    """RabbitMQ 3.10.8 takes any integer (RabbitMQ 4.0+ reads -1 as no limit); refusing it would break a
+    declare written for RabbitMQ 4."""
+    arguments = {"x-queue-type": "quorum", "x-delivery-limit": limit}
+    q = make_queue(arguments=arguments, durable=True)
+    ch = conn.channel()
+    assert ch.queue_declare(q, durable=True, arguments=arguments).method.message_count == 0  # and redeclared
+
+
+@pytest.mark.quorum
+@pytest.mark.leveret_only
+def test_a_delivery_limit_below_zero_is_no_limit(conn, connect, make_queue):
+    """RabbitMQ 4.0+'s meaning of ``x-delivery-limit: -1``: no limit (its default is 20). RabbitMQ 3.10.8, the
+    reference node here, takes the value but drops the message at its first return, so this cannot run there."""
+    q = make_queue(arguments={"x-queue-type": "quorum", "x-delivery-limit": -1}, durable=True)
+    publish(connect(), q, "poison")
+    ch = conn.channel()
+    counts = []
+    for _ in range(6):
+        method, props, body = ch.basic_get(q)
+        assert body == b"poison"
+        counts.append((props.headers or {}).get("x-delivery-count", 0))
+        ch.basic_reject(method.delivery_tag, requeue=True)
+    assert counts == [0, 1, 2, 3, 4, 5]
+    assert declare_ok(conn, q).message_count == 1
+
+
 @pytest.mark.leveret_only
 def test_classic_queue_delivery_limit(conn, make_queue, make_exchange):
     """Leveret extension: x-delivery-limit on a classic queue behaves as on a quorum queue. RabbitMQ 3.10 refuses

@@ -60,6 +60,26 @@ def test_numeric_limits(attr):
     assert value({arg: 0}, {key: 5}, {key: 30}) == 0  # zero is a value (max-length 0), not "unset"
 
 
+def test_a_delivery_limit_below_zero_is_no_limit():
+    """RabbitMQ 4.0+: ``-1`` turns the delivery limit off (its default is 20). As no limit, it is never the lower
+    of two: a policy's or an operator policy's limit applies over an argument of -1, and -1 from every side is
+    no limit."""
+    def limit(arguments: dict, pol: dict | None = None, op: dict | None = None) -> int | None:
+        return effective_settings(arguments, policy(pol) if pol is not None else None,
+                                  policy(op, "op") if op is not None else None).delivery_limit
+
+    assert limit({"x-delivery-limit": -1}) is None
+    assert limit({"x-delivery-limit": -7}) is None
+    assert limit({}, {"delivery-limit": -1}) is None
+    assert limit({"x-delivery-limit": -1}, {"delivery-limit": 4}) == 4
+    assert limit({"x-delivery-limit": 3}, {"delivery-limit": -1}) == 3
+    assert limit({"x-delivery-limit": -1}, None, {"delivery-limit": 2}) == 2
+    assert limit({}, {"delivery-limit": -1}, {"delivery-limit": 2}) == 2
+    assert limit({}, {"delivery-limit": 5}, {"delivery-limit": -1}) == 5
+    assert limit({"x-delivery-limit": -1}, {"delivery-limit": -1}, {"delivery-limit": -1}) is None
+    assert limit({"x-delivery-limit": 0}, {"delivery-limit": 5}) == 0  # zero is a limit: no redelivery
+
+
 def test_other_keys_argument_beats_policy_and_operator_policies_cannot_set_them():
     pol = policy({"dead-letter-exchange": "pdlx", "dead-letter-routing-key": "prk", "overflow": "reject-publish",
                   "consumer-timeout": 1000})
