@@ -7,7 +7,8 @@ messages (100 B, persistent, confirm window 1,000 each, ``x-delay`` uniform over
 hour-long bucket of the year takes some) until ``--count`` are confirmed or ``--budget`` seconds pass. For each
 phase: the probes' p50 / p99 / max round trip and how many took over 100 ms, and each answer over 50 ms with
 when it came (seconds into the phase). The broker is this tree's (``python -m broker serve``, own data dir, free
-port, as bench/delay_pending.py).
+port, as bench/delay_pending.py). The probe is a thread of this process, beside the publishers' loop: its round
+trips include this process's own GIL waits (up to the 5 ms switch interval), not only the broker's.
 
     .venv/bin/python -m bench.delay_loop_stall [--count 600000] [--budget 60] [--conns 2] [--json-out FILE]
 """

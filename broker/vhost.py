@@ -513,41 +513,46 @@ class VHost:
         (``delegate.deliver_run``): a stream appends the run in one write. Only for an exchange that routes at
         once (no delayed or deduplicating exchange) and messages without a direct reply-to key.
 
-        A message that fails to route, or a run that fails to be handed over, is logged and dropped, and the
-        rest go on: one at a time, a failure cost only its own message, and batching must not make it cost the
-        turn's. Returns how many were dropped (a run that failed part way counts whole)."""
+        Failures do not stop the rest: a message that fails to route is dropped alone, a run whose hand-over
+        raises is dropped whole (part of it may have been taken before the error: not handed over again, which
+        could duplicate it), and the others go on. With one sink bound to every event, a turn is one run. The
+        failures of a call are logged once. Returns how many messages were dropped."""
         now = self.clock.now_ms()
         route = self.route
-        dropped = 0
+        failed: list[tuple[int, BaseException]] = []  # (messages dropped, why)
         run: list[Message] = []
         run_queues: list[Queue | OtherMembersQueue] = []
         for msg in msgs:
             msg.published_at = now
             try:
                 queues = route(exchange, msg)
-            except Exception:
-                log.exception("broker message not routed", vhost=self.name, exchange=exchange.name)
-                dropped += 1
+            except Exception as e:  # noqa: BLE001 (logged once, at the end of the call)
+                failed.append((1, e))
                 continue
             if queues != run_queues:
-                dropped += self._deliver_events(run_queues, run)
+                self._deliver_events(run_queues, run, failed)
                 run = []
                 run_queues = queues
             run.append(msg)
             exchange.publish_out += len(queues)
-        return dropped + self._deliver_events(run_queues, run)
-
-    def _deliver_events(self, queues: list[Queue | OtherMembersQueue], run: list[Message]) -> int:
-        """One run of :meth:`publish_events`; how many of its messages were dropped."""
-        if not run or not queues:
+        self._deliver_events(run_queues, run, failed)
+        if not failed:
             return 0
+        dropped = sum(n for n, _ in failed)
+        log.error("broker messages dropped", vhost=self.name, exchange=exchange.name, dropped=dropped,
+                  of=len(msgs), failures=len(failed), exc_info=failed[0][1])
+        return dropped
+
+    @staticmethod
+    def _deliver_events(queues: list[Queue | OtherMembersQueue], run: list[Message],
+                        failed: list[tuple[int, BaseException]]) -> None:
+        """One run of :meth:`publish_events`; a failure is added to ``failed``."""
+        if not run or not queues:
+            return
         try:
             delegate.deliver_run(queues, run, False, None)
-        except Exception:
-            log.exception("broker messages not handed over", vhost=self.name, messages=len(run),
-                          queues=[q.name for q in queues])
-            return len(run)
-        return 0
+        except Exception as e:  # noqa: BLE001 (logged once, at the end of publish_events)
+            failed.append((len(run), e))
 
     def publish_as(self, user: User, msg: Message, mandatory: bool = False, publisher: Publisher | None = None,
                    confirm_seq: int = 0) -> int:

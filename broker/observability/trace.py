@@ -47,7 +47,8 @@ The copies of one loop turn are published together at its end (``VHost.publish_e
 by the ``defer`` the tracer is started with): each is routed as it would be alone, and a run of them going to
 the same queue is handed over in one call, so a trace stream appends a turn's events in one write. In order:
 the events of a turn keep the order they happened in, after those of the turns before. A copy that fails to
-route, or a run that fails to be handed over, is dropped alone: the turn's other events still go out.
+route is dropped alone, and a run that fails to be handed over is dropped whole; the turn's other events still
+go out.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ object they apply to, a priority, and a definition of keys such as ``message-ttl
 
 One policy applies per object: the matching one with the highest priority (ties: the name that sorts
 last, as RabbitMQ's sort does). Client arguments beat policy values; operator policy values beat both,
-the lower number winning (see broker/queues/queue_args.py).
+the lower number winning, a delivery limit below zero being none (see broker/queues/queue_args.py).
 """
 
 from __future__ import annotations

@@ -234,9 +234,7 @@ class QueueRegistry:
             q.reset_expiry_timer()  # a passive declare renews an x-expires lease too
             return q, False
         arguments = self.with_default_type(arguments, durable, exclusive, auto_delete, server_named)
-        # (A queue another cluster member holds exists as much as a local one: a redeclare of it is not a creation.)
-        creating = name not in self._queues and self.vhost.remote.find(name) is None
-        validate_arguments(arguments, name, self.vhost.name, creating=creating)
+        validate_arguments(arguments, name, self.vhost.name, creating=self._creates(name, arguments))
         queue_settings(arguments, name, self.vhost.name)  # 406 for a deduplication argument it cannot use
         if name.startswith("amq.") and not server_named:
             raise AMQPError(ACCESS_REFUSED,
@@ -276,6 +274,20 @@ class QueueRegistry:
                 self.vhost.remote.queue_gone(q)  # its directory row too (a cluster member's)
                 raise
         return q, True
+
+    def _creates(self, name: str, arguments: dict[str, Any]) -> bool:
+        """Whether a declare of ``name`` makes a new queue, asked for the arguments its type refuses at creation
+        only (a redeclare ignores them) and so answered exactly only when the declare carries one. A queue another
+        cluster member holds exists as much as a local one: its name is looked up in the directory (a node-local
+        queue) and the definitions' feed is read (a shared one), questions to PostgreSQL asked only then."""
+        if name in self._queues:
+            return False
+        _, refused = refused_by_type(arguments)
+        if not any(key in arguments for key in refused):
+            return True
+        if self.vhost.remote.find(name) is not None:
+            return False
+        return not (self.vhost.catch_up.now() and name in self._queues)
 
     def with_default_type(self, arguments: dict[str, Any], durable: bool, exclusive: bool, auto_delete: bool,
                            server_named: bool) -> dict[str, Any]:

@@ -5,7 +5,8 @@ A queue's effective settings come from three places, with RabbitMQ's precedence 
 
 - the numeric limits (``message-ttl``, ``expires``, ``max-length``, ``max-length-bytes``, ``delivery-limit``,
   ``consumer-timeout``): the lowest of the argument, the policy and the operator policy applies (an argument
-  of 5 under a policy of 2 holds 2 messages);
+  of 5 under a policy of 2 holds 2 messages), except that a delivery limit below zero is none (RabbitMQ 4.0+)
+  and so never the lowest (:func:`lower_limit`);
 - the other keys (dead-letter exchange and routing key, ``overflow``, ``queue-mode``): the client's argument
   beats the policy; except that a quorum queue takes ``overflow`` and ``expires`` from the policy first, as
   RabbitMQ's quorum queues do;
@@ -294,12 +295,13 @@ def _policy_value(key: str, from_policy: Any, from_operator_policy: Any) -> Any:
     if from_policy is None:
         return from_operator_policy
     if key in LOWEST_WINS and isinstance(from_policy, int) and isinstance(from_operator_policy, int):
-        return _lower(key, from_policy, from_operator_policy)
+        return lower_limit(key, from_policy, from_operator_policy)
     return from_operator_policy
 
 
-def _lower(key: str, a: int, b: int) -> int:
-    """The lower of two limits: a delivery limit below zero is none (RabbitMQ 4.0+), so any other is lower."""
+def lower_limit(key: str, a: int, b: int) -> int:
+    """The lower of two values of the limit ``key``: a delivery limit below zero is none (RabbitMQ 4.0+), so any
+    other is lower."""
     if key == "delivery-limit" and (a < 0 or b < 0):
         return max(a, b)
     return min(a, b)
@@ -324,7 +326,7 @@ def effective_settings(arguments: dict[str, Any], policy: Any = None, operator_p
             values[arg] = from_policy
         elif key in LOWEST_WINS and isinstance(current, int) and not isinstance(current, bool) \
                 and isinstance(from_policy, int):
-            values[arg] = _lower(key, current, from_policy)
+            values[arg] = lower_limit(key, current, from_policy)
     s = QueueSettings()
     s.message_ttl = values.get("x-message-ttl")
     s.expires = values.get("x-expires")
@@ -333,8 +335,11 @@ def effective_settings(arguments: dict[str, Any], policy: Any = None, operator_p
     s.overflow = _text(values.get("x-overflow", "drop-head"))
     s.dlx = _text(values.get("x-dead-letter-exchange"))
     s.dlrk = _text(values.get("x-dead-letter-routing-key"))
+    # A whole number of at least 0, or none: below zero is no limit (RabbitMQ 4.0+), and a policy's value of
+    # another type (policy definitions' values are not checked) must not reach the requeue's comparison.
     delivery_limit = values.get("x-delivery-limit")
-    s.delivery_limit = None if isinstance(delivery_limit, int) and delivery_limit < 0 else delivery_limit
+    s.delivery_limit = delivery_limit if isinstance(delivery_limit, int) and not isinstance(delivery_limit, bool) \
+        and delivery_limit >= 0 else None
     s.max_priority = arguments.get("x-max-priority") or None  # never from a policy
     s.single_active_consumer = bool(arguments.get("x-single-active-consumer", False))
     s.consumer_timeout = values.get("x-consumer-timeout")

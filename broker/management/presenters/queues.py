@@ -16,6 +16,7 @@ from broker.management.presenters.connections import consumer_info, iter_consume
 from broker.management.presenters.queue_figures import figures_of, is_shared
 from broker.management.presenters.rates import RateSampler, with_details
 from broker.management.presenters.times import format_timestamp
+from broker.queues.queue_args import lower_limit
 from broker.queues.queue_types import Queue
 
 if TYPE_CHECKING:
@@ -53,7 +54,8 @@ def queue_type(q: Queue) -> str:
 
 def effective_policy_definition(q: Queue) -> dict[str, Any]:
     """The queue's policy definition with its operator policy's merged in (RabbitMQ's
-    ``effective_policy_definition``): where both give a number the lower wins, else the operator policy's."""
+    ``effective_policy_definition``): where both give a number the lower wins (a delivery limit below zero is
+    none: ``lower_limit``), else the operator policy's."""
     vh = q.vhost
     policy = vh.policies.get(q.settings.policy) if q.settings.policy is not None else None
     operator = vh.operator_policies.get(q.settings.operator_policy) if q.settings.operator_policy is not None \
@@ -61,8 +63,11 @@ def effective_policy_definition(q: Queue) -> dict[str, Any]:
     out = dict(policy.definition) if policy is not None else {}
     for key, value in (operator.definition.items() if operator is not None else ()):
         current = out.get(key)
-        numbers = all(isinstance(v, int) and not isinstance(v, bool) for v in (current, value))
-        out[key] = min(current, value) if numbers else value
+        if isinstance(current, int) and not isinstance(current, bool) and isinstance(value, int) \
+                and not isinstance(value, bool):
+            out[key] = lower_limit(key, current, value)
+        else:
+            out[key] = value
     return out
 
 

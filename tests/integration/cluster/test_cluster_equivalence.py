@@ -85,21 +85,25 @@ def test_a_mismatching_redeclare_on_the_other_member_is_406(start_broker, pg_dsn
     assert declare_error(a, "eq", durable=True, arguments={**base, "x-max-length": 20}) == 406
 
 
-def test_a_redeclare_of_the_other_members_queue_is_not_judged_as_a_creation(start_broker, pg_dsn):
+@pytest.mark.parametrize("kind", ["classic", "quorum"])
+def test_a_redeclare_of_the_other_members_queue_is_not_judged_as_a_creation(start_broker, pg_dsn, kind):
     """The arguments a queue type refuses are refused when a queue is created; a redeclare of one that exists
     compares only the arguments its type takes (as RabbitMQ 3.10.8 does: tests/integration/core/
-    test_queue_type_arguments.py). A node-local classic queue another member holds exists: a redeclare of it with
-    a dead-letter strategy is declare-ok on either member, as it is on the one that made it."""
+    test_queue_type_arguments.py). A queue another member holds exists, a node-local classic one (known from the
+    cluster's directory) as much as a shared quorum one (known from the definitions' feed): a redeclare of it with
+    an argument its type refuses is declare-ok on either member, at once as after b has polled the feed."""
     a, b = two(start_broker, pg_dsn)
-    assert declare_refusal(a, "cd", durable=True) is None
-    strategy = {"x-dead-letter-strategy": "at-least-once"}
-    assert declare_refusal(a, "cd", durable=True, arguments=strategy) is None
-    for _round in range(2):  # at once, then once b surely knows the queue from the definitions' poll
-        assert declare_refusal(b, "cd", durable=True, arguments=strategy) is None
+    base = dict(QUORUM) if kind == "quorum" else {}
+    name = f"refused-{kind}"
+    assert declare_refusal(a, name, durable=True, arguments=base or None) is None
+    refused_arg = {**base, "x-queue-mode": "lazy"} if kind == "quorum" else {"x-dead-letter-strategy": "at-least-once"}
+    assert declare_refusal(a, name, durable=True, arguments=refused_arg) is None
+    for _round in range(2):  # at once, then once b has surely polled the feed
+        assert declare_refusal(b, name, durable=True, arguments=refused_arg) is None
         time.sleep(1.5)
     # A queue made new with it is still refused, on either member.
-    refusal = declare_refusal(b, "cd-new", durable=True, arguments=strategy)
-    assert refusal is not None and refusal[0] == 406 and "rabbit_classic_queue" in refusal[1]
+    refusal = declare_refusal(b, f"{name}-new", durable=True, arguments=refused_arg)
+    assert refusal is not None and refusal[0] == 406 and f"rabbit_{kind}_queue" in refusal[1]
 
 
 @pytest.mark.parametrize("kind", ["quorum", "classic"])

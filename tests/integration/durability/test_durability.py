@@ -541,9 +541,10 @@ def test_kill9_unacked_messages_come_back_redelivered(start_broker, uid):
 @pytest.mark.leveret_only
 def test_a_confirmed_burst_handed_straight_to_consumers_survives_kill9(start_broker, uid):
     """Persistent publishes that arrive together (one run: broker/amqp/publish_run.py) into an empty durable
-    queue with consumers waiting go straight to them (``attempt_delivery``): each is still written, and
-    confirmed only once fsynced, so after a kill -9 every confirmed one is back, those the consumers held
-    without acking too (redelivered, as every message recovered after a crash)."""
+    queue with consumers waiting go straight to them (``attempt_delivery``): each is still written before it is
+    confirmed, so after a kill -9 every confirmed one is back, those the consumers held without acking too
+    (redelivered, as every message recovered after a crash). (A kill -9 keeps the page cache: that the write
+    was fsynced first is test_crash_recovery.py's power-cut test's business.)"""
     b = own_broker(start_broker)
     q = f"{uid}.q"
     with channel(b) as ch:

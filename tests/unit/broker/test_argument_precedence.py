@@ -11,7 +11,7 @@ import asyncio
 import pytest
 
 from broker.policies.policy import Policy
-from broker.queues.queue_args import POLICY_KEYS, effective_settings
+from broker.queues.queue_args import POLICY_KEYS, effective_settings, lower_limit
 from broker.vhost import VHost
 
 NUMERIC = {  # setting attribute → (policy key, argument)
@@ -78,6 +78,15 @@ def test_a_delivery_limit_below_zero_is_no_limit():
     assert limit({}, {"delivery-limit": 5}, {"delivery-limit": -1}) == 5
     assert limit({"x-delivery-limit": -1}, {"delivery-limit": -1}, {"delivery-limit": -1}) is None
     assert limit({"x-delivery-limit": 0}, {"delivery-limit": 5}) == 0  # zero is a limit: no redelivery
+    # A policy's value of another type is no limit (policy definitions' values are not checked): it must not reach
+    # the requeue's comparison with a count.
+    assert limit({}, {"delivery-limit": "5"}) is None
+    assert limit({}, {"delivery-limit": True}) is None
+    assert limit({}, {"delivery-limit": 2.5}) is None
+    # The HTTP API's effective_policy_definition merges with the same rule (broker/management/presenters/queues.py).
+    assert lower_limit("delivery-limit", 5, -1) == 5
+    assert lower_limit("delivery-limit", -1, -3) < 0
+    assert lower_limit("max-length", 5, -1) == -1  # (only the delivery limit reads a negative as none)
 
 
 def test_other_keys_argument_beats_policy_and_operator_policies_cannot_set_them():

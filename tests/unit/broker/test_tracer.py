@@ -351,9 +351,10 @@ def test_a_turns_events_are_published_together_at_its_end_in_order(vh: VHost) ->
     assert stream.log.next_offset == 4 and stream.log.read(3, 1)[0].payload.endswith(b"fourth")
 
 
-def test_an_event_that_fails_is_dropped_alone(vh: VHost, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A turn's events go out together, but a failure costs only what failed, as it did one event at a time: an
-    event after one whose hand-over raises is still published."""
+def test_an_event_that_fails_is_dropped_alone(vh: VHost, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A turn's events go out together, but a failure costs only the run that failed: events routed elsewhere
+    after a run whose hand-over raises are still published, and the failures are logged once."""
     from broker.queues import delegate
 
     declare(vh, "q")
@@ -379,3 +380,5 @@ def test_an_event_that_fails_is_dropped_alone(vh: VHost, monkeypatch: pytest.Mon
     deferred.pop()()
     assert [m.body for m in drain(kept)] == [b"b", b"b"]
     assert drain(broken) == []
+    logged = [line for line in capsys.readouterr().out.splitlines() if "broker messages dropped" in line]
+    assert len(logged) == 1 and "dropped=2" in logged[0]
