@@ -438,20 +438,26 @@ def test_quorum_delivery_limit_dead_letters_with_reason_delivery_limit(conn, con
     assert declare_ok(conn, q).message_count == 0
 
 
-@pytest.mark.quorum
-def test_quorum_delivery_limit_without_dlx_drops_message_via_get(conn, connect, make_queue):
-    q = make_queue(arguments={"x-queue-type": "quorum", "x-delivery-limit": 2}, durable=True)
-    publish(connect(), q, "poison", "ok")
-    ch = conn.channel()
+def _get_and_reject(ch, q: str, times: int) -> list[int]:
+    """``x-delivery-count`` of the head message, got and rejected (requeued) ``times`` times; it must be
+    "poison" each time."""
     counts = []
-    for _ in range(3):
+    for _ in range(times):
         method, props, body = ch.basic_get(q)
         assert body == b"poison"
         # RabbitMQ 3.10 puts x-delivery-count: 0 on a first basic.get (not on a first consumer delivery)
         counts.append((props.headers or {}).get("x-delivery-count", 0))
         ch.basic_reject(method.delivery_tag, requeue=True)
-    assert counts == [0, 1, 2]
-    method, _p, body = ch.basic_get(q, auto_ack=True)
+    return counts
+
+
+@pytest.mark.quorum
+def test_quorum_delivery_limit_without_dlx_drops_message_via_get(conn, connect, make_queue):
+    q = make_queue(arguments={"x-queue-type": "quorum", "x-delivery-limit": 2}, durable=True)
+    publish(connect(), q, "poison", "ok")
+    ch = conn.channel()
+    assert _get_and_reject(ch, q, 3) == [0, 1, 2]
+    _method, _p, body = ch.basic_get(q, auto_ack=True)
     assert body == b"ok"  # "poison" is gone
     assert ch.basic_get(q)[0] is None
     assert declare_ok(conn, q).message_count == 0
@@ -475,14 +481,7 @@ def test_a_delivery_limit_below_zero_is_no_limit(conn, connect, make_queue):
     reference node here, takes the value but drops the message at its first return, so this cannot run there."""
     q = make_queue(arguments={"x-queue-type": "quorum", "x-delivery-limit": -1}, durable=True)
     publish(connect(), q, "poison")
-    ch = conn.channel()
-    counts = []
-    for _ in range(6):
-        method, props, body = ch.basic_get(q)
-        assert body == b"poison"
-        counts.append((props.headers or {}).get("x-delivery-count", 0))
-        ch.basic_reject(method.delivery_tag, requeue=True)
-    assert counts == [0, 1, 2, 3, 4, 5]
+    assert _get_and_reject(conn.channel(), q, 6) == [0, 1, 2, 3, 4, 5]
     assert declare_ok(conn, q).message_count == 1
 
 
