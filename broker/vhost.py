@@ -530,12 +530,11 @@ class VHost:
                 failed.append((1, e))
                 continue
             if queues != run_queues:
-                self._deliver_events(run_queues, run, failed)
+                self._deliver_events(exchange, run_queues, run, failed)
                 run = []
                 run_queues = queues
             run.append(msg)
-            exchange.publish_out += len(queues)
-        self._deliver_events(run_queues, run, failed)
+        self._deliver_events(exchange, run_queues, run, failed)
         if not failed:
             return 0
         dropped = sum(n for n, _ in failed)
@@ -544,15 +543,18 @@ class VHost:
         return dropped
 
     @staticmethod
-    def _deliver_events(queues: list[Queue | OtherMembersQueue], run: list[Message],
+    def _deliver_events(exchange: Exchange, queues: list[Queue | OtherMembersQueue], run: list[Message],
                         failed: list[tuple[int, BaseException]]) -> None:
-        """One run of :meth:`publish_events`; a failure is added to ``failed``."""
+        """One run of :meth:`publish_events`, counted out of ``exchange`` once handed over; a failure is added to
+        ``failed``."""
         if not run or not queues:
             return
         try:
             delegate.deliver_run(queues, run, False, None)
         except Exception as e:  # noqa: BLE001 (logged once, at the end of publish_events)
             failed.append((len(run), e))
+            return
+        exchange.publish_out += len(run) * len(queues)
 
     def publish_as(self, user: User, msg: Message, mandatory: bool = False, publisher: Publisher | None = None,
                    confirm_seq: int = 0) -> int:

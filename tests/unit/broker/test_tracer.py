@@ -380,5 +380,6 @@ def test_an_event_that_fails_is_dropped_alone(vh: VHost, monkeypatch: pytest.Mon
     deferred.pop()()
     assert [m.body for m in drain(kept)] == [b"b", b"b"]
     assert drain(broken) == []
+    assert vh.exchanges[trace.TRACE_EXCHANGE].publish_out == 2  # what was handed over, not what was dropped
     logged = [line for line in capsys.readouterr().out.splitlines() if "broker messages dropped" in line]
     assert len(logged) == 1 and "dropped=2" in logged[0]
