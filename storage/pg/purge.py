@@ -101,27 +101,48 @@ class Answer(NamedTuple):
 
 
 class Waits:
-    """The purging member's purges waiting for their holders' answers (PURGED_BELL), each with a deadline."""
+    """The purging member's purges waiting for their holders' answers (PURGED_BELL), each with a deadline.
+
+    A purge is *expected* before its request is sent (inside the acker's transaction, so the request goes out at
+    its commit) and *waited for* once that commit returned. A holder can answer in between: its notice and the
+    commit's reply come on different connections, and a loaded machine can hold the reply back past the whole
+    answer. An answer that came early is kept and counted; dropping it made purge-ok wait the full deadline
+    and leave the holder's rows out of its count."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, epoch: Callable[[], int]) -> None:
         self.loop = loop
         self._epoch = epoch  # the member's current epoch: tokens differ across its reconnects
         self._made = 0
-        # token: (holders still to answer, deleted so far by the answers, callback(deleted), deadline timer)
-        self._waits: dict[str, tuple[set[int], list[int], Callable[[int], None], asyncio.TimerHandle]] = {}
+        self._waits: dict[str, _Wait] = {}
 
     def token(self) -> str:
         self._made += 1
         return f"{self._epoch()}.{self._made}"
 
-    def wait(self, token: str, holders: tuple[int, ...], callback: Callable[[int], None]) -> None:
-        """``callback(deleted)`` once every holder answered (the rows their answers deleted), or at the deadline
-        with those that did; at once when there is none."""
-        if not holders:
+    def expect(self, token: str, holders: tuple[int, ...]) -> None:
+        """Before the request naming ``holders`` is sent: their answers are counted from now on."""
+        if holders:
+            self._waits[token] = _Wait(set(holders))
+
+    def forget(self, token: str) -> None:
+        """The request's transaction failed: it was never sent, nobody answers."""
+        wait = self._waits.pop(token, None)
+        if wait is not None and wait.timer is not None:
+            wait.timer.cancel()
+
+    def wait(self, token: str, callback: Callable[[int], None]) -> None:
+        """After the commit: ``callback(deleted)`` once every holder expected answered (the rows their answers
+        deleted), or at the deadline with those that did; at once when none is left to answer (or none was
+        expected)."""
+        wait = self._waits.get(token)
+        if wait is None:
             callback(0)
             return
-        timer = self.loop.call_later(ANSWER_WAIT, self._expire, token)
-        self._waits[token] = (set(holders), [0], callback, timer)
+        wait.callback = callback
+        if not wait.holders:
+            self._finish(token)
+            return
+        wait.timer = self.loop.call_later(ANSWER_WAIT, self._expire, token)
 
     def answered(self, payload: str) -> None:
         """A PURGED_BELL notice: ``token epoch deleted``."""
@@ -132,26 +153,42 @@ class Waits:
             log.warning("pg purge: unreadable answer %r", payload)
             return
         wait = self._waits.get(token)
-        if wait is None or holder not in wait[0]:
+        if wait is None or holder not in wait.holders:
             return
-        wait[0].discard(holder)
-        wait[1][0] += n
-        if not wait[0]:
+        wait.holders.discard(holder)
+        wait.deleted += n
+        if not wait.holders and wait.callback is not None:
             self._finish(token)
 
     def _expire(self, token: str) -> None:
         wait = self._waits.get(token)
         if wait is not None:
             log.warning("pg purge %s: no answer from epochs %s within %.0f s; purge-ok counts without them",
-                        token, sorted(wait[0]), ANSWER_WAIT)
+                        token, sorted(wait.holders), ANSWER_WAIT)
             self._finish(token)
 
     def _finish(self, token: str) -> None:
-        _, deleted, callback, timer = self._waits.pop(token)
-        timer.cancel()
-        callback(deleted[0])
+        wait = self._waits.pop(token)
+        if wait.timer is not None:
+            wait.timer.cancel()
+        if wait.callback is not None:
+            wait.callback(wait.deleted)
 
     def finish_all(self) -> None:
-        """The member was fenced or is closing: every purge-ok goes now with what its answers counted so far."""
+        """The member was fenced or is closing: every purge-ok goes now with what its answers counted so far (a
+        purge whose commit has not returned yet answers at its :meth:`wait`, with nothing counted)."""
         for token in list(self._waits):
             self._finish(token)
+
+
+class _Wait:
+    """One purge's wait: the holders still to answer, the rows their answers deleted, purge-ok's call (set once
+    the purge committed) and its deadline (from then)."""
+
+    __slots__ = ("callback", "deleted", "holders", "timer")
+
+    def __init__(self, holders: set[int]) -> None:
+        self.holders = holders
+        self.deleted = 0
+        self.callback: Callable[[int], None] | None = None
+        self.timer: asyncio.TimerHandle | None = None

@@ -356,10 +356,11 @@ class Acker(Worker):
                                 holders = await self.conn.fetch(purging.MARK, q.queue_id, lo, hi, epoch)
                                 request = purging.Request(q.queue_id, lo, hi, self.node.purge_waits.token(),
                                                           tuple(int(h[0]) for h in holders))
-                                if request.holders:
+                                purged.append((q, op, int(status.rsplit(" ", 1)[-1]), request))
+                                if request.holders:  # (expected first: an answer can beat the commit's reply)
+                                    self.node.purge_waits.expect(request.token, request.holders)
                                     await self.conn.execute("SELECT pg_notify($1, $2)", purging.PURGE_BELL,
                                                             request.payload())
-                                purged.append((q, op, int(status.rsplit(" ", 1)[-1]), request))
                             else:
                                 await self.conn.execute(DELETE_ALL, q.queue_id, lo, hi)
                 await flush()
@@ -370,6 +371,8 @@ class Acker(Worker):
                     await self.conn.execute(purging.ANSWER, r.queue_id, r.lo, r.hi, epoch, a.delivered,
                                             purging.PURGED_BELL, f"{r.token} {epoch} ")
         except BaseException:
+            for _, _, _, request in purged:
+                self.node.purge_waits.forget(request.token)
             for q, ops in taken:
                 q.ops_failed(ops)
             self.done_op = upto
@@ -379,7 +382,7 @@ class Acker(Worker):
             q.ops_committed(ops, 0)
         for q, op, deleted, request in purged:
             # purge-ok once the holders answered: with what they deleted of the rows they had not delivered
-            self.node.purge_waits.wait(request.token, request.holders, _purge_done(q, op, deleted))
+            self.node.purge_waits.wait(request.token, _purge_done(q, op, deleted))
         self.node.ring({q.queue_id for q, ops in taken
                         if q.queue_id is not None and any(op.kind in ("requeue", "release") for op in ops)})
 
