@@ -157,8 +157,8 @@ async def test_two_nodes_a_purge_counts_the_other_nodes_prefix_and_leaves_its_de
                                                                                         commit_reply) -> None:
     """b reserved five rows and delivered two (one acked): a's purge deletes the three in b's prefix and the
     ready ones, counts them, and b's delivered one stays; b delivers nothing more. ``after_the_answer``: a's acker
-    goes on from the purge's commit only once b's answer has come (as a loaded machine can order them; the suite
-    met it at f348837): purge-ok still counts b's three."""
+    goes on from the purge's commit only once b's answer has come (as a loaded machine can order them; CI
+    met it, counting 3): purge-ok still counts b's three."""
     a, b = await nodes("a"), await nodes("b")
     if commit_reply == "after_the_answer":
         wait = a.purge_waits.wait
