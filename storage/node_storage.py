@@ -44,6 +44,7 @@ import weakref
 from collections.abc import Callable, Collection
 from typing import Any, Literal
 
+from storage.background import WorkerThread
 from storage.commits import Commits
 from storage.data_dir_lock import LOCK_FILE
 from storage.deduplication_log import DIRECTORY as DEDUP_DIRECTORY
@@ -287,8 +288,10 @@ class NodeStorage:
         ``now_ms`` as its clock; it recovers what it held, and :meth:`close` checkpoints and closes it."""
         store = self._delay_store
         if store is None or store.closed:
+            # Its checkpoints write thousands of bucket files: on a thread of their own, off the loop.
+            background = WorkerThread(self._loop, "leveret-delay-checkpoint") if self._loop is not None else None
             store = self._delay_store = DelayStore(os.path.join(self.data_dir, "delayed"), self.syncer, now_ms,
-                                                   bucket_ms=self.delay_bucket_ms)
+                                                   bucket_ms=self.delay_bucket_ms, background=background)
         return store
 
     def _finish_dedup_recovery(self) -> None:

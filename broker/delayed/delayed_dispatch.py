@@ -25,8 +25,8 @@ What it does, on the node's clock:
      transient message in doubt is marked without being sent again (at most once: a crash may lose a
      transient message, as in RabbitMQ); so is a message whose copies could only be in non-durable queues.
   Not covered: a target that keeps no origin ids (a stream) gets an in-doubt message again (at least once).
-- **Checkpoint** every :data:`CHECKPOINT_EVERY` seconds while anything was written (it blocks on fsyncs, a
-  few per interval; the store checkpoints by itself too every ``checkpoint_bytes`` of WAL).
+- **Checkpoint** every :data:`CHECKPOINT_EVERY` seconds while anything was written (its writes and fsyncs run
+  off the loop; the store checkpoints by itself too every ``checkpoint_bytes`` of WAL).
 - A record whose exchange is no longer known (a non-durable exchange from before a restart) has its ``xref``
   dropped (``drop_exchange``) when it comes due.
 """
@@ -350,15 +350,17 @@ class DelayDispatcher:
                 self._flush_handle.cancel()
                 self._flush_done()
             closed, self._epochs_closed = self._epochs_closed, []
-            try:
-                self.store.checkpoint()
-            except OSError as e:
-                log.error("delay store checkpoint failed; retried later", error=str(e))
-                self._epochs_closed[:0] = closed
-                self._dirty = True
-            else:
-                PIN.settle(closed)  # their marks are on disk: the queues may delete the proof
+            self.store.checkpoint_soon(lambda error: self._checkpointed(closed, error))
         self._checkpoint_timer = self.clock.call_later(CHECKPOINT_EVERY, self._checkpoint)
+
+    def _checkpointed(self, closed: list[int], error: BaseException | None) -> None:
+        """The checkpoint started by :meth:`_checkpoint` is over (its writes ran off the loop)."""
+        if error is not None:
+            log.error("delay store checkpoint failed; retried later", error=str(error))
+            self._epochs_closed[:0] = closed
+            self._dirty = True
+        else:
+            PIN.settle(closed)  # their marks are on disk: the queues may delete the proof
 
 
 _DISPATCHERS: weakref.WeakKeyDictionary[DelayStore, DelayDispatcher] = weakref.WeakKeyDictionary()

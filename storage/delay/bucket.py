@@ -8,6 +8,12 @@ an fsync per bucket per burst would cost far more than the WAL's one sequential 
 makes an append durable; these files are its applied, checkpointed form). Their lengths at the last
 checkpoint are what recovery cuts them back to before replaying the WAL, so no record is applied twice.
 
+The checkpoint takes the buffers on the loop (:meth:`Bucket.detach`, a :class:`BucketWrite`) and writes them
+on a thread of its own (:meth:`BucketWrite.write`): thousands of files opened, written and synced took the
+loop away from every client for seconds (bench/delay_loop_stall.py). Until the write is over its bytes are
+read from the :class:`BucketWrite`, appends go on into new buffers after it, and a write that failed is put
+back in front of them (:meth:`Bucket.restore`).
+
 ``.disp`` is never cut back: it goes through the node's syncer like any append file, and a record in it
 is the proof that an entry must not be handed out again.
 
@@ -87,10 +93,56 @@ class XrefCount:
         return [self.count, self.nbytes, self.resolved, self.resolved_bytes]
 
 
+class BucketWrite:
+    """A bucket's buffered appends as one checkpoint took them: ``.data`` chunks from ``data_at`` on, index
+    entries from ``idx_at`` on, and the index's CRC once they are written. :meth:`write` needs nothing else of
+    the bucket, so it runs off the loop while the bucket goes on taking appends."""
+
+    __slots__ = ("chunk_offs", "chunks", "crc", "data_at", "data_len", "data_path", "idx", "idx_at", "idx_path")
+
+    def __init__(self, data_path: str, chunks: list[bytes], chunk_offs: list[int], data_at: int, data_len: int,
+                 idx_path: str, idx: bytes, idx_at: int, crc: int) -> None:
+        self.data_path = data_path
+        self.chunks = chunks
+        self.chunk_offs = chunk_offs  # where each chunk starts, counted from data_at
+        self.data_at = data_at
+        self.data_len = data_len
+        self.idx_path = idx_path
+        self.idx = idx
+        self.idx_at = idx_at
+        self.crc = crc
+
+    def write(self, fsync: bool) -> bool:
+        """Write both parts at their offsets (and fsync them; without ``fsync`` the caller makes them durable
+        with :func:`syncfs`); True if anything was written. Any thread."""
+        bufs: Sequence[bytes]
+        wrote = False
+        for path, bufs, pos in ((self.data_path, self.chunks, self.data_at), (self.idx_path, (self.idx,), self.idx_at)):
+            if not any(bufs):
+                continue
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                for buf in bufs:
+                    _pwrite_all(fd, buf, pos)
+                    pos += len(buf)
+                if fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            wrote = True
+        return wrote
+
+    def read(self, at: int, n: int) -> bytes:
+        """``n`` bytes of ``.data`` from offset ``at`` (within this write)."""
+        b = at - self.data_at
+        i = bisect.bisect_right(self.chunk_offs, b) - 1
+        return self.chunks[i][b - self.chunk_offs[i]:b - self.chunk_offs[i] + n] if i >= 0 else b""
+
+
 class Bucket:
-    __slots__ = ("_chunk_offs", "_chunks", "_data_buffered", "_frames", "_idx_buf", "_reader", "_sealed", "ahead",
-                 "counts", "data_disk", "dir", "disp", "disp_len", "disp_seen", "idx_crc", "idx_disk", "slice_len",
-                 "slice_ms", "split_len", "start")
+    __slots__ = ("_buf_at", "_chunk_offs", "_chunks", "_data_buffered", "_frames", "_idx_at", "_idx_buf", "_reader",
+                 "_sealed", "_writing", "ahead", "changes", "counts", "data_disk", "dir", "disp", "disp_len",
+                 "disp_seen", "idx_crc", "idx_disk", "slice_len", "slice_ms", "split_len", "start")
 
     def __init__(self, directory: str, start: int, data_len: int = 0, idx_len: int = 0, disp_len: int = 0,
                  counts: dict[int, XrefCount] | None = None) -> None:
@@ -98,6 +150,11 @@ class Bucket:
         self.start = start
         self.data_disk = data_len  # bytes of .data / .idx on disk (as of the last checkpoint or flush)
         self.idx_disk = idx_len
+        # A checkpoint's write in progress (off the loop), and where the buffers below start: after it.
+        self._writing: BucketWrite | None = None
+        self._buf_at = data_len
+        self._idx_at = idx_len
+        self.changes = 0  # appends and dispatch-log records so far (a checkpoint tells a drained bucket touched)
         self.idx_crc = 0  # CRC-32 of .idx's first idx_disk bytes (the checkpoint records it: verify_index)
         self.disp_len = disp_len  # .disp length at the last checkpoint (recovery re-counts what follows)
         # ``.data`` not yet written: framed records as they were appended (``_frames``, no copy made), joined
@@ -127,11 +184,11 @@ class Bucket:
 
     @property
     def data_len(self) -> int:
-        return self.data_disk + self._data_buffered
+        return self._buf_at + self._data_buffered
 
     @property
     def idx_len(self) -> int:
-        return self.idx_disk + len(self._idx_buf)
+        return self._idx_at + len(self._idx_buf)
 
     @property
     def buffered(self) -> int:
@@ -150,7 +207,8 @@ class Bucket:
         else:
             n = len(payload)
             frame = HEADER.pack(MAGIC, n, crc32(payload)) + payload
-        off = self.data_disk + self._data_buffered + HEADER_SIZE
+        off = self._buf_at + self._data_buffered + HEADER_SIZE
+        self.changes += 1
         frames = self._frames
         frames.append(frame)
         self._data_buffered += len(frame)
@@ -173,34 +231,60 @@ class Bucket:
             self._chunks.append(chunk)
             self._sealed += len(chunk)
 
-    def flush(self, fsync: bool = True) -> bool:
-        """Write the buffers to the files and fsync them (the checkpoint's job; without ``fsync`` the
-        caller makes them durable with :func:`syncfs`); True if anything was written."""
+    def detach(self) -> BucketWrite | None:
+        """Hand the buffers to a checkpoint (None: nothing buffered). Appends go on into new buffers; until
+        :meth:`written` (or :meth:`restore`) the bytes handed over are read from the write."""
+        assert self._writing is None, "one checkpoint at a time"
         self._seal()
-        bufs: Sequence[bytes | bytearray]
-        wrote = False
-        for suffix, bufs, disk in ((".data", self._chunks, self.data_disk), (".idx", (self._idx_buf,), self.idx_disk)):
-            if not any(bufs):
-                continue
-            fd = os.open(self.path(suffix), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                pos = disk
-                for buf in bufs:
-                    _pwrite_all(fd, buf, pos)
-                    pos += len(buf)
-                if fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            wrote = True
-        self.data_disk += self._data_buffered
-        self.idx_disk += len(self._idx_buf)
-        self.idx_crc = crc32(self._idx_buf, self.idx_crc)  # what was written, once per checkpoint (not per append)
+        if not self.buffered:
+            return None
+        idx = bytes(self._idx_buf)
+        w = BucketWrite(self.path(".data"), self._chunks, self._chunk_offs, self._buf_at, self._sealed,
+                        self.path(".idx"), idx, self._idx_at, crc32(idx, self.idx_crc))
+        self._writing = w
+        self._buf_at += w.data_len
+        self._idx_at += len(idx)
         self._chunks = []
         self._chunk_offs = []
         self._sealed = 0
         self._data_buffered = 0
         self._idx_buf = bytearray()
+        return w
+
+    def written(self, w: BucketWrite) -> None:
+        """The checkpoint wrote ``w`` (and made it durable): those bytes are read from the files now."""
+        assert w is self._writing
+        self.data_disk = w.data_at + w.data_len
+        self.idx_disk = w.idx_at + len(w.idx)
+        self.idx_crc = w.crc  # what was written, once per checkpoint (not per append)
+        self._writing = None
+
+    def restore(self, w: BucketWrite) -> None:
+        """The checkpoint failed to write ``w``: its bytes go back in front of the buffers, for the next one
+        (which writes them at the same offsets, over whatever part of them did land)."""
+        assert w is self._writing
+        self._seal()
+        self._chunk_offs = w.chunk_offs + [o + w.data_len for o in self._chunk_offs]
+        self._chunks = w.chunks + self._chunks
+        self._sealed += w.data_len
+        self._data_buffered += w.data_len
+        self._idx_buf = bytearray(w.idx) + self._idx_buf
+        self._buf_at = w.data_at
+        self._idx_at = w.idx_at
+        self._writing = None
+
+    def flush(self, fsync: bool = True) -> bool:
+        """Write the buffers to the files here and now, and fsync them (without ``fsync`` the caller makes them
+        durable with :func:`syncfs`); True if anything was written."""
+        w = self.detach()
+        if w is None:
+            return False
+        try:
+            wrote = w.write(fsync)
+        except BaseException:
+            self.restore(w)
+            raise
+        self.written(w)
         return wrote
 
     def cut_to_checkpoint(self) -> None:
@@ -220,6 +304,8 @@ class Bucket:
                     self.data_disk = size
                 else:
                     self.idx_disk = size - size % IDX_SIZE
+        self._buf_at = self.data_disk
+        self._idx_at = self.idx_disk
 
     def verify_index(self, want: int | None) -> None:
         """Recovery, after :meth:`cut_to_checkpoint`: check ``.idx`` against the CRC the checkpoint recorded
@@ -262,7 +348,7 @@ class Bucket:
             os.fsync(fd)
         finally:
             os.close(fd)
-        self.idx_disk = len(rebuilt)
+        self.idx_disk = self._idx_at = len(rebuilt)
         self.idx_crc = crc32(rebuilt)
 
     # -- reading --------------------------------------------------------------------------------------------
@@ -274,12 +360,14 @@ class Bucket:
     def read(self, off: int, n: int) -> bytes:
         """The payload at ``off``, checked against its framing (from the buffer if not yet written)."""
         start = off - HEADER_SIZE
-        if start - self.data_disk >= self._sealed:
+        if start - self._buf_at >= self._sealed:
             self._seal()  # it is among the frames not sealed yet
-        if start >= self.data_disk:
-            b = start - self.data_disk
+        if start >= self._buf_at:
+            b = start - self._buf_at
             i = bisect.bisect_right(self._chunk_offs, b) - 1
             data = self._chunks[i][b - self._chunk_offs[i]:b - self._chunk_offs[i] + HEADER_SIZE + n] if i >= 0 else b""
+        elif start >= self.data_disk and self._writing is not None:
+            data = self._writing.read(start, HEADER_SIZE + n)
         else:
             data = os.pread(self._fd(), HEADER_SIZE + n, start)
         if len(data) != HEADER_SIZE + n:
@@ -314,6 +402,8 @@ class Bucket:
                     yield from IDX.iter_unpack(chunk[:len(chunk) - len(chunk) % IDX_SIZE])
             finally:
                 os.close(fd)
+        if self._writing is not None and self._writing.idx:
+            yield from IDX.iter_unpack(self._writing.idx)
         if self._idx_buf:
             yield from IDX.iter_unpack(bytes(self._idx_buf))
 
@@ -332,7 +422,15 @@ class Bucket:
                     yield chunk
             finally:
                 os.close(fd)
-        b = pos - self.idx_disk
+        w = self._writing
+        if w is not None and pos < self._idx_at:
+            b = pos - w.idx_at
+            while b < len(w.idx):
+                chunk = w.idx[b:b + READ_CHUNK]
+                b += len(chunk)
+                yield chunk
+            pos = self._idx_at
+        b = pos - self._idx_at
         while b < len(self._idx_buf):
             chunk = bytes(self._idx_buf[b:b + READ_CHUNK])
             b += len(chunk)
@@ -452,6 +550,7 @@ class Bucket:
         return self.disp
 
     def log_disp(self, syncer: Syncer | None, kind: int, entries: list[tuple[int, int, int, int]]) -> None:
+        self.changes += 1
         self.open_disp(syncer).append(pack_disp(kind, entries))
 
     def disp_records(self, syncer: Syncer | None, since: int = 0) -> Iterator[tuple[int, list[tuple[int, int, int, int]]]]:

@@ -3,11 +3,21 @@ order, whatever the horizon, in bounded memory.
 
 Path of a record: :meth:`DelayStore.append` writes it to the WAL (durable after the syncer's fsync:
 ``on_durable``) and applies it at once to its time bucket's buffered ``.data``/``.idx``; the checkpoint
-(:meth:`DelayStore.checkpoint`, called by the owner every few seconds and by the store itself every
+(:meth:`DelayStore.checkpoint_soon`, started by the owner every few seconds and by the store itself every
 ``checkpoint_bytes`` of WAL) fsyncs the buckets, records their lengths in the manifest, and deletes the WAL
 segments and the drained buckets. Recovery cuts every bucket back to its checkpointed length and replays
 the WAL after the checkpoint, so no record is applied twice and replay time is bounded by the checkpoint
 interval, not by the number pending.
+
+The checkpoint's writes are off the loop (a ``background``: storage/background.py). On the loop it takes a
+snapshot: the buckets' buffers (readable until written), their lengths and counters, the dispatch logs'
+lengths, and it rolls the WAL, so everything appended from then on is in segments the snapshot's manifest
+replays. The thread writes and syncs the buckets, then saves that manifest; back on the loop the older WAL
+segments and the buckets found drained at the snapshot go, those not touched since (one touched meanwhile
+stays: the next manifest has it, and until then a crash rebuilds it from the WAL). One checkpoint runs at a
+time; one asked for meanwhile starts when it ends. :meth:`checkpoint` is the synchronous form (a clean
+stop, an exchange dropped): it waits for the one running first. Writing thousands of bucket files on the
+loop stalled every client of the node for seconds (bench/delay_loop_stall.py).
 
 Dispatch contract (the store's half of exactly-once dispatch; the broker's half is
 broker/delayed/delayed_dispatch.py and storage/dispatch_evidence.py):
@@ -52,7 +62,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from storage import corruption
-from storage.delay.bucket import SLICES, Bucket, syncfs
+from storage.background import Background, Inline
+from storage.delay.bucket import SLICES, Bucket, BucketWrite, XrefCount, syncfs
 from storage.delay.manifest import BucketState, Manifest
 from storage.delay.record import (
     BEGUN,
@@ -92,9 +103,13 @@ class ExchangeStats:
 class DelayStore:
     def __init__(self, directory: str, syncer: Syncer | None, now_ms: Callable[[], int], *,
                  bucket_ms: int = 3_600_000, lookahead_ms: int = 120_000, max_loaded: int = 100_000,
-                 checkpoint_bytes: int = 16 << 20) -> None:
+                 checkpoint_bytes: int = 16 << 20, background: Background | None = None) -> None:
         self.dir = directory
         self._syncer = syncer
+        self._background: Background = background if background is not None else Inline()
+        self._running: _Checkpoint | None = None  # the checkpoint being written off the loop
+        # Asked for while one was running (their callbacks; None: the store's own): started when it ends.
+        self._again: list[Callable[[BaseException | None], None] | None] = []
         self._now = now_ms
         self._last_now = -(1 << 63)
         self.lookahead_ms = lookahead_ms
@@ -143,7 +158,7 @@ class DelayStore:
             b.cut_to_checkpoint()
             b.verify_index(st.idx_crc)
             self._add_bucket(b)
-        orphans = set()
+        orphans: set[int] = set()
         for name in os.listdir(self._bdir):
             stem, _, suffix = name.partition(".")
             if not stem.isdigit() or int(stem) in self._buckets:
@@ -164,9 +179,13 @@ class DelayStore:
         for b in self._buckets.values():  # resolutions logged after the checkpoint: count them
             path = b.path(".disp")
             if os.path.exists(path) and os.path.getsize(path) > b.disp_len:
+                # A bucket the checkpoint left out as drained and that took records before it was deleted is
+                # rebuilt from the WAL with those alone; its dispatch log still holds the resolutions of the
+                # records it had before, which are counted only where they are the rebuilt index's.
+                mine = {e[1] for e in b.index()} if b.start in orphans else None
                 for kind, entries in b.disp_records(self._syncer, b.disp_len):
                     if kind in RESOLVING:
-                        self._count_resolved(b, entries)
+                        self._count_resolved(b, entries if mine is None else [e for e in entries if e[1] in mine])
         for b in self._buckets.values():
             for xref, c in b.counts.items():
                 if xref not in self._dead:
@@ -238,21 +257,24 @@ class DelayStore:
         s = self._xstats.setdefault(record.xref, [0, 0])
         s[0] += 1
         s[1] += n
-        if self._wal.bytes_since_roll >= self.checkpoint_bytes + self._checkpoint_backoff:
-            try:
-                self.checkpoint()
-                self._checkpoint_backoff = 0
-            except OSError as e:
-                # Not tried again here before another checkpoint_bytes of WAL (each try costs fsyncs).
-                self._checkpoint_backoff = self._wal.bytes_since_roll
-                # A full disk (or EIO) while checkpointing: the record is appended all the same, kept in the
-                # WAL's buffer and retried by the syncer like any append (confirmed once it is on disk), and
-                # the buckets' buffers are written again at the next checkpoint (the owner's timer, or the
-                # next append here). Raising reached the publisher as 541 INTERNAL_ERROR with a traceback
-                # (issue 31); the classic and stream paths keep the write and block on the disk alarm.
-                self.checkpoint_failures += 1
-                log.error("delay store: checkpoint failed (%s); retried later, the record is kept", e)
+        if (self._wal.bytes_since_roll >= self.checkpoint_bytes + self._checkpoint_backoff
+                and self._running is None):
+            self.checkpoint_soon(self._own_checkpoint_done)
         return seq
+
+    def _own_checkpoint_done(self, error: BaseException | None) -> None:
+        if error is None:
+            self._checkpoint_backoff = 0
+            return
+        # Not tried again here before another checkpoint_bytes of WAL (each try costs fsyncs).
+        self._checkpoint_backoff = self._wal.bytes_since_roll
+        # A full disk (or EIO) while checkpointing: the records are kept all the same, in the WAL (retried
+        # by the syncer like any append, confirmed once on disk), and the buckets' buffers are written again
+        # at the next checkpoint (the owner's timer, or the next append here). Raising reached the publisher
+        # as 541 INTERNAL_ERROR with a traceback (issue 31); the classic and stream paths keep the write and
+        # block on the disk alarm.
+        self.checkpoint_failures += 1
+        log.error("delay store: checkpoint failed (%s); retried later, the record is kept", error)
 
     def _apply(self, payload: bytes, due: int, seq: int, xref: int, framed: bool = False) -> int:
         """Add one record (``framed``: as :meth:`DelayRecord.frame` built it) to its bucket and, when it
@@ -592,41 +614,161 @@ class DelayStore:
 
     # -- checkpoint, close ----------------------------------------------------------------------------------
     def checkpoint(self) -> None:
-        """Make the buckets durable, record their lengths, delete what is no longer needed.
+        """Make the buckets durable, record their lengths, delete what is no longer needed: here and now
+        (a clean stop, an exchange dropped), after the checkpoint running in the background, if any.
+        Raises what failed (OSError: nothing lost, the next checkpoint writes it all)."""
+        again = self._settle()
+        error: BaseException | None = None
+        try:
+            cp = self._take_snapshot()
+            self._write(cp)
+            self._adopt(cp)
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            for done in again:
+                if done is not None:
+                    done(error)
 
-        Blocks on fsyncs (one per bucket written since the last checkpoint); the owner calls it every few
-        seconds, and ``append`` does every ``checkpoint_bytes``."""
-        dirty = [b for b in self._buckets.values() if b.buffered]
-        many = len(dirty) > FSYNC_EACH_UP_TO
-        wrote = False
-        for b in dirty:
-            wrote = b.flush(fsync=not many) or wrote
-        if many:
-            syncfs(self._bdir)
+    def checkpoint_soon(self, done: Callable[[BaseException | None], None] | None = None) -> None:
+        """Start a checkpoint whose writes run off the loop (at once without a loop); ``done(error)`` on the
+        loop once it is over (``error`` None: durable). One running already: this one starts when it ends, so
+        that it covers what was logged up to now."""
+        if self.closed:
+            return
+        if self._running is not None:
+            self._again.append(done)
+            return
+        try:
+            cp = self._take_snapshot()
+        except OSError as e:
+            if done is not None:
+                done(e)
+            return
+        cp.done = done
+        self._running = cp
+        self._background.submit(lambda: self._write(cp), lambda: self._finished(cp))
+
+    def _finished(self, cp: _Checkpoint) -> None:
+        """Loop thread: the background write of ``cp`` is over."""
+        if self._running is not cp or self.closed:
+            return  # applied already (by checkpoint(), which waited for it), or the store is gone
+        self._running = None
+        error: BaseException | None = None
+        try:
+            self._adopt(cp)
+        except OSError as e:
+            error = e
+        if cp.done is not None:
+            cp.done(error)
+        again, self._again = self._again, []
+        if again:
+            self.checkpoint_soon(_all(again))
+
+    def _settle(self) -> list[Callable[[BaseException | None], None] | None]:
+        """Wait for the background checkpoint and apply it (its callback told of the outcome); returns the
+        callbacks of those asked for meanwhile, which the caller's own checkpoint covers."""
+        again, self._again = self._again, []
+        cp = self._running
+        if cp is None:
+            return again
+        self._background.wait()
+        self._running = None
+        error: BaseException | None = None
+        try:
+            self._adopt(cp)
+        except OSError as e:
+            error = e
+        if cp.done is not None:
+            cp.done(error)
+        return again
+
+    def _take_snapshot(self) -> _Checkpoint:
+        """On the loop: what the checkpoint writes and the manifest it saves then. Raises OSError (a dispatch
+        log that cannot be written out, the WAL's roll) before anything is taken."""
+        disp: list[tuple[Bucket, int]] = []
         for b in self._buckets.values():
             if b.disp is not None:
                 if not b.disp.write_out():
                     assert b.disp.error is not None
                     raise b.disp.error
-                os.fsync(b.disp.fd)
-                b.disp_len = b.disp.size
-        if wrote:
-            fsync_dir(self._bdir)
-        first = self._wal.roll()
+                disp.append((b, b.disp.size))
+        dirty = [b for b in self._buckets.values() if b.buffered]
+        many = len(dirty) > FSYNC_EACH_UP_TO  # then one syncfs covers the buckets and the dispatch logs
+        fds: list[int] = []
+        try:
+            if not many:
+                for b, _ in disp:
+                    assert b.disp is not None
+                    fds.append(os.dup(b.disp.fd))  # the thread's own: the loop may close the file meanwhile
+            first = self._wal.roll()
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        writes = [(b, w) for b in dirty if (w := b.detach()) is not None]
+        taken = {id(b): w for b, w in writes}
+        disp_lens = {b.start: n for b, n in disp}
         busy = {e[2] for e in self._inflight.values()}
-        drained = [s for s, b in self._buckets.items() if s not in busy and not b.pending(self._dead)]
-        kept = {s: b for s, b in self._buckets.items() if s not in set(drained)}
-        self._dead = {x for x in self._dead if any(x in b.counts for b in kept.values())}
-        m = Manifest(first, self._next_seq, self.bucket_ms, set(self._dead),
-                     {s: BucketState(b.data_disk, b.idx_disk, b.disp_len, b.counts, b.idx_crc) for s, b in kept.items()})
-        m.save(self._mpath)
-        self._wal.delete_below(first)
-        for s in drained:
+        drained = {s: b.changes for s, b in self._buckets.items() if s not in busy and not b.pending(self._dead)}
+        kept = {s: b for s, b in self._buckets.items() if s not in drained}
+        dead = {x for x in self._dead if any(x in b.counts for b in kept.values())}
+        states = {}
+        for s, b in kept.items():
+            w = taken.get(id(b))
+            states[s] = BucketState(b.data_len, b.idx_len, disp_lens.get(s, b.disp_len),
+                                    {x: XrefCount(*c.to_list()) for x, c in b.counts.items()},
+                                    w.crc if w is not None else b.idx_crc)
+        manifest = Manifest(first, self._next_seq, self.bucket_ms, dead, states)
+        return _Checkpoint(writes, many, fds, disp, manifest, drained)
+
+    def _write(self, cp: _Checkpoint) -> None:
+        """The checkpoint's writes, on whatever thread (it touches only ``cp`` and the files): the buckets'
+        buffers, their sync, the dispatch logs' sync, the directory's, then the manifest. Keeps what failed."""
+        try:
+            wrote = False
+            for _, w in cp.writes:
+                wrote = w.write(fsync=not cp.many) or wrote
+            if cp.many:
+                syncfs(self._bdir)
+            for fd in cp.disp_fds:
+                os.fsync(fd)
+            if wrote:
+                fsync_dir(self._bdir)
+            cp.manifest.save(self._mpath)
+        except Exception as e:  # noqa: BLE001 -- not lost: _apply raises it on the loop
+            cp.error = e
+        finally:
+            for fd in cp.disp_fds:
+                os.close(fd)
+            cp.disp_fds = []
+
+    def _adopt(self, cp: _Checkpoint) -> None:
+        """On the loop, once ``cp`` was written: the buckets read what it wrote from their files, the WAL
+        before it and the drained buckets not touched since go. A failed write goes back to the buffers and
+        its error is raised."""
+        if cp.error is not None:
+            for b, w in cp.writes:
+                b.restore(w)
+            raise cp.error
+        for b, w in cp.writes:
+            b.written(w)
+        for b, n in cp.disp_lens:
+            b.disp_len = n
+        self._wal.delete_below(cp.manifest.wal)
+        busy = {e[2] for e in self._inflight.values()}
+        gone = [s for s, changes in cp.drained.items()
+                if (left := self._buckets.get(s)) is not None and left.changes == changes and s not in busy
+                and not left.pending(self._dead)]
+        for s in gone:
             self._buckets.pop(s).delete()
             self._readers.pop(s, None)
-        if drained:
+        if gone:
             self._starts = sorted(self._buckets)
-        self._durable_seq = self._next_seq  # every record appended is now in fsynced buckets
+        self._dead = {x for x in self._dead if any(x in b.counts for b in self._buckets.values())}
+        # every record appended before the snapshot is now in fsynced buckets
+        self._durable_seq = max(self._durable_seq, cp.manifest.next_seq)
         now = self._last_now
         for b in self._buckets.values():  # dispatch logs of buckets not due soon: no descriptor kept
             if b.disp is not None and b.start > now + self.lookahead_ms:
@@ -641,14 +783,44 @@ class DelayStore:
         self._close(abandon=False)
 
     def abandon(self) -> None:
-        """Drop everything not yet handed to the kernel and close (what a crash does; tests)."""
+        """Drop everything not yet handed to the kernel and close (what a crash does; tests). A checkpoint
+        being written runs to its end first (as it may in a crash) and is not applied."""
         self._close(abandon=True)
 
     def _close(self, abandon: bool) -> None:
+        self._background.close()
+        self._running = None
         self.closed = True
         for b in self._buckets.values():
             b.close(abandon)
         self._wal.close(abandon)
+
+
+class _Checkpoint:
+    """One checkpoint: what the snapshot took (the buckets' writes, the dispatch logs' lengths and the
+    descriptors the thread syncs them by, the manifest to save, the buckets drained then with their
+    ``changes``), and what became of it."""
+
+    __slots__ = ("disp_fds", "disp_lens", "done", "drained", "error", "manifest", "many", "writes")
+
+    def __init__(self, writes: list[tuple[Bucket, BucketWrite]], many: bool, disp_fds: list[int],
+                 disp_lens: list[tuple[Bucket, int]], manifest: Manifest, drained: dict[int, int]) -> None:
+        self.writes = writes
+        self.many = many
+        self.disp_fds = disp_fds
+        self.disp_lens = disp_lens
+        self.manifest = manifest
+        self.drained = drained
+        self.error: BaseException | None = None
+        self.done: Callable[[BaseException | None], None] | None = None
+
+
+def _all(callbacks: list[Callable[[BaseException | None], None] | None]) -> Callable[[BaseException | None], None]:
+    def done(error: BaseException | None) -> None:
+        for callback in callbacks:
+            if callback is not None:
+                callback(error)
+    return done
 
 
 class _Durable:

@@ -4,6 +4,7 @@ Shared by the delay store's test modules."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from storage.delay import DelayRecord, DelayStore
 from storage.delay.record import DueRecord
@@ -23,7 +24,7 @@ class Clock:
 class Node:
     """A delay store on a loop-less syncer; ``restart`` closes cleanly, ``crash`` abandons its buffers."""
 
-    def __init__(self, path: Path, clock: Clock, **kw: int) -> None:
+    def __init__(self, path: Path, clock: Clock, **kw: Any) -> None:
         self.path = path
         self.clock = clock
         self.kw = kw

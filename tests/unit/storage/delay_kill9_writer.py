@@ -1,5 +1,5 @@
 """Run by test_delay_kill9.py as a separate process until SIGKILL: open the delay store, append records
-due within a few hundred ms, hand out and mark what is due, checkpoint now and then. Prints
+due within a few hundred ms, hand out and mark what is due, checkpoint now and then (off the loop). Prints
 ``A <seq> <body>`` per append, ``D <n>`` when seqs below n are durable, ``H <body>`` per record handed
 out and ``M <body>`` once the dispatch log holding its mark is fsynced."""
 
@@ -11,6 +11,7 @@ import random
 import sys
 import time
 
+from storage.background import WorkerThread
 from storage.delay import DelayRecord, DelayStore
 from storage.syncer import Syncer
 
@@ -37,8 +38,9 @@ class MarkWaiter:
 async def main(data_dir: str, round_no: int) -> None:
     loop = asyncio.get_running_loop()
     syncer = Syncer(loop)
+    # Checkpoints write off the loop, as the broker's do: the kill lands before, during and after them.
     store = DelayStore(data_dir, syncer, lambda: int(time.time() * 1000), bucket_ms=1000,
-                       checkpoint_bytes=64 << 10)
+                       checkpoint_bytes=64 << 10, background=WorkerThread(loop, "delay-checkpoint"))
     out = sys.stdout
 
     def durable(n: int) -> None:
@@ -71,7 +73,7 @@ async def main(data_dir: str, round_no: int) -> None:
                 syncer.wait(marks)
             marks.pending.append((syncer.generation, [d.record.body for d in batch]))
         if time.monotonic() - last_checkpoint > 0.15:
-            store.checkpoint()
+            store.checkpoint_soon()
             last_checkpoint = time.monotonic()
         await asyncio.sleep(0.003)
 
