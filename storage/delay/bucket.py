@@ -98,16 +98,16 @@ class BucketWrite:
     entries from ``idx_at`` on, and the index's CRC once they are written. :meth:`write` needs nothing else of
     the bucket, so it runs off the loop while the bucket goes on taking appends."""
 
-    __slots__ = ("chunk_offs", "chunks", "crc", "data_at", "data_len", "data_path", "idx", "idx_at", "idx_path")
+    __slots__ = ("chunk_offs", "chunks", "crc", "data_at", "data_len", "directory", "idx", "idx_at", "start")
 
-    def __init__(self, data_path: str, chunks: list[bytes], chunk_offs: list[int], data_at: int, data_len: int,
-                 idx_path: str, idx: bytes, idx_at: int, crc: int) -> None:
-        self.data_path = data_path
+    def __init__(self, directory: str, start: int, chunks: list[bytes], chunk_offs: list[int], data_at: int,
+                 data_len: int, idx: bytes, idx_at: int, crc: int) -> None:
+        self.directory = directory  # (the paths are made by write(), off the loop: 8,760 buckets took 60 ms)
+        self.start = start
         self.chunks = chunks
         self.chunk_offs = chunk_offs  # where each chunk starts, counted from data_at
         self.data_at = data_at
         self.data_len = data_len
-        self.idx_path = idx_path
         self.idx = idx
         self.idx_at = idx_at
         self.crc = crc
@@ -117,10 +117,11 @@ class BucketWrite:
         with :func:`syncfs`); True if anything was written. Any thread."""
         bufs: Sequence[bytes]
         wrote = False
-        for path, bufs, pos in ((self.data_path, self.chunks, self.data_at), (self.idx_path, (self.idx,), self.idx_at)):
+        for suffix, bufs, pos in ((".data", self.chunks, self.data_at), (".idx", (self.idx,), self.idx_at)):
             if not any(bufs):
                 continue
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(os.path.join(self.directory, f"{self.start:020d}{suffix}"),
+                         os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
                 for buf in bufs:
                     _pwrite_all(fd, buf, pos)
@@ -239,8 +240,8 @@ class Bucket:
         if not self.buffered:
             return None
         idx = bytes(self._idx_buf)
-        w = BucketWrite(self.path(".data"), self._chunks, self._chunk_offs, self._buf_at, self._sealed,
-                        self.path(".idx"), idx, self._idx_at, crc32(idx, self.idx_crc))
+        w = BucketWrite(self.dir, self.start, self._chunks, self._chunk_offs, self._buf_at, self._sealed, idx,
+                        self._idx_at, crc32(idx, self.idx_crc))
         self._writing = w
         self._buf_at += w.data_len
         self._idx_at += len(idx)

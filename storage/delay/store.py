@@ -694,32 +694,40 @@ class DelayStore:
                     assert b.disp.error is not None
                     raise b.disp.error
                 disp.append((b, b.disp.size))
-        dirty = [b for b in self._buckets.values() if b.buffered]
-        many = len(dirty) > FSYNC_EACH_UP_TO  # then one syncfs covers the buckets and the dispatch logs
+        first = self._wal.roll()
+        # One pass (8,760 buckets for a year, all of them dirty when records are spread over it: this is the
+        # loop's share of the checkpoint): each bucket's buffers taken, and its state for the manifest.
+        disp_lens = {b.start: n for b, n in disp}
+        busy = {e[2] for e in self._inflight.values()}
+        dead_now = self._dead
+        writes: list[tuple[Bucket, BucketWrite]] = []
+        drained: dict[int, int] = {}
+        states: dict[int, BucketState] = {}
+        for s, b in self._buckets.items():
+            w = b.detach() if b.buffered else None
+            if w is not None:
+                writes.append((b, w))
+            if s not in busy and not b.pending(dead_now):
+                drained[s] = b.changes
+                continue
+            states[s] = BucketState(b.data_len, b.idx_len, disp_lens.get(s, b.disp_len),
+                                    {x: XrefCount(c.count, c.nbytes, c.resolved, c.resolved_bytes)
+                                     for x, c in b.counts.items()},
+                                    w.crc if w is not None else b.idx_crc)
+        many = len(writes) > FSYNC_EACH_UP_TO  # then one syncfs covers the buckets and the dispatch logs
         fds: list[int] = []
-        try:
-            if not many:
+        if not many:
+            try:
                 for b, _ in disp:
                     assert b.disp is not None
                     fds.append(os.dup(b.disp.fd))  # the thread's own: the loop may close the file meanwhile
-            first = self._wal.roll()
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
-            raise
-        writes = [(b, w) for b in dirty if (w := b.detach()) is not None]
-        taken = {id(b): w for b, w in writes}
-        disp_lens = {b.start: n for b, n in disp}
-        busy = {e[2] for e in self._inflight.values()}
-        drained = {s: b.changes for s, b in self._buckets.items() if s not in busy and not b.pending(self._dead)}
-        kept = {s: b for s, b in self._buckets.items() if s not in drained}
-        dead = {x for x in self._dead if any(x in b.counts for b in kept.values())}
-        states = {}
-        for s, b in kept.items():
-            w = taken.get(id(b))
-            states[s] = BucketState(b.data_len, b.idx_len, disp_lens.get(s, b.disp_len),
-                                    {x: XrefCount(*c.to_list()) for x, c in b.counts.items()},
-                                    w.crc if w is not None else b.idx_crc)
+            except BaseException:
+                for fd in fds:
+                    os.close(fd)
+                for b, w in writes:
+                    b.restore(w)
+                raise
+        dead = {x for x in dead_now if any(x in st.counts for st in states.values())}
         manifest = Manifest(first, self._next_seq, self.bucket_ms, dead, states)
         return _Checkpoint(writes, many, fds, disp, manifest, drained)
 

@@ -18,6 +18,7 @@ import pytest
 from delay_harness import Clock, Node
 
 from storage.delay import bucket as bucket_module
+from storage.delay import store as store_module
 from storage.delay.record import DueRecord
 
 HOUR = 3_600_000
@@ -133,7 +134,7 @@ def test_a_failed_write_goes_back_and_the_next_checkpoint_writes_it(node: Node, 
     calls = []
 
     def full_disk(self: bucket_module.BucketWrite, fsync: bool) -> bool:
-        calls.append(self.data_path)
+        calls.append(self.start)
         if len(calls) == 2:  # the first bucket landed, the second did not
             raise OSError(28, "No space left on device")
         return real(self, fsync)
@@ -223,3 +224,32 @@ def test_the_synchronous_checkpoint_waits_for_the_running_one_and_answers_those_
     node.restart()
     node.clock.t = T0 + HOUR
     assert bodies(node.drain()) == [b"h0", b"h1"]
+
+
+def test_a_snapshot_that_fails_takes_nothing(node: Node, held: Held, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of descriptors for the dispatch log's copy: nothing is taken (the buffers stay where they were), the
+    caller is told, and the next checkpoint writes everything."""
+    for i in range(6):
+        node.put(T0 + (i % 2) * HOUR + i, b"i%d" % i)
+    node.sync()
+    node.clock.t = T0 + 2
+    assert bodies(node.drain()) == [b"i0", b"i2"]  # hour 0's dispatch log is open now
+    node.sync()
+
+    def no_descriptors(fd: int) -> int:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(store_module.os, "dup", no_descriptors)
+    done: list[BaseException | None] = []
+    node.store.checkpoint_soon(done.append)
+    assert len(done) == 1 and isinstance(done[0], OSError) and held.jobs == []
+    monkeypatch.undo()
+    node.clock.t = T0 + 4
+    assert bodies(node.drain()) == [b"i4"]  # still read from its buffer
+    node.sync()
+    node.store.checkpoint_soon(done.append)
+    held.run()
+    assert done[1] is None
+    node.crash()
+    node.clock.t = T0 + 2 * HOUR
+    assert bodies(node.drain()) == [b"i1", b"i3", b"i5"]
