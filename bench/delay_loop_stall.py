@@ -1,5 +1,5 @@
 """How long a client that never touches delayed messages waits while others publish them (the delay store's
-checkpoint runs on the event loop: docs/decisions/delayed-messages.md).
+checkpoint wrote its buckets on the event loop until fd90b54; its snapshot still runs there).
 
 What is measured: a probe connection sends a passive ``queue.declare`` of a plain queue every 20 ms and times the
 answer, first for ``--quiet`` seconds with nothing else going on, then while ``--conns`` publishers send delayed
@@ -11,6 +11,10 @@ port, as bench/delay_pending.py). The probe is a thread of this process, beside 
 trips include this process's own GIL waits (up to the 5 ms switch interval), not only the broker's.
 
     .venv/bin/python -m bench.delay_loop_stall [--count 600000] [--budget 60] [--conns 2] [--json-out FILE]
+        [--baseline REF]
+
+``--baseline REF`` runs the same phases first against Leveret at commit REF (a git worktree with this tree's
+compiled codec, as run_bench's ``--baseline``), then against this tree, one after the other in one run.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import pika
 import pika.exceptions
 
 from bench.delay_pending import publish, setup
-from bench.delay_publish import Broker, loadavg
+from bench.delay_publish import Broker, free_port, loadavg
 
 PROBE_QUEUE = "bench.stall.probe"
 PROBE_EVERY = 0.02  # seconds between two probes
@@ -77,17 +81,10 @@ def summary(probes: list[tuple[float, float]]) -> dict:
             "over_50ms_at_s": [[round(at, 1), round(r)] for at, r in probes if r > 50]}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--count", type=int, default=600_000)
-    ap.add_argument("--budget", type=float, default=60.0, help="seconds of publishing at most")
-    ap.add_argument("--conns", type=int, default=2)
-    ap.add_argument("--quiet", type=float, default=5.0, help="seconds probed before the publishers start")
-    ap.add_argument("--json-out", type=Path)
-    a = ap.parse_args(argv)
+def one_run(broker: Broker, a: argparse.Namespace) -> dict:
+    """The quiet phase, then the publishing one, against ``broker`` (started and stopped here)."""
     import uvloop
     out: dict = {"loadavg_at_start": loadavg()}
-    broker = Broker()
     broker.start()
     probe = Probe(broker.port)
     try:
@@ -103,9 +100,31 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         probe.stop()
         broker.stop()
-    print(json.dumps(out, indent=2))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--count", type=int, default=600_000)
+    ap.add_argument("--budget", type=float, default=60.0, help="seconds of publishing at most")
+    ap.add_argument("--conns", type=int, default=2)
+    ap.add_argument("--quiet", type=float, default=5.0, help="seconds probed before the publishers start")
+    ap.add_argument("--baseline", metavar="REF", help="also run Leveret at this git commit (first)")
+    ap.add_argument("--json-out", type=Path)
+    a = ap.parse_args(argv)
+    out: dict = {}
+    if a.baseline:
+        from bench.run_bench import BaselineLeveret
+        tree = BaselineLeveret(free_port(), a.baseline)  # (used for its worktree and codec build only)
+        try:
+            out[f"leveret@{a.baseline}"] = one_run(Broker(root=tree.worktree), a)
+        finally:
+            tree.remove_worktree()
+    out["leveret"] = one_run(Broker(), a)
+    result = out if a.baseline else out["leveret"]
+    print(json.dumps(result, indent=2))
     if a.json_out:
-        a.json_out.write_text(json.dumps(out, indent=2) + "\n")
+        a.json_out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

@@ -62,7 +62,8 @@ def free_port() -> int:
 class Broker:
     """Leveret on a given data dir, which is kept across stop/start (for restart timing)."""
 
-    def __init__(self, data_dir: str | None = None, port: int | None = None) -> None:
+    def __init__(self, data_dir: str | None = None, port: int | None = None, root: Path = ROOT) -> None:
+        self.root = root  # the tree it runs from (another commit's worktree: bench/delay_loop_stall.py --baseline)
         self.port = port or free_port()
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="leveret-delay-bench-")
         self.log_path = Path(tempfile.gettempdir()) / f"leveret-delay-bench-{self.port}.log"
@@ -75,7 +76,7 @@ class Broker:
                "--data-dir", self.data_dir, "--management-port", "0", "--prometheus-port", "0",
                "--log-level", "warning"]
         logf = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, cwd=self.root, stdout=logf, stderr=subprocess.STDOUT)
         logf.close()
 
     def start(self, timeout: float = 60.0) -> None:
