@@ -63,8 +63,9 @@ class WorkerThread:
 
     def submit(self, job: Callable[[], None], then: Callable[[], None]) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
-            self._thread.start()
+            thread = threading.Thread(target=self._work, name=self._name, daemon=True)
+            thread.start()  # raises when no thread can be started: then nothing is queued, and the next try starts one
+            self._thread = thread
         self._jobs.put((job, then))
 
     def wait(self) -> None:
@@ -96,5 +97,5 @@ class WorkerThread:
 def _run(job: Callable[[], None]) -> None:
     try:
         job()
-    except Exception:
+    except BaseException:  # the thread lives on: a job after it, and wait(), must not hang
         log.exception("storage: a background job failed")

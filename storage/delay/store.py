@@ -648,7 +648,18 @@ class DelayStore:
             return
         cp.done = done
         self._running = cp
-        self._background.submit(lambda: self._write(cp), lambda: self._finished(cp))
+        try:
+            self._background.submit(lambda: self._write(cp), lambda: self._finished(cp))
+        except Exception as e:  # noqa: BLE001 -- no thread to write it (one could not be started): nothing taken
+            self._running = None
+            for fd in cp.disp_fds:
+                os.close(fd)
+            cp.disp_fds = []
+            for b, w in cp.writes:
+                b.restore(w)
+            log.error("delay store: a checkpoint could not be handed to its thread; the buffers stay: %s", e)
+            if done is not None:
+                done(e)
 
     def _finished(self, cp: _Checkpoint) -> None:
         """Loop thread: the background write of ``cp`` is over."""
@@ -745,7 +756,8 @@ class DelayStore:
             if wrote:
                 fsync_dir(self._bdir)
             cp.manifest.save(self._mpath)
-        except Exception as e:  # noqa: BLE001 -- not lost: _apply raises it on the loop
+            cp.error = None
+        except Exception as e:  # noqa: BLE001 -- not lost: _adopt raises it on the loop
             cp.error = e
         finally:
             for fd in cp.disp_fds:
@@ -778,8 +790,11 @@ class DelayStore:
         # every record appended before the snapshot is now in fsynced buckets
         self._durable_seq = max(self._durable_seq, cp.manifest.next_seq)
         now = self._last_now
-        for b in self._buckets.values():  # dispatch logs of buckets not due soon: no descriptor kept
-            if b.disp is not None and b.start > now + self.lookahead_ms:
+        # Dispatch logs of buckets not due soon: no descriptor kept, unless something was logged after the
+        # snapshot (a cancel meanwhile): its disp_len is still the old one, which the next manifest would save
+        # with counts that include what came after it, so recovery would count that twice.
+        for b in self._buckets.values():
+            if b.disp is not None and b.start > now + self.lookahead_ms and b.disp.size == b.disp_len:
                 b.disp.close()
                 b.disp = None
 
@@ -787,7 +802,11 @@ class DelayStore:
         """A clean stop: a last checkpoint, then every file closed."""
         if self.closed:
             return
-        self.checkpoint()
+        try:
+            self.checkpoint()
+        except OSError:
+            self._close(abandon=True)  # what is not in a bucket file is in the WAL, which the next start replays
+            raise
         self._close(abandon=False)
 
     def abandon(self) -> None:
@@ -797,8 +816,12 @@ class DelayStore:
 
     def _close(self, abandon: bool) -> None:
         self._background.close()
-        self._running = None
+        cp, self._running = self._running, None
+        waiting = ([cp.done] if cp is not None else []) + self._again
+        self._again = []
         self.closed = True
+        if waiting:  # abandoned with a checkpoint not applied: those waiting for it learn it did not happen
+            _all(waiting)(OSError("the delay store closed before its checkpoint was applied"))
         for b in self._buckets.values():
             b.close(abandon)
         self._wal.close(abandon)
@@ -819,7 +842,9 @@ class _Checkpoint:
         self.disp_lens = disp_lens
         self.manifest = manifest
         self.drained = drained
-        self.error: BaseException | None = None
+        # Until _write says otherwise, the checkpoint did not happen: a job that never ran (or died before its
+        # end) is not adopted as written.
+        self.error: BaseException | None = OSError("the checkpoint's writes did not run to their end")
         self.done: Callable[[BaseException | None], None] | None = None
 
 

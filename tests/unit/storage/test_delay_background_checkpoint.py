@@ -253,3 +253,81 @@ def test_a_snapshot_that_fails_takes_nothing(node: Node, held: Held, monkeypatch
     node.crash()
     node.clock.t = T0 + 2 * HOUR
     assert bodies(node.drain()) == [b"i1", b"i3", b"i5"]
+
+
+@pytest.mark.parametrize("dispatch_log_open_at_the_snapshot", [False, True])
+def test_a_cancel_while_the_write_is_held_is_counted_once_after_a_restart(
+        node: Node, held: Held, dispatch_log_open_at_the_snapshot: bool) -> None:
+    """A bucket far ahead (its dispatch log is closed at the adopt) gets a cancel between the snapshot and the
+    adopt. The dispatch log's length the adopt sets is the snapshot's, which misses the cancel: closing the log
+    then would leave the next manifest saving that old length with counts that include the cancel, and recovery
+    would count it a second time — the bucket's last record taken for resolved and never delivered."""
+    far = T0 + 10 * HOUR
+    first = node.put(far + 1, b"r1")
+    second = node.put(far + 2, b"r2")
+    node.put(far + 3, b"r3")
+    node.sync()
+    node.store.checkpoint_soon()
+    held.run()
+    if dispatch_log_open_at_the_snapshot:
+        assert node.store.cancel(first, far + 1)
+        node.sync()
+    node.store.checkpoint_soon()  # the snapshot
+    assert node.store.cancel(second if dispatch_log_open_at_the_snapshot else first,
+                             far + (2 if dispatch_log_open_at_the_snapshot else 1))
+    node.sync()
+    held.run()  # the adopt
+    left = 1 if dispatch_log_open_at_the_snapshot else 2
+    assert node.store.pending_count() == left
+    node.restart()  # a clean stop: its last checkpoint saves the bucket's state
+    assert node.store.pending_count() == left
+    node.restart()
+    node.clock.t = far + HOUR
+    assert bodies(node.drain()) == ([b"r3"] if dispatch_log_open_at_the_snapshot else [b"r2", b"r3"])
+
+
+def test_a_checkpoint_no_thread_could_take_keeps_its_buffers(node: Node, held: Held,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The thread cannot be started (a process at its thread limit): the checkpoint is refused to its caller,
+    the buffers stay, and the next checkpoint writes them; nothing is adopted as written that was not."""
+    for i in range(10):
+        node.put(T0 + HOUR + i, b"x%d" % i)
+    node.sync()
+
+    def no_thread(job: Callable[[], None], then: Callable[[], None]) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(held, "submit", no_thread)
+    done: list[BaseException | None] = []
+    node.store.checkpoint_soon(done.append)
+    assert len(done) == 1 and isinstance(done[0], RuntimeError)
+    monkeypatch.undo()
+    node.store.checkpoint()  # nothing running: its own snapshot takes the buffers back
+    node.restart()
+    node.clock.t = T0 + 2 * HOUR
+    assert bodies(node.drain()) == sorted(b"x%d" % i for i in range(10))
+
+
+def test_a_job_that_never_ran_is_not_adopted_as_written(node: Node, held: Held) -> None:
+    """The job dies before its end (here: it never runs) and the store settles it: not taken as written."""
+    for i in range(5):
+        node.put(T0 + HOUR + i, b"y%d" % i)
+    node.sync()
+    done: list[BaseException | None] = []
+    node.store.checkpoint_soon(done.append)
+    held.jobs.pop(0)  # the job is gone without running
+    node.store.checkpoint()  # settles the running one: an error, its buffers back, then its own snapshot
+    assert len(done) == 1 and isinstance(done[0], OSError)
+    node.restart()
+    node.clock.t = T0 + 2 * HOUR
+    assert bodies(node.drain()) == sorted(b"y%d" % i for i in range(5))
+
+
+def test_abandoned_with_a_checkpoint_in_flight_answers_those_waiting(node: Node, held: Held) -> None:
+    node.put(T0 + HOUR, b"z")
+    node.sync()
+    done: list[BaseException | None] = []
+    node.store.checkpoint_soon(done.append)
+    node.store.checkpoint_soon(done.append)  # queued behind the first
+    node.store.abandon()
+    assert len(done) == 2 and all(isinstance(e, OSError) for e in done)
